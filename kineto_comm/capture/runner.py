@@ -1,0 +1,222 @@
+"""Launch the distributed workers, profile them, and write one Kineto trace per rank.
+
+Why this exists: the analyser needs *real* Kineto traces of communication to be
+tested against, not only synthetic ones. This module runs a tiny transformer
+training loop under ``torch.distributed`` (one process per rank, on loopback) inside
+``torch.profiler`` and exports ``rank-{r}.pt.trace.json.gz`` for every rank.
+
+torch is imported lazily (inside functions) so that importing this module, and the
+rest of kineto-comm, never needs torch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+LAYOUTS: tuple[str, ...] = ("ddp", "fsdp", "pp", "tp")
+"""Parallelism layouts :func:`capture` knows how to run."""
+
+TRACE_NAME = "rank-{rank}.pt.trace.json.gz"
+"""File name of one rank's trace inside the output directory."""
+
+# Profiler schedule: one skipped step, one warm-up step, then ``steps`` recorded steps.
+_WAIT = 1
+_WARMUP = 1
+
+
+class CaptureError(RuntimeError):
+    """A capture could not run (bad arguments, torch missing, or a layout unsupported)."""
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """Everything a worker needs to know; picklable so it crosses ``spawn``."""
+
+    layout: str
+    out_dir: str
+    world_size: int
+    steps: int
+    backend: str
+    bucket_cap_mb: float
+    micro_batches: int
+    seed: int
+
+
+def trace_path(out_dir: str | Path, rank: int) -> Path:
+    """Path of rank ``rank``'s trace in ``out_dir``."""
+    return Path(out_dir) / TRACE_NAME.format(rank=rank)
+
+
+def _import_torch() -> Any:
+    """Import torch or raise a :class:`CaptureError` that says how to get it."""
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise CaptureError(
+            "capturing traces needs torch: pip install 'kineto-comm[capture]' "
+            "(or python -m pip install torch==2.13.0)"
+        ) from exc
+    return torch
+
+
+def default_backend(world_size: int) -> str:
+    """nccl when CUDA is available with at least one GPU per rank, else gloo."""
+    torch = _import_torch()
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "nccl"
+    return "gloo"
+
+
+def _free_port() -> int:
+    """Ask the OS for a free TCP port on loopback for the rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _validate(layout: str, ranks: int, steps: int, micro_batches: int, bucket_cap_mb: float,
+              backend: str | None) -> None:
+    """Reject arguments the layouts cannot run with, before any process is started."""
+    if layout not in LAYOUTS:
+        raise CaptureError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if ranks < 1:
+        raise CaptureError(f"ranks must be >= 1, got {ranks}")
+    if steps < 1:
+        raise CaptureError(f"steps must be >= 1, got {steps}")
+    if micro_batches < 1:
+        raise CaptureError(f"micro_batches must be >= 1, got {micro_batches}")
+    if bucket_cap_mb <= 0:
+        raise CaptureError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+    if backend is not None and backend not in ("gloo", "nccl"):
+        raise CaptureError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    from kineto_comm.capture.workloads import check_layout_ranks
+
+    problem = check_layout_ranks(layout, ranks)
+    if problem:
+        raise CaptureError(problem)
+
+
+def capture(layout: str, out_dir: str | Path, *, ranks: int = 2, steps: int = 2,
+            backend: str | None = None, bucket_cap_mb: float = 25.0, micro_batches: int = 4,
+            seed: int = 0) -> list[Path]:
+    """Run a tiny transformer training loop on `ranks` processes under torch.distributed with
+    torch.profiler; write one Kineto trace per rank (rank-{r}.pt.trace.json.gz) and return
+    their paths.
+
+    Layouts: ``ddp`` (DistributedDataParallel, ``bucket_cap_mb``), ``fsdp`` (FSDP2
+    ``fully_shard``), ``pp`` (GPipe pipeline over ``ranks`` stages with ``micro_batches``
+    micro-batches, ``dist.isend``/``dist.recv``), ``tp`` (Megatron column/row-parallel
+    linears with ``all_reduce`` in forward and backward).
+
+    If ``RANK`` and ``WORLD_SIZE`` are set (e.g. under ``torchrun``), this process acts as
+    that one rank, ``ranks`` is taken from ``WORLD_SIZE``, and only its own trace path is
+    returned. Otherwise ``ranks`` workers are started with ``torch.multiprocessing.spawn``
+    on 127.0.0.1 and a free port.
+    """
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if torchrun:
+        ranks = int(os.environ["WORLD_SIZE"])
+    _validate(layout, ranks, steps, micro_batches, bucket_cap_mb, backend)
+    torch = _import_torch()
+    chosen = backend or default_backend(ranks)
+    if chosen == "nccl" and not torch.cuda.is_available():
+        raise CaptureError("backend 'nccl' needs CUDA GPUs; none are available (use gloo)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = CaptureConfig(layout=layout, out_dir=str(out), world_size=ranks, steps=steps,
+                        backend=chosen, bucket_cap_mb=bucket_cap_mb,
+                        micro_batches=micro_batches, seed=seed)
+
+    if torchrun:
+        rank = int(os.environ["RANK"])
+        run_worker(rank, cfg, init_method="env://")
+        return [trace_path(out, rank)]
+
+    import torch.multiprocessing as mp
+
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    try:
+        mp.spawn(_spawn_entry, args=(cfg, init_method), nprocs=ranks, join=True)
+    except mp.ProcessRaisedException as exc:
+        raise CaptureError(f"{layout} capture failed in a worker:\n{exc}") from None
+    except mp.ProcessExitedException as exc:
+        raise CaptureError(f"{layout} capture: a worker died: {exc}") from None
+    paths = [trace_path(out, r) for r in range(ranks)]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise CaptureError(f"workers finished but traces are missing: {', '.join(missing)}")
+    return paths
+
+
+def _spawn_entry(rank: int, cfg: CaptureConfig, init_method: str) -> None:
+    """Target of ``torch.multiprocessing.spawn``: one rank's whole life."""
+    try:
+        run_worker(rank, cfg, init_method=init_method)
+    except CaptureError:
+        raise
+    except Exception as exc:
+        # Keep the worker's traceback in the message the parent turns into a CaptureError.
+        raise RuntimeError(f"rank {rank}: {exc}\n{traceback.format_exc()}") from exc
+
+
+def run_worker(rank: int, cfg: CaptureConfig, *, init_method: str) -> Path:
+    """Join the process group, run ``wait+warmup+steps`` profiled iterations, export.
+
+    Returns the path of this rank's trace.
+    """
+    torch = _import_torch()
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from kineto_comm.capture.workloads import build_workload
+
+    # Several ranks share a couple of cores: one intra-op thread each avoids thrashing.
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    if cfg.backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+
+    kwargs: dict[str, Any] = {"backend": cfg.backend, "timeout": timedelta(minutes=5)}
+    if init_method == "env://":
+        kwargs["init_method"] = "env://"
+    else:
+        kwargs.update(init_method=init_method, rank=rank, world_size=cfg.world_size)
+    if cfg.backend == "nccl":
+        kwargs["device_id"] = device
+    dist.init_process_group(**kwargs)
+    rank = dist.get_rank()
+    try:
+        step_fn: Callable[[], None] = build_workload(cfg, rank, device)
+        activities = [ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        path = trace_path(cfg.out_dir, rank)
+
+        def on_trace_ready(prof: Any) -> None:
+            prof.export_chrome_trace(str(path))
+
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=_WAIT, warmup=_WARMUP, active=cfg.steps, repeat=1),
+            record_shapes=True,
+            with_stack=False,
+            on_trace_ready=on_trace_ready,
+        ) as prof:
+            for _ in range(_WAIT + _WARMUP + cfg.steps):
+                step_fn()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                prof.step()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return path

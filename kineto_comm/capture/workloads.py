@@ -1,0 +1,341 @@
+"""The tiny transformer and the four parallel layouts (ddp, fsdp, pp, tp).
+
+Why: each layout produces a distinct communication pattern in the trace: DDP
+bucketed gradient all-reduces, FSDP all-gathers and reduce-scatters, pipeline
+point-to-point sends/receives of activations and gradients, and tensor-parallel
+all-reduces inside every block's forward and backward. Models are kept tiny
+(hidden 64, sequence 32) so traces stay small and 4 ranks run on 2 CPU cores.
+
+Only imported by workers (and argument checks); torch is imported inside functions
+so that importing this module does not need torch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kineto_comm.capture.runner import CaptureConfig
+
+VOCAB = 256
+HIDDEN = 64
+HEADS = 4
+FFN = 256
+SEQ = 32
+BATCH = 8
+LAYERS = 2
+LR = 1e-3
+
+
+def check_layout_ranks(layout: str, ranks: int) -> str | None:
+    """Return why ``layout`` cannot run on ``ranks`` ranks, or None if it can."""
+    if layout == "pp" and not 2 <= ranks <= 8:
+        return f"pp needs 2..8 ranks (one pipeline stage each), got {ranks}"
+    if layout == "tp" and (HEADS % ranks or FFN % ranks):
+        return f"tp needs ranks dividing heads={HEADS} and ffn={FFN}, got {ranks}"
+    return None
+
+
+def build_workload(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
+    """Build this rank's model, optimizer and data; return one training iteration."""
+    builders = {"ddp": _ddp, "fsdp": _fsdp, "pp": _pp, "tp": _tp}
+    return builders[cfg.layout](cfg, rank, device)
+
+
+# --------------------------------------------------------------------------- model
+
+
+def _modules() -> dict[str, Any]:
+    """Define the nn.Module classes (needs torch, so built on first use)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Attention(nn.Module):
+        """Causal self-attention over ``heads`` local heads (all heads unless TP-split)."""
+
+        def __init__(self, heads: int, tp: Any = None) -> None:
+            super().__init__()
+            self.heads, self.tp = heads, tp
+            self.qkv = nn.Linear(HIDDEN, 3 * heads * (HIDDEN // HEADS))  # column-parallel
+            self.out = nn.Linear(heads * (HIDDEN // HEADS), HIDDEN, bias=tp is None)  # row-par.
+            if tp is not None:
+                self.out_bias = nn.Parameter(torch.zeros(HIDDEN))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, s, _ = x.shape
+            if self.tp is not None:
+                x = self.tp.copy(x)
+            q, k, v = self.qkv(x).view(b, s, 3, self.heads, HIDDEN // HEADS).unbind(2)
+            y = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
+            y = self.out(y.transpose(1, 2).reshape(b, s, -1))
+            if self.tp is not None:
+                y = self.tp.reduce(y) + self.out_bias
+            return y
+
+    class MLP(nn.Module):
+        """Two-layer GELU MLP; fc1 column-parallel and fc2 row-parallel under TP."""
+
+        def __init__(self, ffn: int, tp: Any = None) -> None:
+            super().__init__()
+            self.tp = tp
+            self.fc1 = nn.Linear(HIDDEN, ffn)
+            self.fc2 = nn.Linear(ffn, HIDDEN, bias=tp is None)
+            if tp is not None:
+                self.fc2_bias = nn.Parameter(torch.zeros(HIDDEN))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.tp is not None:
+                x = self.tp.copy(x)
+            y = self.fc2(F.gelu(self.fc1(x)))
+            if self.tp is not None:
+                y = self.tp.reduce(y) + self.fc2_bias
+            return y
+
+    class Block(nn.Module):
+        """Pre-norm transformer block."""
+
+        def __init__(self, tp: Any = None, tp_size: int = 1) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
+            self.attn = Attention(HEADS // tp_size, tp)
+            self.mlp = MLP(FFN // tp_size, tp)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    class Embed(nn.Module):
+        """Token + learned position embedding."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok = nn.Embedding(VOCAB, HIDDEN)
+            self.pos = nn.Parameter(torch.zeros(SEQ, HIDDEN))
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            return self.tok(idx) + self.pos
+
+    class Head(nn.Module):
+        """Final norm and vocabulary projection."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = nn.LayerNorm(HIDDEN)
+            self.proj = nn.Linear(HIDDEN, VOCAB)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.proj(self.ln(x))
+
+    class TinyTransformer(nn.Module):
+        """Embedding, ``layers`` blocks, head: a ~0.1M-parameter causal LM."""
+
+        def __init__(self, layers: int = LAYERS, tp: Any = None, tp_size: int = 1) -> None:
+            super().__init__()
+            self.embed = Embed()
+            self.blocks = nn.ModuleList(Block(tp, tp_size) for _ in range(layers))
+            self.head = Head()
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            x = self.embed(idx)
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(x)
+
+    return {"Block": Block, "Embed": Embed, "Head": Head, "TinyTransformer": TinyTransformer}
+
+
+def _batch(seed: int, batch: int, device: Any) -> tuple[Any, Any]:
+    """Synthetic next-token data: random tokens, targets are the inputs shifted by one."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (batch, SEQ + 1), generator=g)
+    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+
+def _lm_loss(logits: Any, targets: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def _simple_step(model: Any, cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
+    """A plain data-parallel iteration: forward, loss, backward, AdamW step."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    x, y = _batch(cfg.seed * 1000 + rank, BATCH, device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        _lm_loss(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+# --------------------------------------------------------------------------- ddp / fsdp
+
+
+def _ddp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
+    """DistributedDataParallel with ``bucket_cap_mb`` gradient buckets."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(cfg.seed)
+    model = _modules()["TinyTransformer"]().to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = DDP(model, device_ids=ids, bucket_cap_mb=cfg.bucket_cap_mb)
+    return _simple_step(ddp, cfg, rank, device)
+
+
+def _fsdp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
+    """FSDP2 ``fully_shard`` per block and at the root (all-gather / reduce-scatter)."""
+    import torch
+
+    from kineto_comm.capture.runner import CaptureError
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError as exc:
+        raise CaptureError(f"fsdp: this torch has no FSDP2 fully_shard ({exc})") from exc
+    # FSDP2 warns that the root returns a view (the head's 3-D linear); nothing here
+    # modifies it in place, so the warning does not apply.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+    torch.manual_seed(cfg.seed)
+    model = _modules()["TinyTransformer"]().to(device)
+    try:
+        for blk in model.blocks:
+            fully_shard(blk)
+        fully_shard(model)
+    except Exception as exc:
+        raise CaptureError(f"fsdp: fully_shard failed on backend {cfg.backend}: {exc}") from exc
+    return _simple_step(model, cfg, rank, device)
+
+
+# --------------------------------------------------------------------------- tp
+
+
+def _tp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
+    """Megatron tensor parallelism: heads and FFN columns split across all ranks.
+
+    ``copy`` (f) is identity forward / all-reduce backward before each column-parallel
+    linear; ``reduce`` (g) is all-reduce forward / identity backward after each
+    row-parallel linear. Embedding, norms and head are replicated, and every rank sees
+    the same batch, so replicated gradients stay identical without extra sync.
+    """
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+
+    class _CopyToTP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            grad = grad.contiguous()
+            dist.all_reduce(grad)
+            return grad
+
+    class _ReduceFromTP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            x = x.contiguous()
+            dist.all_reduce(x)
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return grad
+
+    class TP:
+        copy = staticmethod(_CopyToTP.apply)
+        reduce = staticmethod(_ReduceFromTP.apply)
+
+    torch.manual_seed(cfg.seed)  # replicated parts identical on every rank
+    model = _modules()["TinyTransformer"](tp=TP(), tp_size=world)
+    torch.manual_seed(cfg.seed + 1 + rank)  # each rank's shards differ
+    for blk in model.blocks:
+        for m in (blk.attn.qkv, blk.attn.out, blk.mlp.fc1, blk.mlp.fc2):
+            m.reset_parameters()
+    model.to(device)
+    return _simple_step(model, cfg, 0, device)  # same data on every TP rank
+
+
+# --------------------------------------------------------------------------- pp
+
+
+def _pp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
+    """GPipe pipeline: stage ``rank`` of ``world`` holds a slice of the blocks.
+
+    All micro-batches go forward (activations: ``isend`` to the next stage, ``recv``
+    from the previous one), then all go backward in the same order (gradients flow the
+    other way). Stage 0 also holds the embedding, the last stage the head and the loss.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    world = dist.get_world_size()
+    mods = _modules()
+    layers = max(LAYERS, world)
+    torch.manual_seed(cfg.seed)
+    full = mods["TinyTransformer"](layers=layers)
+    per = [layers // world + (1 if s < layers % world else 0) for s in range(world)]
+    start = sum(per[:rank])
+    parts: list[nn.Module] = []
+    if rank == 0:
+        parts.append(full.embed)
+    parts.extend(full.blocks[start:start + per[rank]])
+    if rank == world - 1:
+        parts.append(full.head)
+    stage = nn.Sequential(*parts).to(device)
+    opt = torch.optim.AdamW(stage.parameters(), lr=LR)
+
+    mb = cfg.micro_batches
+    x_all, y_all = _batch(cfg.seed, 2 * mb, device)
+    xs, ys = x_all.chunk(mb), y_all.chunk(mb)
+    act_shape = (xs[0].shape[0], SEQ, HIDDEN)
+    first, last = rank == 0, rank == world - 1
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        inputs: list[Any] = []
+        outputs: list[Any] = []
+        pending: list[Any] = []
+        for i in range(mb):  # forward of every micro-batch
+            if first:
+                inp = xs[i]
+            else:
+                inp = torch.empty(act_shape, device=device)
+                dist.recv(inp, src=rank - 1)
+                inp.requires_grad_()
+            out = stage(inp)
+            if last:
+                out = _lm_loss(out, ys[i]) / mb
+            else:
+                pending.append(dist.isend(out.detach().contiguous(), dst=rank + 1))
+            inputs.append(inp)
+            outputs.append(out)
+        for i in range(mb):  # backward of every micro-batch, same order
+            if last:
+                outputs[i].backward()
+            else:
+                grad = torch.empty(act_shape, device=device)
+                dist.recv(grad, src=rank + 1)
+                outputs[i].backward(grad)
+            if not first:
+                pending.append(dist.isend(inputs[i].grad.contiguous(), dst=rank - 1))
+        for work in pending:
+            work.wait()
+        opt.step()
+
+    return step
