@@ -96,10 +96,15 @@ class DistInfo(msgspec.Struct, gc=False):
     nccl_version: str | None = None
 
 
+class DeviceProps(msgspec.Struct, gc=False):
+    id: int | str | None = None
+    name: str | None = None
+
+
 class Top(msgspec.Struct, gc=False):
     traceEvents: list[Event] = msgspec.field(default_factory=list)  # noqa: N815 - JSON key
     distributedInfo: DistInfo | None = None  # noqa: N815
-    deviceProperties: list[msgspec.Raw] | None = None  # noqa: N815
+    deviceProperties: list[DeviceProps] | None = None  # noqa: N815
     displayTimeUnit: str | None = None  # noqa: N815
     baseTimeNanoseconds: int | None = None  # noqa: N815
     schemaVersion: int | None = None  # noqa: N815
@@ -147,7 +152,7 @@ OPS_SCHEMA = {
     "input_dims": _STR,
     "input_type": _STR,
 }
-HOST_SCHEMA = dict(_COMMON)
+HOST_SCHEMA = {**_COMMON, "name": _STR}
 _INT_LIKE = frozenset({"pid", "tid", "stream", "device", "pg_name"})
 
 
@@ -159,7 +164,7 @@ class RawTrace:
     - `runtime`: CUDA/HIP runtime and driver calls on the host, to link launches (RUNTIME_SCHEMA).
     - `ops`: communication ops (record_param_comms, nccl:*, gloo:*) and user annotations
       such as ProfilerStep#N (OPS_SCHEMA).
-    - `host`: every other CPU op, only where and when it ran (HOST_SCHEMA).
+    - `host`: every other CPU op: name, where and when it ran (HOST_SCHEMA).
     - `threads`: process/thread name metadata (kind, pid, tid, label).
     """
 
@@ -173,7 +178,7 @@ class RawTrace:
     world_size: int | None = None
     backend: str | None = None
     process_groups: list[dict[str, Any]] = field(default_factory=list)
-    device_count: int = 0
+    device_names: list[str] = field(default_factory=list)
     base_time_ns: int = 0
     nbytes: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -494,7 +499,7 @@ def _assemble(
         world_size=None if info is None else info.world_size,
         backend=None if info is None else info.backend,
         process_groups=groups,
-        device_count=len(devices),
+        device_names=[d.name or "?" for d in devices],
         base_time_ns=int(base),
         nbytes=nbytes,
         warnings=warnings,

@@ -1,0 +1,138 @@
+"""Where each rank's device time went: compute, communication, their overlap, and idle time.
+
+One sweep per rank does it all. The intervals of each kind (compute, communication, memcpy,
+memset) are first merged into disjoint unions; each union then adds its bit to a state on
+entry and removes it on exit, window boundaries are added as no-op events, and a cumulative
+sum gives the exact state of every segment between two consecutive events. A segment's
+length then goes to every metric its state satisfies:
+
+    compute_ns        state has the compute bit
+    comm_ns           state has the communication bit
+    overlap_ns        both bits (communication hidden behind compute)
+    exposed_comm_ns   communication without compute (what communication adds to step time)
+    memcpy_ns, memset_ns
+    busy_ns           any bit;   idle_ns: no bit (nothing ran on the device)
+    wall_ns           the window's length
+
+This is HTA's definition of compute/communication overlap (`get_comm_comp_overlap`):
+overlap_ns / comm_ns equals its ratio when run over the same kernels.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+BITS = {"compute": 1, "communication": 2, "memcpy": 4, "memset": 8}
+METRICS = (
+    "wall_ns",
+    "busy_ns",
+    "compute_ns",
+    "comm_ns",
+    "overlap_ns",
+    "exposed_comm_ns",
+    "memcpy_ns",
+    "memset_ns",
+    "idle_ns",
+)
+
+
+def merge_intervals(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Union of [start_ns, end_ns) intervals within each `by` group, as disjoint intervals."""
+    ordered = intervals.select(*by, "start_ns", "end_ns").sort([*by, "start_ns"])
+    reach = pl.col("end_ns").cum_max().shift(1).over(by)
+    grouped = ordered.with_columns(
+        _new=(reach.is_null() | (pl.col("start_ns") > reach)).cast(pl.Int64)
+    ).with_columns(_grp=pl.col("_new").cum_sum().over(by))
+    return (
+        grouped.group_by([*by, "_grp"], maintain_order=True)
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+        .drop("_grp")
+    )
+
+
+def subtract_intervals(keep: pl.DataFrame, remove: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """The parts of `keep`'s union not covered by `remove`'s union, per `by` group."""
+    a = merge_intervals(keep, by)
+    b = merge_intervals(remove, by)
+    events = pl.concat(
+        [
+            a.select(*by, t="start_ns", delta=pl.lit(1)),
+            a.select(*by, t="end_ns", delta=pl.lit(-1)),
+            b.select(*by, t="start_ns", delta=pl.lit(2)),
+            b.select(*by, t="end_ns", delta=pl.lit(-2)),
+        ],
+        how="vertical",
+    )
+    return (
+        events.group_by(*by, "t")
+        .agg(pl.col("delta").sum())
+        .sort(*by, "t")
+        .with_columns(
+            state=pl.col("delta").cum_sum().over(by), end_ns=pl.col("t").shift(-1).over(by)
+        )
+        .filter((pl.col("state") == 1) & (pl.col("end_ns") > pl.col("t")))
+        .select(*by, start_ns="t", end_ns="end_ns")
+    )
+
+
+def breakdown(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """Time metrics per window.
+
+    kernels: rank, kind, start_ns, end_ns.  windows: rank, window, start_ns, end_ns (windows
+    of one rank must not overlap). Returns rank, window, start_ns, end_ns and METRICS.
+    """
+    win = windows.select(
+        pl.col("rank").cast(pl.Int64), "window", pl.col("start_ns"), pl.col("end_ns")
+    ).filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    merged = merge_intervals(kernels.select("rank", "kind", "start_ns", "end_ns"), ["rank", "kind"])
+    bit = pl.col("kind").replace_strict(BITS, default=0, return_dtype=pl.Int64)
+    events = pl.concat(
+        [
+            merged.select("rank", t="start_ns", delta=bit),
+            merged.select("rank", t="end_ns", delta=-bit),
+            win.select("rank", t="start_ns", delta=pl.lit(0, dtype=pl.Int64)),
+            win.select("rank", t="end_ns", delta=pl.lit(0, dtype=pl.Int64)),
+        ],
+        how="vertical",
+    )
+    segments = (
+        events.group_by("rank", "t")
+        .agg(pl.col("delta").sum())
+        .sort("rank", "t")
+        .with_columns(
+            state=pl.col("delta").cum_sum().over("rank"),
+            dur=(pl.col("t").shift(-1).over("rank") - pl.col("t")).fill_null(0),
+        )
+        .filter(pl.col("dur") > 0)
+    )
+    placed = segments.join_asof(
+        win.sort("start_ns").rename({"start_ns": "w_start", "end_ns": "w_end"}),
+        left_on="t",
+        right_on="w_start",
+        by="rank",
+        strategy="backward",
+        check_sortedness=False,
+    ).filter(pl.col("window").is_not_null() & (pl.col("t") < pl.col("w_end")))
+    s = pl.col("state")
+
+    def total(cond: pl.Expr) -> pl.Expr:
+        return pl.when(cond).then(pl.col("dur")).otherwise(0).sum()
+
+    sums = placed.group_by("rank", "window").agg(
+        busy_ns=total(s != 0),
+        compute_ns=total((s & 1) != 0),
+        comm_ns=total((s & 2) != 0),
+        overlap_ns=total((s & 3) == 3),
+        exposed_comm_ns=total(((s & 2) != 0) & ((s & 1) == 0)),
+        memcpy_ns=total((s & 4) != 0),
+        memset_ns=total((s & 8) != 0),
+    )
+    out = win.join(sums, on=["rank", "window"], how="left").with_columns(
+        pl.col(c).fill_null(0)
+        for c in ("busy_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns")
+        + ("memcpy_ns", "memset_ns")
+    )
+    return out.with_columns(
+        wall_ns=pl.col("end_ns") - pl.col("start_ns"),
+        idle_ns=pl.col("end_ns") - pl.col("start_ns") - pl.col("busy_ns"),
+    ).select("rank", "window", "start_ns", "end_ns", *METRICS)

@@ -1,0 +1,110 @@
+"""`analyze(paths) -> Report`: the one entry point the CLI, the tests and users' scripts call.
+
+Files are found and decoded per rank (in worker processes when there are several), ranks
+are assigned, and the per-rank tables are merged. A file that cannot be used becomes an
+entry in `Report.errors` and the other ranks are still analysed.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from kineto_comm.errors import TraceError
+from kineto_comm.load.discover import RankClaim, assign_ranks, discover
+from kineto_comm.per_rank import TABLES, RankTables, from_wire, process_file, to_wire
+from kineto_comm.report import Report
+
+
+def _work(path: str, comm_patterns: tuple[str, ...]) -> tuple[str, Any]:
+    """Worker entry: ('ok', wire tables) or ('error', message); never raises."""
+    try:
+        return "ok", to_wire(process_file(path, comm_patterns))
+    except TraceError as exc:
+        return "error", exc.problem
+    except MemoryError:
+        return "error", "out of memory while analysing this file"
+    except Exception as exc:  # a bug must not lose the other ranks' report
+        return "error", f"internal error while analysing ({type(exc).__name__}: {exc})"
+
+
+def _run(files: list[Path], comm_patterns: tuple[str, ...], jobs: int) -> list[tuple[str, Any]]:
+    if jobs <= 1 or len(files) <= 1:
+        return [_work(str(f), comm_patterns) for f in files]
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        return list(pool.map(_work, [str(f) for f in files], [comm_patterns] * len(files)))
+
+
+def analyze(
+    paths: str | Path | list[str | Path],
+    *,
+    comm_patterns: tuple[str, ...] | list[str] = (),
+    jobs: int | None = None,
+) -> Report:
+    """Analyse the trace files under `paths` (files or directories).
+
+    comm_patterns: extra regular expressions for kernel names that are communication
+        (e.g. DeepEP `dispatch|combine`), added to the NCCL/RCCL defaults.
+    jobs: worker processes for per-rank work (default: the number of cores, at most one
+        per file; 1 runs everything in this process).
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    patterns = tuple(comm_patterns)
+    files, missing = discover(list(paths))
+    errors: list[tuple[str, str]] = [(e.file, e.problem) for e in missing]
+    workers = jobs if jobs is not None else min(os.cpu_count() or 1, len(files))
+    results: list[RankTables] = []
+    for file, (status, payload) in zip(files, _run(files, patterns, workers), strict=True):
+        if status == "ok":
+            results.append(from_wire(payload))
+        else:
+            errors.append((str(file), payload))
+    assignment = assign_ranks([RankClaim(r.file, r.rank, r.world_size) for r in results])
+    errors.extend((e.file, e.problem) for e in assignment.rejected)
+    kept = [r.with_rank(assignment.ranks[r.file]) for r in results if r.file in assignment.ranks]
+    warnings = [w for r in kept for w in r.warnings] + assignment.warnings
+    ranks = pl.DataFrame(
+        [
+            {
+                "rank": r.rank,
+                "world_size": r.world_size,
+                "file": r.file,
+                "rank_source": assignment.sources[r.file],
+                "device": (r.meta.get("devices") or [None])[0],
+                "backend": r.meta.get("backend"),
+                "timeline": r.meta.get("timeline"),
+                "bytes": r.meta.get("bytes"),
+            }
+            for r in kept
+        ],
+        schema={
+            "rank": pl.Int64,
+            "world_size": pl.Int64,
+            "file": pl.String,
+            "rank_source": pl.String,
+            "device": pl.String,
+            "backend": pl.String,
+            "timeline": pl.String,
+            "bytes": pl.Int64,
+        },
+    ).sort("rank")
+    merged = {
+        name: pl.concat([getattr(r, name) for r in kept], how="vertical_relaxed")
+        if kept
+        else pl.DataFrame()
+        for name in TABLES
+    }
+    return Report(
+        ranks=ranks,
+        errors=tuple(errors),
+        warnings=tuple(warnings),
+        options={"comm_patterns": list(patterns), "jobs": workers},
+        meta={r.rank: r.meta for r in kept},
+        **merged,
+    )

@@ -1,0 +1,141 @@
+"""The `kineto-comm` command: a thin layer over `kineto_comm.analyze`.
+
+Exit codes: 0 report produced; 2 nothing could be analysed, or bad arguments. Problems are
+printed as one line `error: <file>: <problem>`; never a Python traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kineto_comm.errors import TraceError, UsageError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Find where communication costs distributed training time in Kineto traces.",
+)
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+
+
+def _fail(message: str) -> typer.Exit:
+    print(f"error: {message}", file=sys.stderr)
+    return typer.Exit(2)
+
+
+@app.command()
+def report(
+    paths: Annotated[list[Path], typer.Argument(help="Trace files or directories (one file per rank).")],
+    format: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.text,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")] = None,
+    comm_pattern: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--comm-pattern",
+            help="Extra regex for communication kernel names (repeatable), e.g. 'dispatch|combine'.",
+        ),
+    ] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes.")] = None,
+) -> None:
+    """Analyse traces and print where each rank's time went and what communication costs."""
+    from kineto_comm.analyze import analyze
+    from kineto_comm.render.text import render_text
+
+    result = analyze(paths, comm_patterns=tuple(comm_pattern or ()), jobs=jobs)
+    if result.ranks.height == 0:
+        for file, message in result.errors:
+            print(f"error: {file}: {message}", file=sys.stderr)
+        if not result.errors:
+            print("error: no trace files found", file=sys.stderr)
+        raise typer.Exit(2)
+    stream = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
+    try:
+        if format is Format.json:
+            stream.write(result.to_json() + "\n")
+            for file, message in result.errors:
+                print(f"error: {file}: {message}", file=sys.stderr)
+        else:
+            render_text(result, out=stream)
+    finally:
+        if output:
+            stream.close()
+
+
+@app.command()
+def synth(
+    scenario: Annotated[str, typer.Argument(help="baseline, exposed-allreduce, straggler, bubble, small-messages, slow-link, clock-skew")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write rank traces and truth.json.")],
+    ranks: Annotated[int, typer.Option("--ranks", help="World size.")] = 8,
+    layout: Annotated[str, typer.Option("--layout", help="dp, fsdp, tp-dp or pp-dp.")] = "dp",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    size_mb: Annotated[float | None, typer.Option("--size-mb", help="Approximate MB per rank file.")] = None,
+    steps: Annotated[int, typer.Option("--steps")] = 3,
+    gzip: Annotated[bool, typer.Option("--gzip/--no-gzip")] = False,
+) -> None:
+    """Write a synthetic multi-rank job with one known problem and its truth.json."""
+    from kineto_comm.synth import generate
+
+    try:
+        generate(
+            scenario, out, ranks=ranks, layout=layout, seed=seed, size_mb=size_mb, steps=steps,
+            gzip=gzip,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    print(f"wrote {scenario} ({layout}, {ranks} ranks) to {out}", file=sys.stderr)
+
+
+@app.command()
+def capture(
+    layout: Annotated[str, typer.Argument(help="ddp, fsdp, pp or tp.")],
+    out: Annotated[Path, typer.Option("--out", help="Directory for the rank traces.")],
+    ranks: Annotated[int, typer.Option("--ranks")] = 2,
+    steps: Annotated[int, typer.Option("--steps")] = 2,
+    backend: Annotated[str | None, typer.Option("--backend", help="gloo or nccl (default: nccl with GPUs).")] = None,
+    bucket_cap_mb: Annotated[float, typer.Option("--bucket-cap-mb")] = 25.0,
+    micro_batches: Annotated[int, typer.Option("--micro-batches")] = 4,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Run a tiny transformer training job under torch.profiler and save one trace per rank."""
+    try:
+        from kineto_comm.capture import capture as run_capture
+
+        files = run_capture(
+            layout, out, ranks=ranks, steps=steps, backend=backend,
+            bucket_cap_mb=bucket_cap_mb, micro_batches=micro_batches, seed=seed,
+        )
+    except ImportError as exc:
+        raise _fail(f"capture needs torch: pip install 'kineto-comm[capture]' ({exc})") from None
+    except (ValueError, RuntimeError) as exc:
+        raise _fail(str(exc).splitlines()[0]) from None
+    for f in files:
+        print(f)
+
+
+def main() -> None:
+    """Console entry point: no tracebacks, one line per problem, exit 2 on errors."""
+    try:
+        app()
+    except (TraceError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # never show a traceback to users
+        print(f"error: internal error ({type(exc).__name__}: {exc})", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

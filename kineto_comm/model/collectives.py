@@ -1,0 +1,194 @@
+"""One row per communication kernel, with what it moved, in which group, and how.
+
+Metadata is taken from the best source present, in this order (column `source`):
+    kernel_args          the kernel's own args (newer Kineto copies the collective args there)
+    record_param_comms   the innermost `record_param_comms` op around the kernel's launch
+    annotation           the innermost `nccl:*` / `gloo:*` op around the launch (op name,
+                         `Input Dims`, `Input type`), or the host span itself for gloo
+    kernel_name          only the kernel name (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL`)
+Launches are linked by time on the launching thread (correlation -> runtime call -> the
+enclosing op), which works across PyTorch versions whose External ids differ.
+
+Columns (`COLLECTIVE_COLUMNS`):
+    rank, device, stream, name, start_ns, end_ns, duration_ns, launch_ns, step
+    collective      canonical name (see names.COLLECTIVES)
+    reduce_op, algorithm, protocol   parsed from the kernel name (null when absent)
+    dtype           canonical dtype; in_nelems, out_nelems; in_bytes, out_bytes
+    bytes           message size as nccl-tests counts it (the larger of in/out bytes)
+    group_size, process_group (pg_name), pg_desc, pg_ranks (text "[0, 1]")
+    seq             sequence number in the group where the trace records it
+    call_index      0-based order of this call among the rank's calls of the same
+                    (process_group, collective): the fallback key for cross-rank matching
+    source          where the metadata came from (above)
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kineto_comm.load.decode import RawTrace
+from kineto_comm.model.names import (
+    dtype_bytes,
+    first_input_type,
+    first_tensor_numel,
+    kernel_fields,
+    normalize_collective,
+    normalize_dtype,
+)
+
+COLLECTIVE_COLUMNS = (
+    "rank",
+    "device",
+    "stream",
+    "name",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    "launch_ns",
+    "step",
+    "collective",
+    "reduce_op",
+    "algorithm",
+    "protocol",
+    "dtype",
+    "in_nelems",
+    "out_nelems",
+    "in_bytes",
+    "out_bytes",
+    "bytes",
+    "group_size",
+    "process_group",
+    "pg_desc",
+    "pg_ranks",
+    "seq",
+    "call_index",
+    "source",
+)
+_RPC = ("collective", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc")
+_RPC_MORE = ("pg_ranks", "seq")
+
+
+def _enclosing(
+    rows: pl.DataFrame, ops: pl.DataFrame, columns: list[str], prefix: str
+) -> pl.DataFrame:
+    """Add `prefix`+column of the innermost op (on the launching thread) around each launch."""
+    cand = ops.select(
+        pl.col("tid").alias("launch_tid"),
+        pl.col("start_ns").alias(f"{prefix}start"),
+        pl.col("end_ns").alias(f"{prefix}end"),
+        *[pl.col(c).alias(f"{prefix}{c}") for c in columns],
+    ).sort(f"{prefix}start")
+    keyed = rows.with_columns(_at=pl.col("launch_ns").fill_null(-1)).sort("_at")
+    joined = keyed.join_asof(
+        cand, left_on="_at",
+        right_on=f"{prefix}start",
+        by="launch_tid",
+        strategy="backward",
+        check_sortedness=False,
+    )
+    inside = pl.col(f"{prefix}end") >= pl.col("_at")
+    return joined.with_columns(
+        pl.when(inside).then(pl.col(f"{prefix}{c}")).otherwise(None).alias(f"{prefix}{c}")
+        for c in columns
+    ).drop("_at", f"{prefix}start", f"{prefix}end")
+
+
+def _first_known(*exprs: pl.Expr) -> pl.Expr:
+    """The first expression that is neither null nor 'unknown'."""
+    cleaned = [pl.when(e == "unknown").then(None).otherwise(e) for e in exprs]
+    return pl.coalesce(*cleaned).fill_null("unknown")
+
+
+def build_collectives(
+    kernels: pl.DataFrame, raw: RawTrace, process_groups: pl.DataFrame | None = None
+) -> pl.DataFrame:
+    """The collectives table of one rank from its kernel rows (with `arg_*` columns)."""
+    comm = kernels.filter(pl.col("kind") == "communication")
+    if comm.height == 0:
+        return pl.DataFrame(schema=_empty_schema())
+    ops = raw.ops
+    rpc = ops.filter(pl.col("name") == "record_param_comms")
+    ann = ops.filter(pl.col("name").str.contains(r"^(nccl|gloo|ucc|mpi|xccl):"))
+    comm = _enclosing(comm, rpc, [*_RPC, *_RPC_MORE], "rpc_")
+    comm = _enclosing(comm, ann, ["name", "input_dims", "input_type"], "ann_")
+    host = pl.col("device") == -1
+    ann_name = pl.when(host).then(pl.col("name")).otherwise(pl.col("ann_name"))
+    ann_dims = pl.coalesce("arg_input_dims", "ann_input_dims")
+    ann_type = pl.coalesce("arg_input_type", "ann_input_type")
+    parsed = kernel_fields(pl.col("name"))
+    out = comm.with_columns(**parsed).with_columns(
+        collective=_first_known(
+            normalize_collective(pl.col("arg_collective")),
+            normalize_collective(pl.col("rpc_collective")),
+            normalize_collective(ann_name),
+            pl.col("kernel_collective"),
+        ),
+        dtype=pl.coalesce(
+            normalize_dtype(pl.col("arg_dtype")),
+            normalize_dtype(pl.col("rpc_dtype")),
+            normalize_dtype(first_input_type(ann_type)),
+            pl.col("kernel_dtype"),
+        ),
+        in_nelems=pl.coalesce("arg_in_nelems", "rpc_in_nelems", first_tensor_numel(ann_dims)),
+        out_nelems=pl.coalesce("arg_out_nelems", "rpc_out_nelems"),
+        group_size=pl.coalesce("arg_group_size", "rpc_group_size"),
+        process_group=pl.coalesce("arg_pg_name", "rpc_pg_name"),
+        pg_desc=pl.coalesce("arg_pg_desc", "rpc_pg_desc"),
+        pg_ranks=pl.coalesce("arg_pg_ranks", "rpc_pg_ranks"),
+        seq=pl.coalesce("arg_seq", "rpc_seq"),
+        source=pl.when(pl.col("arg_collective").is_not_null())
+        .then(pl.lit("kernel_args"))
+        .when(pl.col("rpc_collective").is_not_null())
+        .then(pl.lit("record_param_comms"))
+        .when(ann_name.is_not_null())
+        .then(pl.lit("annotation"))
+        .otherwise(pl.lit("kernel_name")),
+    )
+    if process_groups is not None and process_groups.height:
+        out = out.join(
+            process_groups.select(
+                pl.col("pg_name").alias("process_group"),
+                pl.col("ranks_text").alias("_pg_ranks"),
+                pl.col("pg_size").alias("_pg_size"),
+                pl.col("pg_desc").alias("_pg_desc"),
+            ),
+            on="process_group",
+            how="left",
+        ).with_columns(
+            pg_ranks=pl.coalesce("pg_ranks", "_pg_ranks"),
+            group_size=pl.coalesce("group_size", "_pg_size"),
+            pg_desc=pl.coalesce("pg_desc", "_pg_desc"),
+        )
+    size = dtype_bytes(pl.col("dtype"))
+    out = out.with_columns(
+        in_bytes=pl.col("in_nelems") * size,
+        out_bytes=pl.col("out_nelems") * size,
+        duration_ns=pl.col("end_ns") - pl.col("start_ns"),
+    ).with_columns(
+        bytes=pl.max_horizontal("in_bytes", "out_bytes"),
+    )
+    out = out.sort("start_ns").with_columns(
+        call_index=pl.int_range(pl.len(), dtype=pl.Int64).over(
+            pl.col("process_group").fill_null("?"), "collective"
+        )
+    )
+    return out.select(COLLECTIVE_COLUMNS)
+
+
+def _empty_schema() -> dict[str, pl.DataType]:
+    s, i = pl.String(), pl.Int64()
+    types = {c: i for c in COLLECTIVE_COLUMNS}
+    for c in (
+        "name",
+        "collective",
+        "reduce_op",
+        "algorithm",
+        "protocol",
+        "dtype",
+        "process_group",
+        "pg_desc",
+        "pg_ranks",
+        "source",
+    ):
+        types[c] = s
+    return types

@@ -1,0 +1,152 @@
+"""The per-rank device timeline: one row per kernel, memcpy or memset.
+
+Columns (`KERNEL_SCHEMA`; times are integer nanoseconds):
+    rank, device, stream       where it ran (device -1 = the host timeline of a CPU-only trace)
+    name                       kernel name as written in the trace
+    kind                       compute | communication | memcpy | memset
+    start_ns, end_ns           when it ran
+    correlation, external_id   links to the launching runtime call and CPU op
+    launch_ns, launch_tid      when and on which CPU thread it was launched (null if unknown)
+    step                       ProfilerStep number whose CPU window holds the launch (-1: none)
+
+CPU-only traces (gloo) have no device: their `gloo:*` spans become communication rows and
+the CPU ops of the other threads compute rows, on a host timeline, so the same overlap
+arithmetic applies.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kineto_comm.analysis.overlap import subtract_intervals
+from kineto_comm.load.decode import RawTrace
+from kineto_comm.model.names import comm_kernel_expr
+
+KERNEL_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int64(),
+    "device": pl.Int64(),
+    "stream": pl.Int64(),
+    "name": pl.String(),
+    "kind": pl.String(),
+    "start_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+    "correlation": pl.Int64(),
+    "external_id": pl.Int64(),
+    "launch_ns": pl.Int64(),
+    "launch_tid": pl.String(),
+}
+KERNEL_COLUMNS = tuple(KERNEL_SCHEMA) + ("step",)
+KINDS = ("compute", "communication", "memcpy", "memset")
+# Collective metadata carried along for the collectives table (dropped from `kernels`).
+ARG_COLUMNS = (
+    "collective",
+    "in_nelems",
+    "out_nelems",
+    "group_size",
+    "dtype",
+    "pg_name",
+    "pg_desc",
+    "pg_ranks",
+    "seq",
+)
+HOST_COMM_PREFIXES = ("gloo:", "ucc:", "mpi:")
+
+
+def _int_from(text: pl.Expr) -> pl.Expr:
+    """An integer from a text column such as `7`, `stream 7` or `0x0`; null if none."""
+    hexa = text.str.extract(r"^0x([0-9a-fA-F]+)$", 1)
+    return (
+        pl.when(hexa.is_not_null())
+        .then(hexa.str.to_integer(base=16, strict=False))
+        .otherwise(text.str.extract(r"(-?\d+)", 1).cast(pl.Int64, strict=False))
+    )
+
+
+def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ()) -> pl.DataFrame:
+    """Device activity of one rank (or its host timeline when it has no device activity).
+
+    The result has KERNEL_SCHEMA's columns plus `arg_*` columns (collective metadata found on
+    the event itself) used by the collectives table.
+    """
+    if raw.gpu.height == 0:
+        return host_timeline(raw, rank)
+    launches = (
+        raw.runtime.filter(pl.col("correlation").is_not_null())
+        .select("correlation", launch_ns=pl.col("start_ns"), launch_tid=pl.col("tid"))
+        .unique(subset="correlation", keep="first")
+    )
+    gpu = raw.gpu.join(launches, on="correlation", how="left")
+    kind = (
+        pl.when(pl.col("cat").is_in(["gpu_memcpy", "Memcpy"]))
+        .then(pl.lit("memcpy"))
+        .when(pl.col("cat").is_in(["gpu_memset", "Memset"]))
+        .then(pl.lit("memset"))
+        .when(comm_kernel_expr(pl.col("name"), comm_patterns))
+        .then(pl.lit("communication"))
+        .otherwise(pl.lit("compute"))
+    )
+    return gpu.select(
+        pl.lit(rank, dtype=pl.Int64).alias("rank"),
+        pl.coalesce(_int_from(pl.col("device")), _int_from(pl.col("pid"))).alias("device"),
+        pl.coalesce(_int_from(pl.col("stream")), _int_from(pl.col("tid"))).alias("stream"),
+        pl.col("name").fill_null(""),
+        kind.alias("kind"),
+        "start_ns",
+        "end_ns",
+        "correlation",
+        "external_id",
+        "launch_ns",
+        "launch_tid",
+        *[pl.col(c).alias(f"arg_{c}") for c in ARG_COLUMNS],
+        pl.lit(None, dtype=pl.String).alias("arg_input_dims"),
+        pl.lit(None, dtype=pl.String).alias("arg_input_type"),
+    ).sort("start_ns")
+
+
+def host_timeline(raw: RawTrace, rank: int) -> pl.DataFrame:
+    """Host-side communication spans and the CPU work beside them, as kernel-like rows."""
+    comm = raw.ops.filter(pl.col("name").str.starts_with(HOST_COMM_PREFIXES[0]))
+    for prefix in HOST_COMM_PREFIXES[1:]:
+        comm = pl.concat([comm, raw.ops.filter(pl.col("name").str.starts_with(prefix))])
+    if comm.height == 0:
+        return pl.DataFrame(schema=KERNEL_SCHEMA).with_columns(
+            *[pl.lit(None, dtype=raw.ops.schema[c]).alias(f"arg_{c}") for c in ARG_COLUMNS],
+            arg_input_dims=pl.lit(None, dtype=pl.String),
+            arg_input_type=pl.lit(None, dtype=pl.String),
+        )
+    # Compute is the CPU work of the training threads: not the backend's own worker threads
+    # (e.g. `pt_gloo_runloop`), and not the c10d wrappers that wait on communication.
+    workers = raw.threads.filter(
+        (pl.col("kind") == "thread_name") & pl.col("label").str.contains("(?i)gloo|ucc|mpi")
+    ).select("pid", "tid")
+    ops = raw.host.join(workers, on=["pid", "tid"], how="anti").filter(
+        ~pl.col("name").str.starts_with("c10d::") & (pl.col("name") != "record_param_comms")
+    )
+    # A thread blocked in a communication span is not computing, whatever op encloses it.
+    compute = subtract_intervals(ops, comm, ["pid", "tid"])
+    args = [*ARG_COLUMNS, "input_dims", "input_type"]
+    rows = pl.concat(
+        [
+            comm.select("tid", "name", "start_ns", "end_ns", *args).with_columns(
+                kind=pl.lit("communication")
+            ),
+            compute.select("tid", "start_ns", "end_ns").with_columns(
+                name=pl.lit("cpu_op"), kind=pl.lit("compute")
+            ),
+        ],
+        how="diagonal",
+    )
+    return rows.select(
+        pl.lit(rank, dtype=pl.Int64).alias("rank"),
+        pl.lit(-1, dtype=pl.Int64).alias("device"),
+        _int_from(pl.col("tid")).alias("stream"),
+        "name",
+        "kind",
+        "start_ns",
+        "end_ns",
+        pl.lit(None, dtype=pl.Int64).alias("correlation"),
+        pl.lit(None, dtype=pl.Int64).alias("external_id"),
+        pl.lit(None, dtype=pl.Int64).alias("launch_ns"),
+        pl.col("tid").alias("launch_tid"),
+        *[pl.col(c).alias(f"arg_{c}") for c in args],
+    ).sort("start_ns")

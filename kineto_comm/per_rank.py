@@ -1,0 +1,156 @@
+"""Everything that needs only one rank's file: decode, model, and time breakdown.
+
+`process_file` is self-contained and returns compact tables, so it can run in a worker
+process (the tables travel back as Arrow IPC, see `to_wire`) or on another machine. Ranks
+are provisional here (what the file says); the merge step assigns final ones.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from kineto_comm.analysis.overlap import METRICS, breakdown
+from kineto_comm.load.decode import RawTrace, decode_file
+from kineto_comm.model.collectives import build_collectives
+from kineto_comm.model.kernels import KERNEL_COLUMNS, build_kernels
+from kineto_comm.model.steps import assign_steps, cpu_steps, device_windows
+
+TABLES = ("kernels", "collectives", "steps", "totals")
+
+
+@dataclass
+class RankTables:
+    """One file's tables and metadata. `rank` is what the file claims (or None)."""
+
+    file: str
+    rank: int | None
+    world_size: int | None
+    meta: dict[str, Any] = field(default_factory=dict)
+    kernels: pl.DataFrame = field(default_factory=pl.DataFrame)
+    collectives: pl.DataFrame = field(default_factory=pl.DataFrame)
+    steps: pl.DataFrame = field(default_factory=pl.DataFrame)
+    totals: pl.DataFrame = field(default_factory=pl.DataFrame)
+    warnings: list[str] = field(default_factory=list)
+
+    def with_rank(self, rank: int) -> RankTables:
+        """The same tables with the final rank written into every `rank` column."""
+        relabel = {
+            name: getattr(self, name).with_columns(rank=pl.lit(rank, dtype=pl.Int64))
+            for name in TABLES
+        }
+        return RankTables(
+            file=self.file,
+            rank=rank,
+            world_size=self.world_size,
+            meta=self.meta,
+            warnings=self.warnings,
+            **relabel,
+        )
+
+
+def _process_groups(raw: RawTrace) -> pl.DataFrame:
+    rows = [
+        {
+            "pg_name": g["pg_name"],
+            "pg_desc": g["pg_desc"],
+            "pg_size": g["pg_size"],
+            "ranks_text": str(g["ranks"]),
+        }
+        for g in raw.process_groups
+        if g["pg_name"] is not None
+    ]
+    schema = {"pg_name": pl.String, "pg_desc": pl.String, "pg_size": pl.Int64, "ranks_text": pl.String}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def process_file(path: str | Path, comm_patterns: tuple[str, ...] = ()) -> RankTables:
+    """Decode one trace and build its kernels, collectives, steps and totals tables."""
+    raw = decode_file(path)
+    rank = raw.rank if raw.rank is not None else -1
+    marks = cpu_steps(raw, rank)
+    rows = assign_steps(build_kernels(raw, rank, comm_patterns), marks)
+    kernels = rows.select(KERNEL_COLUMNS)
+    collectives = build_collectives(rows, raw, _process_groups(raw))
+    windows = device_windows(kernels, marks, rank)
+    step_metrics = breakdown(kernels, windows.rename({"step": "window"})).rename(
+        {"window": "step"}
+    )
+    steps = windows.join(
+        step_metrics.drop("start_ns", "end_ns"), on=["rank", "step"], how="left"
+    ).sort("start_ns")
+    if kernels.height:
+        whole = pl.DataFrame(
+            {
+                "rank": [rank],
+                "window": [0],
+                "start_ns": [kernels["start_ns"].min()],
+                "end_ns": [kernels["end_ns"].max()],
+            }
+        )
+        totals = breakdown(kernels, whole).drop("window")
+    else:
+        totals = pl.DataFrame(
+            schema={"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
+            | {m: pl.Int64 for m in METRICS}
+        )
+    timeline = "device" if raw.gpu.height else ("host" if kernels.height else "none")
+    warnings = list(raw.warnings)
+    if timeline == "none":
+        warnings.append(
+            f"{raw.file}: no GPU kernels and no host communication spans"
+            " (CPU-only or non-GPU device such as MTIA): nothing to break down"
+        )
+    meta = {
+        "backend": raw.backend,
+        "devices": raw.device_names,
+        "timeline": timeline,
+        "base_time_ns": raw.base_time_ns,
+        "bytes": raw.nbytes,
+        "process_groups": raw.process_groups,
+        "has_step_markers": bool(marks.height),
+    }
+    return RankTables(
+        file=raw.file,
+        rank=raw.rank,
+        world_size=raw.world_size,
+        meta=meta,
+        kernels=kernels,
+        collectives=collectives,
+        steps=steps,
+        totals=totals,
+        warnings=warnings,
+    )
+
+
+def to_wire(tables: RankTables) -> dict[str, Any]:
+    """A picklable form whose DataFrames are Arrow IPC bytes (cheap to send between processes)."""
+    out: dict[str, Any] = {
+        "file": tables.file,
+        "rank": tables.rank,
+        "world_size": tables.world_size,
+        "meta": tables.meta,
+        "warnings": tables.warnings,
+    }
+    for name in TABLES:
+        buf = io.BytesIO()
+        getattr(tables, name).write_ipc(buf)
+        out[name] = buf.getvalue()
+    return out
+
+
+def from_wire(wire: dict[str, Any]) -> RankTables:
+    """Inverse of `to_wire`."""
+    frames = {name: pl.read_ipc(io.BytesIO(wire[name])) for name in TABLES}
+    return RankTables(
+        file=wire["file"],
+        rank=wire["rank"],
+        world_size=wire["world_size"],
+        meta=wire["meta"],
+        warnings=wire["warnings"],
+        **frames,
+    )

@@ -1,0 +1,126 @@
+"""Terminal rendering of a Report with rich: per-rank breakdown and collectives tables.
+
+Times print in ms (or us for small values), sizes in decimal units (1 MB = 1e6 bytes),
+bandwidth in GB/s with 1 GB = 1e9 bytes. Plain text when the output is not a terminal.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+
+from kineto_comm.report import Report
+
+
+def fmt_ns(ns: int | float | None) -> str:
+    """A duration for people: ms with 2 decimals, us below 0.1 ms."""
+    if ns is None:
+        return "-"
+    if abs(ns) < 100_000:
+        return f"{ns / 1e3:.1f} us"
+    return f"{ns / 1e6:,.2f} ms"
+
+
+def fmt_bytes(n: int | float | None) -> str:
+    """A size in decimal units (B, KB, MB, GB; 1 KB = 1000 bytes)."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def pct(part: float | None, whole: float | None) -> str:
+    """part/whole as a percentage, '-' when undefined."""
+    if part is None or not whole:
+        return "-"
+    return f"{100 * part / whole:.1f}%"
+
+
+def render_text(report: Report, out: TextIO | None = None, width: int | None = None) -> None:
+    """Print the report: a per-rank summary, the collectives, then warnings and errors."""
+    console = Console(file=out, width=width, highlight=False, soft_wrap=False)
+    if width is None and not console.is_terminal:
+        console = Console(file=out, width=140, highlight=False, soft_wrap=False)
+    ranks = report.ranks.join(report.totals, on="rank", how="left")
+    steps = report.steps.group_by("rank").agg(
+        n_steps=(pl.col("step") >= 0).sum(), mean_step_ns=pl.col("wall_ns").mean()
+    )
+    ranks = ranks.join(steps, on="rank", how="left").sort("rank")
+    table = Table(title="Where each rank's device time went (totals over the trace)")
+    for col in (
+        "rank",
+        "device",
+        "steps",
+        "step (mean)",
+        "wall",
+        "compute",
+        "comm",
+        "overlap",
+        "exposed comm",
+        "idle",
+    ):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    for r in ranks.iter_rows(named=True):
+        wall = r.get("wall_ns")
+        table.add_row(
+            str(r["rank"]),
+            (r["device"] or r["timeline"] or "-")[:28],
+            str(r.get("n_steps") or 0),
+            fmt_ns(r.get("mean_step_ns")),
+            fmt_ns(wall),
+            fmt_ns(r.get("compute_ns")),
+            fmt_ns(r.get("comm_ns")),
+            pct(r.get("overlap_ns"), r.get("comm_ns")),
+            f"{fmt_ns(r.get('exposed_comm_ns'))} ({pct(r.get('exposed_comm_ns'), wall)})",
+            f"{fmt_ns(r.get('idle_ns'))} ({pct(r.get('idle_ns'), wall)})",
+        )
+    console.print(table)
+    console.print(
+        "overlap = share of communication time hidden behind compute; exposed comm = "
+        "communication with no compute kernel running (it adds to step time)."
+    )
+
+    if report.collectives.height:
+        coll = (
+            report.collectives.group_by("collective", "process_group", "dtype")
+            .agg(
+                ranks=pl.col("rank").n_unique(),
+                count=pl.len(),
+                bytes=pl.col("bytes").sum(),
+                mean_bytes=pl.col("bytes").mean(),
+                total_ns=pl.col("duration_ns").sum(),
+                algbw=(pl.col("bytes").sum() / pl.col("duration_ns").filter(
+                    pl.col("bytes").is_not_null()).sum()),
+            )
+            .sort("total_ns", descending=True)
+        )
+        ct = Table(title="Collectives (all ranks)")
+        for col in ("collective", "group", "dtype", "ranks", "calls", "mean size", "volume",
+                    "time", "algbw GB/s"):
+            ct.add_column(col, justify="left" if col in ("collective", "group", "dtype") else "right")
+        for r in coll.head(25).iter_rows(named=True):
+            ct.add_row(
+                r["collective"],
+                r["process_group"] or "?",
+                r["dtype"] or "?",
+                str(r["ranks"]),
+                str(r["count"]),
+                fmt_bytes(r["mean_bytes"]),
+                fmt_bytes(r["bytes"]),
+                fmt_ns(r["total_ns"]),
+                "-" if r["algbw"] is None else f"{r['algbw']:.2f}",
+            )
+        console.print(ct)
+        if coll.height > 25:
+            console.print(f"({coll.height - 25} more rows in --format json)")
+    else:
+        console.print("No communication kernels found.")
+    for w in report.warnings:
+        console.print(f"warning: {w}", markup=False)
+    for file, message in report.errors:
+        console.print(f"error: {file}: {message}", markup=False)

@@ -1,0 +1,104 @@
+"""The immutable result of an analysis: merged per-rank tables, errors and findings.
+
+Tables (Polars DataFrames; times in integer nanoseconds, sizes in bytes):
+    ranks        rank, world_size, file, rank_source, device, backend, timeline, bytes
+                 (timeline: "device" = GPU kernels, "host" = CPU-only gloo spans, "none")
+    kernels      see kineto_comm.model.kernels
+    collectives  see kineto_comm.model.collectives
+    steps        rank, step, cpu_start_ns, cpu_end_ns, start_ns, end_ns and the metrics of
+                 kineto_comm.analysis.overlap over each step's device window
+    totals       one row per rank: the same metrics over all of the rank's device activity
+`collective_summary()` aggregates collectives per rank, collective, process group and dtype.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from kineto_comm import __version__
+from kineto_comm.analysis.overlap import METRICS
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything `analyze()` found. Treat the tables as read-only."""
+
+    ranks: pl.DataFrame
+    kernels: pl.DataFrame
+    collectives: pl.DataFrame
+    steps: pl.DataFrame
+    totals: pl.DataFrame
+    errors: tuple[tuple[str, str], ...] = ()
+    warnings: tuple[str, ...] = ()
+    findings: tuple[Any, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+    meta: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def collective_summary(self) -> pl.DataFrame:
+        """count, bytes and time per (rank, collective, process_group, dtype)."""
+        keys = ["rank", "collective", "process_group", "dtype"]
+        if self.collectives.height == 0:
+            return pl.DataFrame(
+                schema={
+                    "rank": pl.Int64,
+                    "collective": pl.String,
+                    "process_group": pl.String,
+                    "dtype": pl.String,
+                    "count": pl.Int64,
+                    "bytes": pl.Int64,
+                    "total_ns": pl.Int64,
+                }
+            )
+        return (
+            self.collectives.group_by(keys)
+            .agg(
+                count=pl.len().cast(pl.Int64),
+                bytes=pl.col("bytes").sum(),
+                total_ns=pl.col("duration_ns").sum(),
+            )
+            .sort(["rank", "total_ns"], descending=[False, True])
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (see docs/json-schema.md); field names are stable."""
+        steps_by_rank = {
+            r: rows
+            for (r,), rows in self.steps.sort("rank", "start_ns")
+            .select("rank", "step", "start_ns", "end_ns", *METRICS)
+            .group_by("rank", maintain_order=True)
+        }
+        totals_by_rank = {row["rank"]: row for row in self.totals.iter_rows(named=True)}
+        ranks = []
+        for row in self.ranks.sort("rank").iter_rows(named=True):
+            rank = row["rank"]
+            steps = steps_by_rank.get(rank)
+            total = totals_by_rank.get(rank)
+            ranks.append(
+                {
+                    **row,
+                    "steps": [] if steps is None else steps.drop("rank").to_dicts(),
+                    "totals": None
+                    if total is None
+                    else {k: v for k, v in total.items() if k not in ("rank",)},
+                }
+            )
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "kineto-comm", "version": __version__},
+            "units": {"time": "ns", "size": "bytes", "bandwidth": "GB/s (1 GB = 1e9 bytes)"},
+            "ranks": ranks,
+            "collectives": self.collective_summary().to_dicts(),
+            "errors": [{"file": f, "message": m} for f, m in self.errors],
+            "warnings": list(self.warnings),
+            "findings": [f.to_dict() if hasattr(f, "to_dict") else f for f in self.findings],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """`to_dict()` as JSON text."""
+        return json.dumps(self.to_dict(), indent=indent, default=str)
