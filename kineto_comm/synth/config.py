@@ -1,0 +1,189 @@
+"""Model and hardware configuration for the synthetic trace generator, and the analytical formulas.
+
+Everything the generator simulates is derived from these two small dataclasses, so that
+``truth.json`` can state the expected message sizes and call counts from the same closed-form
+formulas a reader would use (Psi = 12*L*h^2 + V*h parameters, bf16 = 2 bytes, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4}
+DTYPE_NCCL = {"BFloat16": "bf16", "Half": "f16", "Float": "f32"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A GPT-like transformer: ``layers`` blocks of hidden size ``hidden`` plus a (tied) embedding.
+
+    ``micro_batch`` sequences of ``seq`` tokens form one micro-batch; ``micro_batches`` of them
+    form one optimizer step (gradient accumulation, or the pipeline's m).
+    """
+
+    layers: int = 8
+    hidden: int = 1024
+    seq: int = 1024
+    micro_batch: int = 4
+    micro_batches: int = 1
+    vocab: int = 32000
+    dtype: str = "BFloat16"
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "seq", "micro_batch", "micro_batches", "vocab"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(
+                f"model.dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}"
+            )
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element (B in the formulas)."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in one micro-batch: b*s."""
+        return self.micro_batch * self.seq
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one transformer block: 12*h^2 (qkv 3h^2, proj h^2, fc1 4h^2, fc2 4h^2)."""
+        return 12 * self.hidden * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        """Parameters of the (tied) token embedding: V*h."""
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        """Psi = 12*L*h^2 + V*h."""
+        return self.layers * self.layer_params + self.embedding_params
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config plus the derived sizes, as written to truth.json."""
+        d = asdict(self)
+        d.update(
+            dtype_bytes=self.dtype_bytes,
+            params=self.params,
+            layer_params=self.layer_params,
+            embedding_params=self.embedding_params,
+            tokens_per_micro_batch=self.tokens,
+        )
+        return d
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Throughputs the durations are computed from (H100-like numbers).
+
+    Compute kernels take ``flops / tflops``; memory-bound kernels ``bytes / hbm`` plus a floor.
+    A collective of ``nbytes`` on a group of n ranks takes
+    ``latency + busbw_factor(op, n) * nbytes / busbw`` (nccl-tests convention:
+    all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, send/recv 1).
+    """
+
+    tflops: float = 300.0
+    hbm_gbps: float = 2000.0
+    busbw_gbps: float = 100.0
+    latency_us: float = 12.0
+    launch_us: float = 6.0
+    cpu_op_us: float = 18.0
+    kernel_floor_us: float = 2.0
+    gpus_per_host: int = 8
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable copy for truth.json."""
+        return asdict(self)
+
+
+def busbw_factor(coll: str, n: int) -> float:
+    """The nccl-tests bus-bandwidth factor of a collective on ``n`` ranks."""
+    if coll == "allreduce":
+        return 2.0 * (n - 1) / n
+    if coll in ("_allgather_base", "_reduce_scatter_base"):
+        return (n - 1) / n
+    if coll in ("send", "recv"):
+        return 1.0
+    raise ValueError(f"no bus bandwidth factor for {coll!r}")
+
+
+def comm_ns(hw: Hardware, coll: str, nbytes: int, n: int, busbw_gbps: float) -> int:
+    """Duration in ns of one collective instance once every rank has arrived."""
+    wire = busbw_factor(coll, n) * nbytes
+    return int(round(hw.latency_us * 1000.0 + wire / busbw_gbps))  # GB/s == bytes/ns
+
+
+def gemm_ns(hw: Hardware, flops: float) -> int:
+    """Duration in ns of a compute-bound kernel."""
+    return max(int(round(flops / (hw.tflops * 1000.0))), int(hw.kernel_floor_us * 1000))
+
+
+def mem_ns(hw: Hardware, nbytes: float) -> int:
+    """Duration in ns of a memory-bound kernel (elementwise, norms, optimizer)."""
+    return int(round(nbytes / hw.hbm_gbps + hw.kernel_floor_us * 1000.0))
+
+
+def buckets(tensor_bytes: list[int], cap: int, split: bool = False) -> list[int]:
+    """DDP-style bucketing of gradient tensors, given in the order their gradients become ready.
+
+    A bucket is closed as soon as it holds >= ``cap`` bytes (a tensor never straddles two
+    buckets), the remainder forms the last bucket. With ``split`` a tensor larger than ``cap``
+    is cut into ``cap``-sized pieces (used for the small-messages scenario). Returns the bucket
+    sizes in bytes; their sum always equals ``sum(tensor_bytes)``.
+    """
+    out: list[int] = []
+    acc = 0
+    for nbytes in tensor_bytes:
+        if split:
+            while acc + nbytes >= cap:
+                take = cap - acc
+                out.append(cap)
+                nbytes -= take
+                acc = 0
+            acc += nbytes
+        else:
+            acc += nbytes
+            if acc >= cap:
+                out.append(acc)
+                acc = 0
+    if acc:
+        out.append(acc)
+    return out
+
+
+def grad_tensor_elems(model: ModelConfig, tp: int = 1) -> list[int]:
+    """Per-layer weight gradients in backward order (fc2, fc1, proj, qkv), divided by tp."""
+    h2 = model.hidden * model.hidden
+    return [4 * h2 // tp, 4 * h2 // tp, h2 // tp, 3 * h2 // tp]
+
+
+def pipeline_bubble(p: int, m: int) -> float:
+    """The analytical 1F1B bubble fraction (p-1)/(m+p-1)."""
+    return (p - 1) / (m + p - 1)
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Integer ceiling division."""
+    return -(-a // b)
+
+
+__all__ = [
+    "DTYPE_BYTES",
+    "DTYPE_NCCL",
+    "Hardware",
+    "ModelConfig",
+    "buckets",
+    "busbw_factor",
+    "ceil_div",
+    "comm_ns",
+    "gemm_ns",
+    "grad_tensor_elems",
+    "mem_ns",
+    "pipeline_bubble",
+]
