@@ -29,11 +29,14 @@ class ModelConfig:
     micro_batches: int = 1
     vocab: int = 32000
     dtype: str = "BFloat16"
+    bucket_mb: float = 25.0  # DDP bucket_cap_mb
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "seq", "micro_batch", "micro_batches", "vocab"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.bucket_mb <= 0:
+            raise ValueError(f"model.bucket_mb must be > 0, got {self.bucket_mb!r}")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(
                 f"model.dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}"

@@ -34,6 +34,7 @@ BUBBLE_MICRO_BATCHES = 2
 BASE_TIME_NS = 1_720_000_000_000_000_000
 START_NS = 3_000_000_000
 NCCL_VERSION = "2.21.5"
+MEASURED_STEPS = 3  # steps used for the bubble fraction and the problem's impact
 
 
 def _degrees(layout: str, world: int) -> tuple[int, int, int]:
@@ -64,7 +65,7 @@ def _model_for(layout: str, pp: int, model: ModelConfig | None) -> ModelConfig:
     if layout == "pp-dp":
         if m.layers % pp:
             raise ValueError(f"model.layers={m.layers} must be divisible by the {pp} stages")
-        if model is None:
+        if m.micro_batches == 1:  # a pipeline needs micro-batches: 1F1B with m = 4p
             m = replace(m, micro_batches=4 * pp)
     return m
 
@@ -104,9 +105,13 @@ class _Job:
         self.pipe_marks: list[list[int]] = [[] for _ in range(plan.world)]
 
     def step(self, k: int) -> None:
+        """Simulate step k; pipeline compute intervals are kept for the first few steps only."""
         run_step(self.states, self.progs, KERNEL_LIST, k)
         for st, marks in zip(self.states, self.pipe_marks, strict=True):
-            marks.append(len(st.pipe))
+            if k < MEASURED_STEPS:
+                marks.append(len(st.pipe))
+            else:
+                del st.pipe[marks[-1]:]
 
     def step_times(self) -> list[int]:
         """Wall time of each step across the job: latest end minus earliest begin."""
@@ -284,6 +289,7 @@ def generate(
                 nmb = min(BUBBLE_MICRO_BATCHES, m.micro_batches)
                 tokens = m.micro_batch * m.micro_batches
                 m = replace(m, micro_batches=nmb, micro_batch=max(1, tokens // nmb))
+        kw.setdefault("bucket_bytes", int(m.bucket_mb * 1024 * 1024))
         return Plan(layout=layout, world=world, dp=d, tp=t, pp=p, model=m, hw=hw,
                     groups=groups, **kw)
 
@@ -378,7 +384,7 @@ def _truth(scenario: str, requested_layout: str, plan: Plan, job: _Job, seed: in
     fixed_bubble = job.bubble_fraction()
     if scenario not in ("baseline", "clock-skew"):
         # Re-simulate the first few steps without the problem and compare like with like.
-        n = min(len(times), 3)
+        n = min(len(times), MEASURED_STEPS)
         fixed = _Job(plan_for(False), seed, {r: 0 for r in offsets}, per_host)
         for k in range(n):
             fixed.step(k)

@@ -92,7 +92,6 @@ class RankState:
     # per-step records used by truth.json (true times, no clock offset)
     step_spans: list[tuple[int, int]] = field(default_factory=list)
     pipe: list[tuple[int, int]] = field(default_factory=list)
-    coll_log: list[tuple[str, int, Coll]] = field(default_factory=list)
     streams: set[int] = field(default_factory=set)
 
 
@@ -212,7 +211,6 @@ def run_rank(st: RankState, prog: list[tuple], registry: dict, kspecs: list[KSpe
             buf.append(K.RUNTIME % ("cudaEventRecord", pid, tid, a, b, 0, 870, e_rpc, 135,
                                     corr + 3))
             st.deferred.append((spec, ready, inst, e_rpc, e_ann, corr + 2))
-            st.coll_log.append((spec.role, ready, inst))
             st.cpu = end + _j(st, 3_000)
         elif code == OP_WAIT:
             _, key, thread = op
