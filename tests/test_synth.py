@@ -496,3 +496,18 @@ def test_size_mb_sets_file_size(tmp_path: Path) -> None:
     sizes = [(tmp_path / n).stat().st_size for n in truth["files"]]
     assert truth["steps"] > 1
     assert all(2.4e6 < s < 3.6e6 for s in sizes)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_truth_expected_per_rank_matches_trace(tmp_path: Path, layout: str) -> None:
+    truth = gen(tmp_path, "baseline", layout, ranks=4, steps=1)
+    for r in range(4):
+        (step,) = per_step(events(tmp_path, r))
+        seen: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for e in step:
+            key = (e["args"]["Collective name"], e["args"]["Process Group Name"])
+            seen[key][0] += 1
+            seen[key][1] += nbytes(e)
+        want = {(x["collective"], x["pg_name"]): [x["calls_per_step"], x["bytes_per_step"]]
+                for x in truth["expected_per_rank"][str(r)]}
+        assert dict(seen) == want

@@ -175,7 +175,7 @@ def _expected(plan: Plan) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]
         sizes = buckets(tensors, cap, split)
         add("dp_grad", "allreduce", "dp", len(sizes), m.params // t * B, "Psi/t*B",
             group_size=d, bucket_bytes=cap, max_message_bytes=max(sizes),
-            wire_bytes_per_rank=round(2 * (d - 1) / d * m.params // t * B))
+            wire_bytes_per_rank=round(2 * (d - 1) / d * (m.params // t) * B))
     if plan.layout == "tp-dp":
         n = 4 * L * m.micro_batches
         add("tp", "allreduce", "tp", n, n * m.tokens * h * B, "4*L*m * b*s*h*B",
