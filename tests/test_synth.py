@@ -231,7 +231,7 @@ def test_event_and_arg_keys_match_real_kineto_trace(tmp_path: Path) -> None:
         assert keys == ref[0], (kind, keys ^ ref[0])
         extra = args - ref[1]
         assert extra <= allowed_extra_args.get(kind, set()), (kind, extra)
-        if kind in (("kernel", "nccl"), ("record_param_comms",), ("kernel", "comp")):
+        if kind != ("cpu_op",):  # real cpu_ops add autograd fields only on autograd nodes
             assert ref[1] <= args, (kind, ref[1] - args)
     assert "Seq" in mine[("record_param_comms",)][1]
     # top level: same keys (the real one adds the INFO log), same distributedInfo keys
