@@ -1,0 +1,157 @@
+"""The command line as users and CI scripts run it: exit codes, one-line errors, JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from typer.testing import CliRunner
+
+from kineto_comm import analyze
+from kineto_comm.cli import app
+
+from .conftest import SAMPLES, all_shared_traces, kernel, shared, write_trace
+
+CLI = [sys.executable, "-m", "kineto_comm.cli"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def assert_no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+
+
+@pytest.mark.parametrize("path", all_shared_traces(), ids=lambda p: p.name)
+def test_every_real_trace_reports_in_text_and_json(path):
+    text = run("report", path)
+    assert_no_traceback(text)
+    assert text.returncode in (0, 2), text.stderr
+    if text.returncode == 2:
+        lines = text.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {path}: ")
+        return
+    # The JSON leg runs in-process (the subprocess above already proved no traceback).
+    as_json = CliRunner().invoke(app, ["report", str(path), "--format", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    doc = json.loads(as_json.stdout)
+    assert doc["schema_version"] == 1 and len(doc["ranks"]) == 1
+    rank = doc["ranks"][0]
+    assert rank["file"] == str(path)
+    for key in ("rank", "world_size", "device", "steps", "totals"):
+        assert key in rank
+    assert doc["findings"] == [] and doc["errors"] == []
+
+
+def test_json_document_fields_and_consistency():
+    proc = run("report", shared("hta/nccl_parser_config/nccl_data.json.gz"), "-f", "json")
+    doc = json.loads(proc.stdout)
+    rank = doc["ranks"][0]
+    assert (rank["rank"], rank["world_size"]) == (0, 2)
+    assert "A100" in rank["device"]
+    assert [s["step"] for s in rank["steps"]] == [4, 5, 6]
+    for step in rank["steps"]:
+        assert set(step) >= {"step", "start_ns", "end_ns", "compute_ns", "comm_ns",
+                             "exposed_comm_ns", "idle_ns"}
+        assert step["exposed_comm_ns"] <= step["comm_ns"] <= step["end_ns"] - step["start_ns"]
+    totals = rank["totals"]
+    assert set(totals) >= {"wall_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns",
+                           "idle_ns"}
+    assert totals["overlap_ns"] + totals["exposed_comm_ns"] == totals["comm_ns"]
+    colls = {(c["collective"], c["dtype"]): c for c in doc["collectives"]}
+    ar = colls[("all_reduce", "float32")]
+    assert ar["count"] == 15 and ar["process_group"] == "0" and ar["bytes"] > 0
+    assert set(doc["collectives"][0]) >= {"rank", "collective", "process_group", "dtype",
+                                          "bytes", "count", "total_ns"}
+
+
+def test_text_report_on_a_sample_names_ranks_and_collectives():
+    proc = run("report", SAMPLES / "ddp-4")
+    assert proc.returncode == 0, proc.stderr
+    assert "all_reduce" in proc.stdout
+    for rank in range(4):
+        assert f"│    {rank} │" in proc.stdout
+
+
+def test_missing_path_is_exit_2_with_one_line():
+    proc = run("report", "/nonexistent/trace.json")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: /nonexistent/trace.json: no such file or directory"
+    assert proc.stdout == ""
+
+
+def test_one_corrupt_rank_does_not_lose_the_others(tmp_path):
+    good = write_trace(tmp_path / "rank0.json", [kernel("gemm", 0, 10)], rank=0)
+    bad = tmp_path / "rank1.json"
+    bad.write_text('{"traceEvents": [ this is not json')
+    empty = tmp_path / "rank2.json.gz"
+    empty.write_bytes(b"")
+    text = run("report", tmp_path)
+    assert text.returncode == 0
+    assert_no_traceback(text)
+    assert f"error: {bad}: " in text.stdout and f"error: {empty}: " in text.stdout
+    doc = json.loads(run("report", tmp_path, "--format", "json").stdout)
+    assert [r["file"] for r in doc["ranks"]] == [str(good)]
+    assert {e["file"] for e in doc["errors"]} == {str(bad), str(empty)}
+    assert all("\n" not in e["message"] for e in doc["errors"])
+
+
+def test_only_bad_files_is_exit_2(tmp_path):
+    (tmp_path / "a.json").write_text("not json at all")
+    proc = run("report", tmp_path / "a.json", "--format", "json")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.strip().startswith(f"error: {tmp_path / 'a.json'}: not a JSON trace")
+
+
+def test_truncated_rank_is_reported_with_a_warning(tmp_path):
+    events = [kernel(f"k{i}", 10.0 * i, 5.0) for i in range(300)]
+    full = write_trace(tmp_path / "x.json", events).read_bytes()
+    (tmp_path / "x.json").write_bytes(full[: len(full) // 2])
+    proc = run("report", tmp_path / "x.json", "-f", "json")
+    assert proc.returncode == 0
+    doc = json.loads(proc.stdout)
+    assert any("cut off" in w for w in doc["warnings"])
+
+
+def test_output_file_and_exit_codes(tmp_path):
+    out = tmp_path / "r.json"
+    proc = run("report", SAMPLES / "tp-2", "-f", "json", "-o", out)
+    assert proc.returncode == 0 and proc.stdout == ""
+    assert len(json.loads(out.read_text())["ranks"]) == 2
+
+
+def test_ranks_from_metadata_name_and_order_with_duplicates(tmp_path):
+    write_trace(tmp_path / "a.json", [kernel("k", 0, 1)], rank=5)
+    write_trace(tmp_path / "worker_rank-2.json", [kernel("k", 0, 1)], rank=None)
+    write_trace(tmp_path / "zzz.json", [kernel("k", 0, 1)], rank=None)
+    write_trace(tmp_path / "dup.json", [kernel("k", 0, 1)], rank=5)
+    report = analyze(tmp_path, jobs=1)
+    got = dict(zip(report.ranks["file"], report.ranks["rank"], strict=True))
+    assert got == {str(tmp_path / "a.json"): 5, str(tmp_path / "worker_rank-2.json"): 2,
+                   str(tmp_path / "zzz.json"): 0}
+    sources = dict(zip(report.ranks["rank"], report.ranks["rank_source"], strict=True))
+    assert sources == {5: "distributedInfo", 2: "file name", 0: "file order"}
+    assert [(f, "duplicate" in m) for f, m in report.errors] == [(str(tmp_path / "dup.json"),
+                                                                   True)]
+
+
+def test_files_of_different_jobs_are_flagged(tmp_path):
+    write_trace(tmp_path / "a.json", [kernel("k", 0, 1)], rank=0, world_size=2)
+    write_trace(tmp_path / "b.json", [kernel("k", 0, 1)], rank=1, world_size=8)
+    report = analyze(tmp_path, jobs=1)
+    assert any("different sizes" in w for w in report.warnings)
+
+
+def test_worker_processes_give_the_same_report_as_one_process():
+    one = analyze(SAMPLES / "pp-4", jobs=1)
+    two = analyze(SAMPLES / "pp-4", jobs=2)
+    for name in ("kernels", "collectives", "steps", "totals"):
+        assert getattr(one, name).equals(getattr(two, name)), name

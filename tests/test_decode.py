@@ -1,0 +1,155 @@
+"""The decoder on real traces of every schema, and on crafted edge cases."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import polars as pl
+import pytest
+
+from kineto_comm.errors import TraceError
+from kineto_comm.load import decode
+from kineto_comm.load.decode import decode_file
+
+from .conftest import all_shared_traces, cpu, kernel, launch, shared, write_trace
+
+
+@pytest.mark.parametrize("path", all_shared_traces(), ids=lambda p: p.name)
+def test_every_real_trace_decodes_with_the_same_event_counts_as_json(path):
+    raw = decode_file(path)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        events = json.load(fh)["traceEvents"]
+    gpu = sum(
+        1 for e in events if e.get("ph") == "X" and e.get("cat") in decode.GPU_CATS
+    )
+    runtime = sum(
+        1 for e in events if e.get("ph") == "X" and e.get("cat") in decode.RUNTIME_CATS
+    )
+    assert raw.gpu.height == gpu
+    assert raw.runtime.height == runtime
+    assert raw.gpu["start_ns"].null_count() == 0
+
+
+def test_float_microseconds_with_base_become_exact_nanoseconds(tmp_path):
+    path = write_trace(
+        tmp_path / "t.json",
+        [kernel("k", 4458677009853.422, 2636.669)],
+        baseTimeNanoseconds=1711964646000000000,
+    )
+    raw = decode_file(path)
+    assert raw.gpu["start_ns"][0] == 1711964646000000000 + 4458677009853422
+    assert raw.gpu["end_ns"][0] - raw.gpu["start_ns"][0] == 2636669
+
+
+def test_epoch_microseconds_keep_nanosecond_precision(tmp_path):
+    # 1.7e15 us is beyond float64's exact range once multiplied by 1000.
+    path = write_trace(tmp_path / "t.json", [kernel("k", 1712195495505583.0, 4.928)])
+    raw = decode_file(path)
+    assert raw.gpu["start_ns"][0] == 1712195495505583000
+    assert raw.gpu["end_ns"][0] == 1712195495505587928
+
+
+def test_old_schema_string_tids_and_lowercase_external_id():
+    raw = decode_file(shared("kineto-tb-plugin/worker0.1623143089861.pt.trace.json.gz"))
+    kernels = raw.gpu.filter(pl.col("cat") == "Kernel")
+    assert kernels.height > 8000
+    assert kernels["external_id"].null_count() == 0
+    assert kernels["tid"].str.starts_with("stream").all()
+
+
+def test_integer_beyond_int64_in_args_does_not_break_decoding():
+    raw = decode_file(shared("hta/_history/large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz"))
+    assert raw.gpu.height == 1
+    assert raw.ops["name"].to_list() == ["record_param_comms"]
+
+
+def test_begin_end_pairs_become_complete_events(tmp_path):
+    events = [
+        {"ph": "B", "cat": "cpu_op", "name": "outer", "pid": 1, "tid": 5, "ts": 10},
+        {"ph": "B", "cat": "cpu_op", "name": "inner", "pid": 1, "tid": 5, "ts": 12},
+        {"ph": "E", "cat": "cpu_op", "pid": 1, "tid": 5, "ts": 15},
+        {"ph": "E", "cat": "cpu_op", "pid": 1, "tid": 5, "ts": 30},
+    ]
+    raw = decode_file(write_trace(tmp_path / "t.json", events))
+    got = dict(zip(raw.host["name"], raw.host["end_ns"] - raw.host["start_ns"], strict=True))
+    assert got == {"outer": 20_000, "inner": 3_000}
+
+
+def test_bare_event_array_is_accepted(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([kernel("k", 1.0, 2.0), kernel("k2", 5.0, 1.0)]))
+    assert decode_file(path).gpu.height == 2
+
+
+def test_truncated_trace_keeps_events_before_the_cut(tmp_path):
+    events = [kernel(f"k{i}", 10.0 * i, 5.0) for i in range(200)]
+    full = write_trace(tmp_path / "full.json", events).read_bytes()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(full[: int(len(full) * 0.6)])
+    raw = decode_file(cut)
+    assert 100 < raw.gpu.height < 200
+    assert any("cut off" in w for w in raw.warnings)
+    assert raw.gpu["name"].to_list() == [f"k{i}" for i in range(raw.gpu.height)]
+
+
+def test_truncated_gzip_stream_keeps_events_before_the_cut(tmp_path):
+    events = [kernel(f"k{i}", 10.0 * i, 5.0) for i in range(3000)]
+    data = write_trace(tmp_path / "full.json.gz", events).read_bytes()
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(data[: int(len(data) * 0.5)])
+    raw = decode_file(cut)
+    assert 0 < raw.gpu.height < 3000
+    assert raw.warnings
+
+
+def test_large_file_is_decoded_in_pieces_with_identical_results(tmp_path, monkeypatch):
+    events = [kernel(f"k{i}", 10.0 * i, 5.0, corr=i) for i in range(4000)]
+    events += [launch(10.0 * i - 3, i) for i in range(4000)]
+    path = write_trace(tmp_path / "t.json", events, baseTimeNanoseconds=5)
+    whole = decode_file(path)
+    monkeypatch.setattr(decode, "PIECE_BYTES", 50_000)
+    monkeypatch.setattr(decode, "_READ_BYTES", 16_384)
+    pieces = decode_file(path)
+    assert pieces.gpu.equals(whole.gpu)
+    assert pieces.runtime.equals(whole.runtime)
+    assert pieces.base_time_ns == 5 and pieces.rank == 0
+
+
+def test_nested_object_lists_in_args_survive_piece_cuts(tmp_path, monkeypatch):
+    # `}, {` inside an event's args must not be taken for an event boundary.
+    events = [
+        cpu("op", float(i), 1.0, extra=[{"a": j} for j in range(50)]) for i in range(400)
+    ]
+    path = write_trace(tmp_path / "t.json", events)
+    monkeypatch.setattr(decode, "PIECE_BYTES", 20_000)
+    monkeypatch.setattr(decode, "_READ_BYTES", 4_096)
+    assert decode_file(path).host.height == 400
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "empty"),
+        (b"   \n", "empty"),
+        (b"hello world", "not a JSON trace"),
+        (b'{"traceEvents": [{"ph": "X", "ts": ', "truncated"),
+        (b"\x00\x01\x02binary", "not a JSON trace"),
+    ],
+)
+def test_unusable_files_raise_one_line_trace_errors(tmp_path, content, problem):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceError) as info:
+        decode_file(path)
+    assert problem in str(info.value)
+    assert str(path) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_corrupt_gzip_is_a_trace_error(tmp_path):
+    path = tmp_path / "bad.json.gz"
+    path.write_bytes(b"\x1f\x8b\x08\x00" + b"garbage" * 50)
+    with pytest.raises(TraceError, match="gzip"):
+        decode_file(path)

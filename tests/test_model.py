@@ -1,0 +1,202 @@
+"""Kernels, collectives, steps and the time breakdown, on crafted and real traces."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from kineto_comm import analyze
+from kineto_comm.analysis.overlap import breakdown, merge_intervals, subtract_intervals
+from kineto_comm.model.names import kernel_fields, normalize_collective
+
+from .conftest import SAMPLES, cpu, kernel, launch, shared, write_trace
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            ("all_reduce", "sum", "bfloat16", "RING", "LL"),
+        ),
+        (
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+            ("all_reduce", "sum", "float32", "RING", "LL"),
+        ),
+        (
+            "ncclDevKernel_ReduceScatter_Sum_f32_RING_SIMPLE(x)",
+            ("reduce_scatter", "sum", "float32", "RING", "SIMPLE"),
+        ),
+        ("ncclDevKernel_AllGather_RING_LL(x)", ("all_gather", None, None, "RING", "LL")),
+        ("ncclDevKernel_SendRecv(x)", ("send_recv", None, None, None, None)),
+        (
+            "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)",
+            ("send_recv", "sum", "int8", "RING", "SIMPLE"),
+        ),
+        (
+            "ncclDevKernel_AllReduce_Sum_f16_TREE_LL128(x)",
+            ("all_reduce", "sum", "float16", "TREE", "LL128"),
+        ),
+        ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", ("unknown",) + (None,) * 4),
+    ],
+)
+def test_kernel_names_are_parsed(name, expected):
+    df = pl.DataFrame({"name": [name]}).select(**kernel_fields(pl.col("name")))
+    row = df.row(0, named=True)
+    got = (row["kernel_collective"], row["reduce_op"], row["kernel_dtype"], row["algorithm"],
+           row["protocol"])
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "canonical"),
+    [
+        ("allreduce", "all_reduce"),
+        ("nccl:all_reduce", "all_reduce"),
+        ("nccl:_allgather_base", "all_gather"),
+        ("all_gather_into_tensor", "all_gather"),
+        ("nccl:_reduce_scatter_base", "reduce_scatter"),
+        ("reduce_scatter_tensor", "reduce_scatter"),
+        ("nccl:all_to_all", "all_to_all"),
+        ("alltoall_base", "all_to_all"),
+        ("gloo:send", "send"),
+        ("c10d::recv_", "recv"),
+        ("broadcast", "broadcast"),
+        ("barrier", "barrier"),
+        ("something_else", "unknown"),
+    ],
+)
+def test_collective_spellings_are_normalised(raw, canonical):
+    got = pl.DataFrame({"c": [raw]}).select(normalize_collective(pl.col("c"))).item()
+    assert got == canonical
+
+
+def test_merge_and_subtract_intervals():
+    df = pl.DataFrame({"g": [1, 1, 1, 1], "start_ns": [0, 5, 20, 22], "end_ns": [10, 12, 25, 23]})
+    merged = merge_intervals(df, ["g"]).sort("start_ns")
+    assert merged.select("start_ns", "end_ns").rows() == [(0, 12), (20, 25)]
+    holes = pl.DataFrame({"g": [1], "start_ns": [3], "end_ns": [21]})
+    left = subtract_intervals(df, holes, ["g"]).sort("start_ns")
+    assert left.select("start_ns", "end_ns").rows() == [(0, 3), (21, 25)]
+
+
+def test_breakdown_matches_hand_computed_timeline():
+    # compute [0,100) and [150,200); comm [80,170) on another stream; memcpy [300,310).
+    kernels = pl.DataFrame(
+        {
+            "rank": [0, 0, 0, 0],
+            "kind": ["compute", "compute", "communication", "memcpy"],
+            "start_ns": [0, 150, 80, 300],
+            "end_ns": [100, 200, 170, 310],
+        }
+    )
+    windows = pl.DataFrame(
+        {"rank": [0, 0], "window": [1, 2], "start_ns": [0, 160], "end_ns": [160, 400]}
+    )
+    out = {r["window"]: r for r in breakdown(kernels, windows).iter_rows(named=True)}
+    w1, w2 = out[1], out[2]
+    assert (w1["compute_ns"], w1["comm_ns"], w1["overlap_ns"], w1["exposed_comm_ns"]) == (
+        110, 80, 30, 50)
+    assert w1["idle_ns"] == 0 and w1["wall_ns"] == 160
+    assert (w2["compute_ns"], w2["comm_ns"], w2["overlap_ns"], w2["exposed_comm_ns"]) == (
+        40, 10, 10, 0)
+    assert w2["memcpy_ns"] == 10
+    assert w2["idle_ns"] == 240 - 40 - 10
+
+
+def _two_step_trace(tmp_path):
+    """Two steps; step 1 all-reduce overlaps compute, step 2 all-reduce is exposed."""
+    ar = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)"
+    events = [
+        cpu("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        cpu("ProfilerStep#2", 1000, 1000, cat="user_annotation"),
+        launch(10, 1), kernel("gemm", 100, 400, corr=1),
+        cpu("record_param_comms", 20, 30, **{
+            "Collective name": "allreduce", "In msg nelems": 1_000_000,
+            "Out msg nelems": 1_000_000, "Group size": 4, "dtype": "BFloat16",
+            "Process Group Name": "3", "Process Group Description": "dp",
+            "Process Group Ranks": "[0, 2, 4, 6]", "Seq": 7}),
+        cpu("nccl:all_reduce", 25, 20, cat="user_annotation"),
+        launch(30, 2), kernel(ar, 200, 200, stream=20, corr=2),
+        launch(1010, 3), kernel("gemm", 1100, 300, corr=3),
+        cpu("nccl:all_reduce", 1020, 20, cat="user_annotation",
+            **{"Input Dims": [[2048, 512]], "Input type": ["c10::BFloat16"]}),
+        launch(1030, 4), kernel(ar, 1500, 250, stream=20, corr=4),
+    ]
+    return write_trace(tmp_path / "rank0.json", events, rank=0, world_size=8)
+
+
+def test_steps_collectives_and_metrics_from_a_crafted_trace(tmp_path):
+    report = analyze(_two_step_trace(tmp_path), jobs=1)
+    coll = report.collectives.sort("start_ns")
+    assert coll["collective"].to_list() == ["all_reduce", "all_reduce"]
+    first, second = coll.row(0, named=True), coll.row(1, named=True)
+    assert first["source"] == "record_param_comms"
+    assert (first["bytes"], first["dtype"], first["process_group"], first["seq"]) == (
+        2_000_000, "bfloat16", "3", 7)
+    assert first["pg_ranks"] == "[0, 2, 4, 6]" and first["group_size"] == 4
+    assert (first["algorithm"], first["protocol"]) == ("RING", "LL")
+    assert second["source"] == "annotation"
+    assert second["bytes"] == 2048 * 512 * 2 and second["dtype"] == "bfloat16"
+    assert coll["step"].to_list() == [1, 2]
+    steps = {r["step"]: r for r in report.steps.iter_rows(named=True)}
+    assert steps[1]["start_ns"] == 100_000 and steps[1]["end_ns"] == 1_100_000
+    assert steps[1]["comm_ns"] == 200_000 and steps[1]["overlap_ns"] == 200_000
+    assert steps[1]["exposed_comm_ns"] == 0
+    assert steps[2]["exposed_comm_ns"] == 250_000
+    assert steps[2]["end_ns"] == 1_750_000
+    total = report.totals.row(0, named=True)
+    assert total["comm_ns"] == 450_000 and total["exposed_comm_ns"] == 250_000
+    assert total["wall_ns"] == 1_650_000
+
+
+def test_trace_without_step_markers_is_one_window(tmp_path):
+    path = write_trace(tmp_path / "t.json", [kernel("a", 0, 10), kernel("b", 20, 10)])
+    report = analyze(path, jobs=1)
+    assert report.steps["step"].to_list() == [-1]
+    assert report.steps["wall_ns"].to_list() == [30_000]
+
+
+def test_extra_comm_patterns_mark_kernels_as_communication(tmp_path):
+    path = write_trace(
+        tmp_path / "t.json", [kernel("deep_ep::dispatch<8>", 0, 10), kernel("gemm", 0, 10)]
+    )
+    plain = analyze(path, jobs=1)
+    custom = analyze(path, jobs=1, comm_patterns=["dispatch|combine"])
+    assert plain.collectives.height == 0
+    assert custom.kernels.filter(pl.col("kind") == "communication")["name"].to_list() == [
+        "deep_ep::dispatch<8>"
+    ]
+
+
+def test_collective_metadata_from_nccl_data_kernel_args():
+    report = analyze(shared("hta/nccl_parser_config/nccl_data.json.gz"), jobs=1)
+    coll = report.collectives
+    assert coll.height == 21
+    assert (coll["source"] == "kernel_args").all()
+    ar = coll.filter(pl.col("collective") == "all_reduce")
+    assert ar.height == 15
+    assert set(ar["dtype"]) == {"float32"}
+    assert set(ar["process_group"]) == {"0"} and set(ar["pg_ranks"]) == {"[0, 1]"}
+    assert ar["bytes"].null_count() == 0
+    assert (ar["bytes"] == ar["in_nelems"] * 4).all()
+    assert set(coll["collective"]) == {"all_reduce", "broadcast"}
+
+
+def test_old_traces_take_sizes_from_nccl_annotations():
+    report = analyze(shared("hta/trace_diff/control/control.json.gz"), jobs=1)
+    coll = report.collectives
+    assert set(coll["source"]) == {"annotation"}
+    # SendRecv kernels launched from nccl:all_to_all are all-to-all, not send/recv.
+    assert set(coll["collective"]) == {"all_reduce", "all_to_all"}
+    assert coll["bytes"].null_count() == 0
+
+
+def test_gloo_capture_uses_the_host_timeline():
+    report = analyze(SAMPLES / "pp-4", jobs=1)
+    assert set(report.ranks["timeline"]) == {"host"}
+    assert report.ranks["rank"].to_list() == [0, 1, 2, 3]
+    assert set(report.collectives["collective"]) == {"send", "recv"}
+    # Blocking p2p on the main thread cannot overlap that thread's compute.
+    assert (report.totals["overlap_ns"] == 0).all()
+    assert (report.totals["compute_ns"] > 0).all()
