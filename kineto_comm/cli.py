@@ -35,14 +35,18 @@ def _fail(message: str) -> typer.Exit:
 
 @app.command()
 def report(
-    paths: Annotated[list[Path], typer.Argument(help="Trace files or directories (one file per rank).")],
+    paths: Annotated[
+        list[Path], typer.Argument(help="Trace files or directories (one file per rank).")
+    ],
     format: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.text,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")
+    ] = None,
     comm_pattern: Annotated[
         list[str] | None,
         typer.Option(
             "--comm-pattern",
-            help="Extra regex for communication kernel names (repeatable), e.g. 'dispatch|combine'.",
+            help="Extra regex for communication kernel names (repeatable): 'dispatch|combine'.",
         ),
     ] = None,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes.")] = None,
@@ -73,12 +77,22 @@ def report(
 
 @app.command()
 def synth(
-    scenario: Annotated[str, typer.Argument(help="baseline, exposed-allreduce, straggler, bubble, small-messages, slow-link, clock-skew")],
-    out: Annotated[Path, typer.Option("--out", help="Directory to write rank traces and truth.json.")],
+    scenario: Annotated[
+        str,
+        typer.Argument(
+            help="baseline, exposed-allreduce, straggler, bubble, small-messages, slow-link or "
+            "clock-skew"
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory to write rank traces and truth.json.")
+    ],
     ranks: Annotated[int, typer.Option("--ranks", help="World size.")] = 8,
     layout: Annotated[str, typer.Option("--layout", help="dp, fsdp, tp-dp or pp-dp.")] = "dp",
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    size_mb: Annotated[float | None, typer.Option("--size-mb", help="Approximate MB per rank file.")] = None,
+    size_mb: Annotated[
+        float | None, typer.Option("--size-mb", help="Approximate MB per rank file.")
+    ] = None,
     steps: Annotated[int, typer.Option("--steps")] = 3,
     gzip: Annotated[bool, typer.Option("--gzip/--no-gzip")] = False,
 ) -> None:
@@ -87,7 +101,13 @@ def synth(
 
     try:
         generate(
-            scenario, out, ranks=ranks, layout=layout, seed=seed, size_mb=size_mb, steps=steps,
+            scenario,
+            out,
+            ranks=ranks,
+            layout=layout,
+            seed=seed,
+            size_mb=size_mb,
+            steps=steps,
             gzip=gzip,
         )
     except ValueError as exc:
@@ -101,7 +121,9 @@ def capture(
     out: Annotated[Path, typer.Option("--out", help="Directory for the rank traces.")],
     ranks: Annotated[int, typer.Option("--ranks")] = 2,
     steps: Annotated[int, typer.Option("--steps")] = 2,
-    backend: Annotated[str | None, typer.Option("--backend", help="gloo or nccl (default: nccl with GPUs).")] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", help="gloo or nccl (default: nccl with GPUs).")
+    ] = None,
     bucket_cap_mb: Annotated[float, typer.Option("--bucket-cap-mb")] = 25.0,
     micro_batches: Annotated[int, typer.Option("--micro-batches")] = 4,
     seed: Annotated[int, typer.Option("--seed")] = 0,
@@ -111,8 +133,14 @@ def capture(
         from kineto_comm.capture import capture as run_capture
 
         files = run_capture(
-            layout, out, ranks=ranks, steps=steps, backend=backend,
-            bucket_cap_mb=bucket_cap_mb, micro_batches=micro_batches, seed=seed,
+            layout,
+            out,
+            ranks=ranks,
+            steps=steps,
+            backend=backend,
+            bucket_cap_mb=bucket_cap_mb,
+            micro_batches=micro_batches,
+            seed=seed,
         )
     except ImportError as exc:
         raise _fail(f"capture needs torch: pip install 'kineto-comm[capture]' ({exc})") from None

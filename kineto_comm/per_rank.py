@@ -64,7 +64,12 @@ def _process_groups(raw: RawTrace) -> pl.DataFrame:
         for g in raw.process_groups
         if g["pg_name"] is not None
     ]
-    schema = {"pg_name": pl.String, "pg_desc": pl.String, "pg_size": pl.Int64, "ranks_text": pl.String}
+    schema = {
+        "pg_name": pl.String,
+        "pg_desc": pl.String,
+        "pg_size": pl.Int64,
+        "ranks_text": pl.String,
+    }
     return pl.DataFrame(rows, schema=schema)
 
 
@@ -77,9 +82,7 @@ def process_file(path: str | Path, comm_patterns: tuple[str, ...] = ()) -> RankT
     kernels = rows.select(KERNEL_COLUMNS)
     collectives = build_collectives(rows, raw, _process_groups(raw))
     windows = device_windows(kernels, marks, rank)
-    step_metrics = breakdown(kernels, windows.rename({"step": "window"})).rename(
-        {"window": "step"}
-    )
+    step_metrics = breakdown(kernels, windows.rename({"step": "window"})).rename({"window": "step"})
     steps = windows.join(
         step_metrics.drop("start_ns", "end_ns"), on=["rank", "step"], how="left"
     ).sort("start_ns")

@@ -26,39 +26,74 @@ def all_shared_traces() -> list[Path]:
     """Every trace file under ../shared/traces (fails when the folder is missing)."""
     if not SHARED_TRACES.is_dir():
         pytest.fail(f"{SHARED_TRACES} is missing: the real traces are required")
-    files = sorted(
-        p for p in SHARED_TRACES.rglob("*") if p.name.endswith((".json", ".json.gz"))
-    )
+    files = sorted(p for p in SHARED_TRACES.rglob("*") if p.name.endswith((".json", ".json.gz")))
     assert len(files) >= 30, f"expected the shared trace set, found {len(files)} files"
     return files
 
 
-def kernel(name: str, ts: float, dur: float, stream: int = 7, corr: int | None = None,
-           cat: str = "kernel", **args: Any) -> dict[str, Any]:
+def kernel(
+    name: str,
+    ts: float,
+    dur: float,
+    stream: int = 7,
+    corr: int | None = None,
+    cat: str = "kernel",
+    **args: Any,
+) -> dict[str, Any]:
     """A GPU activity event (device 0) in Kineto's layout."""
     a = {"device": 0, "stream": stream, **args}
     if corr is not None:
         a["correlation"] = corr
-    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
-            "args": a}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": a,
+    }
 
 
 def launch(ts: float, corr: int, tid: int = 100, dur: float = 2.0) -> dict[str, Any]:
     """A cudaLaunchKernel runtime event on host thread `tid`."""
-    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
-            "ts": ts, "dur": dur, "args": {"correlation": corr, "External id": corr}}
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr, "External id": corr},
+    }
 
 
-def cpu(name: str, ts: float, dur: float, tid: int = 100, cat: str = "cpu_op",
-        **args: Any) -> dict[str, Any]:
+def cpu(
+    name: str, ts: float, dur: float, tid: int = 100, cat: str = "cpu_op", **args: Any
+) -> dict[str, Any]:
     """A CPU op or annotation on host thread `tid`."""
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-            "args": args}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
 
 
-def write_trace(path: Path, events: list[dict[str, Any]], rank: int | None = 0,
-                world_size: int | None = 2, indent: int | None = 1,
-                **top: Any) -> Path:
+def write_trace(
+    path: Path,
+    events: list[dict[str, Any]],
+    rank: int | None = 0,
+    world_size: int | None = 2,
+    indent: int | None = 1,
+    **top: Any,
+) -> Path:
     """Write a Kineto-style trace (gzip when the name ends in .gz)."""
     doc: dict[str, Any] = {"schemaVersion": 1}
     if rank is not None:

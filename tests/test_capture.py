@@ -113,10 +113,8 @@ def test_shipped_c10d_ops_pair_with_gloo_spans_in_order(name: str) -> None:
     ranks, _ = EXPECTED_SAMPLES[name]
     for r in range(ranks):
         events = complete_events(load_trace(SAMPLES / name / f"rank-{r}.pt.trace.json.gz"))
-        c10d = sorted((e for e in events if e["name"].startswith("c10d::")),
-                      key=lambda e: e["ts"])
-        gloo = sorted((e for e in events if e["name"].startswith("gloo:")),
-                      key=lambda e: e["ts"])
+        c10d = sorted((e for e in events if e["name"].startswith("c10d::")), key=lambda e: e["ts"])
+        gloo = sorted((e for e in events if e["name"].startswith("gloo:")), key=lambda e: e["ts"])
         assert len(c10d) == len(gloo) > 0
         for op, span in zip(c10d, gloo, strict=True):
             assert C10D_TO_GLOO[op["name"]] == span["name"]
@@ -188,8 +186,9 @@ else:
     raise SystemExit("capture ran without torch")
 print("ok")
 """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
 
@@ -222,8 +221,9 @@ def test_capture_end_to_end(layout: str, required: set[str], tmp_path: Path) -> 
     from kineto_comm.capture import capture
 
     out = tmp_path / layout
-    paths = capture(layout, out, ranks=2, steps=2, backend="gloo", bucket_cap_mb=0.1,
-                    micro_batches=2)
+    paths = capture(
+        layout, out, ranks=2, steps=2, backend="gloo", bucket_cap_mb=0.1, micro_batches=2
+    )
     assert paths == [out / "rank-0.pt.trace.json.gz", out / "rank-1.pt.trace.json.gz"]
     for p in paths:
         with p.open("rb") as fh:
@@ -238,9 +238,25 @@ def test_capture_cli(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "tp"
     proc = subprocess.run(
-        [sys.executable, "-m", "kineto_comm.capture", "--layout", "tp", "--ranks", "2",
-         "--steps", "2", "--out", str(out), "--backend", "gloo"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "kineto_comm.capture",
+            "--layout",
+            "tp",
+            "--ranks",
+            "2",
+            "--steps",
+            "2",
+            "--out",
+            str(out),
+            "--backend",
+            "gloo",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(out / f"rank-{r}.pt.trace.json.gz") for r in range(2)]

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from typer.testing import CliRunner
 
 from kineto_comm import analyze
@@ -21,8 +20,9 @@ CLI = [sys.executable, "-m", "kineto_comm.cli"]
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "120"}
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [*CLI, *map(str, args)], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def assert_no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
@@ -58,18 +58,38 @@ def test_json_document_fields_and_consistency():
     assert "A100" in rank["device"]
     assert [s["step"] for s in rank["steps"]] == [4, 5, 6]
     for step in rank["steps"]:
-        assert set(step) >= {"step", "start_ns", "end_ns", "compute_ns", "comm_ns",
-                             "exposed_comm_ns", "idle_ns"}
+        assert set(step) >= {
+            "step",
+            "start_ns",
+            "end_ns",
+            "compute_ns",
+            "comm_ns",
+            "exposed_comm_ns",
+            "idle_ns",
+        }
         assert step["exposed_comm_ns"] <= step["comm_ns"] <= step["end_ns"] - step["start_ns"]
     totals = rank["totals"]
-    assert set(totals) >= {"wall_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns",
-                           "idle_ns"}
+    assert set(totals) >= {
+        "wall_ns",
+        "compute_ns",
+        "comm_ns",
+        "overlap_ns",
+        "exposed_comm_ns",
+        "idle_ns",
+    }
     assert totals["overlap_ns"] + totals["exposed_comm_ns"] == totals["comm_ns"]
     colls = {(c["collective"], c["dtype"]): c for c in doc["collectives"]}
     ar = colls[("all_reduce", "float32")]
     assert ar["count"] == 15 and ar["process_group"] == "0" and ar["bytes"] > 0
-    assert set(doc["collectives"][0]) >= {"rank", "collective", "process_group", "dtype",
-                                          "bytes", "count", "total_ns"}
+    assert set(doc["collectives"][0]) >= {
+        "rank",
+        "collective",
+        "process_group",
+        "dtype",
+        "bytes",
+        "count",
+        "total_ns",
+    }
 
 
 def test_text_report_on_a_sample_names_ranks_and_collectives():
@@ -135,12 +155,14 @@ def test_ranks_from_metadata_name_and_order_with_duplicates(tmp_path):
     write_trace(tmp_path / "dup.json", [kernel("k", 0, 1)], rank=5)
     report = analyze(tmp_path, jobs=1)
     got = dict(zip(report.ranks["file"], report.ranks["rank"], strict=True))
-    assert got == {str(tmp_path / "a.json"): 5, str(tmp_path / "worker_rank-2.json"): 2,
-                   str(tmp_path / "zzz.json"): 0}
+    assert got == {
+        str(tmp_path / "a.json"): 5,
+        str(tmp_path / "worker_rank-2.json"): 2,
+        str(tmp_path / "zzz.json"): 0,
+    }
     sources = dict(zip(report.ranks["rank"], report.ranks["rank_source"], strict=True))
     assert sources == {5: "distributedInfo", 2: "file name", 0: "file order"}
-    assert [(f, "duplicate" in m) for f, m in report.errors] == [(str(tmp_path / "dup.json"),
-                                                                   True)]
+    assert [(f, "duplicate" in m) for f, m in report.errors] == [(str(tmp_path / "dup.json"), True)]
 
 
 def test_files_of_different_jobs_are_flagged(tmp_path):

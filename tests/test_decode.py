@@ -21,12 +21,8 @@ def test_every_real_trace_decodes_with_the_same_event_counts_as_json(path):
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rb") as fh:
         events = json.load(fh)["traceEvents"]
-    gpu = sum(
-        1 for e in events if e.get("ph") == "X" and e.get("cat") in decode.GPU_CATS
-    )
-    runtime = sum(
-        1 for e in events if e.get("ph") == "X" and e.get("cat") in decode.RUNTIME_CATS
-    )
+    gpu = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in decode.GPU_CATS)
+    runtime = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in decode.RUNTIME_CATS)
     assert raw.gpu.height == gpu
     assert raw.runtime.height == runtime
     assert raw.gpu["start_ns"].null_count() == 0
@@ -60,7 +56,9 @@ def test_old_schema_string_tids_and_lowercase_external_id():
 
 
 def test_integer_beyond_int64_in_args_does_not_break_decoding():
-    raw = decode_file(shared("hta/_history/large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz"))
+    raw = decode_file(
+        shared("hta/_history/large_integer_trace/rank-70.Mar_25_20_48_12.2861.pt.trace.json.gz")
+    )
     assert raw.gpu.height == 1
     assert raw.ops["name"].to_list() == ["record_param_comms"]
 
@@ -119,9 +117,7 @@ def test_large_file_is_decoded_in_pieces_with_identical_results(tmp_path, monkey
 
 def test_nested_object_lists_in_args_survive_piece_cuts(tmp_path, monkeypatch):
     # `}, {` inside an event's args must not be taken for an event boundary.
-    events = [
-        cpu("op", float(i), 1.0, extra=[{"a": j} for j in range(50)]) for i in range(400)
-    ]
+    events = [cpu("op", float(i), 1.0, extra=[{"a": j} for j in range(50)]) for i in range(400)]
     path = write_trace(tmp_path / "t.json", events)
     monkeypatch.setattr(decode, "PIECE_BYTES", 20_000)
     monkeypatch.setattr(decode, "_READ_BYTES", 4_096)
@@ -153,3 +149,18 @@ def test_corrupt_gzip_is_a_trace_error(tmp_path):
     path.write_bytes(b"\x1f\x8b\x08\x00" + b"garbage" * 50)
     with pytest.raises(TraceError, match="gzip"):
         decode_file(path)
+
+
+def test_process_group_config_with_text_rank_lists(tmp_path):
+    path = write_trace(tmp_path / "t.json", [kernel("k", 0, 1)])
+    doc = json.loads(path.read_text())
+    doc["distributedInfo"]["pg_config"] = [
+        {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": "[0, 1, 2, 3]"},
+        {"pg_name": 7, "pg_desc": "tp", "ranks": [0, 1]},
+    ]
+    path.write_text(json.dumps(doc))
+    groups = decode_file(path).process_groups
+    assert [(g["pg_name"], g["pg_size"], g["ranks"]) for g in groups] == [
+        ("0", 4, [0, 1, 2, 3]),
+        ("7", 2, [0, 1]),
+    ]

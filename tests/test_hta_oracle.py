@@ -48,11 +48,14 @@ def _our_overlap(report, include_last: bool) -> float:
     inside = (pl.col("launch_ns") <= cutoff) if include_last else (pl.col("launch_ns") < cutoff)
     kernels = report.kernels.filter(inside)
     window = pl.DataFrame(
-        {"rank": [0], "window": [0], "start_ns": [kernels["start_ns"].min()],
-         "end_ns": [kernels["end_ns"].max()]}
+        {
+            "rank": [0],
+            "window": [0],
+            "start_ns": [kernels["start_ns"].min()],
+            "end_ns": [kernels["end_ns"].max()],
+        }
     )
-    row = breakdown(kernels.with_columns(rank=pl.lit(0, dtype=pl.Int64)), window).row(
-        0, named=True)
+    row = breakdown(kernels.with_columns(rank=pl.lit(0, dtype=pl.Int64)), window).row(0, named=True)
     return 100.0 * row["overlap_ns"] / row["comm_ns"] if row["comm_ns"] else 0.0
 
 

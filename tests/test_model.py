@@ -43,8 +43,13 @@ from .conftest import SAMPLES, cpu, kernel, launch, shared, write_trace
 def test_kernel_names_are_parsed(name, expected):
     df = pl.DataFrame({"name": [name]}).select(**kernel_fields(pl.col("name")))
     row = df.row(0, named=True)
-    got = (row["kernel_collective"], row["reduce_op"], row["kernel_dtype"], row["algorithm"],
-           row["protocol"])
+    got = (
+        row["kernel_collective"],
+        row["reduce_op"],
+        row["kernel_dtype"],
+        row["algorithm"],
+        row["protocol"],
+    )
     assert got == expected
 
 
@@ -96,10 +101,18 @@ def test_breakdown_matches_hand_computed_timeline():
     out = {r["window"]: r for r in breakdown(kernels, windows).iter_rows(named=True)}
     w1, w2 = out[1], out[2]
     assert (w1["compute_ns"], w1["comm_ns"], w1["overlap_ns"], w1["exposed_comm_ns"]) == (
-        110, 80, 30, 50)
+        110,
+        80,
+        30,
+        50,
+    )
     assert w1["idle_ns"] == 0 and w1["wall_ns"] == 160
     assert (w2["compute_ns"], w2["comm_ns"], w2["overlap_ns"], w2["exposed_comm_ns"]) == (
-        40, 10, 10, 0)
+        40,
+        10,
+        10,
+        0,
+    )
     assert w2["memcpy_ns"] == 10
     assert w2["idle_ns"] == 240 - 40 - 10
 
@@ -110,18 +123,38 @@ def _two_step_trace(tmp_path):
     events = [
         cpu("ProfilerStep#1", 0, 1000, cat="user_annotation"),
         cpu("ProfilerStep#2", 1000, 1000, cat="user_annotation"),
-        launch(10, 1), kernel("gemm", 100, 400, corr=1),
-        cpu("record_param_comms", 20, 30, **{
-            "Collective name": "allreduce", "In msg nelems": 1_000_000,
-            "Out msg nelems": 1_000_000, "Group size": 4, "dtype": "BFloat16",
-            "Process Group Name": "3", "Process Group Description": "dp",
-            "Process Group Ranks": "[0, 2, 4, 6]", "Seq": 7}),
+        launch(10, 1),
+        kernel("gemm", 100, 400, corr=1),
+        cpu(
+            "record_param_comms",
+            20,
+            30,
+            **{
+                "Collective name": "allreduce",
+                "In msg nelems": 1_000_000,
+                "Out msg nelems": 1_000_000,
+                "Group size": 4,
+                "dtype": "BFloat16",
+                "Process Group Name": "3",
+                "Process Group Description": "dp",
+                "Process Group Ranks": "[0, 2, 4, 6]",
+                "Seq": 7,
+            },
+        ),
         cpu("nccl:all_reduce", 25, 20, cat="user_annotation"),
-        launch(30, 2), kernel(ar, 200, 200, stream=20, corr=2),
-        launch(1010, 3), kernel("gemm", 1100, 300, corr=3),
-        cpu("nccl:all_reduce", 1020, 20, cat="user_annotation",
-            **{"Input Dims": [[2048, 512]], "Input type": ["c10::BFloat16"]}),
-        launch(1030, 4), kernel(ar, 1500, 250, stream=20, corr=4),
+        launch(30, 2),
+        kernel(ar, 200, 200, stream=20, corr=2),
+        launch(1010, 3),
+        kernel("gemm", 1100, 300, corr=3),
+        cpu(
+            "nccl:all_reduce",
+            1020,
+            20,
+            cat="user_annotation",
+            **{"Input Dims": [[2048, 512]], "Input type": ["c10::BFloat16"]},
+        ),
+        launch(1030, 4),
+        kernel(ar, 1500, 250, stream=20, corr=4),
     ]
     return write_trace(tmp_path / "rank0.json", events, rank=0, world_size=8)
 
@@ -133,7 +166,11 @@ def test_steps_collectives_and_metrics_from_a_crafted_trace(tmp_path):
     first, second = coll.row(0, named=True), coll.row(1, named=True)
     assert first["source"] == "record_param_comms"
     assert (first["bytes"], first["dtype"], first["process_group"], first["seq"]) == (
-        2_000_000, "bfloat16", "3", 7)
+        2_000_000,
+        "bfloat16",
+        "3",
+        7,
+    )
     assert first["pg_ranks"] == "[0, 2, 4, 6]" and first["group_size"] == 4
     assert (first["algorithm"], first["protocol"]) == ("RING", "LL")
     assert second["source"] == "annotation"

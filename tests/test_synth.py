@@ -52,8 +52,9 @@ def events(tmp: Path, rank: int) -> list[dict]:
 
 def steps_of(evs: list[dict]) -> list[tuple[float, float]]:
     """ProfilerStep windows (ts, end) in order."""
-    return sorted((e["ts"], e["ts"] + e["dur"]) for e in evs
-                  if e.get("name", "").startswith("ProfilerStep#"))
+    return sorted(
+        (e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("name", "").startswith("ProfilerStep#")
+    )
 
 
 def comms(evs: list[dict]) -> list[dict]:
@@ -110,13 +111,21 @@ KIND = {
 
 
 @pytest.mark.parametrize(("scenario", "layout"), COMBOS)
-def test_every_scenario_writes_traces_and_truth(tmp_path: Path, scenario: str,
-                                                layout: str) -> None:
+def test_every_scenario_writes_traces_and_truth(tmp_path: Path, scenario: str, layout: str) -> None:
     truth = gen(tmp_path, scenario, layout, steps=1)
     on_disk = json.loads((tmp_path / "truth.json").read_text())
     assert on_disk == truth
-    for key in ("scenario", "layout", "world_size", "seed", "steps", "clock_offsets_ns", "model",
-                "expected", "problems"):
+    for key in (
+        "scenario",
+        "layout",
+        "world_size",
+        "seed",
+        "steps",
+        "clock_offsets_ns",
+        "model",
+        "expected",
+        "problems",
+    ):
         assert key in truth, key
     assert truth["scenario"] == scenario and truth["layout"] == layout
     assert truth["world_size"] == 4 and truth["steps"] == 1
@@ -164,6 +173,7 @@ def test_bubble_forces_pipeline_and_bad_arguments_raise(tmp_path: Path) -> None:
 
 # -- determinism ----------------------------------------------------------------------------
 
+
 def _bytes(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
 
@@ -182,6 +192,7 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path: Path, gz: bool) -> No
 
 
 # -- format fidelity ------------------------------------------------------------------------
+
 
 def _kind(e: dict) -> tuple:
     ph, cat, name = e.get("ph"), e.get("cat"), e.get("name", "")
@@ -219,11 +230,21 @@ def test_event_and_arg_keys_match_real_kineto_trace(tmp_path: Path) -> None:
     gen(tmp_path, "baseline", "pp-dp", steps=1)  # pp-dp: all-reduce plus send/recv
     doc = load(tmp_path / "rank-1.pt.trace.json")
     mine = _key_sets(doc["traceEvents"])
-    required = {("kernel", "comp"), ("kernel", "nccl"), ("cuda_runtime", "cudaLaunchKernel"),
-                ("cuda_runtime", "cudaLaunchKernelExC"), ("record_param_comms",),
-                ("nccl:*", "user_annotation"), ("nccl:*", "gpu_user_annotation"),
-                ("ProfilerStep",), ("ac2g", "s"), ("ac2g", "f"), ("M", "process_name"),
-                ("M", "process_labels"), ("M", "thread_name")}
+    required = {
+        ("kernel", "comp"),
+        ("kernel", "nccl"),
+        ("cuda_runtime", "cudaLaunchKernel"),
+        ("cuda_runtime", "cudaLaunchKernelExC"),
+        ("record_param_comms",),
+        ("nccl:*", "user_annotation"),
+        ("nccl:*", "gpu_user_annotation"),
+        ("ProfilerStep",),
+        ("ac2g", "s"),
+        ("ac2g", "f"),
+        ("M", "process_name"),
+        ("M", "process_labels"),
+        ("M", "thread_name"),
+    }
     assert required <= set(mine)
     allowed_extra_args = {("record_param_comms",): {"Seq", "Src Rank", "Dst Rank"}}
     for kind, (keys, args) in mine.items():
@@ -238,7 +259,8 @@ def test_event_and_arg_keys_match_real_kineto_trace(tmp_path: Path) -> None:
     assert set(doc) == set(real_doc) - {"INFO"}
     assert set(doc["distributedInfo"]) == set(real_doc["distributedInfo"])
     assert set(doc["distributedInfo"]["pg_config"][0]) == set(
-        real_doc["distributedInfo"]["pg_config"][0])
+        real_doc["distributedInfo"]["pg_config"][0]
+    )
     assert set(doc["deviceProperties"][0]) == set(real_doc["deviceProperties"][0])
     assert doc["displayTimeUnit"] == "ms" and isinstance(doc["baseTimeNanoseconds"], int)
     # Kineto's text layout: indented, one event per block, ts/dur with exactly 3 decimals
@@ -255,14 +277,20 @@ def test_nccl_kernels_carry_their_collective_args(tmp_path: Path) -> None:
     rpc = {e["args"]["External id"]: e for e in comms(evs)}
     ks = nccl_kernels(evs)
     assert len(ks) == len(rpc) > 0
-    launches = {e["args"]["correlation"]: e for e in evs
-                if e.get("name") == "cudaLaunchKernelExC"}
+    launches = {e["args"]["correlation"]: e for e in evs if e.get("name") == "cudaLaunchKernelExC"}
     flows_s = {e["id"] for e in evs if e.get("cat") == "ac2g" and e["ph"] == "s"}
     flows_f = {e["id"]: e for e in evs if e.get("cat") == "ac2g" and e["ph"] == "f"}
     for k in ks:
         r = rpc[k["args"]["External id"]]
-        for key in ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
-                    "Process Group Name", "Process Group Ranks"):
+        for key in (
+            "Collective name",
+            "In msg nelems",
+            "Out msg nelems",
+            "Group size",
+            "dtype",
+            "Process Group Name",
+            "Process Group Ranks",
+        ):
             assert k["args"][key] == r["args"][key]
         launch = launches[k["args"]["correlation"]]
         assert r["ts"] <= launch["ts"] <= r["ts"] + r["dur"]
@@ -271,18 +299,25 @@ def test_nccl_kernels_carry_their_collective_args(tmp_path: Path) -> None:
         assert flows_f[k["args"]["correlation"]]["ts"] == k["ts"]
         name = k["name"]
         if r["args"]["Collective name"] == "_allgather_base":
-            assert re.fullmatch(r"ncclDevKernel_AllGather_RING_(LL|LL128|SIMPLE)\("
-                                r"ncclDevKernelArgsStorage<4096ul>\)", name)
+            assert re.fullmatch(
+                r"ncclDevKernel_AllGather_RING_(LL|LL128|SIMPLE)\("
+                r"ncclDevKernelArgsStorage<4096ul>\)",
+                name,
+            )
             assert r["args"]["Out msg nelems"] == 4 * r["args"]["In msg nelems"]
         else:
-            assert re.fullmatch(r"ncclDevKernel_ReduceScatter_Sum_bf16_RING_(LL|LL128|SIMPLE)"
-                                r"\(ncclDevKernelArgsStorage<4096ul>\)", name)
+            assert re.fullmatch(
+                r"ncclDevKernel_ReduceScatter_Sum_bf16_RING_(LL|LL128|SIMPLE)"
+                r"\(ncclDevKernelArgsStorage<4096ul>\)",
+                name,
+            )
             assert r["args"]["In msg nelems"] == 4 * r["args"]["Out msg nelems"]
     seqs = [e["args"]["Seq"] for e in comms(evs)]
     assert seqs == list(range(1, len(seqs) + 1))
 
 
 # -- HTA ------------------------------------------------------------------------------------
+
 
 def test_hta_loads_generated_job(tmp_path: Path) -> None:
     from hta.trace_analysis import TraceAnalysis
@@ -299,6 +334,7 @@ def test_hta_loads_generated_job(tmp_path: Path) -> None:
 
 
 # -- formulas -------------------------------------------------------------------------------
+
 
 def per_step(evs: list[dict]) -> list[list[dict]]:
     """record_param_comms grouped by the ProfilerStep window they fall in."""
@@ -334,12 +370,26 @@ def test_fsdp_gather_and_scatter_volumes(tmp_path: Path) -> None:
     d = 4
     for step in per_step(events(tmp_path, 1)):
         c = Counter(e["args"]["Collective name"] for e in step)
-        assert c == {"_allgather_base": 2 * (TINY.layers + 1),
-                     "_reduce_scatter_base": TINY.layers + 1}
-        ag = sum(e["args"]["Out msg nelems"] for e in step
-                 if e["args"]["Collective name"] == "_allgather_base") * B
-        rs = sum(e["args"]["In msg nelems"] for e in step
-                 if e["args"]["Collective name"] == "_reduce_scatter_base") * B
+        assert c == {
+            "_allgather_base": 2 * (TINY.layers + 1),
+            "_reduce_scatter_base": TINY.layers + 1,
+        }
+        ag = (
+            sum(
+                e["args"]["Out msg nelems"]
+                for e in step
+                if e["args"]["Collective name"] == "_allgather_base"
+            )
+            * B
+        )
+        rs = (
+            sum(
+                e["args"]["In msg nelems"]
+                for e in step
+                if e["args"]["Collective name"] == "_reduce_scatter_base"
+            )
+            * B
+        )
         assert ag == 2 * PSI * B and rs == PSI * B
         wire = (ag + rs) * (d - 1) / d
         assert wire == pytest.approx(3 * (d - 1) / d * PSI * B)
@@ -378,10 +428,13 @@ def test_pp_send_recv_volumes(tmp_path: Path) -> None:
             peer = r + 2 if r < 2 else r - 2
             assert {e["args"].get("Dst Rank", e["args"].get("Src Rank")) for e in p2p} == {peer}
             stage_params = 2 * 12 * TINY.hidden**2 + (TINY.vocab * TINY.hidden if r < 2 else 0)
-            assert sum(nbytes(e) for e in step if e["args"]["Collective name"] == "allreduce") \
+            assert (
+                sum(nbytes(e) for e in step if e["args"]["Collective name"] == "allreduce")
                 == stage_params * B
+            )
         assert {k["name"] for k in nccl_kernels(evs)} >= {
-            "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"}
+            "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+        }
 
 
 def test_small_messages_are_many_and_small(tmp_path: Path) -> None:
@@ -408,13 +461,15 @@ def test_collective_duration_follows_bus_bandwidth(tmp_path: Path) -> None:
 
 # -- injected problems ----------------------------------------------------------------------
 
+
 def test_exposed_all_reduce_does_not_overlap_baseline_does(tmp_path: Path) -> None:
     fr = {}
     for sc in ("baseline", "exposed-allreduce"):
         gen(tmp_path / sc, sc, "dp")
         evs = events(tmp_path / sc, 0)
-        comp = [(e["ts"], e["ts"] + e["dur"]) for e in evs
-                if e.get("cat") == "kernel" and e["tid"] == 7]
+        comp = [
+            (e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("cat") == "kernel" and e["tid"] == 7
+        ]
         comm = [(e["ts"], e["ts"] + e["dur"]) for e in nccl_kernels(evs)]
         fr[sc] = overlap_fraction(comm, comp)
     assert fr["exposed-allreduce"] == 0.0
@@ -458,8 +513,11 @@ def test_slow_link_group_is_five_times_slower(tmp_path: Path) -> None:
     assert groups[p["pg_name"]]["role"] == "dp" and slow == set(groups[p["pg_name"]]["ranks"])
     rates = {}
     for r in (min(slow), min(set(range(8)) - slow)):
-        ks = [k for k in nccl_kernels(events(tmp_path, r))
-              if groups[k["args"]["Process Group Name"]]["role"] == "dp"]
+        ks = [
+            k
+            for k in nccl_kernels(events(tmp_path, r))
+            if groups[k["args"]["Process Group Name"]]["role"] == "dp"
+        ]
         # effective bus bandwidth of the whole DP all-reduce instance (last arrival's view)
         wire = sum(2 * 3 / 4 * k["args"]["In msg nelems"] * B for k in ks)
         rates[r in slow] = wire / sum(k["dur"] * 1000 - HW.latency_us * 1000 for k in ks)
@@ -482,9 +540,14 @@ def test_bubble_fraction_matches_schedule(tmp_path: Path) -> None:
         for r in (0, 2):
             evs = events(tmp_path, r)
             a, b = steps_of(evs)[step]
-            ivs[r] = [(e["ts"], e["ts"] + e["dur"]) for e in evs
-                      if e.get("cat") == "kernel" and e["tid"] == 7 and a <= e["ts"] < b
-                      and "multi_tensor_apply" not in e["name"]]
+            ivs[r] = [
+                (e["ts"], e["ts"] + e["dur"])
+                for e in evs
+                if e.get("cat") == "kernel"
+                and e["tid"] == 7
+                and a <= e["ts"] < b
+                and "multi_tensor_apply" not in e["name"]
+            ]
         t0 = min(v[0][0] for v in ivs.values())
         t1 = max(max(e for _, e in v) for v in ivs.values())
         fracs += [1 - sum(e - s for s, e in v) / (t1 - t0) for v in ivs.values()]
@@ -508,6 +571,8 @@ def test_truth_expected_per_rank_matches_trace(tmp_path: Path, layout: str) -> N
             key = (e["args"]["Collective name"], e["args"]["Process Group Name"])
             seen[key][0] += 1
             seen[key][1] += nbytes(e)
-        want = {(x["collective"], x["pg_name"]): [x["calls_per_step"], x["bytes_per_step"]]
-                for x in truth["expected_per_rank"][str(r)]}
+        want = {
+            (x["collective"], x["pg_name"]): [x["calls_per_step"], x["bytes_per_step"]]
+            for x in truth["expected_per_rank"][str(r)]
+        }
         assert dict(seen) == want

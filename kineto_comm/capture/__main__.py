@@ -22,8 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size (MB)")
     p.add_argument("--micro-batches", type=int, default=4, help="pipeline micro-batches")
-    p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
-                   help="process-group backend (default: nccl with enough GPUs, else gloo)")
+    p.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default=None,
+        help="process-group backend (default: nccl with enough GPUs, else gloo)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed")
     return p
 
@@ -33,8 +37,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         paths = capture(
-            args.layout, args.out, ranks=args.ranks, steps=args.steps, backend=args.backend,
-            bucket_cap_mb=args.bucket_cap_mb, micro_batches=args.micro_batches, seed=args.seed,
+            args.layout,
+            args.out,
+            ranks=args.ranks,
+            steps=args.steps,
+            backend=args.backend,
+            bucket_cap_mb=args.bucket_cap_mb,
+            micro_batches=args.micro_batches,
+            seed=args.seed,
         )
     except CaptureError as exc:
         print(f"capture failed: {exc}", file=sys.stderr)

@@ -81,8 +81,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _validate(layout: str, ranks: int, steps: int, micro_batches: int, bucket_cap_mb: float,
-              backend: str | None) -> None:
+def _validate(
+    layout: str,
+    ranks: int,
+    steps: int,
+    micro_batches: int,
+    bucket_cap_mb: float,
+    backend: str | None,
+) -> None:
     """Reject arguments the layouts cannot run with, before any process is started."""
     if layout not in LAYOUTS:
         raise CaptureError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
@@ -103,9 +109,17 @@ def _validate(layout: str, ranks: int, steps: int, micro_batches: int, bucket_ca
         raise CaptureError(problem)
 
 
-def capture(layout: str, out_dir: str | Path, *, ranks: int = 2, steps: int = 2,
-            backend: str | None = None, bucket_cap_mb: float = 25.0, micro_batches: int = 4,
-            seed: int = 0) -> list[Path]:
+def capture(
+    layout: str,
+    out_dir: str | Path,
+    *,
+    ranks: int = 2,
+    steps: int = 2,
+    backend: str | None = None,
+    bucket_cap_mb: float = 25.0,
+    micro_batches: int = 4,
+    seed: int = 0,
+) -> list[Path]:
     """Run a tiny transformer training loop on `ranks` processes under torch.distributed with
     torch.profiler; write one Kineto trace per rank (rank-{r}.pt.trace.json.gz) and return
     their paths.
@@ -130,9 +144,16 @@ def capture(layout: str, out_dir: str | Path, *, ranks: int = 2, steps: int = 2,
         raise CaptureError("backend 'nccl' needs CUDA GPUs; none are available (use gloo)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = CaptureConfig(layout=layout, out_dir=str(out), world_size=ranks, steps=steps,
-                        backend=chosen, bucket_cap_mb=bucket_cap_mb,
-                        micro_batches=micro_batches, seed=seed)
+    cfg = CaptureConfig(
+        layout=layout,
+        out_dir=str(out),
+        world_size=ranks,
+        steps=steps,
+        backend=chosen,
+        bucket_cap_mb=bucket_cap_mb,
+        micro_batches=micro_batches,
+        seed=seed,
+    )
 
     if torchrun:
         rank = int(os.environ["RANK"])

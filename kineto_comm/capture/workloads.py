@@ -294,7 +294,7 @@ def _pp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
     parts: list[nn.Module] = []
     if rank == 0:
         parts.append(full.embed)
-    parts.extend(full.blocks[start:start + per[rank]])
+    parts.extend(full.blocks[start : start + per[rank]])
     if rank == world - 1:
         parts.append(full.head)
     stage = nn.Sequential(*parts).to(device)

@@ -14,7 +14,7 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,8 @@ try:  # isal's gzip inflate is ~2-3x faster than zlib's; optional.
 except ImportError:  # pragma: no cover - depends on the platform
     _zlib = zlib  # type: ignore[assignment]
 
-PIECE_BYTES = 32 * 1024 * 1024
-_READ_BYTES = 16 * 1024 * 1024
+PIECE_BYTES = 16 * 1024 * 1024
+_READ_BYTES = 4 * 1024 * 1024
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 # Categories kept from the event stream. Everything else (flows, instant events, python
@@ -39,7 +39,6 @@ RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
 CPU_CATS = frozenset({"cpu_op", "Operator", "user_annotation"})
 _KEEP_CATS = GPU_CATS | RUNTIME_CATS | CPU_CATS
 _DURATION_PH = frozenset({"X", "B", "E"})
-_COMM_OP_PREFIXES = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
 
 
 class Args(msgspec.Struct, gc=False, omit_defaults=True):
@@ -136,24 +135,34 @@ GPU_SCHEMA = {
     "name": _STR,
     "external_id": _I64,
     "correlation": _I64,
-    "stream": _STR,
-    "device": _STR,
+    "stream": _I64,
+    "device": _I64,
     **_COLL,
 }
-RUNTIME_SCHEMA = {**_COMMON, "name": _STR, "external_id": _I64, "correlation": _I64}
+RUNTIME_SCHEMA = {**_COMMON, "name": _STR, "correlation": _I64}
 OPS_SCHEMA = {
     **_COMMON,
     "cat": _STR,
     "name": _STR,
-    "external_id": _I64,
     **_COLL,
     "src_rank": _I64,
     "dst_rank": _I64,
     "input_dims": _STR,
     "input_type": _STR,
 }
-HOST_SCHEMA = {**_COMMON, "name": _STR}
-_INT_LIKE = frozenset({"pid", "tid", "stream", "device", "pg_name"})
+HOST_SCHEMA = {**_COMMON, "cat": _STR, "name": _STR}
+_INT_LIKE = frozenset({"pid", "tid", "pg_name"})
+_PARSED_INT = frozenset({"stream", "device"})
+
+
+def parse_int(text: pl.Expr) -> pl.Expr:
+    """An integer from text such as `7`, `stream 7` or `0x0` (AMD traces); null if none."""
+    hexa = text.str.extract(r"^0x([0-9a-fA-F]+)$", 1)
+    return (
+        pl.when(hexa.is_not_null())
+        .then(hexa.str.to_integer(base=16, strict=False))
+        .otherwise(text.str.extract(r"(-?\d+)", 1).cast(pl.Int64, strict=False))
+    )
 
 
 @dataclass
@@ -226,75 +235,143 @@ class _Corrupt(Exception):
     pass
 
 
-def _pieces(blocks: Iterator[bytes]) -> Iterator[tuple[bytes, bool]]:
-    """Cut the byte stream into (piece, is_last) at candidate event boundaries.
-
-    A cut is made only after the `traceEvents` key, at the last `},{` of a full buffer.
-    Whether a cut really was between two top-level events is checked later by decoding.
-    """
-    held: list[bytes] = []
-    size = 0
-    seen_events = False
-    for block in blocks:
-        held.append(block)
-        size += len(block)
-        if size < PIECE_BYTES:
-            continue
-        buf = b"".join(held)
-        held, size = [], 0
-        if not seen_events:
-            at = buf.find(b'"traceEvents"')
-            if at < 0:
-                held, size = [buf], len(buf)
-                continue
-            seen_events = True
-        else:
-            at = 0
-        cut = None
-        for m in _BOUNDARY.finditer(buf, max(at, len(buf) - 4 * 1024 * 1024)):
-            cut = m
-        if cut is None:
-            held, size = [buf], len(buf)
-            continue
-        yield buf[: cut.start() + 1], False
-        rest = buf[cut.end() - 1 :]
-        held, size = [rest], len(rest)
-    yield b"".join(held), True
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
-# ---------------------------------------------------------------------------- decode
+def _decode_events(buf: bytearray, start: int, comma: int) -> list[Event]:
+    """Decode the events between buf[start] and buf[comma] in place, as `[...]`."""
+    saved = buf[start], buf[comma]
+    buf[start], buf[comma] = 0x5B, 0x5D  # '[' and ']' over the separators
+    # No `with`: msgspec.Raw values keep views on the buffer until their events are dropped.
+    try:
+        return _EVENTS.decode(memoryview(buf)[start : comma + 1])
+    finally:
+        buf[start], buf[comma] = saved
 
 
-def _decode_piece(piece: bytes, first: bool, last: bool, bare_list: bool) -> Top:
-    """Decode one piece, wrapping it so it is a complete JSON document."""
-    if bare_list:
-        text = (b"" if first else b"[") + piece + (b"" if last else b"]")
-        return Top(traceEvents=_EVENTS.decode(text))
-    if first and last:
-        return _TOP.decode(piece)
-    if first:
-        return _TOP.decode(piece + b"]}")
-    if last:
-        return _TOP.decode(b'{"traceEvents":[' + piece)
-    return Top(traceEvents=_EVENTS.decode(b"[" + piece + b"]"))
-
-
-def _salvage(piece: bytes, first: bool, bare_list: bool) -> tuple[Top, int] | None:
-    """Recover the complete events of a piece cut off mid-write; return (top, bytes dropped)."""
-    cuts = [m.start() + 1 for m in _BOUNDARY.finditer(piece)]
+def _salvage(rest: bytes) -> tuple[list[Event], int] | None:
+    """Complete events at the front of `rest` (a cut-off tail); (events, bytes dropped)."""
+    cuts = [m.start() + 1 for m in _BOUNDARY.finditer(rest)]
     for end in reversed(cuts[-64:]):
-        body = piece[:end]
         try:
-            if bare_list:
-                return Top(traceEvents=_EVENTS.decode((b"" if first else b"[") + body + b"]")), len(
-                    piece
-                ) - end
-            if first:
-                return _TOP.decode(body + b"]}"), len(piece) - end
-            return _TOP.decode(b'{"traceEvents":[' + body + b"]}"), len(piece) - end
+            return _EVENTS.decode(b"[" + rest[:end] + b"]"), len(rest) - end
         except (msgspec.DecodeError, msgspec.ValidationError):
             continue
     return None
+
+
+class _Reader:
+    """Decode a trace's events piece by piece from a rolling buffer.
+
+    `buf[pos]` is always the byte before the next undecoded event: the array's `[` or the
+    comma between two events. A piece ends at the first event boundary past PIECE_BYTES; a
+    boundary that turns out to lie inside an event (its piece does not decode) is skipped.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.buf = bytearray()
+        self.pos = -1
+        self.header: Top | None = None
+        self.bare_list = False
+        self.warnings: list[str] = []
+        self.nbytes = 0
+
+    def feed(self, block: bytes) -> Iterator[list[Event]]:
+        self._compact()
+        self.buf += block
+        self.nbytes += len(block)
+        if self.pos < 0 and not self._find_start():
+            return
+        while len(self.buf) - self.pos > PIECE_BYTES:
+            events = self._next_piece()
+            if events is None:
+                break
+            yield events
+            del events
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop decoded bytes (once the previous piece's events, and their views, are gone)."""
+        if self.pos <= 0:
+            return
+        try:
+            del self.buf[: self.pos]
+        except BufferError:  # a view is still alive somewhere: copy instead
+            self.buf = bytearray(self.buf[self.pos :])
+        self.pos = 0
+
+    def _find_start(self) -> bool:
+        head = bytes(self.buf[:64]).lstrip()
+        if not head:
+            return False
+        if head[:1] == b"[":
+            self.bare_list = True
+            self.pos = self.buf.index(b"[")
+            return True
+        if head[:1] != b"{":
+            raise TraceError(self.name, "not a JSON trace (does not start with '{' or '[')")
+        m = _EVENTS_KEY.search(self.buf)
+        if m is None:
+            return False
+        try:
+            self.header = _TOP.decode(bytes(self.buf[: m.end()]) + b"]}")
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise TraceError(self.name, _describe(exc)) from None
+        self.pos = m.end() - 1
+        return True
+
+    def _next_piece(self) -> list[Event] | None:
+        search_from = self.pos + PIECE_BYTES
+        while True:
+            m = _BOUNDARY.search(self.buf, search_from)
+            if m is None:
+                return None
+            comma = self.buf.index(b",", m.start())
+            try:
+                events = _decode_events(self.buf, self.pos, comma)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                search_from = m.end()  # not between two top-level events: look further
+                continue
+            self.pos = comma
+            return events
+
+    def finish(self) -> tuple[list[Event], Top | None]:
+        """The last events and the trailer (keys after traceEvents), salvaging a cut-off end."""
+        if self.pos < 0:
+            if not bytes(self.buf).strip():
+                raise TraceError(self.name, "file is empty")
+            if self._find_start() is False:
+                try:
+                    top = _TOP.decode(self.buf)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise TraceError(self.name, _describe(exc)) from None
+                return top.traceEvents, top
+        rest = bytes(self.buf[self.pos + 1 :])
+        self.buf = bytearray()
+        self.pos = 0
+        try:
+            if self.bare_list:
+                return _EVENTS.decode(b"[" + rest), None
+            top = _TOP.decode(b'{"traceEvents":[' + rest)
+            events, top.traceEvents = top.traceEvents, []
+            return events, top
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            salvaged = _salvage(rest)
+            if salvaged is None:
+                if self.nbytes and not rest.strip(b" \t\r\n]}"):
+                    return [], None
+                raise _Unsalvageable(_describe(exc)) from None
+            events, dropped = salvaged
+            self.warnings.append(
+                f"{self.name}: trace is cut off (truncated JSON); kept the events before the"
+                f" cut, dropped the last {dropped} bytes"
+            )
+            return events, None
+
+
+class _Unsalvageable(Exception):
+    pass
 
 
 def _str_or_none(values: list[Any]) -> list[str | None]:
@@ -303,6 +380,12 @@ def _str_or_none(values: list[Any]) -> list[str | None]:
 
 def _series(name: str, values: list[Any], dtype: pl.DataType) -> pl.Series:
     """Build a typed column; fields whose JSON type varies (ints and strings) become text."""
+    if name in _PARSED_INT:
+        try:
+            return pl.Series(name, values, dtype=_I64, strict=True)
+        except (TypeError, OverflowError, pl.exceptions.PolarsError):
+            text = pl.Series(name, _str_or_none(values), dtype=_STR)
+            return pl.select(parse_int(pl.lit(text))).to_series().alias(name)
     if name in _INT_LIKE:
         try:
             return pl.Series(name, values, dtype=_I64, strict=True).cast(_STR)
@@ -314,140 +397,175 @@ def _series(name: str, values: list[Any], dtype: pl.DataType) -> pl.Series:
         return pl.Series(name, _str_or_none(values), dtype=_STR).cast(dtype, strict=False)
 
 
-def _frame(events: list[Event], schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """Columns of `schema` from events; args fields read through an args list built once."""
-    if not events:
-        return pl.DataFrame(schema=schema)
-    args = [_EMPTY_ARGS if a is None else a for a in map(attrgetter("args"), events)]
-    cols: dict[str, list[Any]] = {}
-    for key in schema:
-        if key == "ts_us":
-            cols[key] = list(map(attrgetter("ts"), events))
-        elif key == "dur_us":
-            cols[key] = list(map(attrgetter("dur"), events))
-        elif key in _EVENT_FIELDS:
-            cols[key] = list(map(attrgetter(key), events))
-        elif key in ("input_dims", "input_type"):
-            cols[key] = [bytes(r).decode("utf-8", "replace") or None for r in map(
-                attrgetter(key), args)]
+def _take(items: list[Any], idx: list[int]) -> list[Any]:
+    """items[i] for i in idx, gathered in C."""
+    if not idx:
+        return []
+    if len(idx) == 1:
+        return [items[idx[0]]]
+    return list(itemgetter(*idx)(items))
+
+
+def _args_of(events: list[Event]) -> list[Args]:
+    args = list(map(attrgetter("args"), events))
+    if None in args:
+        args = [_EMPTY_ARGS if a is None else a for a in args]
+    return args
+
+
+def _values(items: list[Any], attr: str) -> list[Any]:
+    return list(map(attrgetter(attr), items))
+
+
+# Columns read from every event of a role, and (for "detail" rows only) from their args.
+_EVENT_ATTRS = {
+    "name": "name",
+    "pid": "pid",
+    "tid": "tid",
+    "cat": "cat",
+    "ts_us": "ts",
+    "dur_us": "dur",
+}
+_ARG_ATTRS = {
+    "external_id": "external_id",
+    "correlation": "correlation",
+    "stream": "stream",
+    "device": "device",
+}
+# Host coordinates only needed on the device when the args lack device/stream.
+_FALLBACK = {"pid": "device", "tid": "stream"}
+
+
+def _frame(
+    events: list[Event], schema: dict[str, pl.DataType], detail: pl.Expr | None
+) -> pl.DataFrame:
+    """One role's table. Args are read per event for the link columns; the collective
+    columns (the rest of `schema`) only for the rows where `detail` holds, joined back."""
+    n = len(events)
+    phs = _values(events, "ph")
+    cols: dict[str, pl.Series] = {}
+    args = _args_of(events) if any(k in schema for k in _ARG_ATTRS) else []
+    for key, attr in _ARG_ATTRS.items():
+        if key in schema:
+            cols[key] = _series(key, _values(args, attr), schema[key])
+    for key, attr in _EVENT_ATTRS.items():
+        if key not in schema:
+            continue
+        fallback_for = _FALLBACK.get(key) if "device" in schema else None
+        if fallback_for is not None and not cols[fallback_for].null_count():
+            cols[key] = pl.Series(key, [None] * n, dtype=schema[key])
         else:
-            cols[key] = list(map(attrgetter(key), args))
-    if "external_id" in cols and None in cols["external_id"]:
-        old = map(attrgetter("external_id_old"), args)
-        cols["external_id"] = [o if v is None else v for v, o in zip(cols["external_id"], old)]
-    if "pg_ranks" in cols and any(isinstance(r, list) for r in cols["pg_ranks"]):
-        cols["pg_ranks"] = [str(r) if isinstance(r, list) else r for r in cols["pg_ranks"]]
-    return pl.DataFrame([_series(k, v, schema[k]) for k, v in cols.items()])
-
-
-_EVENT_FIELDS = frozenset({"ph", "cat", "name", "pid", "tid"})
-
-
-def _is_comm_op(name: object) -> bool:
-    return isinstance(name, str) and (
-        name == "record_param_comms" or name.startswith(_COMM_OP_PREFIXES)
+            cols[key] = _series(key, _values(events, attr), schema[key])
+    if "external_id" in cols and cols["external_id"].null_count():
+        old = _series("old", _values(args, "external_id_old"), _I64)
+        cols["external_id"] = cols["external_id"].fill_null(old)
+    cols["ph"] = pl.Series("ph", phs, dtype=_STR, strict=False)
+    frame = pl.DataFrame(list(cols.values()))
+    rest = [k for k in schema if k not in frame.columns]
+    if rest and detail is not None:
+        idx = frame.select(pl.arg_where(detail)).to_series().to_list()
+        sub_args = _args_of(_take(events, idx)) if not args else _take(args, idx)
+        sub: dict[str, list[Any]] = {}
+        for key in rest:
+            if key in ("input_dims", "input_type"):
+                sub[key] = [
+                    bytes(r).decode("utf-8", "replace") or None
+                    for r in map(attrgetter(key), sub_args)
+                ]
+            else:
+                sub[key] = _values(sub_args, key)
+        if "pg_ranks" in sub:
+            sub["pg_ranks"] = [str(r) if isinstance(r, list) else r for r in sub["pg_ranks"]]
+        detail_frame = pl.DataFrame(
+            [pl.Series("_i", idx, dtype=pl.UInt32)]
+            + [_series(k, v, schema[k]) for k, v in sub.items()]
+        )
+        frame = frame.with_row_index("_i").join(
+            detail_frame, on="_i", how="left", maintain_order="left"
+        )
+    if phs.count("X") != n:  # only complete events and B/E pairs are durations
+        frame = frame.filter(pl.col("ph").is_in(list(_DURATION_PH)))
+    return frame.select(
+        pl.col(k) if k in frame.columns else pl.lit(None, dtype=t).alias(k)
+        for k, t in schema.items()
     )
 
 
+_COMM_KERNEL = pl.col("name").str.contains(r"(?i)^(nccl|rccl)").fill_null(False)
+_COMM_OP = (
+    pl.col("name").str.starts_with("record_param_comms")
+    | pl.col("name").str.contains(r"^(nccl|gloo|ucc|mpi|xccl):")
+).fill_null(False)
+_ROLE = {c: 0 for c in GPU_CATS} | {c: 1 for c in RUNTIME_CATS} | {c: 2 for c in CPU_CATS}
+
+
 def _columns(events: list[Event]) -> dict[str, pl.DataFrame]:
-    """Split decoded events by role and turn each group into a table."""
-    gpu: list[Event] = []
-    runtime: list[Event] = []
-    ops: list[Event] = []
-    host: list[Event] = []
-    meta: list[Event] = []
-    for e in events:
-        ph = e.ph
-        if ph not in _DURATION_PH:
-            if ph == "M":
-                meta.append(e)
-            continue
-        cat = e.cat
-        if cat in GPU_CATS:
-            gpu.append(e)
-        elif cat in RUNTIME_CATS:
-            runtime.append(e)
-        elif cat in CPU_CATS:
-            name = e.name
-            if cat == "user_annotation" or _is_comm_op(name) or (
-                isinstance(name, str) and name.startswith("ProfilerStep#")
-            ):
-                ops.append(e)
-            else:
-                host.append(e)
-    return {
-        "gpu": _frame(gpu, GPU_SCHEMA),
-        "runtime": _frame(runtime, RUNTIME_SCHEMA),
-        "ops": _frame(ops, OPS_SCHEMA),
-        "host": _frame(host, HOST_SCHEMA),
-        "threads": pl.DataFrame(
-            {
-                "kind": pl.Series(_str_or_none([e.name for e in meta]), dtype=_STR),
-                "pid": _series("pid", [e.pid for e in meta], _STR),
-                "tid": _series("tid", [e.tid for e in meta], _STR),
-                "label": pl.Series(
-                    _str_or_none([None if e.args is None else e.args.label for e in meta]),
-                    dtype=_STR,
-                ),
-            }
-        ),
-    }
+    """Split decoded events by role (by category, looked up in C) and tabulate each role."""
+    roles = pl.Series(list(map(_ROLE.get, _values(events, "cat"))), dtype=pl.UInt8)
+    out: dict[str, pl.DataFrame] = {}
+    for code, role, schema, detail in (
+        (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
+        (1, "runtime", RUNTIME_SCHEMA, None),
+        (2, "cpu", OPS_SCHEMA, _COMM_OP),
+    ):
+        picked = _take(events, (roles == code).arg_true().to_list())
+        out[role] = _frame(picked, schema, detail) if picked else pl.DataFrame(schema=schema)
+    cpu = out.pop("cpu")
+    is_op = (
+        (pl.col("cat") == "user_annotation")
+        | _COMM_OP
+        | pl.col("name").str.starts_with("ProfilerStep#").fill_null(False)
+    )
+    out["ops"] = cpu.filter(is_op)
+    out["host"] = cpu.filter(~is_op).select(list(HOST_SCHEMA))
+    meta = [e for e in _take(events, roles.is_null().arg_true().to_list()) if e.ph == "M"]
+    out["threads"] = pl.DataFrame(
+        {
+            "kind": pl.Series(_str_or_none([e.name for e in meta]), dtype=_STR),
+            "pid": _series("pid", [e.pid for e in meta], _STR),
+            "tid": _series("tid", [e.tid for e in meta], _STR),
+            "label": pl.Series(
+                _str_or_none([None if e.args is None else e.args.label for e in meta]),
+                dtype=_STR,
+            ),
+        }
+    )
+    return out
 
 
 def decode_file(path: str | Path) -> RawTrace:
     """Decode one trace file. Raises TraceError (one line) when nothing usable is in it."""
     path = Path(path)
     name = str(path)
-    warnings: list[str] = []
+    reader = _Reader(name)
     parts: list[dict[str, pl.DataFrame]] = []
-    tops: list[Top] = []
-    nbytes = 0
-    first = True
-    bare_list = False
-    pending = b""
+    trailer: Top | None = None
     try:
-        for piece, last in _pieces(_read_blocks(path)):
-            nbytes += len(piece)
-            if first and not pending:
-                stripped = piece[:65536].lstrip()
-                if not stripped:
-                    raise TraceError(name, "file is empty")
-                if stripped[:1] not in (b"{", b"["):
-                    raise TraceError(name, "not a JSON trace (does not start with '{' or '[')")
-                bare_list = stripped[:1] == b"["
-            pending = piece if not pending else pending + b"," + piece
-            try:
-                top = _decode_piece(pending, first, last, bare_list)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                if not last:
-                    continue  # the cut was not between two events: join with the next piece
-                salvaged = _salvage(pending, first, bare_list)
-                if salvaged is None:
-                    if not parts:
-                        raise TraceError(name, _describe(exc)) from None
-                    warnings.append(f"{name}: trace is cut off; events after the cut are lost")
-                    break
-                top, dropped = salvaged
-                warnings.append(
-                    f"{name}: trace is cut off (truncated JSON); kept the events before the cut,"
-                    f" dropped the last {dropped} bytes"
-                )
-            pending = b""
-            first = False
-            tops.append(top)
-            parts.append(_columns(top.traceEvents))
-            top.traceEvents = []
+        for block in _read_blocks(path):
+            for events in reader.feed(block):
+                parts.append(_columns(events))
+                del events
+        try:
+            events, trailer = reader.finish()
+            parts.append(_columns(events))
+            del events
+        except _Unsalvageable as exc:
+            if not parts:
+                raise TraceError(name, str(exc)) from None
+            reader.warnings.append(f"{name}: trace is cut off; events after the cut are lost")
     except _Corrupt as exc:
         if not parts:
             raise TraceError(name, str(exc)) from None
-        warnings.append(f"{name}: {exc}; kept the events before the damage")
+        reader.warnings.append(f"{name}: {exc}; kept the events before the damage")
     except OSError as exc:
         raise TraceError(name, f"cannot read file ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise TraceError(name, "not a JSON trace (binary data)") from None
-    if not parts:
+    empty = all(sum(frame.height for frame in p.values()) == 0 for p in parts)
+    if empty and reader.header is None and trailer is None:
         raise TraceError(name, "no trace events found")
-    return _assemble(name, parts, tops, nbytes, warnings)
+    tops = [t for t in (reader.header, trailer) if t is not None]
+    return _assemble(name, parts, tops, reader.nbytes, reader.warnings)
 
 
 def _describe(exc: Exception) -> str:
@@ -506,7 +624,7 @@ def _assemble(
     )
 
 
-def _parse_int_list(text: str) -> list[int]:
+def parse_int_list(text: str) -> list[int]:
     return [int(x) for x in re.findall(r"-?\d+", text)]
 
 
@@ -546,3 +664,7 @@ def _to_ns(events: pl.DataFrame, base_ns: int) -> pl.DataFrame:
     return events.filter(ts.is_not_null() & ts.is_finite()).with_columns(
         start_ns=start, end_ns=start + dur
     )
+
+
+def _parse_int_list(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"-?\d+", text)]

@@ -80,7 +80,8 @@ def _enclosing(
     ).sort(f"{prefix}start")
     keyed = rows.with_columns(_at=pl.col("launch_ns").fill_null(-1)).sort("_at")
     joined = keyed.join_asof(
-        cand, left_on="_at",
+        cand,
+        left_on="_at",
         right_on=f"{prefix}start",
         by="launch_tid",
         strategy="backward",

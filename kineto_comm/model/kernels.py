@@ -19,7 +19,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.overlap import subtract_intervals
-from kineto_comm.load.decode import RawTrace
+from kineto_comm.load.decode import RawTrace, parse_int
 from kineto_comm.model.names import comm_kernel_expr
 
 KERNEL_SCHEMA: dict[str, pl.DataType] = {
@@ -52,16 +52,6 @@ ARG_COLUMNS = (
 HOST_COMM_PREFIXES = ("gloo:", "ucc:", "mpi:")
 
 
-def _int_from(text: pl.Expr) -> pl.Expr:
-    """An integer from a text column such as `7`, `stream 7` or `0x0`; null if none."""
-    hexa = text.str.extract(r"^0x([0-9a-fA-F]+)$", 1)
-    return (
-        pl.when(hexa.is_not_null())
-        .then(hexa.str.to_integer(base=16, strict=False))
-        .otherwise(text.str.extract(r"(-?\d+)", 1).cast(pl.Int64, strict=False))
-    )
-
-
 def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ()) -> pl.DataFrame:
     """Device activity of one rank (or its host timeline when it has no device activity).
 
@@ -87,8 +77,8 @@ def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ())
     )
     return gpu.select(
         pl.lit(rank, dtype=pl.Int64).alias("rank"),
-        pl.coalesce(_int_from(pl.col("device")), _int_from(pl.col("pid"))).alias("device"),
-        pl.coalesce(_int_from(pl.col("stream")), _int_from(pl.col("tid"))).alias("stream"),
+        pl.coalesce(pl.col("device"), parse_int(pl.col("pid"))).alias("device"),
+        pl.coalesce(pl.col("stream"), parse_int(pl.col("tid"))).alias("stream"),
         pl.col("name").fill_null(""),
         kind.alias("kind"),
         "start_ns",
@@ -139,7 +129,7 @@ def host_timeline(raw: RawTrace, rank: int) -> pl.DataFrame:
     return rows.select(
         pl.lit(rank, dtype=pl.Int64).alias("rank"),
         pl.lit(-1, dtype=pl.Int64).alias("device"),
-        _int_from(pl.col("tid")).alias("stream"),
+        parse_int(pl.col("tid")).alias("stream"),
         "name",
         "kind",
         "start_ns",

@@ -158,8 +158,7 @@ def normalize_collective(raw: pl.Expr) -> pl.Expr:
     """Map any spelling of a collective (args, annotation or op name) to the canonical name."""
     key = (
         raw.str.to_lowercase()
-        .str.replace(r"^[a-z0-9]+:", "")  # nccl:, gloo:, ...
-        .str.replace(r"^c10d::", "")
+        .str.replace(r"^[a-z0-9]+::?", "")  # nccl:, gloo:, c10d::
         .str.replace_all(r"_(base|coalesced|into_tensor|tensor_coalesced)$", "")
         .str.replace_all(r"_+$", "")
         .str.replace_all("_", "")

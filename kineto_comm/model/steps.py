@@ -59,9 +59,7 @@ def assign_steps(kernels: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         right_on="cpu_start_ns",
         strategy="backward",
     )
-    step = (
-        pl.when(pl.col("_at") <= pl.col("cpu_end_ns")).then(pl.col("step")).otherwise(NO_STEP)
-    )
+    step = pl.when(pl.col("_at") <= pl.col("cpu_end_ns")).then(pl.col("step")).otherwise(NO_STEP)
     return (
         hit.with_columns(step=step.fill_null(NO_STEP))
         .sort("_row")

@@ -94,15 +94,28 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
                 bytes=pl.col("bytes").sum(),
                 mean_bytes=pl.col("bytes").mean(),
                 total_ns=pl.col("duration_ns").sum(),
-                algbw=(pl.col("bytes").sum() / pl.col("duration_ns").filter(
-                    pl.col("bytes").is_not_null()).sum()),
+                algbw=(
+                    pl.col("bytes").sum()
+                    / pl.col("duration_ns").filter(pl.col("bytes").is_not_null()).sum()
+                ),
             )
             .sort("total_ns", descending=True)
         )
         ct = Table(title="Collectives (all ranks)")
-        for col in ("collective", "group", "dtype", "ranks", "calls", "mean size", "volume",
-                    "time", "algbw GB/s"):
-            ct.add_column(col, justify="left" if col in ("collective", "group", "dtype") else "right")
+        for col in (
+            "collective",
+            "group",
+            "dtype",
+            "ranks",
+            "calls",
+            "mean size",
+            "volume",
+            "time",
+            "algbw GB/s",
+        ):
+            ct.add_column(
+                col, justify="left" if col in ("collective", "group", "dtype") else "right"
+            )
         for r in coll.head(25).iter_rows(named=True):
             ct.add_row(
                 r["collective"],

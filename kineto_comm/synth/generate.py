@@ -111,7 +111,7 @@ class _Job:
             if k < MEASURED_STEPS:
                 marks.append(len(st.pipe))
             else:
-                del st.pipe[marks[-1]:]
+                del st.pipe[marks[-1] :]
 
     def step_times(self) -> list[int]:
         """Wall time of each step across the job: latest end minus earliest begin."""
@@ -138,7 +138,7 @@ class _Job:
                 ivs = []
                 for r in g.ranks:
                     lo = self.pipe_marks[r][k - 1] if k else 0
-                    ivs.append(self.states[r].pipe[lo:self.pipe_marks[r][k]])
+                    ivs.append(self.states[r].pipe[lo : self.pipe_marks[r][k]])
                 t0 = min(iv[0][0] for iv in ivs)
                 t1 = max(iv[-1][1] for iv in ivs)
                 for iv in ivs:
@@ -156,47 +156,102 @@ def _expected(plan: Plan) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]
     exp: dict[str, Any] = {}
     per_rank: dict[str, list[dict[str, Any]]] = {str(r): [] for r in range(plan.world)}
 
-    def add(role: str, coll: str, group_role: str, calls: int, nbytes: int, formula: str,
-            ranks: list[int] | None = None, **kw: Any) -> None:
-        entry = {"collective": coll, "group_role": group_role, "calls_per_step": calls,
-                 "bytes_per_step": nbytes, "formula": formula, **kw}
+    def add(
+        role: str,
+        coll: str,
+        group_role: str,
+        calls: int,
+        nbytes: int,
+        formula: str,
+        ranks: list[int] | None = None,
+        **kw: Any,
+    ) -> None:
+        entry = {
+            "collective": coll,
+            "group_role": group_role,
+            "calls_per_step": calls,
+            "bytes_per_step": nbytes,
+            "formula": formula,
+            **kw,
+        }
         exp[role] = entry
         for g in plan.groups:
             if g.role != group_role:
                 continue
             for r in g.ranks:
                 if ranks is None or r in ranks:
-                    per_rank[str(r)].append({"role": role, "collective": coll, "pg_name": g.name,
-                                             "calls_per_step": calls, "bytes_per_step": nbytes})
+                    per_rank[str(r)].append(
+                        {
+                            "role": role,
+                            "collective": coll,
+                            "pg_name": g.name,
+                            "calls_per_step": calls,
+                            "bytes_per_step": nbytes,
+                        }
+                    )
 
     if plan.layout in ("dp", "tp-dp"):
         tensors = [e * B for _ in range(L) for e in grad_tensor_elems(m, t)]
         tensors.append(m.embedding_params // t * B)
         sizes = buckets(tensors, cap, split)
-        add("dp_grad", "allreduce", "dp", len(sizes), m.params // t * B, "Psi/t*B",
-            group_size=d, bucket_bytes=cap, max_message_bytes=max(sizes),
-            wire_bytes_per_rank=round(2 * (d - 1) / d * (m.params // t) * B))
+        add(
+            "dp_grad",
+            "allreduce",
+            "dp",
+            len(sizes),
+            m.params // t * B,
+            "Psi/t*B",
+            group_size=d,
+            bucket_bytes=cap,
+            max_message_bytes=max(sizes),
+            wire_bytes_per_rank=round(2 * (d - 1) / d * (m.params // t) * B),
+        )
     if plan.layout == "tp-dp":
         n = 4 * L * m.micro_batches
-        add("tp", "allreduce", "tp", n, n * m.tokens * h * B, "4*L*m * b*s*h*B",
-            group_size=t, bytes_per_call=m.tokens * h * B)
+        add(
+            "tp",
+            "allreduce",
+            "tp",
+            n,
+            n * m.tokens * h * B,
+            "4*L*m * b*s*h*B",
+            group_size=t,
+            bytes_per_call=m.tokens * h * B,
+        )
     if plan.layout == "fsdp":
         units = [m.embedding_params] + [m.layer_params] * L
         full = sum(ceil_div(u, d) * d for u in units) * B
         mb = m.micro_batches
-        add("fsdp_allgather", "_allgather_base", "dp", 2 * len(units) * mb, 2 * full * mb,
-            "2*Psi*B (forward and backward, Out msg = full unit)", group_size=d,
-            wire_bytes_per_rank=round(2 * mb * full * (d - 1) / d))
-        add("fsdp_reduce_scatter", "_reduce_scatter_base", "dp", len(units) * mb, full * mb,
-            "Psi*B (In msg = full unit)", group_size=d,
+        add(
+            "fsdp_allgather",
+            "_allgather_base",
+            "dp",
+            2 * len(units) * mb,
+            2 * full * mb,
+            "2*Psi*B (forward and backward, Out msg = full unit)",
+            group_size=d,
+            wire_bytes_per_rank=round(2 * mb * full * (d - 1) / d),
+        )
+        add(
+            "fsdp_reduce_scatter",
+            "_reduce_scatter_base",
+            "dp",
+            len(units) * mb,
+            full * mb,
+            "Psi*B (In msg = full unit)",
+            group_size=d,
             wire_bytes_per_rank=round(mb * full * (d - 1) / d),
-            zero3_wire_bytes_per_rank=round(3 * mb * full * (d - 1) / d))
+            zero3_wire_bytes_per_rank=round(3 * mb * full * (d - 1) / d),
+        )
     if plan.layout == "pp-dp":
         act = m.tokens * h * B
         mb = m.micro_batches
         exp["pp_p2p"] = {
-            "collective": "send/recv", "group_role": "pp", "bytes_per_call": act,
-            "calls_per_step_per_link_direction": mb, "formula": "m * b*s*h*B per direction",
+            "collective": "send/recv",
+            "group_role": "pp",
+            "bytes_per_call": act,
+            "calls_per_step_per_link_direction": mb,
+            "formula": "m * b*s*h*B per direction",
             "bubble_fraction_formula": pipeline_bubble(p, mb),
         }
         for g in plan.groups:
@@ -204,18 +259,32 @@ def _expected(plan: Plan) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]
                 for s, r in enumerate(g.ranks):
                     links = (s > 0) + (s < p - 1)
                     for coll in ("send", "recv"):
-                        per_rank[str(r)].append({"role": "pp_p2p", "collective": coll,
-                                                 "pg_name": g.name, "calls_per_step": links * mb,
-                                                 "bytes_per_step": links * mb * act})
+                        per_rank[str(r)].append(
+                            {
+                                "role": "pp_p2p",
+                                "collective": coll,
+                                "pg_name": g.name,
+                                "calls_per_step": links * mb,
+                                "bytes_per_step": links * mb * act,
+                            }
+                        )
         for s in range(p):
             tensors = [e * B for _ in range(L // p) for e in grad_tensor_elems(m, 1)]
             if s == 0:
                 tensors.append(m.embedding_params * B)
             sizes = buckets(tensors, cap, split)
             ranks = list(range(s * d, (s + 1) * d))
-            add(f"dp_grad_stage{s}", "allreduce", "dp", len(sizes), stage_params(m, p, s) * B,
-                "(L/p*12h^2 [+ V*h on stage 0]) * B", ranks=ranks, group_size=d,
-                max_message_bytes=max(sizes))
+            add(
+                f"dp_grad_stage{s}",
+                "allreduce",
+                "dp",
+                len(sizes),
+                stage_params(m, p, s) * B,
+                "(L/p*12h^2 [+ V*h on stage 0]) * B",
+                ranks=ranks,
+                group_size=d,
+                max_message_bytes=max(sizes),
+            )
     return exp, per_rank
 
 
@@ -290,8 +359,9 @@ def generate(
                 tokens = m.micro_batch * m.micro_batches
                 m = replace(m, micro_batches=nmb, micro_batch=max(1, tokens // nmb))
         kw.setdefault("bucket_bytes", int(m.bucket_mb * 1024 * 1024))
-        return Plan(layout=layout, world=world, dp=d, tp=t, pp=p, model=m, hw=hw,
-                    groups=groups, **kw)
+        return Plan(
+            layout=layout, world=world, dp=d, tp=t, pp=p, model=m, hw=hw, groups=groups, **kw
+        )
 
     # A straggler in a later pipeline stage hides in the warm-up bubble, and a slow DP group of
     # a stage that finishes early hides in its cool-down: pick where the problem shows.
@@ -338,8 +408,20 @@ def generate(
         for f in files:
             f.close()
 
-    truth = _truth(scenario, requested_layout, plan, job, seed, total, offsets, per_host,
-                   straggler, slow_pg, plan_for, names)
+    truth = _truth(
+        scenario,
+        requested_layout,
+        plan,
+        job,
+        seed,
+        total,
+        offsets,
+        per_host,
+        straggler,
+        slow_pg,
+        plan_for,
+        names,
+    )
     (out / "truth.json").write_text(json.dumps(truth, indent=2, sort_keys=False) + "\n")
     return truth
 
@@ -374,9 +456,20 @@ def _footer(st: RankState, job: _Job, name: str, per_host: int) -> str:
     return "".join(parts)
 
 
-def _truth(scenario: str, requested_layout: str, plan: Plan, job: _Job, seed: int, steps: int,
-           offsets: dict[int, int], per_host: int, straggler: int, slow_pg: str, plan_for,
-           names: list[str]) -> dict[str, Any]:
+def _truth(
+    scenario: str,
+    requested_layout: str,
+    plan: Plan,
+    job: _Job,
+    seed: int,
+    steps: int,
+    offsets: dict[int, int],
+    per_host: int,
+    straggler: int,
+    slow_pg: str,
+    plan_for,
+    names: list[str],
+) -> dict[str, Any]:
     """Assemble truth.json: configuration, formulas, measured step times and the problems."""
     times = job.step_times()
     step_ns = sum(times) // len(times)
@@ -400,36 +493,75 @@ def _truth(scenario: str, requested_layout: str, plan: Plan, job: _Job, seed: in
     step_ids = list(range(steps))
     problems: list[dict[str, Any]] = []
     if scenario == "exposed-allreduce":
-        problems.append({"kind": "exposed_comm", "ranks": all_ranks, "steps": step_ids,
-                         "impact_ns_per_step": impact,
-                         "collective": "_reduce_scatter_base" if plan.layout == "fsdp"
-                         else "allreduce"})
+        problems.append(
+            {
+                "kind": "exposed_comm",
+                "ranks": all_ranks,
+                "steps": step_ids,
+                "impact_ns_per_step": impact,
+                "collective": "_reduce_scatter_base" if plan.layout == "fsdp" else "allreduce",
+            }
+        )
     elif scenario == "straggler":
-        problems.append({"kind": "straggler", "ranks": [straggler], "steps": step_ids,
-                         "impact_ns_per_step": impact, "delay_ns": plan.delay_ns})
+        problems.append(
+            {
+                "kind": "straggler",
+                "ranks": [straggler],
+                "steps": step_ids,
+                "impact_ns_per_step": impact,
+                "delay_ns": plan.delay_ns,
+            }
+        )
     elif scenario == "bubble":
         bf = job.bubble_fraction()
-        problems.append({
-            "kind": "pipeline_bubble", "ranks": all_ranks, "steps": step_ids,
-            "impact_ns_per_step": impact, "bubble_fraction": round(bf, 6),
-            "baseline_bubble_fraction": round(fixed_bubble, 6),
-            "expected_bubble_fraction": round(pipeline_bubble(plan.pp, plan.model.micro_batches),
-                                              6),
-            "micro_batches": plan.model.micro_batches, "stages": plan.pp,
-        })
+        problems.append(
+            {
+                "kind": "pipeline_bubble",
+                "ranks": all_ranks,
+                "steps": step_ids,
+                "impact_ns_per_step": impact,
+                "bubble_fraction": round(bf, 6),
+                "baseline_bubble_fraction": round(fixed_bubble, 6),
+                "expected_bubble_fraction": round(
+                    pipeline_bubble(plan.pp, plan.model.micro_batches), 6
+                ),
+                "micro_batches": plan.model.micro_batches,
+                "stages": plan.pp,
+            }
+        )
     elif scenario == "small-messages":
-        problems.append({"kind": "small_messages", "ranks": all_ranks, "steps": step_ids,
-                         "impact_ns_per_step": impact, "max_message_bytes": plan.bucket_bytes})
+        problems.append(
+            {
+                "kind": "small_messages",
+                "ranks": all_ranks,
+                "steps": step_ids,
+                "impact_ns_per_step": impact,
+                "max_message_bytes": plan.bucket_bytes,
+            }
+        )
     elif scenario == "slow-link":
         g = next(g for g in plan.groups if g.name == slow_pg)
-        problems.append({"kind": "slow_link", "ranks": list(g.ranks), "steps": step_ids,
-                         "impact_ns_per_step": impact, "pg_name": g.name,
-                         "busbw_gbps": g.busbw_gbps, "slowdown": SLOW_LINK_FACTOR})
+        problems.append(
+            {
+                "kind": "slow_link",
+                "ranks": list(g.ranks),
+                "steps": step_ids,
+                "impact_ns_per_step": impact,
+                "pg_name": g.name,
+                "busbw_gbps": g.busbw_gbps,
+                "slowdown": SLOW_LINK_FACTOR,
+            }
+        )
     elif scenario == "clock-skew":
-        problems.append({"kind": "clock_skew",
-                         "ranks": [r for r, o in offsets.items() if o], "steps": step_ids,
-                         "impact_ns_per_step": 0,
-                         "offsets_ns": {str(r): o for r, o in offsets.items()}})
+        problems.append(
+            {
+                "kind": "clock_skew",
+                "ranks": [r for r, o in offsets.items() if o],
+                "steps": step_ids,
+                "impact_ns_per_step": 0,
+                "offsets_ns": {str(r): o for r, o in offsets.items()},
+            }
+        )
     expected, per_rank = _expected(plan)
     truth: dict[str, Any] = {
         "generator": "kineto_comm.synth",
@@ -445,8 +577,10 @@ def _truth(scenario: str, requested_layout: str, plan: Plan, job: _Job, seed: in
         "clock_offsets_ns": {str(r): o for r, o in offsets.items()},
         "model": plan.model.to_dict(),
         "hardware": plan.hw.to_dict(),
-        "process_groups": [{**g.pg_config(), "role": g.role, "stream": g.stream,
-                            "busbw_gbps": g.busbw_gbps} for g in plan.groups],
+        "process_groups": [
+            {**g.pg_config(), "role": g.role, "stream": g.stream, "busbw_gbps": g.busbw_gbps}
+            for g in plan.groups
+        ],
         "compute_stream": COMPUTE_STREAM,
         "expected": expected,
         "expected_per_rank": per_rank,

@@ -63,21 +63,28 @@ SMS = 132
 KERNELS: dict[str, KSpec] = {
     "ln": KSpec("aten::native_layer_norm", LN_FWD, K.launch_tail(30, 0, (4096, 1, 1), 128, SMS)),
     "gemm": KSpec("aten::addmm", GEMM_FWD, K.launch_tail(168, 213248, (132, 1, 1), 384, SMS)),
-    "attn": KSpec("aten::_flash_attention_forward", FLASH_FWD,
-                  K.launch_tail(255, 49152, (8, 16, 4), 128, SMS)),
+    "attn": KSpec(
+        "aten::_flash_attention_forward", FLASH_FWD, K.launch_tail(255, 49152, (8, 16, 4), 128, SMS)
+    ),
     "add": KSpec("aten::add", ADD, K.launch_tail(26, 0, (8192, 1, 1), 128, SMS)),
     "gelu": KSpec("aten::gelu", GELU_FWD, K.launch_tail(28, 0, (16384, 1, 1), 128, SMS)),
     "emb": KSpec("aten::embedding", EMB_FWD, K.launch_tail(40, 0, (1584, 1, 1), 128, SMS)),
     "dgrad": KSpec("aten::mm", GEMM_DGRAD, K.launch_tail(168, 213248, (132, 1, 1), 384, SMS)),
     "wgrad": KSpec("aten::mm", GEMM_WGRAD, K.launch_tail(168, 164864, (132, 1, 1), 256, SMS)),
-    "attn_bwd": KSpec("aten::_flash_attention_backward", FLASH_BWD,
-                      K.launch_tail(255, 98304, (8, 16, 4), 256, SMS)),
-    "ln_bwd": KSpec("aten::native_layer_norm_backward", LN_BWD,
-                    K.launch_tail(32, 0, (4096, 1, 1), 128, SMS)),
-    "gelu_bwd": KSpec("aten::gelu_backward", GELU_BWD,
-                      K.launch_tail(30, 0, (16384, 1, 1), 128, SMS)),
-    "emb_bwd": KSpec("aten::embedding_dense_backward", EMB_BWD,
-                     K.launch_tail(38, 0, (1024, 1, 1), 128, SMS)),
+    "attn_bwd": KSpec(
+        "aten::_flash_attention_backward",
+        FLASH_BWD,
+        K.launch_tail(255, 98304, (8, 16, 4), 256, SMS),
+    ),
+    "ln_bwd": KSpec(
+        "aten::native_layer_norm_backward", LN_BWD, K.launch_tail(32, 0, (4096, 1, 1), 128, SMS)
+    ),
+    "gelu_bwd": KSpec(
+        "aten::gelu_backward", GELU_BWD, K.launch_tail(30, 0, (16384, 1, 1), 128, SMS)
+    ),
+    "emb_bwd": KSpec(
+        "aten::embedding_dense_backward", EMB_BWD, K.launch_tail(38, 0, (1024, 1, 1), 128, SMS)
+    ),
     "adamw": KSpec("aten::_fused_adamw_", ADAMW, K.launch_tail(48, 0, (1320, 1, 1), 512, SMS)),
 }
 KERNEL_LIST = list(KERNELS.values())
@@ -175,8 +182,16 @@ class Builder:
         """A memory-bound kernel."""
         self.comp(kind, mem_ns(self.hw, nbytes), thread, tag)
 
-    def coll(self, coll: str, nin: int, nout: int, group: Group, thread: int,
-             peer: int = -1, stream: int = 0) -> tuple:
+    def coll(
+        self,
+        coll: str,
+        nin: int,
+        nout: int,
+        group: Group,
+        thread: int,
+        peer: int = -1,
+        stream: int = 0,
+    ) -> tuple:
         """Issue a collective (or send/recv to global rank ``peer``); returns its instance key."""
         p2p = coll in ("send", "recv")
         chan: object
@@ -198,13 +213,13 @@ class Builder:
         """The compute stream waits for a collective instance (work.wait())."""
         self.ops.append((OP_WAIT, key, thread))
 
-    def cpu(self, name: str, dur_ns: int, thread: int = MAIN,
-            cat: str = "user_annotation") -> None:
+    def cpu(self, name: str, dur_ns: int, thread: int = MAIN, cat: str = "user_annotation") -> None:
         """A CPU-only range (data loading, zero_grad, ...)."""
         self.ops.append((OP_CPU, name, cat, dur_ns, thread))
 
-    def _spec(self, coll: str, nin: int, nout: int, group: Group, peer: int,
-              stream: int) -> CollSpec:
+    def _spec(
+        self, coll: str, nin: int, nout: int, group: Group, peer: int, stream: int
+    ) -> CollSpec:
         m = self.plan.model
         n = len(group.ranks)
         dt = DTYPE_NCCL[m.dtype]
@@ -219,8 +234,10 @@ class Builder:
         elif coll == "_allgather_base":
             kname = f"ncclDevKernel_AllGather_RING_{proto}(ncclDevKernelArgsStorage<4096ul>)"
         elif coll == "_reduce_scatter_base":
-            kname = (f"ncclDevKernel_ReduceScatter_Sum_{dt}_RING_{proto}"
-                     "(ncclDevKernelArgsStorage<4096ul>)")
+            kname = (
+                f"ncclDevKernel_ReduceScatter_Sum_{dt}_RING_{proto}"
+                "(ncclDevKernelArgsStorage<4096ul>)"
+            )
         else:
             kname = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
             ann = f"{ann} {self.rank}->{peer}" if coll == "send" else f"{ann} {self.rank}<-{peer}"
@@ -434,8 +451,7 @@ def build_fsdp(plan: Plan, rank: int, cache: dict) -> list[tuple]:
         pending_rs: list[int] = []
         for i in reversed(range(n)):
             if i - 1 >= 0:
-                agb[i - 1] = b.coll("_allgather_base", shard[i - 1], shard[i - 1] * d, g,
-                                    AUTOGRAD)
+                agb[i - 1] = b.coll("_allgather_base", shard[i - 1], shard[i - 1] * d, g, AUTOGRAD)
             b.wait(agb[i], AUTOGRAD)
             if i == 0:
                 b.emb_bwd(AUTOGRAD, 0, lambda _n: None)
@@ -486,8 +502,7 @@ def build_pp(plan: Plan, rank: int, cache: dict) -> list[tuple]:
 
     def bwd(j: int) -> None:
         if next_r >= 0:
-            k = b.coll("recv", act, act, pg, AUTOGRAD, peer=next_r,
-                       stream=P2P_STREAMS["recv_next"])
+            k = b.coll("recv", act, act, pg, AUTOGRAD, peer=next_r, stream=P2P_STREAMS["recv_next"])
             b.wait(k, AUTOGRAD)
         sync.enabled = j == nmb - 1
         for _ in range(lps):
@@ -525,28 +540,68 @@ def make_groups(layout: str, world: int, tp: int, pp: int, hw: Hardware) -> list
     torch names groups from a global counter incremented on every rank for every new_group call,
     so rank r's TP group is "1 + r//t" even though it only belongs to one of them.
     """
-    groups = [Group("0", "default_pg", list(range(world)), "dp" if layout in ("dp", "fsdp")
-                    else "world", 20, hw.busbw_gbps)]
+    groups = [
+        Group(
+            "0",
+            "default_pg",
+            list(range(world)),
+            "dp" if layout in ("dp", "fsdp") else "world",
+            20,
+            hw.busbw_gbps,
+        )
+    ]
     nxt = 1
     stream = 24
     if layout == "tp-dp":
         d = world // tp
         for k in range(d):
-            groups.append(Group(str(nxt), "TENSOR_MODEL_PARALLEL_GROUP",
-                                list(range(k * tp, (k + 1) * tp)), "tp", stream, hw.busbw_gbps))
+            groups.append(
+                Group(
+                    str(nxt),
+                    "TENSOR_MODEL_PARALLEL_GROUP",
+                    list(range(k * tp, (k + 1) * tp)),
+                    "tp",
+                    stream,
+                    hw.busbw_gbps,
+                )
+            )
             nxt += 1
         for j in range(tp):
-            groups.append(Group(str(nxt), "DATA_PARALLEL_GROUP", list(range(j, world, tp)), "dp",
-                                stream + 4, hw.busbw_gbps))
+            groups.append(
+                Group(
+                    str(nxt),
+                    "DATA_PARALLEL_GROUP",
+                    list(range(j, world, tp)),
+                    "dp",
+                    stream + 4,
+                    hw.busbw_gbps,
+                )
+            )
             nxt += 1
     elif layout == "pp-dp":
         d = world // pp
         for s in range(pp):
-            groups.append(Group(str(nxt), "DATA_PARALLEL_GROUP", list(range(s * d, (s + 1) * d)),
-                                "dp", stream, hw.busbw_gbps))
+            groups.append(
+                Group(
+                    str(nxt),
+                    "DATA_PARALLEL_GROUP",
+                    list(range(s * d, (s + 1) * d)),
+                    "dp",
+                    stream,
+                    hw.busbw_gbps,
+                )
+            )
             nxt += 1
         for j in range(d):
-            groups.append(Group(str(nxt), "PIPELINE_MODEL_PARALLEL_GROUP",
-                                list(range(j, world, d)), "pp", stream + 4, hw.busbw_gbps))
+            groups.append(
+                Group(
+                    str(nxt),
+                    "PIPELINE_MODEL_PARALLEL_GROUP",
+                    list(range(j, world, d)),
+                    "pp",
+                    stream + 4,
+                    hw.busbw_gbps,
+                )
+            )
             nxt += 1
     return groups

@@ -104,8 +104,9 @@ def _ts(ns: int) -> tuple[int, int]:
     return divmod(ns, 1000)
 
 
-def run_rank(st: RankState, prog: list[tuple], registry: dict, kspecs: list[KSpec],
-             step: int) -> bool:
+def run_rank(
+    st: RankState, prog: list[tuple], registry: dict, kspecs: list[KSpec], step: int
+) -> bool:
     """Advance one rank through its program until it finishes or must wait; True if it moved."""
     moved = False
     buf = st.buf
@@ -145,8 +146,23 @@ def run_rank(st: RankState, prog: list[tuple], registry: dict, kspecs: list[KSpe
             buf.append(K.FLOW_S % (corr, pid, tid, a, b))
             a, b = _ts(k0 + off)
             c, d = _ts(gpu_ns)
-            buf.append(K.KERNEL % (ks.kernel_name, dev, COMPUTE_STREAM, a, b, c, d, ext, dev,
-                                   COMPUTE_STREAM, corr, ks.tail))
+            buf.append(
+                K.KERNEL
+                % (
+                    ks.kernel_name,
+                    dev,
+                    COMPUTE_STREAM,
+                    a,
+                    b,
+                    c,
+                    d,
+                    ext,
+                    dev,
+                    COMPUTE_STREAM,
+                    corr,
+                    ks.tail,
+                )
+            )
             buf.append(K.FLOW_F % (corr, dev, COMPUTE_STREAM, a, b))
             st.cpu = c0 + cdur + _j(st, 4_000)
         elif code == OP_COLL:
@@ -161,8 +177,10 @@ def run_rank(st: RankState, prog: list[tuple], registry: dict, kspecs: list[KSpe
                 inst = registry[key] = Coll(spec.need, spec.dur_ns)
             tid = st.tids[thread]
             t0 = st.cpu
-            g = [_j(st, x) for x in (4_000, 3_000, 2_500, 3_200, 5_000, 8_000, 4_000, 2_000,
-                                     4_500, 4_000)]
+            g = [
+                _j(st, x)
+                for x in (4_000, 3_000, 2_500, 3_200, 5_000, 8_000, 4_000, 2_000, 4_500, 4_000)
+            ]
             t_rpc = t0 + g[0]
             t_er = t_rpc + g[1]
             t_sw = t_er + g[2]
@@ -196,20 +214,25 @@ def run_rank(st: RankState, prog: list[tuple], registry: dict, kspecs: list[KSpe
             a, b = _ts(t_er + off)
             buf.append(K.RUNTIME % ("cudaEventRecord", pid, tid, a, b, 1, 480, e_rpc, 135, corr))
             a, b = _ts(t_sw + off)
-            buf.append(K.RUNTIME % ("cudaStreamWaitEvent", pid, tid, a, b, 1, 210, e_rpc, 147,
-                                    corr + 1))
+            buf.append(
+                K.RUNTIME % ("cudaStreamWaitEvent", pid, tid, a, b, 1, 210, e_rpc, 147, corr + 1)
+            )
             a, b = _ts(t_ann + off)
             c, d = _ts(ann_end - t_ann)
-            buf.append(K.CPU_OP % ("user_annotation", spec.ann_name, pid, tid, a, b, c, d, e_ann,
-                                   rf + 2, ev + 2))
+            buf.append(
+                K.CPU_OP
+                % ("user_annotation", spec.ann_name, pid, tid, a, b, c, d, e_ann, rf + 2, ev + 2)
+            )
             a, b = _ts(t_l + off)
             c, d = _ts(l_end - t_l)
-            buf.append(K.RUNTIME % ("cudaLaunchKernelExC", pid, tid, a, b, c, d, e_rpc, 430,
-                                    corr + 2))
+            buf.append(
+                K.RUNTIME % ("cudaLaunchKernelExC", pid, tid, a, b, c, d, e_rpc, 430, corr + 2)
+            )
             buf.append(K.FLOW_S % (corr + 2, pid, tid, a, b))
             a, b = _ts(t_er2 + off)
-            buf.append(K.RUNTIME % ("cudaEventRecord", pid, tid, a, b, 0, 870, e_rpc, 135,
-                                    corr + 3))
+            buf.append(
+                K.RUNTIME % ("cudaEventRecord", pid, tid, a, b, 0, 870, e_rpc, 135, corr + 3)
+            )
             st.deferred.append((spec, ready, inst, e_rpc, e_ann, corr + 2))
             st.cpu = end + _j(st, 3_000)
         elif code == OP_WAIT:
@@ -221,8 +244,10 @@ def run_rank(st: RankState, prog: list[tuple], registry: dict, kspecs: list[KSpe
             tid = st.tids[thread]
             t0 = st.cpu + _j(st, 2_000)
             a, b = _ts(t0 + off)
-            buf.append(K.RUNTIME % ("cudaStreamWaitEvent", pid, tid, a, b, 1, 350, st.ext - 1, 147,
-                                    st.corr))
+            buf.append(
+                K.RUNTIME
+                % ("cudaStreamWaitEvent", pid, tid, a, b, 1, 350, st.ext - 1, 147, st.corr)
+            )
             st.corr += 1
             st.cpu = t0 + _j(st, 3_000)
         elif code == OP_SYNC:
@@ -240,12 +265,16 @@ def run_rank(st: RankState, prog: list[tuple], registry: dict, kspecs: list[KSpe
             e = st.cpu + (s1 - t0) + _j(st, 4_000)
             a, b = _ts(t0 + off)
             c, d = _ts(e - t0)
-            buf.append(K.CPU_OP % ("cpu_op", "aten::item", pid, st.tids[MAIN], a, b, c, d, st.ext,
-                                   st.rf, st.ev))
+            buf.append(
+                K.CPU_OP
+                % ("cpu_op", "aten::item", pid, st.tids[MAIN], a, b, c, d, st.ext, st.rf, st.ev)
+            )
             a, b = _ts(s0 + off)
             c, d = _ts(s1 - s0)
-            buf.append(K.RUNTIME % ("cudaStreamSynchronize", pid, st.tids[MAIN], a, b, c, d,
-                                    st.ext, 131, st.corr))
+            buf.append(
+                K.RUNTIME
+                % ("cudaStreamSynchronize", pid, st.tids[MAIN], a, b, c, d, st.ext, 131, st.corr)
+            )
             st.ext += 1
             st.rf += 1
             st.ev += 1
@@ -256,8 +285,9 @@ def run_rank(st: RankState, prog: list[tuple], registry: dict, kspecs: list[KSpe
             t0 = st.cpu
             a, b = _ts(t0 + off)
             c, d = _ts(dur)
-            buf.append(K.CPU_OP % (cat, name, pid, st.tids[thread], a, b, c, d, st.ext, st.rf,
-                                   st.ev))
+            buf.append(
+                K.CPU_OP % (cat, name, pid, st.tids[thread], a, b, c, d, st.ext, st.rf, st.ev)
+            )
             st.ext += 1
             st.rf += 1
             st.ev += 1
@@ -275,8 +305,22 @@ def run_rank(st: RankState, prog: list[tuple], registry: dict, kspecs: list[KSpe
             a, b = _ts(t0 + off)
             c, d = _ts(t1 - t0)
             ext, rf, ev = st.step_ids
-            buf.append(K.CPU_OP % ("user_annotation", f"ProfilerStep#{step}", pid, st.tids[MAIN],
-                                   a, b, c, d, ext, rf, ev))
+            buf.append(
+                K.CPU_OP
+                % (
+                    "user_annotation",
+                    f"ProfilerStep#{step}",
+                    pid,
+                    st.tids[MAIN],
+                    a,
+                    b,
+                    c,
+                    d,
+                    ext,
+                    rf,
+                    ev,
+                )
+            )
             st.step_spans.append((t0, t1))
         st.pc += 1
         moved = True
@@ -292,8 +336,9 @@ def flush_deferred(st: RankState) -> None:
         s = spec.stream
         a, b = _ts(ready + off)
         c, d = _ts(inst.end - ready)
-        buf.append(K.KERNEL % (spec.kernel_name, dev, s, a, b, c, d, e_rpc, dev, s, corr,
-                               spec.kernel_tail))
+        buf.append(
+            K.KERNEL % (spec.kernel_name, dev, s, a, b, c, d, e_rpc, dev, s, corr, spec.kernel_tail)
+        )
         buf.append(K.FLOW_F % (corr, dev, s, a, b))
         a, b = _ts(ready - 1 + off)
         c, d = _ts(inst.end - ready + 2)
@@ -301,8 +346,9 @@ def flush_deferred(st: RankState) -> None:
     st.deferred.clear()
 
 
-def run_step(states: list[RankState], progs: list[list[tuple]], kspecs: list[KSpec],
-             step: int) -> None:
+def run_step(
+    states: list[RankState], progs: list[list[tuple]], kspecs: list[KSpec], step: int
+) -> None:
     """Simulate one step on every rank to completion; raises if the programs deadlock."""
     registry: dict = {}
     for st in states:
