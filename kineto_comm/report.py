@@ -1,6 +1,7 @@
 """The immutable result of an analysis: merged per-rank tables, errors and findings.
 
-Tables (Polars DataFrames; times in integer nanoseconds, sizes in bytes):
+All tables are documented column by column in docs/tables.md. Per-rank tables
+(Polars DataFrames; times in integer nanoseconds, sizes in bytes):
     ranks        rank, world_size, file, rank_source, device, backend, timeline, bytes
                  (timeline: "device" = GPU kernels, "host" = CPU-only gloo spans, "none")
     kernels      see kineto_comm.model.kernels
@@ -23,6 +24,22 @@ from kineto_comm import __version__
 from kineto_comm.analysis.overlap import METRICS
 
 SCHEMA_VERSION = 1
+TABLE_NAMES = (
+    "ranks",
+    "kernels",
+    "collectives",
+    "steps",
+    "totals",
+    "offsets",
+    "collective_instances",
+    "collective_waits",
+    "stragglers",
+    "message_sizes",
+    "message_size_summary",
+    "process_groups",
+    "pipeline",
+    "storms",
+)
 
 
 @dataclass(frozen=True)
@@ -34,11 +51,26 @@ class Report:
     collectives: pl.DataFrame
     steps: pl.DataFrame
     totals: pl.DataFrame
+    offsets: pl.DataFrame = field(default_factory=pl.DataFrame)
+    collective_instances: pl.DataFrame = field(default_factory=pl.DataFrame)
+    collective_waits: pl.DataFrame = field(default_factory=pl.DataFrame)
+    stragglers: pl.DataFrame = field(default_factory=pl.DataFrame)
+    message_sizes: pl.DataFrame = field(default_factory=pl.DataFrame)
+    message_size_summary: pl.DataFrame = field(default_factory=pl.DataFrame)
+    process_groups: pl.DataFrame = field(default_factory=pl.DataFrame)
+    pipeline: pl.DataFrame = field(default_factory=pl.DataFrame)
+    storms: pl.DataFrame = field(default_factory=pl.DataFrame)
     errors: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = ()
     findings: tuple[Any, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     meta: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def table(self, name: str) -> pl.DataFrame:
+        """A table by name (see TABLE_NAMES and docs/tables.md)."""
+        if name not in TABLE_NAMES:
+            raise KeyError(f"unknown table {name!r}; known: {', '.join(TABLE_NAMES)}")
+        return getattr(self, name)
 
     def collective_summary(self) -> pl.DataFrame:
         """count, bytes and time per (rank, collective, process_group, dtype)."""

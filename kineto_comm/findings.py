@@ -1,0 +1,61 @@
+"""What a rule reports: one finding per cause, with its cost in step time and what to change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Severity(str, Enum):
+    """How bad a finding is; ordered info < warning < error."""
+
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+    @property
+    def level(self) -> int:
+        return {"info": 0, "warning": 1, "error": 2}[self.value]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem found in the traces.
+
+    impact_ns_per_step is the step time that fixing the cause could recover (the ranking key);
+    step_share is that impact over the mean step time. evidence holds the numbers behind the
+    finding (JSON-serialisable), advice the concrete changes to try, most specific first.
+    """
+
+    code: str
+    severity: Severity
+    title: str
+    message: str
+    impact_ns_per_step: int = 0
+    step_share: float | None = None
+    ranks: tuple[int, ...] = ()
+    steps: tuple[int, ...] = ()
+    process_group: str | None = None
+    window_ns: tuple[int, int] | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    advice: tuple[str, ...] = ()
+    rule: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (stable field names)."""
+        return {
+            "code": self.code,
+            "rule": self.rule,
+            "severity": self.severity.value,
+            "title": self.title,
+            "message": self.message,
+            "impact_ns_per_step": int(self.impact_ns_per_step),
+            "step_share": self.step_share,
+            "ranks": list(self.ranks),
+            "steps": list(self.steps),
+            "process_group": self.process_group,
+            "window_ns": list(self.window_ns) if self.window_ns else None,
+            "evidence": self.evidence,
+            "advice": list(self.advice),
+        }
