@@ -128,6 +128,8 @@ _COLL = {
     "pg_desc": _STR,
     "pg_ranks": _STR,
     "seq": _I64,
+    "src_rank": _I64,
+    "dst_rank": _I64,
 }
 GPU_SCHEMA = {
     **_COMMON,
@@ -145,8 +147,6 @@ OPS_SCHEMA = {
     "cat": _STR,
     "name": _STR,
     **_COLL,
-    "src_rank": _I64,
-    "dst_rank": _I64,
     "input_dims": _STR,
     "input_type": _STR,
 }

@@ -61,11 +61,12 @@ COLLECTIVE_COLUMNS = (
     "pg_desc",
     "pg_ranks",
     "seq",
+    "peer",
     "call_index",
     "source",
 )
 _RPC = ("collective", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc")
-_RPC_MORE = ("pg_ranks", "seq")
+_RPC_MORE = ("pg_ranks", "seq", "src_rank", "dst_rank")
 
 
 def _enclosing(
@@ -137,6 +138,8 @@ def build_collectives(
         pg_desc=pl.coalesce("arg_pg_desc", "rpc_pg_desc"),
         pg_ranks=pl.coalesce("arg_pg_ranks", "rpc_pg_ranks"),
         seq=pl.coalesce("arg_seq", "rpc_seq"),
+        _src=pl.coalesce("arg_src_rank", "rpc_src_rank"),
+        _dst=pl.coalesce("arg_dst_rank", "rpc_dst_rank"),
         source=pl.when(pl.col("arg_collective").is_not_null())
         .then(pl.lit("kernel_args"))
         .when(pl.col("rpc_collective").is_not_null())
@@ -160,6 +163,15 @@ def build_collectives(
             group_size=pl.coalesce("group_size", "_pg_size"),
             pg_desc=pl.coalesce("pg_desc", "_pg_desc"),
         )
+    # The other end of a point-to-point transfer: the destination of a send, the source of
+    # a recv (as global ranks, as PyTorch records them).
+    out = out.with_columns(
+        peer=pl.when(pl.col("collective") == "send")
+        .then(pl.col("_dst"))
+        .when(pl.col("collective") == "recv")
+        .then(pl.col("_src"))
+        .otherwise(pl.coalesce("_dst", "_src"))
+    )
     size = dtype_bytes(pl.col("dtype"))
     out = out.with_columns(
         in_bytes=pl.col("in_nelems") * size,

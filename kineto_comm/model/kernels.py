@@ -48,6 +48,8 @@ ARG_COLUMNS = (
     "pg_desc",
     "pg_ranks",
     "seq",
+    "src_rank",
+    "dst_rank",
 )
 HOST_COMM_PREFIXES = ("gloo:", "ucc:", "mpi:")
 
