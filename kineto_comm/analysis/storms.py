@@ -1,0 +1,131 @@
+"""Storms: long runs of small, back-to-back collectives that are bound by latency, not bandwidth.
+
+Why: a collective of a few KiB costs roughly the fixed latency of a call (launch, NCCL/gloo
+setup, a network round trip), so thousands of them in a row — DDP with tiny buckets,
+per-parameter all-reduces, unfused point-to-point exchanges — take far longer than the same
+bytes in a few large calls. A storm row says how long such a run held the rank, what bandwidth
+it achieved and how much of its time was latency.
+
+A run (per rank, step, process_group and collective, in start order) is a maximal sequence of
+consecutive calls of that key that are all small (`bytes` < `small_bytes`, 64 KiB) where each
+call starts at most `max(gap_factor x mean(duration of it and the previous call), min_gap_ns)`
+after the previous one ends; a large call or a longer gap ends the run. Runs with at least
+`min_calls` calls are storms. Columns (docs/tables.md):
+
+    rank, process_group ("?" when unnamed), collective, step
+    start_ns, end_ns      first call's start, last call's end
+    calls, bytes          number of calls, sum of their `bytes`
+    time_ns               end_ns - start_ns: the wall time the run occupied the rank. Not the
+                          sum of kernel durations: a kernel's duration includes the time it
+                          waited for the other ranks, which differs from rank to rank, while
+                          the run's wall span is what the step pays (it is the same on every
+                          rank of the group, within the arrival skew).
+    busbw_gbps            nccl-tests bus bandwidth of the run: bytes over time_ns, times the
+                          collective's factor for its group size (analysis.bandwidth)
+    reference_busbw_gbps  what the same (process_group, collective) reaches elsewhere in the
+                          job (all ranks): the 90th percentile of the per-call busbw of its
+                          large messages (>= 1 MiB; the high percentile so that calls stretched
+                          by waiting for late ranks do not drag it down); if it has none, the
+                          best per-call busbw of its messages >= 64 KiB; null if it only ever
+                          sends small messages.
+    latency_bound_share   1 - (time the run's bytes need at the reference busbw) / time_ns,
+                          clipped to [0, 1]: the share of the run's time spent beyond moving
+                          its bytes (null without a reference).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kineto_comm.analysis.bandwidth import busbw_factor, busbw_gbps
+from kineto_comm.analysis.sizes import MEDIUM_BYTES, SMALL_BYTES, group_key
+
+STORM_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int64(),
+    "process_group": pl.String(),
+    "collective": pl.String(),
+    "step": pl.Int64(),
+    "start_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+    "calls": pl.Int64(),
+    "bytes": pl.Int64(),
+    "time_ns": pl.Int64(),
+    "busbw_gbps": pl.Float64(),
+    "reference_busbw_gbps": pl.Float64(),
+    "latency_bound_share": pl.Float64(),
+}
+_KEY = ["rank", "step", "process_group", "collective"]
+
+
+def reference_busbw(collectives: pl.DataFrame, large_quantile: float = 0.9) -> pl.DataFrame:
+    """Per (process_group, collective): the busbw its large messages reach (see module doc)."""
+    size = pl.col("bytes")
+    bw = busbw_gbps(size, pl.col("duration_ns"), pl.col("collective"), pl.col("group_size"))
+    return (
+        collectives.with_columns(group_key(), _bw=bw)
+        .group_by("process_group", "collective")
+        .agg(
+            _large=pl.col("_bw").filter(size >= MEDIUM_BYTES).quantile(large_quantile),
+            _best=pl.col("_bw").filter(size >= SMALL_BYTES).max(),
+        )
+        .select(
+            "process_group",
+            "collective",
+            reference_busbw_gbps=pl.coalesce("_large", "_best").cast(pl.Float64),
+        )
+    )
+
+
+def storms(
+    collectives: pl.DataFrame,
+    min_calls: int = 32,
+    small_bytes: int = SMALL_BYTES,
+    gap_factor: float = 4.0,
+    min_gap_ns: int = 20_000,
+) -> pl.DataFrame:
+    """Runs of >= min_calls small back-to-back calls per rank, step and (group, collective)."""
+    if collectives.height == 0:
+        return pl.DataFrame(schema=STORM_SCHEMA)
+    dur = pl.col("duration_ns")
+    prev_dur = dur.shift(1).over(_KEY)
+    gap = pl.col("start_ns") - pl.col("end_ns").shift(1).over(_KEY)
+    limit = pl.max_horizontal(gap_factor * (dur + prev_dur) / 2.0, pl.lit(min_gap_ns))
+    small = (pl.col("bytes") < small_bytes).fill_null(False)
+    prev_small = small.shift(1).over(_KEY)
+    # A new run starts at the first call of a key, after a large call, or after a long gap.
+    starts = prev_small.is_null() | ~prev_small | (gap > limit).fill_null(True)
+    calls = (
+        collectives.with_columns(group_key())
+        .sort([*_KEY, "start_ns"])
+        .with_columns(_small=small, _run=starts.cast(pl.Int64).cum_sum().over(_KEY))
+        .filter(pl.col("_small"))
+    )
+    runs = (
+        calls.group_by([*_KEY, "_run"])
+        .agg(
+            start_ns=pl.col("start_ns").min(),
+            end_ns=pl.col("end_ns").max(),
+            calls=pl.len().cast(pl.Int64),
+            bytes=pl.col("bytes").sum().cast(pl.Int64),
+            _n=pl.col("group_size").drop_nulls().mode().first(),
+        )
+        .filter(pl.col("calls") >= min_calls)
+        .with_columns(time_ns=pl.col("end_ns") - pl.col("start_ns"))
+    )
+    if runs.height == 0:
+        return pl.DataFrame(schema=STORM_SCHEMA)
+    coll, n = pl.col("collective"), pl.col("_n")
+    ref = pl.col("reference_busbw_gbps")
+    ideal_ns = pl.col("bytes").cast(pl.Float64) * busbw_factor(coll, n) / ref
+    return (
+        runs.join(reference_busbw(collectives), on=["process_group", "collective"], how="left")
+        .with_columns(
+            busbw_gbps=busbw_gbps(pl.col("bytes"), pl.col("time_ns"), coll, n),
+            latency_bound_share=pl.when((ref > 0) & (pl.col("time_ns") > 0))
+            .then((1.0 - ideal_ns / pl.col("time_ns")).clip(0.0, 1.0))
+            .otherwise(None),
+        )
+        .sort("rank", "step", "start_ns")
+        .select(list(STORM_SCHEMA))
+        .cast(STORM_SCHEMA)
+    )
