@@ -15,6 +15,7 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm.analysis.crossrank import cross_rank
 from kineto_comm.errors import TraceError
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
 from kineto_comm.per_rank import TABLES, RankTables, from_wire, process_file, to_wire
@@ -45,6 +46,7 @@ def analyze(
     *,
     comm_patterns: tuple[str, ...] | list[str] = (),
     jobs: int | None = None,
+    align: bool = True,
 ) -> Report:
     """Analyse the trace files under `paths` (files or directories).
 
@@ -52,6 +54,8 @@ def analyze(
         (e.g. DeepEP `dispatch|combine`), added to the NCCL/RCCL defaults.
     jobs: worker processes for per-rank work (default: the number of cores, at most one
         per file; 1 runs everything in this process).
+    align: estimate per-rank clock offsets from matched collectives and put all times on
+        rank 0's clock (docs/tables.md `offsets`); False keeps each trace's own clock.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -100,11 +104,13 @@ def analyze(
         else pl.DataFrame()
         for name in TABLES
     }
+    merged["ranks"] = ranks
+    if kept:
+        merged.update(cross_rank(merged, align=align))
     return Report(
-        ranks=ranks,
         errors=tuple(errors),
         warnings=tuple(warnings),
-        options={"comm_patterns": list(patterns), "jobs": workers},
+        options={"comm_patterns": list(patterns), "jobs": workers, "align": align},
         meta={r.rank: r.meta for r in kept},
         **merged,
     )

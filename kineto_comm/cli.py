@@ -50,12 +50,15 @@ def report(
         ),
     ] = None,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes.")] = None,
+    no_align: Annotated[
+        bool, typer.Option("--no-align", help="Keep each trace's clock (no offset estimation).")
+    ] = False,
 ) -> None:
     """Analyse traces and print where each rank's time went and what communication costs."""
     from kineto_comm.analyze import analyze
     from kineto_comm.render.text import render_text
 
-    result = analyze(paths, comm_patterns=tuple(comm_pattern or ()), jobs=jobs)
+    result = analyze(paths, comm_patterns=tuple(comm_pattern or ()), jobs=jobs, align=not no_align)
     if result.ranks.height == 0:
         for file, message in result.errors:
             print(f"error: {file}: {message}", file=sys.stderr)

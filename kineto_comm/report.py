@@ -97,6 +97,24 @@ class Report:
             .sort(["rank", "total_ns"], descending=[False, True])
         )
 
+    def skew_summary(self) -> pl.DataFrame:
+        """Per (process_group, collective): matched calls, arrival skew and bus bandwidth."""
+        inst = self.collective_instances
+        if inst.height == 0:
+            return pl.DataFrame()
+        return (
+            inst.group_by("process_group", "collective")
+            .agg(
+                calls=pl.len().cast(pl.Int64),
+                ranks=pl.col("ranks_seen").max(),
+                mean_skew_ns=pl.col("arrival_skew_ns").mean().round().cast(pl.Int64),
+                p95_skew_ns=pl.col("arrival_skew_ns").quantile(0.95).round().cast(pl.Int64),
+                median_busbw_gbps=pl.col("busbw_gbps").median(),
+                most_often_last=pl.col("last_rank").filter(pl.col("ranks_seen") > 1).mode().first(),
+            )
+            .sort("mean_skew_ns", descending=True)
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (see docs/json-schema.md); field names are stable."""
         steps_by_rank = {
@@ -126,6 +144,9 @@ class Report:
             "units": {"time": "ns", "size": "bytes", "bandwidth": "GB/s (1 GB = 1e9 bytes)"},
             "ranks": ranks,
             "collectives": self.collective_summary().to_dicts(),
+            "offsets": self.offsets.to_dicts(),
+            "skew": self.skew_summary().to_dicts(),
+            "stragglers": self.stragglers.to_dicts(),
             "errors": [{"file": f, "message": m} for f, m in self.errors],
             "warnings": list(self.warnings),
             "findings": [f.to_dict() if hasattr(f, "to_dict") else f for f in self.findings],

@@ -133,7 +133,51 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
             console.print(f"({coll.height - 25} more rows in --format json)")
     else:
         console.print("No communication kernels found.")
+    _render_cross_rank(report, console)
     for w in report.warnings:
         console.print(f"warning: {w}", markup=False)
     for file, message in report.errors:
         console.print(f"error: {file}: {message}", markup=False)
+
+
+def _render_cross_rank(report: Report, console: Console) -> None:
+    """Arrival skew per group and collective, applied clock offsets, named stragglers."""
+    skew = report.skew_summary()
+    if skew.height == 0 or skew["ranks"].max() < 2:
+        return
+    table = Table(title="Across ranks: arrival skew and bus bandwidth (matched calls)")
+    for col in (
+        "group",
+        "collective",
+        "calls",
+        "ranks",
+        "mean skew",
+        "p95 skew",
+        "busbw GB/s",
+        "most often last",
+    ):
+        table.add_column(col, justify="left" if col in ("group", "collective") else "right")
+    for r in skew.filter(pl.col("ranks") > 1).head(15).iter_rows(named=True):
+        table.add_row(
+            r["process_group"] or "?",
+            r["collective"],
+            str(r["calls"]),
+            str(r["ranks"]),
+            fmt_ns(r["mean_skew_ns"]),
+            fmt_ns(r["p95_skew_ns"]),
+            "-" if r["median_busbw_gbps"] is None else f"{r['median_busbw_gbps']:.1f}",
+            "-" if r["most_often_last"] is None else str(r["most_often_last"]),
+        )
+    console.print(table)
+    applied = report.offsets.filter(pl.col("offset_ns") != 0)
+    if applied.height:
+        shifts = ", ".join(
+            f"rank {r}: {fmt_ns(o)}" for r, o in applied.select("rank", "offset_ns").iter_rows()
+        )
+        console.print(f"Clock offsets applied (estimated from collective end times): {shifts}")
+    for r in report.stragglers.filter(pl.col("is_straggler")).iter_rows(named=True):
+        console.print(
+            f"Straggler: rank {r['rank']} arrives last in {100 * r['last_share']:.0f}% of shared"
+            f" calls and delays its groups by {fmt_ns(r['delay_ns'])} per step"
+            f" (confidence {r['confidence']:.2f})."
+        )

@@ -1,0 +1,37 @@
+"""Cross-rank analysis over the merged per-rank tables: one function, one direction of flow.
+
+match calls across ranks -> estimate clock offsets -> put every table on rank 0's clock ->
+per-call instances and waits -> stragglers (and the other cross-rank tables). Returns the
+tables to place on the Report, keyed by their names in docs/tables.md.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kineto_comm.analysis.align import estimate_offsets, no_offsets, shift
+from kineto_comm.analysis.match import instances, match_keys, waits
+from kineto_comm.analysis.stragglers import stragglers
+
+TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
+
+
+def cross_rank(tables: dict[str, pl.DataFrame], *, align: bool = True) -> dict[str, pl.DataFrame]:
+    """Aligned per-rank tables plus the cross-rank tables, from merged per-rank tables."""
+    ranks = tables["ranks"]["rank"].to_list() if tables["ranks"].height else []
+    keyed = match_keys(tables["collectives"])
+    offsets = estimate_offsets(keyed, ranks) if align else no_offsets(ranks)
+    out = {
+        name: shift(tables[name], offsets, TIME_COLUMNS)
+        for name in ("kernels", "collectives", "steps", "totals")
+    }
+    keyed = shift(keyed, offsets, TIME_COLUMNS)
+    table = instances(keyed)
+    per_rank_waits = waits(keyed, table)
+    out.update(
+        offsets=offsets,
+        collective_instances=table,
+        collective_waits=per_rank_waits,
+        stragglers=stragglers(table, per_rank_waits),
+    )
+    return out

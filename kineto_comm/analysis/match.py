@@ -1,0 +1,188 @@
+"""Match each collective call across the ranks of its group, and measure what happened.
+
+A call is identified on every rank by a key that does not depend on clocks:
+- `seq`: the group's sequence number when the trace records it (record_param_comms `Seq`
+  or kernel args), plus the kernel's position among kernels with the same number;
+- `order`: otherwise its position among the rank's calls of the same (group, collective);
+- point-to-point transfers are keyed by direction (sender -> receiver, from `peer`) and
+  their position among the transfers in that direction, so a send meets its recv; without
+  a peer (gloo traces record none) a transfer cannot be paired and stays alone (`unpaired`).
+Unequal call counts simply leave some instances seen by fewer ranks (`ranks_seen`), which
+is reported, never an error.
+
+With matches in hand, `instances` and `waits` compute (on aligned clocks) arrival skew, the
+wait of every rank, the transfer time (the shortest duration: the rank that did not wait) and
+algbw / busbw by the nccl-tests definitions (see bandwidth.py).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kineto_comm.analysis.bandwidth import algbw_gbps, busbw_gbps
+
+P2P = ("send", "recv", "send_recv")
+INSTANCE_COLUMNS = (
+    "instance",
+    "process_group",
+    "collective",
+    "key_kind",
+    "key",
+    "step",
+    "ranks_seen",
+    "group_size",
+    "bytes",
+    "first_start_ns",
+    "last_start_ns",
+    "arrival_skew_ns",
+    "first_end_ns",
+    "last_end_ns",
+    "transfer_ns",
+    "max_duration_ns",
+    "last_rank",
+    "algbw_gbps",
+    "busbw_gbps",
+)
+WAIT_COLUMNS = (
+    "instance",
+    "rank",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    "wait_ns",
+    "arrived_last",
+)
+
+
+def match_keys(collectives: pl.DataFrame) -> pl.DataFrame:
+    """Per-rank collective rows with `instance` (a match id), `key_kind` and `key` added."""
+    if collectives.height == 0:
+        return collectives.with_columns(
+            instance=pl.lit(None, dtype=pl.Int64),
+            key_kind=pl.lit(None, dtype=pl.String),
+            key=pl.lit(None, dtype=pl.String),
+        )
+    pg = pl.col("process_group").fill_null("?")
+    rows = collectives.with_columns(_pg=pg).sort("rank", "start_ns")
+    is_p2p = pl.col("collective").is_in(P2P)
+    p2p = is_p2p & pl.col("peer").is_not_null()
+    sender = pl.when(pl.col("collective") == "recv").then(pl.col("peer")).otherwise(pl.col("rank"))
+    receiver = (
+        pl.when(pl.col("collective") == "recv").then(pl.col("rank")).otherwise(pl.col("peer"))
+    )
+    # A group uses sequence numbers only if every one of its rows has one.
+    seq_groups = (
+        rows.filter(~p2p)
+        .group_by("_pg")
+        .agg(_all_seq=pl.col("seq").is_not_null().all())
+        .filter(pl.col("_all_seq"))
+        .get_column("_pg")
+    )
+    with_kind = rows.with_columns(
+        key_kind=pl.when(p2p)
+        .then(pl.lit("p2p"))
+        .when(is_p2p)
+        .then(pl.lit("unpaired"))
+        .when(pl.col("_pg").is_in(seq_groups.implode()))
+        .then(pl.lit("seq"))
+        .otherwise(pl.lit("order")),
+        _sender=sender,
+        _receiver=receiver,
+    )
+    ordinal_p2p = pl.int_range(pl.len()).over("rank", "_pg", "_sender", "_receiver")
+    ordinal_seq = pl.int_range(pl.len()).over("rank", "_pg", "seq")
+    key = (
+        pl.when(pl.col("key_kind") == "p2p")
+        .then(
+            pl.format(
+                "{}>{}#{}", pl.col("_sender"), pl.col("_receiver"), ordinal_p2p.cast(pl.String)
+            )
+        )
+        .when(pl.col("key_kind") == "seq")
+        .then(pl.format("{}.{}", pl.col("seq"), ordinal_seq.cast(pl.String)))
+        .when(pl.col("key_kind") == "unpaired")
+        .then(pl.format("r{}:{}#{}", pl.col("rank"), pl.col("collective"), pl.col("call_index")))
+        .otherwise(pl.format("{}#{}", pl.col("collective"), pl.col("call_index")))
+    )
+    keyed = with_kind.with_columns(key=key)
+    ids = (
+        keyed.select("_pg", "key_kind", "key")
+        .unique()
+        .sort("_pg", "key_kind", "key")
+        .with_row_index("instance")
+        .with_columns(pl.col("instance").cast(pl.Int64))
+    )
+    return keyed.join(ids, on=["_pg", "key_kind", "key"], how="left").drop(
+        "_pg", "_sender", "_receiver"
+    )
+
+
+def instances(keyed: pl.DataFrame) -> pl.DataFrame:
+    """One row per matched call (see INSTANCE_COLUMNS and docs/tables.md)."""
+    if keyed.height == 0:
+        return pl.DataFrame(schema=_instance_schema())
+    p2p = pl.col("key_kind") == "p2p"
+    table = (
+        keyed.sort("start_ns")
+        .group_by("instance")
+        .agg(
+            process_group=pl.col("process_group").first(),
+            collective=pl.when(p2p.first())
+            .then(pl.lit("send_recv"))
+            .otherwise(pl.col("collective").first()),
+            key_kind=pl.col("key_kind").first(),
+            key=pl.col("key").first(),
+            step=pl.col("step").min(),
+            ranks_seen=pl.col("rank").n_unique().cast(pl.Int64),
+            group_size=pl.col("group_size").max(),
+            bytes=pl.col("bytes").max(),
+            first_start_ns=pl.col("start_ns").min(),
+            last_start_ns=pl.col("start_ns").max(),
+            first_end_ns=pl.col("end_ns").min(),
+            last_end_ns=pl.col("end_ns").max(),
+            transfer_ns=pl.col("duration_ns").min(),
+            max_duration_ns=pl.col("duration_ns").max(),
+            last_rank=pl.col("rank").sort_by("start_ns").last(),
+        )
+    )
+    n = (
+        pl.when(pl.col("collective") == "send_recv")
+        .then(2)
+        .otherwise(pl.coalesce("group_size", "ranks_seen"))
+    )
+    return (
+        table.with_columns(
+            arrival_skew_ns=pl.col("last_start_ns") - pl.col("first_start_ns"),
+            algbw_gbps=algbw_gbps(pl.col("bytes"), pl.col("transfer_ns")),
+            busbw_gbps=busbw_gbps(pl.col("bytes"), pl.col("transfer_ns"), pl.col("collective"), n),
+        )
+        .select(INSTANCE_COLUMNS)
+        .sort("first_start_ns")
+    )
+
+
+def waits(keyed: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
+    """One row per rank per instance: how long that rank's call waited for the group."""
+    if keyed.height == 0:
+        return pl.DataFrame(
+            schema={c: pl.Int64 for c in WAIT_COLUMNS} | {"arrived_last": pl.Boolean}
+        )
+    last = table.select("instance", "last_start_ns", "last_rank", "ranks_seen")
+    return (
+        keyed.join(last, on="instance", how="left")
+        .with_columns(
+            wait_ns=pl.col("last_start_ns") - pl.col("start_ns"),
+            arrived_last=(pl.col("rank") == pl.col("last_rank")) & (pl.col("ranks_seen") > 1),
+        )
+        .select(WAIT_COLUMNS)
+        .sort("instance", "rank")
+    )
+
+
+def _instance_schema() -> dict[str, pl.DataType]:
+    schema: dict[str, pl.DataType] = {c: pl.Int64() for c in INSTANCE_COLUMNS}
+    for c in ("process_group", "collective", "key_kind", "key"):
+        schema[c] = pl.String()
+    schema["algbw_gbps"] = pl.Float64()
+    schema["busbw_gbps"] = pl.Float64()
+    return schema

@@ -1,0 +1,127 @@
+"""Which rank makes the others wait, by how much, and how sure we are.
+
+For every matched call seen by two or more ranks, the last rank to arrive is charged with
+its lateness (its arrival minus the second-latest arrival: what the group would have
+gained had it been on time) and with the waits of all the others. A rank that is late at
+the start of a step holds everyone at the first collective after it; later calls of that
+step then start together, so a rank's delay per step is the largest lateness it caused in
+that step, averaged over all steps (`delay_ns`: the step time its lateness costs).
+
+`confidence` multiplies the share of steps in which the rank caused the most lateness by
+its share of all lateness: near 1 for a rank that is consistently the one late, near 0
+when the last arrival moves around (noise). Calls whose arrival skew is below `noise_ns`
+name no one.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+STRAGGLER_COLUMNS = (
+    "rank",
+    "instances",
+    "times_last",
+    "last_share",
+    "caused_wait_ns",
+    "caused_wait_ns_per_step",
+    "delay_ns",
+    "is_straggler",
+    "confidence",
+)
+
+
+def stragglers(
+    instances: pl.DataFrame,
+    waits: pl.DataFrame,
+    *,
+    noise_ns: int = 5_000,
+    min_delay_ns: int = 20_000,
+    min_confidence: float = 0.5,
+) -> pl.DataFrame:
+    """One row per rank (docs/tables.md `stragglers`)."""
+    if waits.height == 0:
+        return pl.DataFrame(schema=_schema())
+    shared = instances.filter(pl.col("ranks_seen") > 1).select(
+        "instance", "step", "last_rank", "arrival_skew_ns"
+    )
+    second = (
+        waits.join(shared.select("instance"), on="instance", how="semi")
+        .group_by("instance")
+        .agg(second_ns=pl.col("start_ns").sort(descending=True).get(1))
+    )
+    late = (
+        shared.join(second, on="instance")
+        .join(
+            waits.select("instance", "rank", "start_ns"),
+            left_on=["instance", "last_rank"],
+            right_on=["instance", "rank"],
+        )
+        .with_columns(lateness_ns=pl.col("start_ns") - pl.col("second_ns"))
+        .filter(pl.col("arrival_skew_ns") >= noise_ns)
+    )
+    caused = (
+        waits.join(late.select("instance", "last_rank"), on="instance")
+        .filter(pl.col("rank") != pl.col("last_rank"))
+        .group_by("last_rank")
+        .agg(caused_wait_ns=pl.col("wait_ns").sum())
+        .rename({"last_rank": "rank"})
+    )
+    n_steps = max(shared["step"].n_unique(), 1)
+    per_step = late.group_by("last_rank", "step").agg(
+        step_late_ns=pl.col("lateness_ns").max(), total_late_ns=pl.col("lateness_ns").sum()
+    )
+    winners = (
+        per_step.sort("total_late_ns", descending=True)
+        .group_by("step")
+        .agg(winner=pl.col("last_rank").first())
+    )
+    all_late = late["lateness_ns"].sum() or 1
+    by_rank = (
+        per_step.group_by("last_rank")
+        .agg(
+            delay_ns=(pl.col("step_late_ns").sum() / n_steps).round().cast(pl.Int64),
+            late_share=pl.col("total_late_ns").sum() / all_late,
+        )
+        .join(
+            winners.group_by("winner").agg(won=pl.len()),
+            left_on="last_rank",
+            right_on="winner",
+            how="left",
+        )
+        .rename({"last_rank": "rank"})
+    )
+    is_shared = pl.col("instance").is_in(shared["instance"].implode())
+    counts = waits.group_by("rank").agg(instances=is_shared.sum().cast(pl.Int64))
+    lasts = (
+        late.group_by("last_rank")
+        .agg(times_last=pl.len().cast(pl.Int64))
+        .rename({"last_rank": "rank"})
+    )
+    table = (
+        counts.join(lasts, on="rank", how="left")
+        .join(caused, on="rank", how="left")
+        .join(by_rank, on="rank", how="left")
+        .with_columns(
+            times_last=pl.col("times_last").fill_null(0),
+            caused_wait_ns=pl.col("caused_wait_ns").fill_null(0),
+            delay_ns=pl.col("delay_ns").fill_null(0),
+            confidence=(pl.col("won").fill_null(0) / n_steps * pl.col("late_share").fill_null(0)),
+        )
+        .with_columns(
+            last_share=pl.when(pl.col("instances") > 0)
+            .then(pl.col("times_last") / pl.col("instances"))
+            .otherwise(0.0),
+            caused_wait_ns_per_step=(pl.col("caused_wait_ns") / n_steps).round().cast(pl.Int64),
+            is_straggler=(pl.col("confidence") >= min_confidence)
+            & (pl.col("delay_ns") >= min_delay_ns),
+        )
+    )
+    return table.select(STRAGGLER_COLUMNS).sort("rank")
+
+
+def _schema() -> dict[str, pl.DataType]:
+    schema: dict[str, pl.DataType] = {c: pl.Int64() for c in STRAGGLER_COLUMNS}
+    schema["last_share"] = pl.Float64()
+    schema["confidence"] = pl.Float64()
+    schema["is_straggler"] = pl.Boolean()
+    return schema

@@ -1,0 +1,146 @@
+"""Cross-rank matching, clock alignment, instances, waits and stragglers against ground truth."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from kineto_comm import analyze
+from kineto_comm.analysis.match import instances, match_keys, waits
+from kineto_comm.synth import generate
+
+from .conftest import SAMPLES, shared
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Synthetic jobs shared by the tests of this module: name -> (dir, truth)."""
+    root = tmp_path_factory.mktemp("xr")
+    specs = {
+        "skew": ("clock-skew", "dp", 8),
+        "straggler-dp": ("straggler", "dp", 8),
+        "straggler-tp": ("straggler", "tp-dp", 8),
+        "baseline": ("baseline", "dp", 8),
+        "pp": ("baseline", "pp-dp", 4),
+        "slow": ("slow-link", "tp-dp", 8),
+    }
+    return {
+        name: (root / name, generate(sc, root / name, ranks=n, layout=lay, steps=3, seed=1))
+        for name, (sc, lay, n) in specs.items()
+    }
+
+
+def test_clock_offsets_recovered_within_5us(jobs):
+    folder, truth = jobs["skew"]
+    report = analyze(folder, jobs=1)
+    got = dict(report.offsets.select("rank", "offset_ns").iter_rows())
+    want = {int(r): v for r, v in truth["clock_offsets_ns"].items()}
+    assert any(v != 0 for v in want.values())
+    for rank, offset in want.items():
+        assert abs(got[rank] - (offset - want[0])) <= 5_000, (rank, got[rank], offset)
+    # Unaligned, the offset shows up as arrival skew; aligned, the ranks arrive together.
+    offset = max(abs(v) for v in want.values())
+    assert report.collective_instances["arrival_skew_ns"].max() < offset / 4
+    unaligned = analyze(folder, jobs=1, align=False)
+    assert (unaligned.offsets["offset_ns"] == 0).all()
+    assert unaligned.collective_instances["arrival_skew_ns"].min() > offset / 2
+
+
+@pytest.mark.parametrize("job", ["straggler-dp", "straggler-tp"])
+def test_straggler_named_and_delay_recovered_within_5_percent(jobs, job):
+    folder, truth = jobs[job]
+    problem = truth["problems"][0]
+    report = analyze(folder, jobs=1)
+    named = report.stragglers.filter(pl.col("is_straggler"))
+    assert named["rank"].to_list() == problem["ranks"]
+    delay = named["delay_ns"][0]
+    assert delay == pytest.approx(problem["delay_ns"], rel=0.05)
+    assert named["confidence"][0] >= 0.5
+
+
+def test_baseline_has_no_straggler_and_full_matches(jobs):
+    folder, truth = jobs["baseline"]
+    report = analyze(folder, jobs=1)
+    assert not report.stragglers["is_straggler"].any()
+    inst = report.collective_instances
+    assert (inst["ranks_seen"] == truth["world_size"]).all()
+    assert (inst["key_kind"] == "seq").all()
+    waits_table = report.collective_waits
+    assert waits_table.height == inst.height * truth["world_size"]
+    assert (waits_table["wait_ns"] >= 0).all()
+    assert (
+        waits_table.group_by("instance").agg(pl.col("arrived_last").sum())["arrived_last"] == 1
+    ).all()
+
+
+def test_bus_bandwidth_follows_nccl_tests_definitions(jobs):
+    folder, truth = jobs["baseline"]
+    inst = analyze(folder, jobs=1).collective_instances
+    busbw = truth["process_groups"][0]["busbw_gbps"]
+    big = inst.filter(pl.col("bytes") >= 16_000_000)
+    assert big.height > 0
+    n = truth["world_size"]
+    # all_reduce: busbw = bytes / transfer * 2(n-1)/n, GB = 1e9 bytes.
+    row = big.row(0, named=True)
+    assert row["busbw_gbps"] == pytest.approx(
+        row["bytes"] / row["transfer_ns"] * 2 * (n - 1) / n, rel=1e-9
+    )
+    # Large messages run near the generator's link speed (latency makes them a bit slower).
+    assert big["busbw_gbps"].median() == pytest.approx(busbw, rel=0.15)
+
+
+def test_slow_link_group_has_low_bus_bandwidth(jobs):
+    folder, truth = jobs["slow"]
+    inst = analyze(folder, jobs=1).collective_instances
+    slow = truth["problems"][0]
+    per_group = (
+        inst.filter(pl.col("bytes") >= 1_000_000)
+        .group_by("process_group")
+        .agg(pl.col("busbw_gbps").median())
+    )
+    slow_groups = {g["pg_name"] for g in truth["process_groups"] if g["busbw_gbps"] < 50}
+    assert slow_groups, slow
+    worst = per_group.sort("busbw_gbps")["process_group"][0]
+    assert worst in slow_groups
+
+
+def test_point_to_point_sends_meet_their_receives(jobs):
+    folder, _ = jobs["pp"]
+    inst = analyze(folder, jobs=1).collective_instances
+    p2p = inst.filter(pl.col("key_kind") == "p2p")
+    assert p2p.height > 0
+    assert (p2p["ranks_seen"] == 2).all()
+    assert set(p2p["collective"]) == {"send_recv"}
+
+
+def test_unequal_call_counts_match_what_they_can(jobs):
+    folder, _ = jobs["baseline"]
+    coll = analyze(folder, jobs=1, align=False).collectives
+    # Rank 3 lost its last two calls (e.g. a trace cut short).
+    last = coll.filter(pl.col("rank") == 3).sort("start_ns").tail(2)
+    trimmed = coll.join(last.select("rank", "start_ns"), on=["rank", "start_ns"], how="anti")
+    keyed = match_keys(trimmed)
+    table = instances(keyed)
+    assert table.filter(pl.col("ranks_seen") == 7).height == 2
+    assert waits(keyed, table).height == trimmed.height
+
+
+@pytest.mark.parametrize(
+    "path",
+    [SAMPLES / "ddp-4", SAMPLES / "pp-4", SAMPLES / "tp-2", SAMPLES / "fsdp-2"],
+    ids=lambda p: p.name,
+)
+def test_cross_rank_tables_on_real_captures(path):
+    report = analyze(path, jobs=1)
+    assert report.collective_instances.height > 0
+    assert report.stragglers.height == report.ranks.height
+    # Ranks of one host share a clock: no offset is applied.
+    assert (report.offsets["offset_ns"] == 0).all()
+
+
+def test_cross_rank_tables_on_the_real_sampled_pair():
+    report = analyze(shared("hta/trace_filter"), jobs=1)
+    assert report.ranks["rank"].to_list() == [0, 1]
+    inst = report.collective_instances
+    assert inst.height > 0 and (inst["ranks_seen"] <= 2).all()
+    assert set(report.offsets["method"]) <= {"reference", "insignificant", "collective-end"}
