@@ -32,8 +32,6 @@ def algbw_gbps(size_bytes: pl.Expr, time_ns: pl.Expr) -> pl.Expr:
     return pl.when(t > 0).then(size_bytes.cast(pl.Float64) / t).otherwise(None)
 
 
-def busbw_gbps(
-    size_bytes: pl.Expr, time_ns: pl.Expr, collective: pl.Expr, n: pl.Expr
-) -> pl.Expr:
+def busbw_gbps(size_bytes: pl.Expr, time_ns: pl.Expr, collective: pl.Expr, n: pl.Expr) -> pl.Expr:
     """Bus bandwidth in GB/s."""
     return algbw_gbps(size_bytes, time_ns) * busbw_factor(collective, n)
