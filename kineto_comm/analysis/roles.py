@@ -1,0 +1,352 @@
+"""What each process group is for: data, tensor, pipeline or expert parallelism, or FSDP.
+
+Why: traces name groups by number ("0", "5") and rarely by purpose (`pg_desc` is often
+`default_pg` or missing, and gloo traces carry no group at all), yet every judgement about
+communication depends on the role: a slow tensor-parallel all-reduce sits on the critical path,
+a slow data-parallel one may hide behind backward. The role is inferred from what the group
+does, and the `evidence` column gives the numbers behind each decision.
+
+One row per process group (null `process_group` is the group "?", classified from its
+collectives like any other). Features, over all ranks that report the group:
+
+* the mix of collectives (share of calls) and the volume of all_gather, reduce_scatter and
+  all_reduce;
+* where in the step the calls start: each call's position in its rank's step window
+  (steps.start_ns..end_ns) as a fraction; `early` is the share of calls in the first half, and
+  `first call` the median over (rank, step) of the position of the group's first call. A
+  gradient reduction cannot start before backward, i.e. before the whole forward pass (about a
+  third of the compute), while tensor-parallel reductions fire inside the first layer;
+* message sizes: the mean and the share of calls with the most common size (activations have
+  one shape, gradient buckets vary);
+* the ranks: from `pg_ranks` (text "[0, 2, 4, 6]") when the trace has it, else the ranks that
+  report the group; contiguous, strided (constant step > 1) or scattered.
+
+Decision, first match wins:
+
+1. >= 50 % of calls broadcast / barrier / reduce / gather / scatter / unknown -> unknown
+2. >= 50 % send / recv / send_recv -> pipeline
+3. >= 50 % all_to_all -> expert
+4. all_gather and reduce_scatter both present, together >= 50 % of calls, volumes within 4x ->
+   fsdp; but tensor_parallel (sequence parallelism) when >= 35 % of the reduce_scatters run in
+   the first half of the step (FSDP reduce-scatters only in backward)
+5. all_gather (>= 25 % of calls) with all_reduce and no reduce_scatter, volumes within 4x ->
+   fsdp, saying that the all_reduce stands in for the reduce-scatter (gloo runs FSDP's
+   reduce-scatter as an all_reduce), so data_parallel with sharded parameters is the reading
+6. all_gather / reduce_scatter alone >= 50 % -> fsdp
+7. >= 50 % all_reduce -> tensor_parallel when the score >= 3, else data_parallel. Score: first
+   call before 15 % of the step: +2; >= 40 % of the all-reduces in the first half: +1; >= 80 %
+   of calls of one size: +1; contiguous ranks forming a proper sub-group of the job: +1;
+   strided ranks: -1
+8. anything else -> unknown
+
+`calls_per_step` and `bytes_per_step` are means per rank and step: a rank's calls inside
+ProfilerStep windows over its number of steps (all of its calls when it has no steps),
+averaged over the ranks that report the group.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kineto_comm.analysis.sizes import UNKNOWN_GROUP, group_key, is_p2p
+
+ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "fsdp", "unknown")
+PROCESS_GROUP_SCHEMA: dict[str, pl.DataType] = {
+    "process_group": pl.String(),
+    "pg_desc": pl.String(),
+    "ranks": pl.List(pl.Int64()),
+    "size": pl.Int64(),
+    "role": pl.String(),
+    "evidence": pl.String(),
+    "collectives": pl.List(pl.String()),
+    "calls_per_step": pl.Float64(),
+    "bytes_per_step": pl.Float64(),
+}
+_OTHER = ("broadcast", "barrier", "reduce", "gather", "scatter", "unknown")
+EARLY_FIRST_CALL = 0.15  # first call of the step before this fraction: inside the forward
+
+
+def _pct(x: pl.Expr) -> pl.Expr:
+    """A share as text: 0.4 -> "40%" (null stays null)."""
+    return pl.format("{}%", (x * 100).round(0).cast(pl.Int64))
+
+
+def _num(x: pl.Expr) -> pl.Expr:
+    """A count-like float as short text: 12.0 -> "12", 2.5 -> "2.5"."""
+    r = x.round(1)
+    return (
+        pl.when(r == r.round(0)).then(r.cast(pl.Int64).cast(pl.String)).otherwise(r.cast(pl.String))
+    )
+
+
+def _human_bytes(x: pl.Expr) -> pl.Expr:
+    """Bytes as text in decimal units: 4.2e6 -> "4.2 MB"."""
+    return (
+        pl.when(x >= 1e9)
+        .then(pl.format("{} GB", (x / 1e9).round(1)))
+        .when(x >= 1e6)
+        .then(pl.format("{} MB", (x / 1e6).round(1)))
+        .when(x >= 1e3)
+        .then(pl.format("{} kB", (x / 1e3).round(1)))
+        .otherwise(pl.format("{} B", x.round(0).cast(pl.Int64)))
+    )
+
+
+def _calls(collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Calls with their position in the step window and their per-step weight."""
+    windows = steps.filter(pl.col("step") >= 0).select(
+        "rank", "step", _s0=pl.col("start_ns"), _s1=pl.col("end_ns")
+    )
+    per_rank = windows.group_by("rank").agg(_nsteps=pl.col("step").n_unique())
+    span = pl.col("_s1") - pl.col("_s0")
+    # 1 / (rank's steps) for a call inside a step; 0 outside the steps of a rank that has
+    # steps; 1 (the whole trace as one step) on a rank without steps.
+    weight = (
+        pl.when(pl.col("_nsteps").is_null())
+        .then(1.0)
+        .when(pl.col("step") >= 0)
+        .then(1.0 / pl.col("_nsteps"))
+        .otherwise(0.0)
+    )
+    return (
+        collectives.with_columns(group_key())
+        .join(windows, on=["rank", "step"], how="left")
+        .join(per_rank, on="rank", how="left")
+        .with_columns(
+            _pos=pl.when(span > 0)
+            .then(((pl.col("start_ns") - pl.col("_s0")) / span).clip(0.0, 1.0))
+            .otherwise(None),
+            _w=weight,
+        )
+    )
+
+
+def _features(calls: pl.DataFrame, world: int) -> pl.DataFrame:
+    """One row per group with the numbers the decision and the evidence use."""
+    coll, pos, size = pl.col("collective"), pl.col("_pos"), pl.col("bytes")
+    placed = pos.is_not_null()
+
+    def share(mask: pl.Expr) -> pl.Expr:
+        return mask.mean()
+
+    def early(mask: pl.Expr) -> pl.Expr:
+        return (pos < 0.5).filter(mask & placed).mean()
+
+    feats = calls.group_by("process_group").agg(
+        pg_desc=pl.col("pg_desc").drop_nulls().mode().sort().first(),
+        _pg_ranks=pl.col("pg_ranks").drop_nulls().mode().sort().first(),
+        _seen=pl.col("rank").unique().sort(),
+        _nranks=pl.col("rank").n_unique(),
+        _gsize=pl.col("group_size").drop_nulls().mode().sort().first(),
+        _calls=pl.len(),
+        calls_per_step=pl.col("_w").sum(),
+        bytes_per_step=(pl.col("_w") * size.fill_null(0)).sum(),
+        _mean_bytes=size.mean(),
+        _top_size=(size == size.drop_nulls().mode().first()).mean(),
+        _early=early(pl.lit(True)),
+        _ar_early=early(coll == "all_reduce"),
+        _rs_early=early(coll == "reduce_scatter"),
+        _other=share(coll.is_in(list(_OTHER))),
+        _p2p=share(is_p2p(coll)),
+        _a2a=share(coll == "all_to_all"),
+        _ag=share(coll == "all_gather"),
+        _rs=share(coll == "reduce_scatter"),
+        _ar=share(coll == "all_reduce"),
+        _ag_bytes=size.filter(coll == "all_gather").sum(),
+        _rs_bytes=size.filter(coll == "reduce_scatter").sum(),
+        _ar_bytes=size.filter(coll == "all_reduce").sum(),
+    )
+    first = (
+        calls.filter(placed)
+        .group_by("process_group", "rank", "step")
+        .agg(_f=pos.min())
+        .group_by("process_group")
+        .agg(_first=pl.col("_f").median())
+    )
+    mix = (
+        calls.group_by("process_group", "collective")
+        .agg(_n=pl.len(), _cw=pl.col("_w").sum())
+        .join(feats.select("process_group", "_nranks"), on="process_group")
+        .sort(["process_group", "_n", "collective"], descending=[False, True, False])
+        .group_by("process_group", maintain_order=True)
+        .agg(
+            collectives=pl.col("collective"),
+            _mix=pl.format("{} {}", _num(pl.col("_cw") / pl.col("_nranks")), "collective").str.join(
+                " + "
+            ),
+        )
+    )
+    parsed = pl.col("_pg_ranks").str.extract_all(r"\d+").cast(pl.List(pl.Int64))
+    ranks = pl.when(parsed.list.len() > 0).then(parsed).otherwise(pl.col("_seen"))
+    return (
+        feats.join(first, on="process_group", how="left")
+        .join(mix, on="process_group", how="left")
+        .with_columns(
+            ranks=ranks.list.sort(),
+            _from_pg_ranks=(parsed.list.len() > 0).fill_null(False),
+            calls_per_step=pl.col("calls_per_step") / pl.col("_nranks"),
+            bytes_per_step=pl.col("bytes_per_step") / pl.col("_nranks"),
+        )
+        .with_columns(size=pl.coalesce("_gsize", pl.col("ranks").list.len()).cast(pl.Int64))
+        .with_columns(
+            _dmin=pl.col("ranks").list.diff(null_behavior="drop").list.min(),
+            _dmax=pl.col("ranks").list.diff(null_behavior="drop").list.max(),
+            _world=pl.lit(world, dtype=pl.Int64),
+        )
+        .with_columns(
+            _layout=pl.when(pl.col("ranks").list.len() < 2)
+            .then(pl.lit("single"))
+            .when((pl.col("_dmin") == 1) & (pl.col("_dmax") == 1))
+            .then(pl.lit("contiguous"))
+            .when(pl.col("_dmin") == pl.col("_dmax"))
+            .then(pl.lit("strided"))
+            .otherwise(pl.lit("scattered"))
+        )
+    )
+
+
+def _decide(feats: pl.DataFrame) -> pl.DataFrame:
+    """Apply the rules of the module docstring; adds role and evidence."""
+    c = pl.col
+    ag_vs_rs = c("_ag_bytes") / c("_rs_bytes")
+    ag_vs_ar = c("_ag_bytes") / c("_ar_bytes")
+    comparable_rs = (ag_vs_rs >= 0.25) & (ag_vs_rs <= 4.0)
+    comparable_ar = (ag_vs_ar >= 0.25) & (ag_vs_ar <= 4.0)
+    early_first = (c("_first") < EARLY_FIRST_CALL).fill_null(False)
+    spread = (c("_ar_early") >= 0.4).fill_null(False)
+    uniform = (c("_top_size") >= 0.8).fill_null(False)
+    sub_contig = (c("_layout") == "contiguous") & (c("size") < c("_world"))
+    tp_score = (
+        early_first.cast(pl.Int64) * 2
+        + spread.cast(pl.Int64)
+        + uniform.cast(pl.Int64)
+        + sub_contig.cast(pl.Int64)
+        - (c("_layout") == "strided").cast(pl.Int64)
+    )
+    score_text = pl.format(
+        "tensor-parallel score {}/5, 3 needed (first call before 15% of the step: {}, "
+        ">=40% early: {}, >=80% one size: {}, contiguous sub-group: {}, strided: {})",
+        tp_score,
+        early_first,
+        spread,
+        uniform,
+        sub_contig,
+        c("_layout") == "strided",
+    )
+    rules: list[tuple[pl.Expr, str, pl.Expr]] = [
+        (
+            c("_other") >= 0.5,
+            "unknown",
+            pl.format("{} of calls are broadcast/barrier/other", _pct(c("_other"))),
+        ),
+        (c("_p2p") >= 0.5, "pipeline", pl.format("{} of calls are send/recv", _pct(c("_p2p")))),
+        (c("_a2a") >= 0.5, "expert", pl.format("{} of calls are all_to_all", _pct(c("_a2a")))),
+        (
+            (c("_ag") > 0) & (c("_rs") > 0) & (c("_ag") + c("_rs") >= 0.5) & comparable_rs,
+            "sp",
+            pl.format(
+                "all_gather/reduce_scatter volume ratio {}, {} of reduce_scatters in the first "
+                "half",
+                ag_vs_rs.round(2),
+                _pct(c("_rs_early")),
+            ),
+        ),
+        (
+            (c("_ag") >= 0.25) & (c("_rs") == 0) & (c("_ar") > 0) & comparable_ar,
+            "fsdp",
+            pl.format(
+                "all_gather/all_reduce volume ratio {} and no reduce_scatter: the all_reduce "
+                "is taken as FSDP's gradient reduction (gloo runs reduce-scatter as all_reduce); "
+                "data_parallel with sharded parameters is the same reading",
+                ag_vs_ar.round(2),
+            ),
+        ),
+        (
+            c("_ag") + c("_rs") >= 0.5,
+            "fsdp",
+            pl.format(
+                "{} of calls are all_gather/reduce_scatter without the other half",
+                _pct(c("_ag") + c("_rs")),
+            ),
+        ),
+        (c("_ar") >= 0.5, "ar", score_text),
+    ]
+    role: pl.Expr = pl.lit("unknown")
+    why: pl.Expr = pl.lit("no dominant collective pattern")
+    for cond, name, text in reversed(rules):
+        if name == "sp":
+            value = (
+                pl.when((c("_rs_early") >= 0.35).fill_null(False))
+                .then(pl.lit("tensor_parallel"))
+                .otherwise(pl.lit("fsdp"))
+            )
+        elif name == "ar":
+            value = (
+                pl.when(tp_score >= 3)
+                .then(pl.lit("tensor_parallel"))
+                .otherwise(pl.lit("data_parallel"))
+            )
+        else:
+            value = pl.lit(name)
+        role = pl.when(cond.fill_null(False)).then(value).otherwise(role)
+        why = pl.when(cond.fill_null(False)).then(text).otherwise(why)
+    placement = (
+        pl.when(c("_early").is_not_null())
+        .then(
+            pl.format(
+                "{} in the first half of the step, first call at {} of the step",
+                _pct(c("_early")),
+                _pct(c("_first")),
+            )
+        )
+        .otherwise(pl.lit("no step windows"))
+    )
+    n_ranks = c("ranks").list.len()
+    ranks_text = pl.when(c("_layout") == "strided").then(
+        pl.format("{} ranks strided by {}", n_ranks, c("_dmin"))
+    )
+    ranks_text = ranks_text.when(c("_layout") == "single").then(pl.lit("1 rank"))
+    ranks_text = ranks_text.otherwise(pl.format("{} {} ranks", n_ranks, c("_layout")))
+    ranks_text = (
+        pl.when(c("_from_pg_ranks"))
+        .then(ranks_text)
+        .otherwise(pl.format("{} with traces (no pg_ranks)", ranks_text))
+    )
+    unnamed = (
+        pl.when(c("process_group") == UNKNOWN_GROUP)
+        .then(pl.lit("; no process-group names in the trace: the calls of all groups are pooled"))
+        .otherwise(pl.lit(""))
+    )
+    evidence = pl.format(
+        "{} per step, mean {}, {} of calls one size; {}; {}; {}{}",
+        c("_mix"),
+        _human_bytes(c("_mean_bytes").fill_null(0.0)),
+        _pct(c("_top_size").fill_null(0.0)),
+        placement,
+        ranks_text,
+        why,
+        unnamed,
+    )
+    return feats.with_columns(role=role, evidence=evidence)
+
+
+def process_groups(
+    collectives: pl.DataFrame, steps: pl.DataFrame, ranks: pl.DataFrame
+) -> pl.DataFrame:
+    """One row per process group with its inferred role and the evidence (docs/tables.md)."""
+    if collectives.height == 0:
+        return pl.DataFrame(schema=PROCESS_GROUP_SCHEMA)
+    if steps.height == 0:
+        steps = pl.DataFrame(
+            schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
+        )
+    world = collectives["rank"].n_unique()
+    if ranks.height and "world_size" in ranks.columns:
+        world = max(world, int(ranks["world_size"].max() or 0))
+    feats = _features(_calls(collectives, steps), world)
+    return (
+        _decide(feats)
+        .sort(pl.col("process_group").str.len_chars(), "process_group")
+        .select(list(PROCESS_GROUP_SCHEMA))
+        .cast(PROCESS_GROUP_SCHEMA)
+    )
