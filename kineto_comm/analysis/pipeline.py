@@ -1,0 +1,399 @@
+"""Pipeline-parallel bubbles: how much of each step a pipeline stage spends without compute.
+
+For every rank that does point-to-point traffic (send, recv, send_recv) the `pipeline` table
+(docs/tables.md) gives, per step, the rank's stage, the pipeline depth p, the number of
+micro-batches m, and how its step window splits into compute and bubble.
+
+Definitions (all times integer ns, over the rank's step window from the `steps` table):
+
+    busy_ns           the union of the rank's compute kernels (kind `compute`; host spans on
+                      CPU-only traces) inside the window.
+    idle_ns           wall_ns - busy_ns: every moment no compute runs. A pipeline bubble is
+                      time a stage cannot compute because its input has not arrived yet (or
+                      its successor has not sent the gradient back), so communication that is
+                      not hidden behind compute counts as idle: a recv kernel that sits
+                      waiting for the previous stage is the bubble itself, not useful work.
+                      Memcpy/memset alone are idle too (they are not the model's compute).
+    warmup_idle_ns    window start to the first compute in the window (the fill: the stage
+                      waits for the first micro-batch); the whole window when it has no compute.
+    cooldown_idle_ns  last compute in the window to the window end (the drain).
+    steady_idle_ns    the rest of idle_ns: gaps between the first and last compute.
+    bubble_fraction   idle_ns / wall_ns.
+    theory_fraction   (p - 1) / (m + p - 1), the bubble of GPipe and non-interleaved 1F1B
+                      with equal stage times.
+
+Stages. The p2p peer graph gives them where the trace records peers (`peer` of the
+collectives table; when it is null but the call ran in a 2-rank process group, the other rank
+of that group's `pg_ranks` is the peer). Each connected component of the undirected graph is
+one pipeline; when it is a simple path (the usual non-interleaved pipeline) the stage of a
+rank is its distance from the end that starts the step: the end whose first p2p operation in
+a step is a send (stage 0 computes the first micro-batch and sends it on; every other stage
+first receives). Ranks without peers, and components that are not a path (interleaved
+schedules close a ring), are ordered instead by when their first activation arrives: per step,
+the end of the rank's first recv measured from the rank's own window start (its median over
+steps). A stage s waits for s forward passes after the previous step drained through it, so
+this lead time grows with s, and measuring it on each rank's own clock makes it immune to
+clock offsets between hosts. Ranks whose first p2p operation is a send lead (stage 0); with d
+of them (d parallel pipelines sharing the group) the others take stage 1 + (order // d).
+Ranks without peers are grouped by their p2p process group.
+
+Aggregating. The step windows tile each rank's own timeline (kineto_comm.model.steps): a
+stage's step k+1 starts as soon as its own step k work is done, so the wait for the next
+step's first activation is that next step's warm-up. In the first profiled step the windows
+of later stages are therefore shorter than the pipeline's period. The bubble of the pipeline
+as a whole is the mean of bubble_fraction over its stages in a steady-state step (every
+window then spans one period), or stage 0's bubble_fraction in any step (stage 0 runs both
+the first forward and the last backward, so its window always spans the whole pipeline).
+
+Micro-batches. Stage 0 sends exactly one forward activation per micro-batch (it receives only
+gradients) and the last stage receives exactly one per micro-batch (it sends only gradients),
+in GPipe and 1F1B alike. So m per pipeline and step is the median, over the pipeline's
+stage-0 ranks, of their send / send_recv calls in the step, or where no stage-0 rank has any,
+the median over its last-stage ranks of their recv / send_recv calls. A step without p2p on
+those ranks takes the pipeline's median over the other steps.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kineto_comm.analysis.overlap import breakdown, merge_intervals
+
+P2P = ("send", "recv", "send_recv")
+SENDS = ("send", "send_recv")
+RECVS = ("recv", "send_recv")
+PIPELINE_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int64(),
+    "step": pl.Int64(),
+    "stage": pl.Int64(),
+    "stages": pl.Int64(),
+    "micro_batches": pl.Int64(),
+    "busy_ns": pl.Int64(),
+    "idle_ns": pl.Int64(),
+    "warmup_idle_ns": pl.Int64(),
+    "steady_idle_ns": pl.Int64(),
+    "cooldown_idle_ns": pl.Int64(),
+    "wall_ns": pl.Int64(),
+    "bubble_fraction": pl.Float64(),
+    "theory_fraction": pl.Float64(),
+}
+_NEEDS = {
+    "kernels": ("rank", "kind", "start_ns", "end_ns"),
+    "collectives": ("rank", "step", "collective", "start_ns", "end_ns", "peer"),
+    "steps": ("rank", "step", "start_ns", "end_ns"),
+}
+
+
+def empty_pipeline() -> pl.DataFrame:
+    """The pipeline table with no rows (and the documented columns and types)."""
+    return pl.DataFrame(schema=PIPELINE_SCHEMA)
+
+
+def pipeline(kernels: pl.DataFrame, collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """The `pipeline` table: per p2p rank and step, stage, p, m and the bubble (module doc).
+
+    kernels, collectives, steps: the report tables of those names (all ranks, one clock or
+    each its own: nothing here compares times across ranks). Ranks without point-to-point
+    traffic give no rows; missing or empty inputs give an empty table.
+    """
+    tables = {"kernels": kernels, "collectives": collectives, "steps": steps}
+    if any(not set(cols) <= set(tables[n].columns) for n, cols in _NEEDS.items()):
+        return empty_pipeline()
+    p2p = _p2p_calls(collectives)
+    windows = (
+        steps.select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            pl.col("start_ns").cast(pl.Int64),
+            pl.col("end_ns").cast(pl.Int64),
+        )
+        .filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+        .join(p2p.select("rank").unique(), on="rank", how="semi")
+    )
+    if p2p.height == 0 or windows.height == 0:
+        return empty_pipeline()
+    firsts = _first_calls(p2p, windows)
+    stages = _stages(p2p, firsts)
+    micro = _micro_batches(p2p, stages)
+    idle = _idle(kernels, windows)
+    p, m = pl.col("stages"), pl.col("micro_batches")
+    return (
+        idle.join(stages, on="rank", how="inner")
+        .join(micro, on=["pipeline", "step"], how="left")
+        .with_columns(
+            bubble_fraction=pl.when(pl.col("wall_ns") > 0)
+            .then(pl.col("idle_ns") / pl.col("wall_ns"))
+            .otherwise(None),
+            theory_fraction=(p - 1) / (m + p - 1),
+        )
+        .select([pl.col(c).cast(t) for c, t in PIPELINE_SCHEMA.items()])
+        .sort("rank", "step")
+    )
+
+
+def _p2p_calls(collectives: pl.DataFrame) -> pl.DataFrame:
+    """The p2p calls: rank, step, collective, start_ns, end_ns, peer, group.
+
+    A null peer is taken from a 2-rank process group (`pg_ranks`): the rank that is not this
+    one. `group` is the process group name ("" when unknown), used for ranks without peers.
+    """
+    cols = collectives.columns
+    ranks_text = pl.col("pg_ranks") if "pg_ranks" in cols else pl.lit(None, dtype=pl.String)
+    group = pl.col("process_group") if "process_group" in cols else pl.lit(None, pl.String)
+    members = ranks_text.str.extract_all(r"-?\d+").list.eval(pl.element().cast(pl.Int64))
+    first, second = members.list.get(0, null_on_oob=True), members.list.get(1, null_on_oob=True)
+    rank = pl.col("rank")
+    other = (
+        pl.when((members.list.len() == 2) & (first == rank))
+        .then(second)
+        .when((members.list.len() == 2) & (second == rank))
+        .then(first)
+        .otherwise(None)
+    )
+    calls = collectives.filter(pl.col("collective").is_in(P2P)).select(
+        rank.cast(pl.Int64),
+        pl.col("step").cast(pl.Int64),
+        "collective",
+        pl.col("start_ns").cast(pl.Int64),
+        pl.col("end_ns").cast(pl.Int64),
+        peer=pl.coalesce(pl.col("peer").cast(pl.Int64), other),
+        group=group.cast(pl.String).fill_null(""),
+    )
+    return calls.with_columns(
+        peer=pl.when(pl.col("peer") == pl.col("rank")).then(None).otherwise(pl.col("peer"))
+    ).filter(pl.col("rank").is_not_null())
+
+
+def _first_calls(p2p: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """Per rank: send_first (share of steps whose first p2p call is a send) and lead_ns.
+
+    lead_ns is the median over steps of (end of the first recv - the rank's window start).
+    """
+    per_step = (
+        p2p.join(windows.rename({"start_ns": "w_start", "end_ns": "w_end"}), on=["rank", "step"])
+        .sort("rank", "step", "start_ns", "end_ns")
+        .group_by("rank", "step")
+        .agg(
+            send_first=(pl.col("collective").first() == "send").cast(pl.Float64),
+            lead_ns=(
+                pl.col("end_ns").filter(pl.col("collective").is_in(RECVS)).first()
+                - pl.col("w_start").first()
+            ),
+        )
+    )
+    return per_step.group_by("rank").agg(pl.col("send_first").mean(), pl.col("lead_ns").median())
+
+
+def _components(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """Connected components (rank, comp = smallest rank in it) of an undirected edge list.
+
+    Min-label propagation over the edges (src, dst, both directions): at most one round per
+    node of the longest path, a handful for a pipeline.
+    """
+    labels = nodes.select("rank", comp=pl.col("rank"))
+    for _ in range(max(1, nodes.height)):
+        reach = (
+            edges.join(labels, left_on="dst", right_on="rank")
+            .group_by("src")
+            .agg(pl.col("comp").min().alias("_via"))
+        )
+        new = labels.join(reach, left_on="rank", right_on="src", how="left").select(
+            "rank", comp=pl.min_horizontal("comp", "_via")
+        )
+        if new.sort("rank").equals(labels.sort("rank")):
+            break
+        labels = new
+    return labels
+
+
+def _distances(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """Hop distance (rank, dist) from the nodes with `start` set, by repeated relaxation."""
+    dist = nodes.select(
+        "rank", dist=pl.when(pl.col("start")).then(pl.lit(0, pl.Int64)).otherwise(None)
+    )
+    for _ in range(max(1, nodes.height)):
+        reach = (
+            edges.join(dist.drop_nulls("dist"), left_on="dst", right_on="rank")
+            .group_by("src")
+            .agg((pl.col("dist").min() + 1).alias("_via"))
+        )
+        new = dist.join(reach, left_on="rank", right_on="src", how="left").select(
+            "rank", dist=pl.min_horizontal("dist", "_via")
+        )
+        if new.sort("rank").equals(dist.sort("rank")):
+            break
+        dist = new
+    return dist
+
+
+def _stages(p2p: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:
+    """rank, pipeline (a key), stage, stages for every rank with p2p calls (module doc)."""
+    pairs = p2p.drop_nulls("peer").select(src="rank", dst="peer").unique()
+    edges = pl.concat([pairs, pairs.select(src="dst", dst="src")]).unique()
+    main_group = (
+        p2p.group_by("rank", "group")
+        .len()
+        .sort("rank", "len", "group", descending=[False, True, False])
+        .group_by("rank", maintain_order=True)
+        .agg(pl.col("group").first())
+    )
+    nodes = (
+        pl.concat([p2p.select("rank"), edges.select(rank="src")])
+        .unique()
+        .join(firsts, on="rank", how="left")
+        .join(main_group, on="rank", how="left")
+        .join(edges.group_by("src").len("degree"), left_on="rank", right_on="src", how="left")
+        .with_columns(
+            pl.col("degree").fill_null(0).cast(pl.Int64),
+            pl.col("send_first").fill_null(0.5),  # a peer without a trace: unknown
+            pl.col("group").fill_null(""),
+        )
+    )
+    comps = _components(edges, nodes)
+    nodes = nodes.join(comps, on="rank").with_columns(
+        size=pl.len().over("comp"),
+        is_path=(
+            (pl.col("degree") == 1).sum().over("comp").eq(2)
+            & (pl.col("degree") <= 2).all().over("comp")
+        ),
+        lead_key=pl.col("lead_ns").fill_null(pl.col("lead_ns").max() + 1).fill_null(0),
+    )
+    # Paths: distance from the end that sends first (then the earlier lead, then lower rank).
+    ends = nodes.filter(pl.col("is_path") & (pl.col("degree") == 1))
+    start = (
+        ends.sort("comp", "send_first", "lead_key", "rank", descending=[False, True, False, False])
+        .group_by("comp", maintain_order=True)
+        .agg(pl.col("rank").first())
+    )
+    dist = _distances(
+        edges, nodes.select("rank", start=pl.col("rank").is_in(start["rank"].implode()))
+    )
+    on_path = (
+        nodes.filter(pl.col("is_path"))
+        .join(dist, on="rank")
+        .select(
+            "rank",
+            pipeline=pl.format("c{}", pl.col("comp")),
+            stage=pl.col("dist"),
+            stages=pl.col("size").cast(pl.Int64),
+        )
+    )
+    # Everyone else: ordered by lead time inside the component, or, without peers, the group.
+    rest = nodes.filter(~pl.col("is_path")).with_columns(
+        pipeline=pl.when(pl.col("degree") > 0)
+        .then(pl.format("c{}", pl.col("comp")))
+        .otherwise(pl.format("g{}", pl.col("group")))
+    )
+    head = pl.col("send_first") > 0.5
+    heads = head.sum().over("pipeline")
+    d = pl.max_horizontal(heads, pl.lit(1))
+    order = pl.int_range(pl.len(), dtype=pl.Int64).over("pipeline", "_head")
+    shift = pl.when(heads > 0).then(1).otherwise(0)
+    others = pl.len().over("pipeline") - heads
+    timed = (
+        rest.with_columns(_head=head)
+        .sort("pipeline", "lead_key", "rank")
+        .with_columns(
+            stage=pl.when(head).then(0).otherwise(shift + order // d),
+            stages=shift + (others + d - 1) // d,
+        )
+        .select("rank", "pipeline", pl.col("stage").cast(pl.Int64), pl.col("stages").cast(pl.Int64))
+    )
+    return pl.concat([on_path, timed]).join(p2p.select("rank").unique(), on="rank", how="semi")
+
+
+def _micro_batches(p2p: pl.DataFrame, stages: pl.DataFrame) -> pl.DataFrame:
+    """pipeline, step, micro_batches: forward sends of stage 0, else forward recvs of the last."""
+    counts = (
+        p2p.join(stages, on="rank")
+        .group_by("pipeline", "rank", "step", "stage", "stages")
+        .agg(
+            sends=pl.col("collective").is_in(SENDS).sum(),
+            recvs=pl.col("collective").is_in(RECVS).sum(),
+        )
+    )
+    first = pl.col("sends").filter(pl.col("stage") == 0).median()
+    last = pl.col("recvs").filter(pl.col("stage") == pl.col("stages") - 1).median()
+    per_step = counts.group_by("pipeline", "step").agg(m=pl.coalesce(first, last))
+    return per_step.select(
+        "pipeline",
+        "step",
+        micro_batches=pl.coalesce("m", pl.col("m").median().over("pipeline"))
+        .round()
+        .cast(pl.Int64),
+    )
+
+
+def _idle(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """rank, step, wall/busy/idle and its warm-up / steady / cool-down split per window."""
+    compute = kernels.filter(pl.col("kind") == "compute").select(
+        pl.col("rank").cast(pl.Int64),
+        "kind",
+        pl.col("start_ns").cast(pl.Int64),
+        pl.col("end_ns").cast(pl.Int64),
+    )
+    compute = compute.join(windows.select("rank").unique(), on="rank", how="semi")
+    metrics = breakdown(compute, windows.rename({"step": "window"})).select(
+        "rank", step="window", busy_ns="compute_ns", wall_ns="wall_ns"
+    )
+    merged = merge_intervals(compute, ["rank"]).rename({"start_ns": "c_start", "end_ns": "c_end"})
+    w = windows.with_columns(_after=pl.col("start_ns") + 1, _before=pl.col("end_ns") - 1)
+    # The first compute interval that ends after the window starts, and the last one that
+    # starts before it ends (the intervals are disjoint, so nothing computes outside them).
+    first = w.sort("_after").join_asof(
+        merged.sort("c_end"),
+        left_on="_after",
+        right_on="c_end",
+        by="rank",
+        strategy="forward",
+        check_sortedness=False,
+    )
+    first = first.select(
+        "rank",
+        "step",
+        first_ns=pl.when(pl.col("c_start") < pl.col("end_ns")).then(
+            pl.max_horizontal("c_start", "start_ns")
+        ),
+    )
+    last = w.sort("_before").join_asof(
+        merged.sort("c_start"),
+        left_on="_before",
+        right_on="c_start",
+        by="rank",
+        strategy="backward",
+        check_sortedness=False,
+    )
+    last = last.select(
+        "rank",
+        "step",
+        last_ns=pl.when(pl.col("c_end") > pl.col("start_ns")).then(
+            pl.min_horizontal("c_end", "end_ns")
+        ),
+    )
+    out = (
+        windows.join(metrics, on=["rank", "step"], how="left")
+        .join(first, on=["rank", "step"], how="left")
+        .join(last, on=["rank", "step"], how="left")
+        .with_columns(
+            pl.col("busy_ns").fill_null(0),
+            wall_ns=pl.col("end_ns") - pl.col("start_ns"),
+        )
+        .with_columns(
+            idle_ns=pl.col("wall_ns") - pl.col("busy_ns"),
+            warmup_idle_ns=pl.coalesce(pl.col("first_ns") - pl.col("start_ns"), "wall_ns"),
+            cooldown_idle_ns=pl.coalesce(pl.col("end_ns") - pl.col("last_ns"), pl.lit(0)),
+        )
+        .with_columns(
+            steady_idle_ns=pl.col("idle_ns") - pl.col("warmup_idle_ns") - pl.col("cooldown_idle_ns")
+        )
+    )
+    return out.select(
+        "rank",
+        "step",
+        "busy_ns",
+        "idle_ns",
+        "warmup_idle_ns",
+        "steady_idle_ns",
+        "cooldown_idle_ns",
+        "wall_ns",
+    )
