@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# The closed forms live in kineto_comm.analytic so the generator and the model cannot drift.
+from kineto_comm.analytic.formulas import block_grad_elems, buckets, ceil_div, pipeline_bubble
+from kineto_comm.analytic.formulas import busbw_factor as _busbw_factor
+
 DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4}
 DTYPE_NCCL = {"BFloat16": "bf16", "Half": "f16", "Float": "f32"}
 
@@ -105,15 +109,20 @@ class Hardware:
         return asdict(self)
 
 
+_CANONICAL = {
+    "allreduce": "all_reduce",
+    "_allgather_base": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter",
+    "send": "send",
+    "recv": "recv",
+}
+
+
 def busbw_factor(coll: str, n: int) -> float:
-    """The nccl-tests bus-bandwidth factor of a collective on ``n`` ranks."""
-    if coll == "allreduce":
-        return 2.0 * (n - 1) / n
-    if coll in ("_allgather_base", "_reduce_scatter_base"):
-        return (n - 1) / n
-    if coll in ("send", "recv"):
-        return 1.0
-    raise ValueError(f"no bus bandwidth factor for {coll!r}")
+    """The nccl-tests bus-bandwidth factor of a collective (record_param_comms name) on n ranks."""
+    if coll not in _CANONICAL:
+        raise ValueError(f"no bus bandwidth factor for {coll!r}")
+    return _busbw_factor(_CANONICAL[coll], n)
 
 
 def comm_ns(hw: Hardware, coll: str, nbytes: int, n: int, busbw_gbps: float) -> int:
@@ -132,48 +141,9 @@ def mem_ns(hw: Hardware, nbytes: float) -> int:
     return int(round(nbytes / hw.hbm_gbps + hw.kernel_floor_us * 1000.0))
 
 
-def buckets(tensor_bytes: list[int], cap: int, split: bool = False) -> list[int]:
-    """DDP-style bucketing of gradient tensors, given in the order their gradients become ready.
-
-    A bucket is closed as soon as it holds >= ``cap`` bytes (a tensor never straddles two
-    buckets), the remainder forms the last bucket. With ``split`` a tensor larger than ``cap``
-    is cut into ``cap``-sized pieces (used for the small-messages scenario). Returns the bucket
-    sizes in bytes; their sum always equals ``sum(tensor_bytes)``.
-    """
-    out: list[int] = []
-    acc = 0
-    for nbytes in tensor_bytes:
-        if split:
-            while acc + nbytes >= cap:
-                take = cap - acc
-                out.append(cap)
-                nbytes -= take
-                acc = 0
-            acc += nbytes
-        else:
-            acc += nbytes
-            if acc >= cap:
-                out.append(acc)
-                acc = 0
-    if acc:
-        out.append(acc)
-    return out
-
-
 def grad_tensor_elems(model: ModelConfig, tp: int = 1) -> list[int]:
     """Per-layer weight gradients in backward order (fc2, fc1, proj, qkv), divided by tp."""
-    h2 = model.hidden * model.hidden
-    return [4 * h2 // tp, 4 * h2 // tp, h2 // tp, 3 * h2 // tp]
-
-
-def pipeline_bubble(p: int, m: int) -> float:
-    """The analytical 1F1B bubble fraction (p-1)/(m+p-1)."""
-    return (p - 1) / (m + p - 1)
-
-
-def ceil_div(a: int, b: int) -> int:
-    """Integer ceiling division."""
-    return -(-a // b)
+    return block_grad_elems(model.hidden, tp)
 
 
 __all__ = [

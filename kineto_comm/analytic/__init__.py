@@ -1,0 +1,31 @@
+"""Analytical communication model: what a training configuration should communicate.
+
+    load_config(path) -> ModelConfig          the [model] table of a TOML file
+    ModelConfig(**keys)                        the same from keyword arguments
+    expected(config) -> pl.DataFrame           per role and collective, per rank and step
+    bubble_fraction(config) -> float           (p-1)/(v*m + p-1)
+    compare(expected_table, report, roles=None) -> pl.DataFrame   expected vs measured
+    what_if(config, vary, values, hardware=None) -> pl.DataFrame  communication share sweep
+    render_model(config, hardware=None) -> str plain-text tables for `kineto-comm model`
+Formulas and citations: docs/analytic-model.md.
+"""
+
+from .compare import compare, measured
+from .config import HardwareModel, ModelConfig, load_config, load_hardware
+from .expected import bubble_fraction, expected
+from .render import render_comparison, render_model
+from .whatif import what_if
+
+__all__ = [
+    "HardwareModel",
+    "ModelConfig",
+    "bubble_fraction",
+    "compare",
+    "expected",
+    "load_config",
+    "load_hardware",
+    "measured",
+    "render_comparison",
+    "render_model",
+    "what_if",
+]
