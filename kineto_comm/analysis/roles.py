@@ -127,9 +127,11 @@ def _features(calls: pl.DataFrame, world: int) -> pl.DataFrame:
     placed = pos.is_not_null()
 
     def share(mask: pl.Expr) -> pl.Expr:
+        """Share of the group's calls where mask holds."""
         return mask.mean()
 
     def early(mask: pl.Expr) -> pl.Expr:
+        """Share of the placed calls where mask holds that start in the first half of a step."""
         return (pos < 0.5).filter(mask & placed).mean()
 
     feats = calls.group_by("process_group").agg(
