@@ -231,6 +231,15 @@ def test_capture_end_to_end(layout: str, required: set[str], tmp_path: Path) -> 
     traces = check_capture_dir(out, 2, required)
     for trace in traces:
         assert len(profiler_steps(trace)) == 2
+    # ... and the fresh capture goes through the analyser end to end.
+    from kineto_comm import analyze
+
+    report = analyze(out, jobs=1)
+    assert report.errors == ()
+    assert report.ranks["rank"].to_list() == [0, 1]
+    assert set(report.ranks["timeline"]) == {"host"}
+    assert report.collectives.height > 0
+    assert (report.steps.filter(report.steps["step"] >= 0).group_by("rank").len()["len"] == 2).all()
 
 
 @pytest.mark.capture

@@ -1,8 +1,9 @@
 """Cross-rank analysis over the merged per-rank tables: one function, one direction of flow.
 
 match calls across ranks -> estimate clock offsets -> put every table on rank 0's clock ->
-per-call instances and waits -> stragglers (and the other cross-rank tables). Returns the
-tables to place on the Report, keyed by their names in docs/tables.md.
+per-call instances and waits -> stragglers, message sizes, group roles, pipeline bubbles,
+small-message storms. Returns the tables to place on the Report, keyed by their names in
+docs/tables.md.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import polars as pl
 
 from kineto_comm.analysis.align import estimate_offsets, no_offsets, shift
 from kineto_comm.analysis.match import instances, match_keys, waits
+from kineto_comm.analysis.pipeline import pipeline
+from kineto_comm.analysis.roles import process_groups
+from kineto_comm.analysis.sizes import message_size_summary, message_sizes
+from kineto_comm.analysis.storms import storms
 from kineto_comm.analysis.stragglers import stragglers
 
 TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
@@ -28,10 +33,16 @@ def cross_rank(tables: dict[str, pl.DataFrame], *, align: bool = True) -> dict[s
     keyed = shift(keyed, offsets, TIME_COLUMNS)
     table = instances(keyed)
     per_rank_waits = waits(keyed, table)
+    collectives = out["collectives"]
     out.update(
         offsets=offsets,
         collective_instances=table,
         collective_waits=per_rank_waits,
         stragglers=stragglers(table, per_rank_waits),
+        message_sizes=message_sizes(collectives),
+        message_size_summary=message_size_summary(collectives),
+        process_groups=process_groups(collectives, out["steps"], tables["ranks"]),
+        pipeline=pipeline(out["kernels"], collectives, out["steps"]),
+        storms=storms(collectives),
     )
     return out

@@ -46,6 +46,9 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
     console = Console(file=out, width=width, highlight=False, soft_wrap=False)
     if width is None and not console.is_terminal:
         console = Console(file=out, width=140, highlight=False, soft_wrap=False)
+    from kineto_comm.render.findings import render_findings  # rules engine: what to do first
+
+    render_findings(report, console)
     ranks = report.ranks.join(report.totals, on="rank", how="left")
     steps = report.steps.group_by("rank").agg(
         n_steps=(pl.col("step") >= 0).sum(), mean_step_ns=pl.col("wall_ns").mean()
@@ -169,6 +172,7 @@ def _render_cross_rank(report: Report, console: Console) -> None:
             "-" if r["most_often_last"] is None else str(r["most_often_last"]),
         )
     console.print(table)
+    _render_groups(report, console)
     applied = report.offsets.filter(pl.col("offset_ns") != 0)
     if applied.height:
         shifts = ", ".join(
@@ -181,3 +185,79 @@ def _render_cross_rank(report: Report, console: Console) -> None:
             f" calls and delays its groups by {fmt_ns(r['delay_ns'])} per step"
             f" (confidence {r['confidence']:.2f})."
         )
+
+
+def _render_groups(report: Report, console: Console) -> None:
+    """Process-group roles, pipeline bubbles and small-message storms, when present."""
+    groups = report.process_groups
+    if groups.height:
+        table = Table(title="Process groups and their inferred roles")
+        for col in ("group", "role", "size", "calls/step", "bytes/step", "evidence"):
+            table.add_column(col, justify="right" if "/" in col or col == "size" else "left")
+        for r in groups.sort("bytes_per_step", descending=True, nulls_last=True).iter_rows(
+            named=True
+        ):
+            table.add_row(
+                r["process_group"] or "?",
+                r["role"],
+                "-" if r["size"] is None else str(r["size"]),
+                "-" if r["calls_per_step"] is None else f"{r['calls_per_step']:.1f}",
+                fmt_bytes(r["bytes_per_step"]),
+                _clip(r["evidence"] or "", 90),
+            )
+        console.print(table)
+    pipe = report.pipeline
+    if pipe.height:
+        stages = (
+            pipe.group_by("stage")
+            .agg(
+                ranks=pl.col("rank").n_unique(),
+                stages=pl.col("stages").first(),
+                micro_batches=pl.col("micro_batches").first(),
+                bubble=pl.col("bubble_fraction").mean(),
+                theory=pl.col("theory_fraction").first(),
+            )
+            .sort("stage")
+        )
+        table = Table(title="Pipeline: idle share of each stage's step (bubble) vs (p-1)/(m+p-1)")
+        for col in ("stage", "ranks", "p", "m", "bubble", "theory"):
+            table.add_column(col, justify="right")
+        for r in stages.iter_rows(named=True):
+            table.add_row(
+                str(r["stage"]),
+                str(r["ranks"]),
+                str(r["stages"]),
+                str(r["micro_batches"]),
+                pct(r["bubble"], 1.0),
+                pct(r["theory"], 1.0),
+            )
+        console.print(table)
+    storms = report.storms
+    if storms.height:
+        worst = (
+            storms.group_by("process_group", "collective")
+            .agg(
+                runs=pl.len(),
+                calls=pl.col("calls").sum(),
+                time_ns=pl.col("time_ns").sum(),
+                busbw=pl.col("busbw_gbps").median(),
+                reference=pl.col("reference_busbw_gbps").max(),
+            )
+            .sort("time_ns", descending=True)
+        )
+        for r in worst.head(5).iter_rows(named=True):
+            ref = "-" if r["reference"] is None else f"{r['reference']:.1f}"
+            console.print(
+                f"Small-message storm: {r['calls']} calls of {r['collective']} in group"
+                f" {r['process_group'] or '?'} over {r['runs']} runs,"
+                f" {fmt_ns(r['time_ns'])} in all, at {r['busbw'] or 0:.2f} GB/s busbw"
+                f" (large messages reach {ref})."
+            )
+
+
+def _clip(text: str, width: int) -> str:
+    """The first clauses of a long text, cut at a separator (full text is in the JSON)."""
+    if len(text) <= width:
+        return text
+    cut = max(text.rfind(";", 0, width), text.rfind(",", 0, width))
+    return text[: cut if cut > 0 else width] + " ..."
