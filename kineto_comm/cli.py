@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -53,6 +53,28 @@ def report(
     no_align: Annotated[
         bool, typer.Option("--no-align", help="Keep each trace's clock (no offset estimation).")
     ] = False,
+    select: Annotated[
+        list[str] | None,
+        typer.Option("--select", help="Rules to run: codes, prefixes or names (repeatable, a,b)."),
+    ] = None,
+    ignore: Annotated[
+        list[str] | None,
+        typer.Option("--ignore", help="Rules to skip: codes, prefixes or names (repeatable)."),
+    ] = None,
+    rules: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rules", help="Custom rules: a .py or .toml file, or a module (repeatable)."
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="Config file (default: kineto-comm.toml / pyproject.toml)."),
+    ] = None,
+    rule_option: Annotated[
+        list[str] | None,
+        typer.Option("--rule-option", help="Rule option CODE.name=value (repeatable)."),
+    ] = None,
 ) -> None:
     """Analyse traces and print where each rank's time went and what communication costs."""
     from kineto_comm.analyze import analyze
@@ -65,6 +87,9 @@ def report(
         if not result.errors:
             print("error: no trace files found", file=sys.stderr)
         raise typer.Exit(2)
+    from kineto_comm.rules_engine import apply_rules
+
+    result = apply_rules(result, select, ignore, rules, config, rule_option)
     stream = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
     try:
         if format is Format.json:
@@ -151,6 +176,32 @@ def capture(
         raise _fail(str(exc).splitlines()[0]) from None
     for f in files:
         print(f)
+
+
+@app.command("rules")
+def rules_command() -> None:
+    """List every rule: code, name, family and source (built-in, plugin or file)."""
+    from kineto_comm.rules_engine import list_rules
+
+    print(list_rules(_rules_config()))
+
+
+@app.command()
+def explain(
+    code: Annotated[str, typer.Argument(help="A rule code or name, e.g. COMM101.")],
+) -> None:
+    """Print a rule's documentation and options."""
+    from kineto_comm.rules_engine import explain as explain_rule
+    from kineto_comm.rules_engine import registry
+
+    print(explain_rule(registry(config=_rules_config()).get(code)))
+
+
+def _rules_config() -> Any:
+    """The engine's Config from kineto-comm.toml / pyproject.toml (found upward)."""
+    from kineto_comm.rules_engine import load_config
+
+    return load_config()
 
 
 def main() -> None:

@@ -1,0 +1,36 @@
+"""The "what to do first" section of the text report: ranked findings with their cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:,.2f} ms" if ns >= 100_000 else f"{ns / 1e3:.1f} us"
+
+
+def render_findings(report: Any, console: Console, limit: int = 5) -> None:
+    """Print the top `limit` findings (already ranked by impact): what, cost, first advice."""
+    findings = list(getattr(report, "findings", ()) or ())
+    if not findings:
+        return
+    console.print("[bold]What to do first[/bold] (ranked by step time it could save)")
+    for i, f in enumerate(findings[:limit], 1):
+        sev = f.severity.value
+        share = "" if f.step_share is None else f", {f.step_share:.0%} of step"
+        ranks = ",".join(map(str, f.ranks[:8])) + ("..." if len(f.ranks) > 8 else "")
+        console.print(
+            f"{i}. [{SEVERITY_STYLE.get(sev, '')}]{sev}[/] {f.code} {f.title} - saves up to "
+            f"{_ms(f.impact_ns_per_step)} per step{share}"
+            + (f" (ranks {ranks})" if ranks else ""),
+            highlight=False,
+        )
+        if f.advice:
+            console.print(f"   -> {f.advice[0]}", markup=False, highlight=False)
+    if len(findings) > limit:
+        console.print(f"({len(findings) - limit} more findings in --format json)")
+    console.print("`kineto-comm explain CODE` documents a rule.\n")

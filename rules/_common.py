@@ -1,0 +1,78 @@
+"""Shared pieces of the built-in rules (built on the public rules API only)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from kineto_comm.rules_api import Tables, collective_exposure, group_roles, impact_per_step
+
+# A (process group, collective) whose calls are this small and this many per rank and step
+# is a latency-bound storm: COMM201 reports it, the exposure rules leave it out.
+STORM_MAX_BYTES = 256 * 1024
+STORM_MIN_CALLS = 50
+SHARDED = ("all_gather", "reduce_scatter")
+P2P = ("send", "recv", "send_recv")
+
+
+def with_roles(tables: Tables, frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` (with process_group) plus the group's role (unknown when not known)."""
+    roles = group_roles(tables).select("process_group", "role")
+    return (
+        frame.with_columns(pl.col("process_group").cast(pl.String))
+        .join(roles, on="process_group", how="left")
+        .with_columns(pl.col("role").fill_null("unknown"))
+    )
+
+
+def storm_keys(tables: Tables, max_bytes: int, min_calls: int) -> pl.DataFrame:
+    """(process_group, collective) pairs that are message storms.
+
+    From the storms table when the analysis produced it, else: median message <= max_bytes
+    and at least min_calls calls per rank and step.
+    """
+    storms = tables["storms"]
+    if tables.has("storms", "process_group", "collective"):
+        return storms.select(pl.col("process_group").cast(pl.String), "collective").unique()
+    coll = tables["collectives"]
+    if coll.height == 0:
+        return pl.DataFrame(schema={"process_group": pl.String, "collective": pl.String})
+    steps = max(1, coll.filter(pl.col("step") >= 0)["step"].n_unique())
+    per = coll.group_by("process_group", "collective", "rank").agg(
+        calls=pl.len(), median=pl.col("bytes").median()
+    )
+    return (
+        per.group_by("process_group", "collective")
+        .agg(calls=pl.col("calls").max(), median=pl.col("median").max())
+        .filter((pl.col("calls") / steps >= min_calls) & (pl.col("median") <= max_bytes))
+        .select(pl.col("process_group").cast(pl.String), "collective")
+    )
+
+
+def exposure_by_cause(tables: Tables, exclude_last: bool = True) -> pl.DataFrame:
+    """Exposed data-moving time per (role, collective): impact_ns, ranks, steps, groups.
+
+    Waiting for late ranks is left out (that is the straggler rules' time), and so is the
+    last collective of each rank's step when `exclude_last`: nothing is left to hide it
+    behind. Storm collectives and point-to-point calls are left to their own rules.
+    """
+    exp = collective_exposure(tables, transfer_only=True)
+    if exp.height == 0:
+        return impact_per_step(exp, "exposed_ns", ["role", "collective"]).with_columns(
+            groups=pl.lit(None, dtype=pl.List(pl.String)),
+            bytes_per_call=pl.lit(None, dtype=pl.Float64),
+        )
+    storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
+    exp = exp.filter(~pl.col("collective").is_in(P2P)).with_columns(
+        pl.col("process_group").cast(pl.String)
+    )
+    exp = exp.join(storms, on=["process_group", "collective"], how="anti")
+    if exclude_last:
+        last = pl.col("end_ns") == pl.col("end_ns").max().over("rank", "step")
+        exp = exp.with_columns(exposed_ns=pl.when(last).then(0).otherwise(pl.col("exposed_ns")))
+    exp = with_roles(tables, exp)
+    impact = impact_per_step(exp, "exposed_ns", ["role", "collective"])
+    extra = exp.group_by("role", "collective").agg(
+        groups=pl.col("process_group").unique().sort(),
+        bytes_per_call=pl.col("bytes").mean(),
+    )
+    return impact.join(extra, on=["role", "collective"], how="left")

@@ -1,0 +1,164 @@
+"""COMM101 exposed-communication and COMM102 sharded-collective-exposed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from kineto_comm.rules_api import (
+    Finding,
+    Option,
+    Severity,
+    Tables,
+    make_finding,
+    mean_step_ns,
+    rule,
+    severity_for,
+)
+
+from ._common import SHARDED, exposure_by_cause
+
+SHARE_OPTIONS = (
+    Option("warn_share", 0.10, "Warn when the cause costs this share of the step time."),
+    Option("error_share", 0.25, "Error at this share of the step time."),
+    Option("info_share", 0.02, "Report as info from this share (below: no finding)."),
+)
+
+ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
+    ("data_parallel", "all_reduce"): (
+        "DDP: make sure gradients are all-reduced during backward (no manual all-reduce after "
+        "loss.backward()); tune bucket_cap_mb (smaller buckets start earlier) and set "
+        "gradient_as_bucket_view=True.",
+        "Megatron-LM: --overlap-grad-reduce (with --use-distributed-optimizer).",
+        "DeepSpeed ZeRO: overlap_comm: true and a smaller reduce_bucket_size.",
+        "With gradient accumulation, skip the all-reduce of all but the last micro-batch "
+        "(DDP no_sync()).",
+    ),
+    ("tensor_parallel", "all_reduce"): (
+        "Megatron-LM: --sequence-parallel and --tp-comm-overlap to overlap tensor-parallel "
+        "communication with the GEMMs.",
+        "Keep tensor-parallel groups inside one NVLink domain (one host).",
+    ),
+    ("expert", "all_to_all"): (
+        "Overlap expert dispatch/combine with compute (e.g. DeepEP, Megatron "
+        "--moe-shared-expert-overlap); lower the capacity factor.",
+    ),
+    ("fsdp", "all_gather"): (
+        "FSDP: forward_prefetch=True and backward_prefetch=BackwardPrefetch.BACKWARD_PRE so "
+        "the next unit's parameters are gathered during the current unit's compute; "
+        "limit_all_gathers=True to avoid allocator stalls.",
+        "FSDP2: reshard_after_forward=False for the last blocks; bigger wrapping units.",
+        "DeepSpeed ZeRO-3: overlap_comm: true, stage3_prefetch_bucket_size, allgather_bucket_size.",
+    ),
+    ("fsdp", "reduce_scatter"): (
+        "DeepSpeed ZeRO: overlap_comm: true and a smaller reduce_bucket_size so gradients "
+        "are reduce-scattered while backward runs.",
+        "FSDP: do not force synchronisation after backward; with gradient accumulation use "
+        "no_sync() on all but the last micro-batch.",
+        "Megatron-LM: --overlap-grad-reduce with --use-distributed-optimizer.",
+    ),
+}
+GENERIC = (
+    "Launch this communication earlier, on its own stream, so compute can hide it.",
+    "If it cannot be hidden, make it cheaper: bigger messages, NCCL_ALGO/NCCL_PROTO tuning, "
+    "or a faster interconnect.",
+)
+
+
+def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool) -> list[Finding]:
+    """Findings per (role, collective), for the sharded (FSDP/ZeRO) causes or the others."""
+    causes = exposure_by_cause(tables)
+    if causes.height == 0:
+        return []
+    is_sharded = (pl.col("role") == "fsdp") & pl.col("collective").is_in(SHARDED)
+    causes = causes.filter(is_sharded if sharded else ~is_sharded)
+    step_ns = mean_step_ns(tables)
+    out = []
+    for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
+        share = c["impact_ns"] / step_ns if step_ns else 0.0
+        sev = severity_for(share, options["warn_share"], options["error_share"])
+        if sev is None and share >= options["info_share"]:
+            sev = Severity.info
+        if sev is None:
+            continue
+        groups = c["groups"] or []
+        what = f"{c['collective']} on {c['role'].replace('_', '-')} groups"
+        out.append(
+            make_finding(
+                rule_,
+                sev,
+                f"Exposed {what}: {share:.0%} of step time",
+                f"{c['collective']} ({c['role']}, groups {', '.join(groups)}) runs with no "
+                f"compute to hide it for {c['impact_ns'] / 1e6:.2f} ms per step "
+                f"({share:.1%} of {step_ns / 1e6:.2f} ms), not counting waits for late ranks.",
+                impact_ns_per_step=c["impact_ns"],
+                step_ns=step_ns,
+                ranks=c["ranks"] or [],
+                steps=c["steps"] or [],
+                process_group=groups[0] if len(groups) == 1 else None,
+                evidence={
+                    "collective": c["collective"],
+                    "role": c["role"],
+                    "process_groups": groups,
+                    "exposed_ns_per_step": int(c["impact_ns"]),
+                    "calls_per_step": c["calls"],
+                    "mean_bytes": None if c["bytes_per_call"] is None else int(c["bytes_per_call"]),
+                    "step_ns": step_ns,
+                },
+                advice=ADVICE.get((c["role"], c["collective"]), GENERIC),
+            )
+        )
+    return out
+
+
+@rule(
+    code="COMM101",
+    name="exposed-communication",
+    summary="Communication that no compute hides, by collective and process-group role.",
+    tables=("collectives", "kernels", "steps", "process_groups", "storms"),
+    options=SHARE_OPTIONS,
+)
+def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """What it does:
+    Measures, per collective and process-group role (data-parallel all-reduce,
+    tensor-parallel all-reduce, expert all-to-all, ...), the time communication kernels move
+    data while no compute kernel runs on the rank, per step on the worst rank. Time spent
+    waiting for late ranks is left to SYNC101, the last collective of a step (nothing left to
+    overlap it with) is not counted, FSDP/ZeRO gathers and scatters are COMM102's, storms of
+    tiny messages COMM201's and pipeline send/recv PIPE101's.
+
+    Why is this bad?
+    Exposed communication adds straight to step time: the GPU sits idle until it finishes.
+
+    How to fix:
+    Overlap it with compute: DDP bucket_cap_mb and gradient_as_bucket_view, Megatron
+    --overlap-grad-reduce / --tp-comm-overlap, ZeRO overlap_comm and reduce_bucket_size.
+    The finding's advice is specific to the collective and group role.
+    """
+    return _findings(exposed_communication, tables, options, sharded=False)
+
+
+@rule(
+    code="COMM102",
+    name="sharded-collective-exposed",
+    summary="FSDP/ZeRO all-gathers or reduce-scatters that no compute hides.",
+    tables=("collectives", "kernels", "steps", "process_groups", "storms"),
+    options=SHARE_OPTIONS,
+)
+def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """What it does:
+    Measures the exposed time (no compute running, waits for late ranks excluded) of the
+    parameter all-gathers and gradient reduce-scatters of fully sharded data parallelism
+    (PyTorch FSDP, DeepSpeed ZeRO-3, Megatron distributed optimizer), per collective.
+
+    Why is this bad?
+    Sharded training only pays off when the next unit's parameters are gathered while the
+    current unit computes and gradients are scattered during backward; an exposed gather
+    or scatter stalls the GPU every layer.
+
+    How to fix:
+    FSDP forward_prefetch=True, backward_prefetch=BACKWARD_PRE, limit_all_gathers=True;
+    ZeRO overlap_comm: true, stage3_prefetch_bucket_size, reduce_bucket_size.
+    """
+    return _findings(sharded_collective_exposed, tables, options, sharded=True)

@@ -1,0 +1,226 @@
+"""PIPE101 pipeline-bubble."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from kineto_comm.rules_api import (
+    Finding,
+    Option,
+    Severity,
+    Tables,
+    group_roles,
+    make_finding,
+    mean_step_ns,
+    rule,
+    severity_for,
+)
+
+
+def _stage_steps(tables: Tables) -> pl.DataFrame:
+    """Per pipeline and step: span, mean/max busy, stages, micro_batches, ranks.
+
+    The span of a step is the time from the pipeline's first kernel of the step to its last
+    one over all stages (clock-aligned with the offsets table when present): the interval the
+    1F1B bubble formula (p-1)/(m+p-1) is a fraction of. Stages and micro-batches come from
+    the pipeline table when present, else from the pipeline groups' size and send calls.
+    """
+    roles = group_roles(tables).filter(
+        (pl.col("role") == "pipeline") & pl.col("ranks").is_not_null()
+    )
+    steps, pipe = tables["steps"], tables["pipeline"]
+    if roles.height == 0 or steps.height == 0:
+        return pl.DataFrame()
+    members = roles.select(
+        pipeline="process_group", stages=pl.col("ranks").list.len(), rank=pl.col("ranks")
+    ).explode("rank")
+    if tables.has("pipeline", "rank", "step", "busy_ns", "stages", "micro_batches"):
+        per_rank = pipe.select("rank", "step", busy="busy_ns", m="micro_batches", p_stages="stages")
+    else:
+        coll = tables["collectives"]
+        sends = (
+            coll.filter(pl.col("collective").is_in(["send", "send_recv"]))
+            .with_columns(pl.col("process_group").cast(pl.String))
+            .join(
+                members.select("pipeline", "rank"),
+                left_on=["process_group", "rank"],
+                right_on=["pipeline", "rank"],
+                how="semi",
+            )
+            .group_by("rank", "step")
+            .agg(m=pl.len())
+        )
+        per_rank = (
+            steps.select("rank", "step", busy="compute_ns")
+            .join(sends, on=["rank", "step"], how="left")
+            .with_columns(p_stages=pl.lit(None, dtype=pl.Int64))
+        )
+    offsets = tables["offsets"]
+    aligned = (
+        steps.join(offsets.select("rank", "offset_ns"), on="rank", how="left")
+        if tables.has("offsets", "rank", "offset_ns")
+        else steps.with_columns(offset_ns=pl.lit(0))
+    ).with_columns(pl.col("offset_ns").fill_null(0))
+    rows = (
+        aligned.filter(pl.col("step") >= 0)
+        .select(
+            "rank",
+            "step",
+            start=pl.col("start_ns") - pl.col("offset_ns"),
+            end=pl.col("end_ns") - pl.col("offset_ns"),
+        )
+        .join(members, on="rank", how="inner")
+        .join(per_rank, on=["rank", "step"], how="left")
+    )
+    if rows.height == 0:
+        return pl.DataFrame()
+    if rows["step"].n_unique() > 1:  # the last step's window is cut at its last kernel
+        rows = rows.filter(pl.col("step") < rows["step"].max())
+    return rows.group_by("pipeline", "step").agg(
+        wall=pl.col("end").max() - pl.col("start").min(),
+        busy=pl.col("busy").mean(),
+        busy_max=pl.col("busy").max(),
+        stages=pl.coalesce(pl.col("p_stages").max(), pl.col("stages").max()),
+        m=pl.col("m").min(),
+        ranks=pl.col("rank").unique().sort(),
+    )
+
+
+@rule(
+    code="PIPE101",
+    name="pipeline-bubble",
+    summary="Pipeline stages idle in warm-up/cool-down: too few micro-batches or imbalance.",
+    tables=("pipeline", "process_groups", "collectives", "steps", "offsets"),
+    options=(
+        Option("target_micro_batches", 0, "Micro-batches to aim for; 0: 4 x stages."),
+        Option("imbalance_tolerance", 0.10, "Busy-time spread between stages tolerated."),
+        Option("warn_share", 0.10, "Warn when the excess bubble costs this share of step."),
+        Option("error_share", 0.25, "Error at this share of step time."),
+    ),
+)
+def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """What it does:
+    For each pipeline, compares the measured bubble (1 - stage busy time / the step's span
+    over all stages, first kernel to last) with the 1F1B theory (p-1)/(m+p-1) for p stages
+    and m micro-batches, and estimates
+    the step time regained with `target_micro_batches` (default 4p) and balanced stages:
+    step - mean busy / (1 - theory(p, target)).
+
+    Why is this bad?
+    During a pipeline's warm-up and cool-down, stages wait for activations or gradients.
+    With m close to p most of the step is bubble; an overloaded stage adds its excess to
+    every micro-batch of every other stage.
+
+    How to fix:
+    More micro-batches per step (gradient accumulation; smaller micro-batch, same global
+    batch); interleaved (virtual) pipeline stages (Megatron
+    --num-layers-per-virtual-pipeline-stage) divide the bubble by the number of virtual
+    stages; balance layers between stages (Megatron --decoder-first/last-pipeline-num-layers,
+    the embedding and loss on lighter stages); zero-bubble schedules.
+    """
+    per = _stage_steps(tables)
+    if per.height == 0:
+        return []
+    target = int(options["target_micro_batches"])
+    per = (
+        per.with_columns(
+            p=pl.col("stages").cast(pl.Float64),
+            m=pl.col("m").cast(pl.Float64),
+        )
+        .with_columns(
+            mt=pl.max_horizontal(
+                pl.col("m"), pl.lit(float(target)) if target else 4.0 * pl.col("p")
+            )
+        )
+        .with_columns(
+            theory=(pl.col("p") - 1) / (pl.col("m") + pl.col("p") - 1),
+            theory_target=(pl.col("p") - 1) / (pl.col("mt") + pl.col("p") - 1),
+            measured=1.0 - pl.col("busy") / pl.col("wall"),
+            imbalance=pl.col("busy_max") / pl.col("busy") - 1.0,
+        )
+        .with_columns(
+            impact=(pl.col("wall") - pl.col("busy") / (1.0 - pl.col("theory_target"))).clip(
+                lower_bound=0
+            )
+        )
+    )
+    step_ns = mean_step_ns(tables)
+    out = []
+    # All pipeline replicas share one schedule: one finding, the worst replica per step.
+    worst = pl.col("impact") == pl.col("impact").max().over("step")
+    per = (
+        per.with_columns(
+            groups=pl.col("pipeline").unique().sort().implode(),
+            all_ranks=pl.col("ranks").list.explode().unique().sort().implode(),
+        )
+        .filter(worst)
+        .unique("step", keep="first")
+    )
+    for pipe in [per]:
+        s = pipe.select(
+            pl.col("impact", "measured", "theory", "theory_target", "imbalance", "wall").mean(),
+            pl.col("p", "m", "mt").max(),
+            ranks=pl.col("all_ranks").first(),
+            steps=pl.col("step").unique().sort().implode(),
+            groups=pl.col("groups").first(),
+        ).row(0, named=True)
+        wall = s["wall"] or step_ns
+        share = s["impact"] / wall if wall else 0.0
+        sev = severity_for(share, options["warn_share"], options["error_share"])
+        if sev is None:
+            sev = Severity.info if share >= 0.02 else None
+        if sev is None:
+            continue
+        p, m = int(s["p"]), int(s["m"] or 0)
+        advice = []
+        if s["theory"] - s["theory_target"] > 0.02:
+            advice.append(
+                f"Raise micro-batches per step from {m} to at least {int(s['mt'])} (same "
+                f"global batch, smaller micro-batch): theory bubble {s['theory']:.0%} -> "
+                f"{s['theory_target']:.0%}."
+            )
+            advice.append(
+                "Use interleaved (virtual) pipeline stages: Megatron "
+                "--num-layers-per-virtual-pipeline-stage divides the bubble by the virtual "
+                "stages per GPU."
+            )
+        if s["imbalance"] > options["imbalance_tolerance"]:
+            advice.append(
+                f"Balance the stages: the busiest is {s['imbalance']:.0%} above the mean "
+                "(move layers; Megatron --decoder-first-pipeline-num-layers / "
+                "--decoder-last-pipeline-num-layers; the embedding and loss are heavy)."
+            )
+        if s["measured"] - s["theory"] > 0.05 and not advice[-1:]:
+            advice.append("The measured bubble exceeds theory: check stage balance and p2p.")
+        advice.append("Consider a zero-bubble / 1F1B-interleaved schedule.")
+        out.append(
+            make_finding(
+                pipeline_bubble,
+                sev,
+                f"Pipeline bubble {s['measured']:.0%} of the step ({p} stages, {m} micro-batches)",
+                f"Stages are idle {s['measured']:.0%} of each pipeline step (1F1B theory for "
+                f"p={p}, m={m}: {s['theory']:.0%}); with {int(s['mt'])} micro-batches and "
+                f"balanced stages about {s['impact'] / 1e6:.2f} ms per step "
+                f"({share:.0%}) would be regained.",
+                impact_ns_per_step=s["impact"],
+                step_ns=int(wall),
+                ranks=s["ranks"],
+                steps=s["steps"],
+                process_group=s["groups"][0] if len(s["groups"]) == 1 else None,
+                evidence={
+                    "stages": p,
+                    "micro_batches": m,
+                    "measured_bubble_fraction": round(s["measured"], 4),
+                    "theory_bubble_fraction": round(s["theory"], 4),
+                    "target_micro_batches": int(s["mt"]),
+                    "target_bubble_fraction": round(s["theory_target"], 4),
+                    "stage_imbalance": round(s["imbalance"], 4),
+                    "pipeline_step_ns": int(wall),
+                    "pipeline_groups": s["groups"],
+                },
+                advice=advice,
+            )
+        )
+    return out

@@ -1,0 +1,128 @@
+"""COMM201 small-message-storm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from kineto_comm.rules_api import (
+    Finding,
+    Option,
+    Severity,
+    Tables,
+    busbw_factor,
+    collective_exposure,
+    impact_per_step,
+    make_finding,
+    mean_step_ns,
+    rule,
+    severity_for,
+)
+
+from ._common import STORM_MAX_BYTES, STORM_MIN_CALLS, storm_keys, with_roles
+
+
+@rule(
+    code="COMM201",
+    name="small-message-storm",
+    summary="Many tiny, latency-bound collectives per step instead of a few large ones.",
+    tables=("collectives", "kernels", "steps", "storms", "process_groups"),
+    options=(
+        Option(
+            "max_bytes",
+            STORM_MAX_BYTES,
+            "Median message size at or below which calls count as small.",
+        ),
+        Option("min_calls", STORM_MIN_CALLS, "Calls per rank and step from which it is a storm."),
+        Option(
+            "reference_busbw_gbps",
+            0.0,
+            "Bus bandwidth large messages reach (GB/s); "
+            "0: ignore the bandwidth cost the same bytes keep once bucketed.",
+        ),
+        Option("warn_share", 0.05, "Warn at this share of step time."),
+        Option("error_share", 0.20, "Error at this share of step time."),
+    ),
+)
+def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """What it does:
+    Finds process groups that issue many small collectives per step (median message at or
+    below `max_bytes`, at least `min_calls` per rank and step; or the analysis' storms
+    table) and estimates the step time they cost: the time their kernels run, waiting
+    included, with no compute running, on the worst rank, less the bandwidth cost the same
+    bytes would keep in large messages.
+
+    Why is this bad?
+    Every collective pays a fixed latency (launch, synchronisation, protocol handshakes of
+    ~10-50 us) whatever its size. Thousands of small calls are latency-bound: the link idles,
+    and each call waits on the slowest launcher of the group.
+
+    How to fix:
+    Bucket gradients into larger messages: DDP bucket_cap_mb (default 25), ZeRO
+    reduce_bucket_size / allgather_bucket_size, Megatron --ddp-bucket-size; coalesce manual
+    collectives (torch.distributed all_reduce_coalesced or flatten tensors); wrap bigger
+    FSDP units.
+    """
+    storms = storm_keys(tables, options["max_bytes"], options["min_calls"])
+    if storms.height == 0:
+        return []
+    exp = collective_exposure(tables, transfer_only=False)
+    exp = exp.with_columns(pl.col("process_group").cast(pl.String)).join(
+        storms, on=["process_group", "collective"], how="semi"
+    )
+    ref = float(options["reference_busbw_gbps"])
+    if ref > 0:
+        floor = pl.col("bytes") * busbw_factor(pl.col("collective"), pl.col("group_size")) / ref
+        exp = exp.with_columns(
+            exposed_ns=(pl.col("exposed_ns") - floor.fill_null(0)).clip(lower_bound=0)
+        )
+    exp = with_roles(tables, exp)
+    causes = impact_per_step(exp, "exposed_ns", ["process_group", "collective"])
+    sizes = exp.group_by("process_group", "collective").agg(
+        median_bytes=pl.col("bytes").median(), role=pl.col("role").first()
+    )
+    causes = causes.join(sizes, on=["process_group", "collective"], how="left")
+    step_ns = mean_step_ns(tables)
+    out = []
+    for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
+        share = c["impact_ns"] / step_ns if step_ns else 0.0
+        sev = severity_for(share, options["warn_share"], options["error_share"])
+        if sev is None:
+            sev = Severity.info if share >= 0.01 else None
+        if sev is None:
+            continue
+        med = int(c["median_bytes"] or 0)
+        out.append(
+            make_finding(
+                small_message_storm,
+                sev,
+                f"{c['calls']} small {c['collective']} calls per step on group "
+                f"{c['process_group']}",
+                f"Group {c['process_group']} ({c['role']}) issues {c['calls']} {c['collective']}"
+                f" calls per rank and step with a median of {med / 1024:.0f} KiB; they cost "
+                f"{c['impact_ns'] / 1e6:.2f} ms per step ({share:.1%}), mostly fixed latency.",
+                impact_ns_per_step=c["impact_ns"],
+                step_ns=step_ns,
+                ranks=c["ranks"] or [],
+                steps=c["steps"] or [],
+                process_group=c["process_group"],
+                evidence={
+                    "collective": c["collective"],
+                    "role": c["role"],
+                    "calls_per_step": c["calls"],
+                    "median_bytes": med,
+                    "exposed_ns_per_step": int(c["impact_ns"]),
+                    "step_ns": step_ns,
+                },
+                advice=(
+                    "DDP: raise bucket_cap_mb (default 25 MB) so gradients travel in a few "
+                    "large buckets; do not split tensors into tiny all-reduces.",
+                    "DeepSpeed ZeRO: raise reduce_bucket_size / allgather_bucket_size; "
+                    "Megatron-LM: --ddp-bucket-size.",
+                    "Coalesce manual collectives (flatten tensors, or use "
+                    "torch.distributed's coalescing manager) and wrap larger FSDP units.",
+                ),
+            )
+        )
+    return out

@@ -1,0 +1,108 @@
+"""NET102 tensor-parallel-across-hosts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from kineto_comm.rules_api import (
+    Finding,
+    Option,
+    Severity,
+    Tables,
+    collective_exposure,
+    group_roles,
+    hosts_of,
+    impact_per_step,
+    make_finding,
+    mean_step_ns,
+    rule,
+)
+
+
+@rule(
+    code="NET102",
+    name="tensor-parallel-across-hosts",
+    summary="A tensor-parallel group spans several hosts instead of one NVLink domain.",
+    tables=("process_groups", "collectives", "kernels", "steps"),
+    options=(
+        Option(
+            "ranks_per_host",
+            8,
+            "GPUs per host (ranks r and s share a host when "
+            "r // ranks_per_host == s // ranks_per_host).",
+        ),
+        Option(
+            "inter_host_slowdown",
+            4.0,
+            "How much slower the network is than the "
+            "intra-host links; the impact assumes this speed-up once kept inside a host.",
+        ),
+    ),
+)
+def tensor_parallel_across_hosts(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """What it does:
+    Reads each tensor-parallel process group's ranks and counts the hosts they span
+    (`ranks_per_host` consecutive ranks per host). A group on more than one host is
+    reported with the exposed time of its collectives; the impact assumes that time shrinks
+    by `inter_host_slowdown` inside one host.
+
+    Why is this bad?
+    Tensor parallelism puts several all-reduces (or all-gather/reduce-scatter pairs) on the
+    critical path of every layer, forward and backward. They need NVLink-class bandwidth and
+    latency; over the inter-host network they dominate step time.
+
+    How to fix:
+    Keep the tensor-parallel size at most the GPUs per host and make TP the innermost
+    (fastest varying) dimension of the rank layout (Megatron orders tp-cp-ep-dp-pp by
+    default); check the launcher's rank-to-host mapping (torchrun --nnodes/--nproc-per-node,
+    SLURM distribution); scale across hosts with data or pipeline parallelism instead.
+    """
+    roles = group_roles(tables)
+    tp = roles.filter((pl.col("role") == "tensor_parallel") & pl.col("ranks").is_not_null())
+    if tp.height == 0:
+        return []
+    per_host = int(options["ranks_per_host"])
+    spanning = tp.with_columns(hosts=hosts_of(pl.col("ranks"), per_host)).filter(
+        pl.col("hosts") > 1
+    )
+    if spanning.height == 0:
+        return []
+    step_ns = mean_step_ns(tables)
+    exp = collective_exposure(tables).with_columns(pl.col("process_group").cast(pl.String))
+    exp = exp.join(spanning.select("process_group"), on="process_group", how="semi")
+    slow = max(1.0, float(options["inter_host_slowdown"]))
+    exp = exp.with_columns(saved=pl.col("exposed_ns") * (1.0 - 1.0 / slow))
+    impact = impact_per_step(exp, "saved", ["process_group"])
+    spanning = spanning.join(impact, on="process_group", how="left")
+    groups = spanning["process_group"].to_list()
+    ranks = sorted({r for rs in spanning["ranks"].to_list() for r in rs})
+    total = float(spanning["impact_ns"].fill_null(0).max() or 0)
+    share = total / step_ns if step_ns else 0.0
+    return [
+        make_finding(
+            tensor_parallel_across_hosts,
+            Severity.error if share >= 0.10 else Severity.warning,
+            f"{len(groups)} tensor-parallel group(s) span several hosts",
+            f"Tensor-parallel groups {', '.join(groups)} span up to "
+            f"{int(spanning['hosts'].max())} hosts ({per_host} ranks per host); their "
+            f"collectives cross the network on every layer.",
+            impact_ns_per_step=total,
+            step_ns=step_ns,
+            ranks=ranks,
+            process_group=groups[0] if len(groups) == 1 else None,
+            evidence={
+                "process_groups": groups,
+                "hosts_spanned": spanning["hosts"].to_list(),
+                "ranks_per_host": per_host,
+                "step_ns": step_ns,
+            },
+            advice=(
+                "Keep tensor_model_parallel_size <= GPUs per host and make TP the innermost "
+                "rank dimension so each TP group stays on one host's NVLink.",
+                "Check the launcher's rank placement (torchrun --nproc-per-node, SLURM "
+                "--distribution=block).",
+            ),
+        )
+    ]
