@@ -306,10 +306,10 @@ def test_storms_found_where_truth_puts_them_and_cost_the_impact(small: Job) -> N
 
 
 def test_storm_reference_busbw_from_large_messages_of_the_same_group(
-    small: Job, tmp_path: Path
+    small: Job, baselines: dict[str, Job]
 ) -> None:
     rep, truth = small
-    base, _ = _job(tmp_path / "base4", "baseline", ranks=4, layout="dp", steps=1)
+    base = baselines["dp"][0]
     # The same group "0" all_reduce with large buckets, in other (later-numbered) steps.
     large = base.collectives.with_columns(pl.col("step") + 100)
     found = storms(pl.concat([rep.collectives, large]))
