@@ -5,12 +5,14 @@
     expected(config) -> pl.DataFrame           per role and collective, per rank and step
     bubble_fraction(config) -> float           (p-1)/(v*m + p-1)
     compare(expected_table, report, roles=None) -> pl.DataFrame   expected vs measured
+    comparison_findings(table) -> list[Finding]   flagged rows as findings (model_deviation)
+    render_comparison(table) -> str            the comparison as plain text
     what_if(config, vary, values, hardware=None) -> pl.DataFrame  communication share sweep
     render_model(config, hardware=None) -> str plain-text tables for `kineto-comm model`
 Formulas and citations: docs/analytic-model.md.
 """
 
-from .compare import compare, measured
+from .compare import compare, comparison_findings, measured
 from .config import HardwareModel, ModelConfig, load_config, load_hardware
 from .expected import bubble_fraction, expected
 from .render import render_comparison, render_model
@@ -21,6 +23,7 @@ __all__ = [
     "ModelConfig",
     "bubble_fraction",
     "compare",
+    "comparison_findings",
     "expected",
     "load_config",
     "load_hardware",
