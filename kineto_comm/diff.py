@@ -1,0 +1,358 @@
+"""Compare two runs: step time, exposed communication, bus bandwidth, findings; CI gates.
+
+Each side is a Report, a JSON document (`kineto_comm.render.json_doc.document`), a file
+written by `kineto-comm report --format json`, or trace files/directories to analyse. Both
+sides are reduced to that JSON document first, so a saved baseline compares like fresh traces.
+
+Compared (per step, means over every rank's numbered steps):
+    mean step time, exposed communication, communication, idle;
+    bus bandwidth per (collective, process group) (median over matched calls, `skew`);
+    findings, matched by (code, process group, ranks): new and resolved.
+Gates (each optional) make `DiffResult.failed` true, which the CLI turns into exit 1:
+    max_regression          mean step time may grow by at most this fraction ("5%", 0.05)
+    max_exposed_regression  exposed communication per step may grow by at most this fraction
+                            of the baseline's mean step time (a share, so a tiny exposure
+                            doubling does not fail a job)
+    max_busbw_drop          busbw of any (collective, group) may fall by at most this fraction
+    fail_on_new             a new finding at or above this severity fails
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kineto_comm.findings import Finding, Severity
+from kineto_comm.render.json_doc import as_finding, clean, document, finding_key
+from kineto_comm.render.text import fmt_ns
+from kineto_comm.report import Report
+
+Side = Report | dict[str, Any] | str | Path | Sequence[str | Path]
+DIFF_SCHEMA_VERSION = 1
+
+
+def parse_fraction(value: str | float | int | None) -> float | None:
+    """'5%' -> 0.05, '0.05' -> 0.05, 5 -> 0.05 (bare numbers above 1 are percents)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return None
+        try:
+            if text.endswith("%"):
+                return float(text[:-1]) / 100
+            number = float(text)
+        except ValueError:
+            raise ValueError(
+                f"expected a percentage like 5% or a fraction, got {value!r}"
+            ) from None
+    else:
+        number = float(value)
+    if number < 0:
+        raise ValueError(f"threshold must be >= 0, got {value!r}")
+    return number / 100 if number > 1 else number
+
+
+def is_report_json(path: Path) -> bool:
+    """True when `path` is a JSON file written by `kineto-comm report --format json`."""
+    if not path.is_file() or not path.name.endswith(".json"):
+        return False
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4096)
+        if b'"schema_version"' not in head and b"kineto-comm" not in head:
+            return False
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "schema_version" in doc and "ranks" in doc
+
+
+def load_side(side: Side, *, jobs: int | None = None) -> tuple[dict[str, Any], str]:
+    """(JSON document, label) for one side of a diff; ValueError when it cannot be used."""
+    if isinstance(side, Report):
+        return document(side), "report"
+    if isinstance(side, dict):
+        return side, "report"
+    paths = [Path(side)] if isinstance(side, (str, Path)) else [Path(p) for p in side]
+    label = ", ".join(str(p) for p in paths)
+    if len(paths) == 1 and is_report_json(paths[0]):
+        doc = json.loads(paths[0].read_text(encoding="utf-8"))
+        version = doc.get("schema_version")
+        if not isinstance(version, int) or version > 1:
+            raise ValueError(f"{label}: unsupported report schema_version {version!r}")
+        return doc, label
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        raise ValueError(f"{missing[0]}: no such file or directory")
+    from kineto_comm.analyze import analyze
+
+    report = analyze(paths, jobs=jobs)
+    if report.ranks.height == 0:
+        problems = "; ".join(f"{f}: {m}" for f, m in report.errors) or "no trace files found"
+        raise ValueError(f"{label}: nothing could be analysed ({problems})")
+    return document(report), label
+
+
+def step_means(doc: dict[str, Any]) -> dict[str, float | None]:
+    """Mean per-step wall, exposed comm, comm and idle over every rank's numbered steps."""
+    rows = [st for r in doc.get("ranks", []) for st in r.get("steps", [])]
+    numbered = [st for st in rows if (st.get("step") if st.get("step") is not None else -1) >= 0]
+    rows = numbered or rows
+    out: dict[str, float | None] = {}
+    for col in ("wall_ns", "exposed_comm_ns", "comm_ns", "idle_ns"):
+        vals = [float(st[col]) for st in rows if st.get(col) is not None]
+        out[col] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def busbw_by_group(doc: dict[str, Any]) -> dict[tuple[str, str | None], float]:
+    """Median busbw per (collective, process_group) from `skew`, else `collective_totals`."""
+    out: dict[tuple[str, str | None], float] = {}
+    for row in doc.get("skew") or []:
+        v = row.get("median_busbw_gbps")
+        if v is not None and (row.get("ranks") or 2) > 1:
+            out[(str(row.get("collective")), row.get("process_group"))] = float(v)
+    if not out:
+        for row in doc.get("collective_totals") or []:
+            v = row.get("busbw_gbps")
+            if v is not None:
+                out[(str(row.get("collective")), row.get("process_group"))] = float(v)
+    return out
+
+
+@dataclass(frozen=True)
+class Change:
+    """One compared number: baseline, new, and whether it crossed its gate."""
+
+    name: str
+    unit: str
+    baseline: float | None
+    new: float | None
+    higher_is_worse: bool = True
+    gate: float | None = None
+    gate_basis: str = "relative"
+    regressed: bool = False
+
+    @property
+    def delta(self) -> float | None:
+        """new - baseline (None when either is unknown)."""
+        return None if self.baseline is None or self.new is None else self.new - self.baseline
+
+    @property
+    def relative(self) -> float | None:
+        """delta / baseline (None when undefined)."""
+        d = self.delta
+        return None if d is None or not self.baseline else d / self.baseline
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "name": self.name,
+            "unit": self.unit,
+            "baseline": self.baseline,
+            "new": self.new,
+            "delta": self.delta,
+            "relative": self.relative,
+            "higher_is_worse": self.higher_is_worse,
+            "gate": self.gate,
+            "gate_basis": self.gate_basis,
+            "regressed": self.regressed,
+        }
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    """What changed between two runs and whether any gate failed (`failed` -> exit 1)."""
+
+    baseline_label: str
+    new_label: str
+    changes: tuple[Change, ...]
+    bandwidth: tuple[Change, ...]
+    new_findings: tuple[Finding, ...]
+    resolved_findings: tuple[Finding, ...]
+    failures: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    gates: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        """True when at least one gate was exceeded."""
+        return bool(self.failures)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document of the diff (schema version DIFF_SCHEMA_VERSION)."""
+        return clean(
+            {
+                "diff_schema_version": DIFF_SCHEMA_VERSION,
+                "baseline": self.baseline_label,
+                "new": self.new_label,
+                "failed": self.failed,
+                "failures": list(self.failures),
+                "gates": self.gates,
+                "changes": [c.to_dict() for c in self.changes],
+                "bandwidth": [c.to_dict() for c in self.bandwidth],
+                "new_findings": [f.to_dict() for f in self.new_findings],
+                "resolved_findings": [f.to_dict() for f in self.resolved_findings],
+                "notes": list(self.notes),
+            }
+        )
+
+
+def diff(
+    baseline: Side,
+    new: Side,
+    *,
+    max_regression: str | float | None = None,
+    max_exposed_regression: str | float | None = None,
+    max_busbw_drop: str | float | None = None,
+    fail_on_new: Severity | str | None = None,
+    jobs: int | None = None,
+) -> DiffResult:
+    """Compare `new` against `baseline` and apply the gates (see the module docstring)."""
+    step_gate = parse_fraction(max_regression)
+    exposed_gate = parse_fraction(max_exposed_regression)
+    bw_gate = parse_fraction(max_busbw_drop)
+    new_gate = Severity(fail_on_new) if fail_on_new not in (None, "never") else None
+    base_doc, base_label = load_side(baseline, jobs=jobs)
+    new_doc, new_label = load_side(new, jobs=jobs)
+    b, n = step_means(base_doc), step_means(new_doc)
+    failures: list[str] = []
+    notes: list[str] = []
+    bw_ranks = [len(d.get("ranks", [])) for d in (base_doc, new_doc)]
+    if bw_ranks[0] != bw_ranks[1]:
+        notes.append(f"rank counts differ: {bw_ranks[0]} (baseline) vs {bw_ranks[1]} (new)")
+
+    def change(name: str, key: str, gate: float | None, basis: str = "relative") -> Change:
+        c = Change(name, "ns", b[key], n[key], gate=gate, gate_basis=basis)
+        regressed = False
+        if gate is not None and c.delta is not None:
+            if basis == "relative" and c.relative is not None:
+                regressed = c.relative > gate
+            elif basis == "share_of_step" and b["wall_ns"]:
+                regressed = c.delta / b["wall_ns"] > gate
+        if regressed:
+            what = (
+                f"{100 * (c.relative or 0):+.1f}%"
+                if basis == "relative"
+                else f"{100 * c.delta / (b['wall_ns'] or 1):+.1f}% of the baseline step"  # type: ignore[operator]
+            )
+            failures.append(f"{name} {fmt_ns(c.delta)} ({what}) exceeds {100 * gate:.1f}%")  # type: ignore[operator]
+        return Change(name, "ns", b[key], n[key], True, gate, basis, regressed)
+
+    changes = (
+        change("mean step time", "wall_ns", step_gate),
+        change("exposed communication per step", "exposed_comm_ns", exposed_gate, "share_of_step"),
+        change("communication per step", "comm_ns", None),
+        change("idle per step", "idle_ns", None),
+    )
+    if b["wall_ns"] is None or n["wall_ns"] is None:
+        notes.append("step times are missing on one side: no step-time comparison")
+
+    bb, nb = busbw_by_group(base_doc), busbw_by_group(new_doc)
+    bandwidth = []
+    for key in sorted(set(bb) | set(nb), key=lambda k: (k[0], str(k[1]))):
+        coll, group = key
+        c = Change(
+            f"busbw {coll} group {group if group is not None else '?'}",
+            "GB/s",
+            bb.get(key),
+            nb.get(key),
+            higher_is_worse=False,
+            gate=bw_gate,
+        )
+        regressed = bw_gate is not None and c.relative is not None and -c.relative > bw_gate
+        if regressed:
+            failures.append(
+                f"{c.name} fell {100 * -(c.relative or 0):.1f}% "
+                f"({c.baseline:.2f} -> {c.new:.2f} GB/s), more than {100 * bw_gate:.1f}%"  # type: ignore[operator]
+            )
+        bandwidth.append(
+            Change(c.name, c.unit, c.baseline, c.new, False, bw_gate, "relative", regressed)
+        )
+
+    base_f = {finding_key(f): f for f in map(as_finding, base_doc.get("findings") or [])}
+    new_f = {finding_key(f): f for f in map(as_finding, new_doc.get("findings") or [])}
+    added = tuple(f for k, f in new_f.items() if k not in base_f)
+    resolved = tuple(f for k, f in base_f.items() if k not in new_f)
+    if new_gate is not None:
+        bad = [f for f in added if f.severity.level >= new_gate.level]
+        if bad:
+            codes = ", ".join(sorted({f.code for f in bad}))
+            failures.append(f"{len(bad)} new finding(s) at or above {new_gate.value}: {codes}")
+    gates = {
+        "max_regression": step_gate,
+        "max_exposed_regression": exposed_gate,
+        "max_busbw_drop": bw_gate,
+        "fail_on_new": new_gate.value if new_gate else None,
+    }
+    return DiffResult(
+        base_label,
+        new_label,
+        changes,
+        tuple(bandwidth),
+        added,
+        resolved,
+        tuple(failures),
+        tuple(notes),
+        gates,
+    )
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    """A value in its unit for the text table."""
+    if value is None:
+        return "-"
+    return fmt_ns(value) if unit == "ns" else f"{value:.2f} GB/s"
+
+
+def _fmt_delta(c: Change) -> str:
+    """Signed change with its relative size."""
+    if c.delta is None:
+        return "-"
+    sign = "+" if c.delta >= 0 else "-"
+    size = fmt_ns(abs(c.delta)) if c.unit == "ns" else f"{abs(c.delta):.2f} GB/s"
+    rel = f" ({100 * c.relative:+.1f}%)" if c.relative is not None else ""
+    return f"{sign}{size}{rel}"
+
+
+def render_diff_text(result: DiffResult) -> str:
+    """A plain-text summary: the changes, bandwidth, findings, then PASSED or FAILED."""
+    lines = [f"kineto-comm diff: {result.baseline_label} -> {result.new_label}", ""]
+    rows = [("metric", "baseline", "new", "change", "")]
+    for c in (*result.changes, *result.bandwidth):
+        flag = "REGRESSED" if c.regressed else ""
+        rows.append((c.name, _fmt(c.baseline, c.unit), _fmt(c.new, c.unit), _fmt_delta(c), flag))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        lines.append(
+            "  ".join(
+                cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
+                for i, cell in enumerate(r)
+            ).rstrip()
+        )
+    lines.append("")
+    for title, items in (("new", result.new_findings), ("resolved", result.resolved_findings)):
+        lines.append(f"{len(items)} {title} finding(s)")
+        for f in items:
+            where = f" ranks {','.join(map(str, f.ranks))}" if f.ranks else ""
+            group = f" group {f.process_group}" if f.process_group is not None else ""
+            lines.append(f"  {f.severity.value:7} {f.code} {f.title}{group}{where}")
+    for note in result.notes:
+        lines.append(f"note: {note}")
+    lines.append("")
+    if result.failed:
+        lines.append("FAILED: " + "; ".join(result.failures))
+    else:
+        active = [k for k, v in result.gates.items() if v is not None]
+        lines.append("PASSED" + (f" (gates: {', '.join(active)})" if active else " (no gates)"))
+    return "\n".join(lines) + "\n"
+
+
+def render_diff_json(result: DiffResult) -> str:
+    """`result.to_dict()` as strict JSON text."""
+    return json.dumps(result.to_dict(), indent=2, default=str, allow_nan=False) + "\n"

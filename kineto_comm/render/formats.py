@@ -1,0 +1,102 @@
+"""The output formats by name, rendering to text, and the exit code policy for CI.
+
+Every renderer is a pure function `(report, fail_on) -> str`; `render(report, fmt, fail_on=)`
+picks one by name. `exit_code` is the policy the CLI applies after writing the output:
+0 when no finding is at or above `fail_on` (or `exit_zero`), 1 when one is. Exit code 2 (tool
+or input errors) is the CLI's own decision and comes before this one.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+from kineto_comm.findings import Severity
+from kineto_comm.render.github import render_github
+from kineto_comm.render.html import render_html
+from kineto_comm.render.json_doc import at_or_above, findings_of, render_json
+from kineto_comm.render.junit import render_junit
+from kineto_comm.render.markdown import render_markdown
+from kineto_comm.render.sarif import render_sarif
+from kineto_comm.report import Report
+
+Renderer = Callable[[Report, Severity], str]
+
+
+def render_text_str(report: Report, fail_on: Severity = Severity.error) -> str:
+    """The rich text report as plain text (140 columns), for files and non-terminals."""
+    from kineto_comm.render.text import render_text
+
+    buf = io.StringIO()
+    render_text(report, out=buf, width=140)
+    return buf.getvalue()
+
+
+FORMATS: dict[str, Renderer] = {
+    "text": render_text_str,
+    "json": render_json,
+    "markdown": render_markdown,
+    "sarif": render_sarif,
+    "junit": render_junit,
+    "github": render_github,
+    "html": render_html,
+}
+EXTENSIONS = {
+    "text": ".txt",
+    "json": ".json",
+    "markdown": ".md",
+    "sarif": ".sarif",
+    "junit": ".xml",
+    "github": ".txt",
+    "html": ".html",
+}
+
+
+def parse_severity(value: str | Severity) -> Severity:
+    """A Severity from its name (case-insensitive); ValueError naming the choices."""
+    if isinstance(value, Severity):
+        return value
+    try:
+        return Severity(value.strip().lower())
+    except ValueError:
+        choices = ", ".join(s.value for s in Severity)
+        raise ValueError(f"unknown severity {value!r}; choose one of {choices}") from None
+
+
+def render(report: Report, fmt: str, *, fail_on: Severity | str = Severity.error) -> str:
+    """`report` rendered in format `fmt` (a key of FORMATS)."""
+    try:
+        renderer = FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}") from None
+    return renderer(report, parse_severity(fail_on))
+
+
+def exit_code(
+    report: Report, fail_on: Severity | str = Severity.error, exit_zero: bool = False
+) -> int:
+    """0 when nothing is at or above `fail_on` (always 0 with `exit_zero`), else 1."""
+    if exit_zero:
+        return 0
+    return 1 if at_or_above(findings_of(report), parse_severity(fail_on)) else 0
+
+
+def parse_also(spec: str) -> tuple[str, Path]:
+    """`FORMAT=FILE` (the CLI's repeatable `--also`) -> (format, path); ValueError if bad."""
+    fmt, sep, path = spec.partition("=")
+    fmt = fmt.strip().lower()
+    if not sep or not path.strip():
+        raise ValueError(f"--also expects FORMAT=FILE, got {spec!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r} in --also; choose one of {', '.join(FORMATS)}")
+    return fmt, Path(path.strip())
+
+
+def write(
+    report: Report, fmt: str, path: Path, *, fail_on: Severity | str = Severity.error
+) -> None:
+    """Render `fmt` into `path` (UTF-8), creating its parent directory."""
+    text = render(report, fmt, fail_on=fail_on)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")

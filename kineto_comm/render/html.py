@@ -1,0 +1,628 @@
+"""A self-contained HTML report: inline SVG plots, tables and findings; no script, works offline.
+
+Plots (all SVG generated here, with `<title>` tooltips; no JavaScript, no external fetch, and
+a Content-Security-Policy that forbids both):
+    step time      per rank, the mean step split into compute, overlapped communication,
+                   exposed communication, idle (and memcpy/memset when present)
+    message sizes  a log2 histogram of calls per (collective, process group), from the
+                   `message_sizes` table when filled, else from `collectives`
+    skew heatmap   rank x collective instance (time order), colour = time the rank waited
+                   for the group's last arrival (`collective_waits`)
+    pipeline       one step's kernels on each pipeline rank (ranks of the `pipeline` table,
+                   else the ranks that send/recv), compute vs communication
+Every string that comes from a trace goes through `esc` (html.escape with quotes).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from typing import Any
+
+import polars as pl
+
+from kineto_comm.findings import Finding, Severity
+from kineto_comm.render.json_doc import at_or_above, document, findings_of, step_rows
+from kineto_comm.render.text import fmt_bytes, fmt_ns
+from kineto_comm.report import Report
+
+COLORS = {
+    "compute": "#4e79a7",
+    "overlap": "#59a14f",
+    "exposed": "#e15759",
+    "idle": "#d3d3d3",
+    "other": "#f2b447",
+    "communication": "#e15759",
+    "memcpy": "#f2b447",
+    "memset": "#b07aa1",
+}
+SEV_COLOR = {"error": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
+MAX_HEAT_COLS = 200
+MAX_HEAT_ROWS = 64
+MAX_HISTS = 12
+PLOT_W = 900
+LABEL_W = 90
+FONT = 'font-family="system-ui, sans-serif" font-size="11"'
+
+CSS = """
+body{font-family:system-ui,-apple-system,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+.muted{color:#666} .headline{font-size:15px;margin:8px 0 16px}
+table{border-collapse:collapse;font-size:13px;margin:6px 0}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:right} th{background:#f4f4f4}
+td.l,th.l{text-align:left}
+.finding{border-left:5px solid #999;padding:6px 12px;margin:10px 0;background:#fafafa}
+.finding h3{font-size:14px;margin:2px 0} .finding p{margin:4px 0}
+.sev{font-weight:bold;text-transform:uppercase;font-size:11px}
+.legend span{display:inline-block;margin-right:14px;font-size:12px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px}
+.hists{display:flex;flex-wrap:wrap;gap:12px}
+pre{font-size:11px;background:#f4f4f4;padding:6px;overflow:auto;max-height:240px}
+"""
+
+
+def esc(value: Any) -> str:
+    """Any value as HTML text or attribute content (quotes escaped too)."""
+    return html.escape("-" if value is None else str(value), quote=True)
+
+
+def _legend(items: list[tuple[str, str]]) -> str:
+    """An HTML legend: coloured squares with labels."""
+    spans = "".join(f'<span><i style="background:{c}"></i>{esc(t)}</span>' for t, c in items)
+    return f'<div class="legend">{spans}</div>'
+
+
+def _ticks(max_value: float, n: int = 5) -> list[float]:
+    """About `n` round tick values from 0 to max_value."""
+    if max_value <= 0:
+        return [0.0]
+    raw = max_value / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    return [i * step for i in range(int(max_value / step) + 1)]
+
+
+def _tick_label(ns: float) -> str:
+    """An escaped axis label: 0 at the origin, else a duration."""
+    return "0" if ns == 0 else esc(fmt_ns(ns))
+
+
+def _empty(plot_id: str, text: str) -> str:
+    """A placeholder SVG saying why a plot has nothing to show."""
+    return (
+        f'<svg id="{plot_id}" class="plot" xmlns="http://www.w3.org/2000/svg" width="{PLOT_W}"'
+        f' height="40" role="img"><text x="8" y="24" {FONT} fill="#666">{esc(text)}</text></svg>'
+    )
+
+
+# ------------------------------------------------------------------ per-rank step time
+
+
+def svg_step_time(report: Report) -> str:
+    """Horizontal stacked bars: each rank's mean step split by what the device was doing."""
+    steps = step_rows(report)
+    if steps.height == 0:
+        return _empty("plot-step-time", "No step windows in the traces.")
+    m = (
+        steps.group_by("rank")
+        .agg(pl.col("wall_ns", "compute_ns", "overlap_ns", "exposed_comm_ns", "idle_ns").mean())
+        .sort("rank")
+    )
+    rows = []
+    for r in m.iter_rows(named=True):
+        wall = r["wall_ns"] or 0.0
+        compute = max(0.0, (r["compute_ns"] or 0) - (r["overlap_ns"] or 0))
+        overlap = r["overlap_ns"] or 0.0
+        exposed = r["exposed_comm_ns"] or 0.0
+        idle = r["idle_ns"] or 0.0
+        other = max(0.0, wall - compute - overlap - exposed - idle)
+        rows.append((r["rank"], wall, [compute, overlap, exposed, idle, other]))
+    names = ["compute", "overlap", "exposed", "idle", "other"]
+    labels = ["compute", "overlapped comm", "exposed comm", "idle", "memcpy/memset"]
+    n = len(rows)
+    bar_h = max(3, min(18, 900 // max(n, 1)))
+    gap = 2 if bar_h >= 8 else 0
+    top, axis = 6, 26
+    height = top + n * (bar_h + gap) + axis
+    vmax = max(w for _, w, _ in rows) or 1.0
+    scale = (PLOT_W - LABEL_W - 20) / vmax
+    parts = [
+        f'<svg id="plot-step-time" class="plot" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{PLOT_W}" height="{height}" role="img" aria-label="Mean step time per rank">'
+    ]
+    label_every = 1 if bar_h >= 10 else math.ceil(12 / (bar_h + gap))
+    for i, (rank, wall, segs) in enumerate(rows):
+        y = top + i * (bar_h + gap)
+        if i % label_every == 0:
+            parts.append(
+                f'<text x="{LABEL_W - 6}" y="{y + bar_h / 2 + 4:.1f}" text-anchor="end" {FONT}>'
+                f"rank {esc(rank)}</text>"
+            )
+        x = float(LABEL_W)
+        for name, label, v in zip(names, labels, segs, strict=True):
+            if v <= 0:
+                continue
+            w = v * scale
+            parts.append(
+                f'<rect class="seg-{name}" x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar_h}" '
+                f'fill="{COLORS[name]}"><title>rank {esc(rank)}: {label} {esc(fmt_ns(v))} '
+                f"({100 * v / wall:.1f}% of {esc(fmt_ns(wall))})</title></rect>"
+            )
+            x += w
+    y0 = top + n * (bar_h + gap)
+    parts.append(f'<line x1="{LABEL_W}" y1="{y0}" x2="{PLOT_W - 20}" y2="{y0}" stroke="#999"/>')
+    for t in _ticks(vmax):
+        x = LABEL_W + t * scale
+        parts.append(f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y0 + 4}" stroke="#999"/>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle" {FONT}>{_tick_label(t)}</text>'
+        )
+    parts.append("</svg>")
+    legend = _legend([(lb, COLORS[nm]) for nm, lb in zip(names, labels, strict=True)])
+    return legend + "".join(parts)
+
+
+# ------------------------------------------------------------------ message sizes
+
+
+def size_histograms(report: Report) -> pl.DataFrame:
+    """calls per (collective, process_group, log2_bucket) over all ranks."""
+    ms = report.message_sizes
+    if ms.height and {"collective", "log2_bucket", "calls"} <= set(ms.columns):
+        pg = pl.col("process_group") if "process_group" in ms.columns else pl.lit(None)
+        return (
+            ms.select(
+                "collective", pg.cast(pl.String).alias("process_group"), "log2_bucket", "calls"
+            )
+            .group_by("collective", "process_group", "log2_bucket")
+            .agg(pl.col("calls").sum().cast(pl.Int64))
+        )
+    coll = report.collectives
+    if coll.height == 0:
+        return pl.DataFrame()
+    return (
+        coll.filter(pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
+        .with_columns(log2_bucket=pl.col("bytes").cast(pl.Float64).log(2).floor().cast(pl.Int64))
+        .group_by("collective", "process_group", "log2_bucket")
+        .agg(calls=pl.len().cast(pl.Int64))
+    )
+
+
+def svg_histograms(report: Report) -> str:
+    """Small multiples: one log2 message-size histogram per (collective, process group)."""
+    hist = size_histograms(report)
+    if hist.height == 0:
+        return _empty("plot-sizes", "No collective with a known message size.")
+    order = (
+        hist.group_by("collective", "process_group")
+        .agg(total=pl.col("calls").sum())
+        .sort("total", descending=True)
+    )
+    lo, hi = int(hist["log2_bucket"].min()), int(hist["log2_bucket"].max())  # type: ignore[arg-type]
+    nb = hi - lo + 1
+    w, h, left, bottom = 280, 150, 34, 34
+    bw = min((w - left - 8) / nb, 48.0)
+    charts = []
+    for key in order.head(MAX_HISTS).iter_rows(named=True):
+        sub = hist.filter(
+            (pl.col("collective") == key["collective"])
+            & (
+                pl.col("process_group").is_null()
+                if key["process_group"] is None
+                else pl.col("process_group") == key["process_group"]
+            )
+        )
+        counts = dict(zip(sub["log2_bucket"].to_list(), sub["calls"].to_list(), strict=True))
+        cmax = max(counts.values()) or 1
+        title = f"{key['collective']} · group {key['process_group'] or '?'} · {key['total']} calls"
+        parts = [
+            f'<svg class="plot hist" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}"'
+            f' role="img"><text x="{left}" y="12" {FONT} font-weight="bold">{esc(title)}</text>'
+        ]
+        ph = h - bottom - 20
+        for b in range(lo, hi + 1):
+            c = counts.get(b, 0)
+            x = left + (b - lo) * bw
+            bh = ph * c / cmax
+            if c:
+                parts.append(
+                    f'<rect class="bar" x="{x + 1:.1f}" y="{20 + ph - bh:.1f}" '
+                    f'width="{max(bw - 2, 1):.1f}" height="{bh:.1f}" fill="#4e79a7"><title>'
+                    f"{esc(fmt_bytes(2**b))} to {esc(fmt_bytes(2 ** (b + 1)))}: {c} calls"
+                    "</title></rect>"
+                )
+        y0 = 20 + ph
+        parts.append(f'<line x1="{left}" y1="{y0}" x2="{w - 8}" y2="{y0}" stroke="#999"/>')
+        step = max(1, math.ceil(nb / 5))
+        for b in range(lo, hi + 1, step):
+            x = left + (b - lo + 0.5) * bw
+            parts.append(
+                f'<text x="{x:.1f}" y="{y0 + 13}" text-anchor="middle" {FONT}>'
+                f"{esc(fmt_bytes(2**b))}</text>"
+            )
+        parts.append(
+            f'<text x="{left - 4}" y="26" text-anchor="end" {FONT}>{cmax}</text>'
+            f'<text x="{(left + w) / 2}" y="{h - 4}" text-anchor="middle" {FONT} fill="#666">'
+            "message size (log2 buckets)</text></svg>"
+        )
+        charts.append("".join(parts))
+    more = order.height - MAX_HISTS
+    note = f'<p class="muted">{more} more histogram(s) left out.</p>' if more > 0 else ""
+    return f'<div id="plot-sizes" class="hists">{"".join(charts)}</div>{note}'
+
+
+# ------------------------------------------------------------------ skew heatmap
+
+
+def _heat_color(x: float) -> str:
+    """White -> yellow -> red for x in [0, 1]."""
+    x = min(max(x, 0.0), 1.0)
+    if x < 0.5:
+        t = x / 0.5
+        r, g, b = 255, 255 - int(35 * t), 255 - int(200 * t)
+    else:
+        t = (x - 0.5) / 0.5
+        r, g, b = 255 - int(55 * t), 220 - int(200 * t), 55 - int(40 * t)
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def svg_skew_heatmap(report: Report) -> str:
+    """Rank x collective instance (time order); colour = this rank's wait for the last one."""
+    waits, inst = report.collective_waits, report.collective_instances
+    if waits.height == 0 or inst.height == 0 or "wait_ns" not in waits.columns:
+        return _empty("plot-skew", "No collective calls matched across ranks.")
+    inst = inst.filter(pl.col("ranks_seen") > 1).sort("first_start_ns")
+    if inst.height == 0:
+        return _empty("plot-skew", "No collective call was seen on more than one rank.")
+    ninst = inst.height
+    per_col = math.ceil(ninst / MAX_HEAT_COLS)
+    cols = inst.with_row_index("order").with_columns(
+        col=(pl.col("order") // per_col).cast(pl.Int64)
+    )
+    ranks = sorted(waits["rank"].unique().to_list())
+    per_row = math.ceil(len(ranks) / MAX_HEAT_ROWS)
+    row_of = {r: i // per_row for i, r in enumerate(ranks)}
+    cells = (
+        waits.join(cols.select("instance", "col", "collective", "process_group"), on="instance")
+        .with_columns(row=pl.col("rank").replace_strict(row_of, return_dtype=pl.Int64))
+        .group_by("row", "col")
+        .agg(
+            wait_ns=pl.col("wait_ns").max(),
+            rank=pl.col("rank").first(),
+            collective=pl.col("collective").first(),
+            process_group=pl.col("process_group").first(),
+            instance=pl.col("instance").first(),
+        )
+    )
+    ncols = int(cols["col"].max()) + 1  # type: ignore[arg-type]
+    nrows = max(row_of.values()) + 1
+    vmax = float(cells["wait_ns"].max() or 0) or 1.0  # type: ignore[arg-type]
+    cw = (PLOT_W - LABEL_W - 20) / ncols
+    ch = max(4, min(20, 640 // nrows))
+    top = 4
+    height = top + nrows * ch + 60
+    titles = cells.height <= 6000
+    parts = [
+        f'<svg id="plot-skew" class="plot" xmlns="http://www.w3.org/2000/svg" width="{PLOT_W}" '
+        f'height="{height}" role="img" aria-label="Arrival skew heatmap">'
+        '<defs><linearGradient id="heat" x1="0" x2="1" y1="0" y2="0">'
+        + "".join(
+            f'<stop offset="{s / 4:.2f}" stop-color="{_heat_color(s / 4)}"/>' for s in range(5)
+        )
+        + "</linearGradient></defs>"
+        f'<rect x="{LABEL_W}" y="{top}" width="{ncols * cw:.1f}" height="{nrows * ch}" '
+        'fill="#eeeeee"/>'
+    ]
+    label_every = 1 if ch >= 10 else math.ceil(12 / ch)
+    for i in range(0, nrows, label_every):
+        first = ranks[i * per_row]
+        label = f"rank {first}" if per_row == 1 else f"ranks {first}+"
+        parts.append(
+            f'<text x="{LABEL_W - 6}" y="{top + i * ch + ch / 2 + 4:.1f}" text-anchor="end" '
+            f"{FONT}>{esc(label)}</text>"
+        )
+    for c in cells.iter_rows(named=True):
+        x = LABEL_W + c["col"] * cw
+        y = top + c["row"] * ch
+        wait = c["wait_ns"] or 0
+        tip = (
+            f"<title>rank {esc(c['rank'])} · {esc(c['collective'])} (group "
+            f"{esc(c['process_group'])}, instance {esc(c['instance'])}) · waited "
+            f"{esc(fmt_ns(wait))}</title>"
+            if titles
+            else ""
+        )
+        parts.append(
+            f'<rect class="cell" x="{x:.2f}" y="{y}" width="{cw + 0.3:.2f}" height="{ch}" '
+            f'fill="{_heat_color(wait / vmax)}">{tip}</rect>'
+        )
+    y0 = top + nrows * ch
+    span = f"{ninst} calls" + (f", {per_col} per column" if per_col > 1 else "")
+    parts.append(
+        f'<text x="{LABEL_W}" y="{y0 + 16}" {FONT} fill="#666">collective calls in time order '
+        f"({esc(span)}) →</text>"
+        f'<rect x="{PLOT_W - 320}" y="{y0 + 28}" width="200" height="10" fill="url(#heat)"/>'
+        f'<text x="{PLOT_W - 326}" y="{y0 + 37}" text-anchor="end" {FONT}>wait 0</text>'
+        f'<text x="{PLOT_W - 114}" y="{y0 + 37}" {FONT}>{esc(fmt_ns(vmax))}</text>'
+    )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------ pipeline timeline
+
+
+def pipeline_ranks(report: Report) -> list[int]:
+    """Ranks of the `pipeline` table when filled, else the ranks that send or receive."""
+    pipe = report.pipeline
+    if pipe.height and "rank" in pipe.columns:
+        return sorted(int(r) for r in pipe["rank"].unique().to_list())
+    coll = report.collectives
+    if coll.height == 0:
+        return []
+    p2p = coll.filter(pl.col("collective").is_in(["send", "recv", "send_recv"]))
+    return sorted(int(r) for r in p2p["rank"].unique().to_list())
+
+
+def _pipeline_window(report: Report, ranks: list[int]) -> tuple[int, int, str] | None:
+    """(start, end, label) of the step to draw: the middle numbered step of those ranks."""
+    steps = report.steps.filter(pl.col("rank").is_in(ranks))
+    numbered = steps.filter(pl.col("step") >= 0) if steps.height else steps
+    if numbered.height:
+        ids = sorted(numbered["step"].unique().to_list())
+        step = ids[len(ids) // 2]
+        sel = numbered.filter(pl.col("step") == step)
+        return int(sel["start_ns"].min()), int(sel["end_ns"].max()), f"step {step}"  # type: ignore[arg-type]
+    k = report.kernels.filter(pl.col("rank").is_in(ranks))
+    if k.height == 0:
+        return None
+    return int(k["start_ns"].min()), int(k["end_ns"].max()), "whole trace"  # type: ignore[arg-type]
+
+
+def svg_pipeline(report: Report) -> str:
+    """One lane per pipeline rank: its kernels over one step, compute vs communication."""
+    ranks = pipeline_ranks(report)
+    if not ranks:
+        return _empty("plot-pipeline", "No pipeline ranks (no send/recv) in these traces.")
+    window = _pipeline_window(report, ranks)
+    if window is None:
+        return _empty("plot-pipeline", "No kernels on the pipeline ranks.")
+    t0, t1, label = window
+    span = max(t1 - t0, 1)
+    usable = PLOT_W - LABEL_W - 20
+    k = report.kernels.filter(
+        pl.col("rank").is_in(ranks) & (pl.col("end_ns") > t0) & (pl.col("start_ns") < t1)
+    )
+    lanes = ranks[:64]
+    lane_h, gap, top = 22, 6, 4
+    height = top + len(lanes) * (lane_h + gap) + 44
+    parts = [
+        f'<svg id="plot-pipeline" class="plot" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{PLOT_W}" height="{height}" role="img" aria-label="Pipeline timeline">'
+    ]
+    for i, rank in enumerate(lanes):
+        y = top + i * (lane_h + gap)
+        parts.append(
+            f'<rect x="{LABEL_W}" y="{y}" width="{usable}" height="{lane_h}" fill="#f4f4f4"/>'
+            f'<text x="{LABEL_W - 6}" y="{y + lane_h / 2 + 4}" text-anchor="end" {FONT}>'
+            f"rank {esc(rank)}</text>"
+        )
+    if k.height:
+        px = (
+            k.with_columns(
+                x0=((pl.col("start_ns").clip(t0, t1) - t0) * usable / span),
+                x1=((pl.col("end_ns").clip(t0, t1) - t0) * usable / span),
+                dur=pl.col("end_ns") - pl.col("start_ns"),
+            )
+            .sort("rank", "kind", "x0")
+            .with_columns(reach=pl.col("x1").cum_max().shift(1).over("rank", "kind"))
+            .with_columns(
+                blk=(pl.col("reach").is_null() | (pl.col("x0") > pl.col("reach") + 0.75))
+                .cast(pl.Int64)
+                .cum_sum()
+                .over("rank", "kind")
+            )
+            .group_by("rank", "kind", "blk")
+            .agg(
+                x0=pl.col("x0").min(),
+                x1=pl.col("x1").max(),
+                n=pl.len(),
+                busy=pl.col("dur").sum(),
+                name=pl.col("name").sort_by("dur").last(),
+            )
+        )
+        lane_of = {r: i for i, r in enumerate(lanes)}
+        for b in px.iter_rows(named=True):
+            if b["rank"] not in lane_of:
+                continue
+            kind = b["kind"] if b["kind"] in COLORS else "other"
+            y = top + lane_of[b["rank"]] * (lane_h + gap)
+            inset = 0 if kind == "compute" else 4
+            parts.append(
+                f'<rect class="k-{esc(kind)}" x="{LABEL_W + b["x0"]:.2f}" y="{y + inset}" '
+                f'width="{max(b["x1"] - b["x0"], 0.5):.2f}" height="{lane_h - 2 * inset}" '
+                f'fill="{COLORS[kind]}"><title>rank {esc(b["rank"])} · {esc(kind)} · {b["n"]} '
+                f"kernel(s), {esc(fmt_ns(b['busy']))}; longest: {esc(b['name'])}</title></rect>"
+            )
+    y0 = top + len(lanes) * (lane_h + gap)
+    for t in _ticks(span / 1.0):
+        x = LABEL_W + t * usable / span
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y0 + 4}" stroke="#999"/>'
+            f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle" {FONT}>{_tick_label(t)}</text>'
+        )
+    parts.append(
+        f'<text x="{LABEL_W}" y="{y0 + 34}" {FONT} fill="#666">{esc(label)}, time from its '
+        f"start on rank 0's clock</text></svg>"
+    )
+    legend = _legend(
+        [("compute", COLORS["compute"]), ("communication", COLORS["communication"])]
+        + [("memcpy/memset", COLORS["memcpy"])]
+    )
+    more = len(ranks) - len(lanes)
+    note = f'<p class="muted">{more} more pipeline rank(s) left out.</p>' if more > 0 else ""
+    return legend + "".join(parts) + note
+
+
+# ------------------------------------------------------------------ tables and findings
+
+
+def _finding_html(f: Finding, mean_step: float | None) -> str:
+    """A finding card with its cost, where it is, and the advice."""
+    share = f.step_share
+    if share is None and mean_step:
+        share = f.impact_ns_per_step / mean_step
+    cost = f"saves ~{fmt_ns(f.impact_ns_per_step)} per step" + (
+        f" ({100 * share:.1f}% of step time)" if share is not None else ""
+    )
+    where = []
+    if f.ranks:
+        where.append("ranks " + ", ".join(map(str, f.ranks[:32])))
+    if f.process_group is not None:
+        where.append(f"process group {f.process_group}")
+    if f.steps:
+        where.append("steps " + ", ".join(map(str, f.steps[:16])))
+    advice = "".join(f"<li>{esc(a)}</li>" for a in f.advice)
+    evidence = (
+        f"<details><summary>evidence</summary><pre>"
+        f"{esc(json.dumps(f.evidence, indent=1, default=str))}</pre></details>"
+        if f.evidence
+        else ""
+    )
+    color = SEV_COLOR[f.severity.value]
+    return (
+        f'<div class="finding" style="border-color:{color}">'
+        f'<span class="sev" style="color:{color}">{esc(f.severity.value)}</span> '
+        f'<b>{esc(f.code)}</b> <span class="muted">{esc(f.rule)}</span>'
+        f"<h3>{esc(f.title)}</h3><p>{esc(f.message)}</p>"
+        f'<p class="muted">{esc(cost)}{" · " + esc(" · ".join(where)) if where else ""}</p>'
+        + (f"<ul>{advice}</ul>" if advice else "")
+        + evidence
+        + "</div>"
+    )
+
+
+def _rank_table(doc: dict[str, Any]) -> str:
+    """Per-rank means per step."""
+    head = ["rank", "device", "steps", "step", "compute", "overlap", "exposed comm", "idle"]
+    rows = []
+    for r in doc["ranks"]:
+        steps = [st for st in r["steps"] if st.get("step", 0) >= 0] or r["steps"]
+
+        def m(col: str, steps: list[dict[str, Any]] = steps) -> float | None:
+            vals = [st[col] for st in steps if st.get(col) is not None]
+            return sum(vals) / len(vals) if vals else None
+
+        wall, comm = m("wall_ns"), m("comm_ns")
+
+        def share(v: float | None, whole: float | None) -> str:
+            return "-" if v is None or not whole else f"{100 * v / whole:.1f}%"
+
+        cells = [
+            r["rank"],
+            r.get("device") or r.get("timeline"),
+            len(steps),
+            fmt_ns(wall),
+            fmt_ns(m("compute_ns")),
+            share(m("overlap_ns"), comm),
+            f"{fmt_ns(m('exposed_comm_ns'))} ({share(m('exposed_comm_ns'), wall)})",
+            f"{fmt_ns(m('idle_ns'))} ({share(m('idle_ns'), wall)})",
+        ]
+        rows.append(
+            "<tr>"
+            + "".join(
+                f"<td{' class=l' if i == 1 else ''}>{esc(c)}</td>" for i, c in enumerate(cells)
+            )
+            + "</tr>"
+        )
+    ths = "".join(f"<th{' class=l' if h == 'device' else ''}>{h}</th>" for h in head)
+    return f'<table id="table-ranks"><tr>{ths}</tr>{"".join(rows[:256])}</table>'
+
+
+def _collective_table(doc: dict[str, Any]) -> str:
+    """Collectives over all ranks."""
+    head = ["collective", "group", "dtype", "ranks", "calls", "mean size", "volume", "time"]
+    head.append("busbw GB/s")
+    rows = []
+    for c in doc["collective_totals"][:50]:
+        cells = [
+            c["collective"],
+            c["process_group"],
+            c["dtype"],
+            c["ranks"],
+            c["calls"],
+            fmt_bytes(c["mean_bytes"]),
+            fmt_bytes(c["bytes"]),
+            fmt_ns(c["time_ns"]),
+            "-" if c["busbw_gbps"] is None else f"{c['busbw_gbps']:.2f}",
+        ]
+        rows.append(
+            "<tr>"
+            + "".join(
+                f"<td{' class=l' if i < 3 else ''}>{esc(v)}</td>" for i, v in enumerate(cells)
+            )
+            + "</tr>"
+        )
+    if not rows:
+        return "<p>No communication kernels found.</p>"
+    ths = "".join(f"<th{' class=l' if i < 3 else ''}>{h}</th>" for i, h in enumerate(head))
+    return f'<table id="table-collectives"><tr>{ths}</tr>{"".join(rows)}</table>'
+
+
+def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
+    """The whole report as one offline HTML page."""
+    doc = document(report, fail_on)
+    s = doc["summary"]
+    findings = findings_of(report)
+    failing = at_or_above(findings, fail_on)
+    mean_step = s["mean_step_ns"]
+
+    def share(v: float | None) -> str:
+        return "-" if v is None or not mean_step else f"{100 * v / mean_step:.1f}%"
+
+    verdict = (
+        f"{len(failing)} finding(s) at or above {fail_on.value}"
+        if failing
+        else f"no findings at or above {fail_on.value}"
+    )
+    top = "".join(
+        f"<li><b>{esc(f.title)}</b> ({esc(f.code)}): saves ~{esc(fmt_ns(f.impact_ns_per_step))}"
+        f" per step{' — ' + esc(f.advice[0]) if f.advice else ''}</li>"
+        for f in findings[:3]
+    )
+    notes = "".join(f"<li>error: {esc(e['file'])}: {esc(e['message'])}</li>" for e in doc["errors"])
+    notes += "".join(f"<li>warning: {esc(w)}</li>" for w in doc["warnings"][:20])
+    body = [
+        "<h1>kineto-comm report</h1>",
+        f'<p class="muted">{s["ranks"]} rank(s) · kineto-comm {esc(doc["tool"]["version"])} · '
+        f"JSON schema v{esc(doc['schema_version'])}</p>",
+        f'<p class="headline"><b>{esc(verdict)}</b> · mean step <b>{esc(fmt_ns(mean_step))}</b>'
+        f" · exposed communication <b>{esc(fmt_ns(s['mean_exposed_comm_ns']))}</b> per step "
+        f"({share(s['mean_exposed_comm_ns'])}) · idle {share(s['mean_idle_ns'])}</p>",
+        f"<h2>Top recommendations</h2><ol>{top}</ol>" if top else "",
+        "<h2>Step time per rank (mean per step)</h2>",
+        svg_step_time(report),
+        _rank_table(doc),
+        "<h2>Collectives</h2>",
+        _collective_table(doc),
+        "<h2>Message sizes per collective</h2>",
+        svg_histograms(report),
+        "<h2>Arrival skew: time each rank waited in each collective</h2>",
+        svg_skew_heatmap(report),
+        "<h2>Pipeline timeline</h2>",
+        svg_pipeline(report),
+        f"<h2>Findings ({len(findings)})</h2>",
+        "".join(_finding_html(f, mean_step) for f in findings) or "<p>No findings.</p>",
+        f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "",
+    ]
+    csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="icon" href="data:,">'
+        f"<title>kineto-comm report</title><style>{CSS}</style></head>\n<body>\n"
+        + "\n".join(b for b in body if b)
+        + "\n</body></html>\n"
+    )

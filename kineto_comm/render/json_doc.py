@@ -1,0 +1,256 @@
+"""The JSON report document and the facts every machine-readable format shares.
+
+`document(report, fail_on)` is `Report.to_dict()` plus a `summary` (mean step time, exposed
+communication, finding counts, the fail verdict), `collective_totals` (collectives over all
+ranks with bus bandwidth), and the optional cross-rank tables. It is the one source of numbers
+for the Markdown, SARIF, JUnit and GitHub renderers and for `kineto_comm.diff`, so a saved
+`--format json` file can be compared later without the traces. The schema is versioned and
+documented field by field in docs/json.md (JSON Schema: docs/json-schema.json).
+
+Also here: findings as `Finding` objects whatever form they arrived in, severity
+comparisons, and the rule catalogue (the rules engine's registry when it is installed, else
+what the findings themselves say), used by SARIF and JUnit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from kineto_comm.findings import Finding, Severity
+from kineto_comm.report import Report
+
+JSON_SCHEMA_URI = "https://kineto-comm.invalid/schemas/report-v1.json"
+OPTIONAL_TABLES = ("message_sizes", "message_size_summary", "process_groups", "pipeline", "storms")
+
+
+def as_finding(item: Finding | dict[str, Any]) -> Finding:
+    """A Finding from a Finding or its `to_dict()` form (saved JSON reports hold dicts)."""
+    if isinstance(item, Finding):
+        return item
+    if not isinstance(item, dict):
+        raise TypeError(f"not a finding: {item!r}")
+    window = item.get("window_ns")
+    return Finding(
+        code=str(item.get("code", "")),
+        severity=Severity(item.get("severity", "warning")),
+        title=str(item.get("title", "")),
+        message=str(item.get("message", "")),
+        impact_ns_per_step=int(item.get("impact_ns_per_step") or 0),
+        step_share=item.get("step_share"),
+        ranks=tuple(int(r) for r in item.get("ranks") or ()),
+        steps=tuple(int(s) for s in item.get("steps") or ()),
+        process_group=item.get("process_group"),
+        window_ns=(int(window[0]), int(window[1])) if window else None,
+        evidence=dict(item.get("evidence") or {}),
+        advice=tuple(str(a) for a in item.get("advice") or ()),
+        rule=str(item.get("rule") or ""),
+    )
+
+
+def findings_of(report: Report) -> list[Finding]:
+    """The report's findings, most step time first, then worse severity, then code."""
+    found = [as_finding(f) for f in report.findings]
+    return sorted(found, key=lambda f: (-int(f.impact_ns_per_step), -f.severity.level, f.code))
+
+
+def at_or_above(findings: list[Finding], fail_on: Severity) -> list[Finding]:
+    """The findings whose severity is at least `fail_on`."""
+    return [f for f in findings if f.severity.level >= fail_on.level]
+
+
+def finding_key(f: Finding) -> tuple[str, str | None, tuple[int, ...]]:
+    """Identity of a finding across runs: code, process group and ranks."""
+    return (f.code, f.process_group, tuple(sorted(f.ranks)))
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """What SARIF and JUnit say about a rule: code, kebab name, one-line summary, help text."""
+
+    code: str
+    name: str
+    summary: str
+    help: str
+    from_registry: bool = False
+
+
+def registry_rules() -> list[RuleInfo] | None:
+    """Rules known to the rules engine, or None when it is not installed or fails to load.
+
+    Imported lazily: the engine is optional for rendering, and a broken plugin must not
+    stop a report from being written.
+    """
+    try:
+        from kineto_comm.rules_engine import registry
+    except ImportError:
+        return None
+    try:
+        reg = registry()
+        rules = list(reg.rules.values())
+    except Exception:  # a bad plugin or config must never break rendering
+        return None
+    return [
+        RuleInfo(
+            code=r.code,
+            name=r.name,
+            summary=r.summary.strip(),
+            help=(r.doc or r.summary).strip(),
+            from_registry=True,
+        )
+        for r in rules
+    ]
+
+
+def rule_catalog(report: Report, findings: list[Finding] | None = None) -> list[RuleInfo]:
+    """Every rule to describe: the rules that ran (when known), then codes only findings name.
+
+    `report.options["rules_run"]` (a list of codes), when the analysis recorded it, limits
+    the registry's rules to those that actually ran; otherwise the whole registry is used.
+    """
+    found = findings_of(report) if findings is None else findings
+    known = registry_rules() or []
+    ran = report.options.get("rules_run") if isinstance(report.options, dict) else None
+    if ran is not None:
+        wanted = {str(c) for c in ran}
+        known = [r for r in known if r.code in wanted]
+    out = {r.code: r for r in known}
+    for f in found:
+        if f.code in out:
+            continue
+        advice = "\n".join(f"- {a}" for a in f.advice)
+        out[f.code] = RuleInfo(
+            code=f.code,
+            name=f.rule or f.code.lower(),
+            summary=f.title or f.code,
+            help=f"{f.title}\n\nHow to fix:\n{advice}" if advice else (f.title or f.code),
+        )
+    return sorted(out.values(), key=lambda r: r.code)
+
+
+def clean(value: Any) -> Any:
+    """`value` with NaN/inf replaced by None and tuples as lists, so it is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if isinstance(value, Severity):
+        return value.value
+    return value
+
+
+def step_rows(report: Report) -> pl.DataFrame:
+    """Step windows used for per-step means: numbered steps, or all windows when none are."""
+    steps = report.steps
+    if steps.height == 0 or "step" not in steps.columns:
+        return steps
+    numbered = steps.filter(pl.col("step") >= 0)
+    return numbered if numbered.height else steps
+
+
+def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[str, Any]:
+    """The headline numbers: per-step means over all ranks and steps, and the verdict."""
+    steps = step_rows(report)
+    n = steps.height
+    mean: dict[str, float | None] = {}
+    for col in ("wall_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns"):
+        mean[col] = float(steps[col].mean()) if n and col in steps.columns else None  # type: ignore[arg-type]
+    wall = mean["wall_ns"]
+    by_sev = {s.value: sum(1 for f in findings if f.severity is s) for s in Severity}
+    failing = at_or_above(findings, fail_on)
+
+    def share(col: str) -> float | None:
+        v = mean[col]
+        return None if v is None or not wall else v / wall
+
+    def as_int(v: float | None) -> int | None:
+        return None if v is None or not math.isfinite(v) else int(round(v))
+
+    return {
+        "ranks": report.ranks.height,
+        "world_size": int(report.ranks["world_size"].max())  # type: ignore[arg-type]
+        if report.ranks.height and report.ranks["world_size"].null_count() < report.ranks.height
+        else None,
+        "steps": int(steps.select("rank", "step").unique().height) if n else 0,
+        "step_windows": n,
+        "mean_step_ns": as_int(wall),
+        "mean_compute_ns": as_int(mean["compute_ns"]),
+        "mean_comm_ns": as_int(mean["comm_ns"]),
+        "mean_overlap_ns": as_int(mean["overlap_ns"]),
+        "mean_exposed_comm_ns": as_int(mean["exposed_comm_ns"]),
+        "mean_idle_ns": as_int(mean["idle_ns"]),
+        "exposed_comm_share": share("exposed_comm_ns"),
+        "idle_share": share("idle_ns"),
+        "overlap_share": None
+        if not mean["comm_ns"] or mean["overlap_ns"] is None
+        else mean["overlap_ns"] / mean["comm_ns"],
+        "findings": {**by_sev, "total": len(findings)},
+        "fail_on": fail_on.value,
+        "failed": bool(failing),
+        "failing_findings": len(failing),
+        "estimated_savings_ns_per_step": sum(int(f.impact_ns_per_step) for f in findings[:3]),
+    }
+
+
+def collective_totals(report: Report) -> list[dict[str, Any]]:
+    """Collectives over all ranks per (collective, process_group, dtype), with bandwidths.
+
+    algbw is total bytes over total kernel time (waiting included); busbw is the median
+    over matched calls from `skew` (None when calls were not matched across ranks).
+    """
+    coll = report.collectives
+    if coll.height == 0:
+        return []
+    agg = (
+        coll.group_by("collective", "process_group", "dtype")
+        .agg(
+            ranks=pl.col("rank").n_unique().cast(pl.Int64),
+            calls=pl.len().cast(pl.Int64),
+            bytes=pl.col("bytes").sum().cast(pl.Int64),
+            mean_bytes=pl.col("bytes").mean(),
+            time_ns=pl.col("duration_ns").sum().cast(pl.Int64),
+            _timed=pl.col("duration_ns").filter(pl.col("bytes").is_not_null()).sum(),
+        )
+        .with_columns(
+            algbw_gbps=pl.when(pl.col("_timed") > 0)
+            .then(pl.col("bytes") / pl.col("_timed"))
+            .otherwise(None)
+        )
+        .drop("_timed")
+    )
+    skew = report.skew_summary()
+    if skew.height and "median_busbw_gbps" in skew.columns:
+        agg = agg.join(
+            skew.select("process_group", "collective", busbw_gbps="median_busbw_gbps"),
+            on=["process_group", "collective"],
+            how="left",
+            nulls_equal=True,
+        )
+    else:
+        agg = agg.with_columns(busbw_gbps=pl.lit(None, pl.Float64))
+    return agg.sort("time_ns", descending=True).to_dicts()
+
+
+def document(report: Report, fail_on: Severity = Severity.error) -> dict[str, Any]:
+    """The full JSON document: `to_dict()` plus summary, collective totals and extra tables."""
+    findings = findings_of(report)
+    doc = report.to_dict()
+    doc["$schema"] = JSON_SCHEMA_URI
+    doc["findings"] = [f.to_dict() for f in findings]
+    doc["summary"] = summary(report, findings, fail_on)
+    doc["collective_totals"] = collective_totals(report)
+    for name in OPTIONAL_TABLES:
+        table = getattr(report, name, None)
+        doc[name] = table.to_dicts() if isinstance(table, pl.DataFrame) else []
+    return clean(doc)
+
+
+def render_json(report: Report, fail_on: Severity = Severity.error) -> str:
+    """The document as strict JSON text (no NaN), indented, with a trailing newline."""
+    return json.dumps(document(report, fail_on), indent=2, default=str, allow_nan=False) + "\n"

@@ -1,0 +1,185 @@
+"""Markdown for a pull-request comment: headline, per-rank and collectives tables, findings.
+
+Sized for GitHub comments (at most 65,536 characters): tables are cut to their largest rows
+and the findings list to the worst ones, with a note saying how many were left out. Every
+string that comes from a trace (kernel, group and file names, finding text) goes through
+`md_escape`, so a `|` cannot break a table and `<`/`>` cannot open HTML.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+from kineto_comm.findings import Finding, Severity
+from kineto_comm.render.json_doc import at_or_above, document, findings_of
+from kineto_comm.render.text import fmt_bytes, fmt_ns
+from kineto_comm.report import Report
+
+MAX_CHARS = 60_000
+MAX_ROWS = 25
+MAX_FINDINGS = 30
+TOP = 3
+ICON = {"error": "🔴", "warning": "🟠", "info": "🔵"}
+_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+
+
+def md_escape(value: Any) -> str:
+    """Text safe inside Markdown and table cells: HTML-escaped, specials and `|` backslashed."""
+    text = "-" if value is None else str(value)
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = _SPECIAL.sub(r"\\\1", text)
+    return re.sub(r"[\r\n\t]+", " ", text).strip()
+
+
+def html_escape(value: Any) -> str:
+    """Text for inside an HTML element of a comment (e.g. <summary>), where Markdown is off."""
+    text = "-" if value is None else str(value)
+    return re.sub(r"[\r\n\t]+", " ", html.escape(text, quote=True)).strip()
+
+
+def _share(part: float | None, whole: float | None) -> str:
+    return "-" if part is None or not whole else f"{100 * part / whole:.1f}%"
+
+
+def _impact(f: Finding, mean_step: float | None) -> str:
+    """Estimated savings per step, with the share of step time when known."""
+    share = f.step_share
+    if share is None and mean_step:
+        share = f.impact_ns_per_step / mean_step
+    text = f"~{fmt_ns(f.impact_ns_per_step)}/step"
+    return text + (f" ({100 * share:.1f}% of step time)" if share is not None else "")
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """A GFM table; columns whose index is in `right` are right-aligned."""
+    align = ["---:" if i in right else ":---" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
+    """The report as GitHub-flavoured Markdown for a PR comment."""
+    doc = document(report, fail_on)
+    s = doc["summary"]
+    findings = findings_of(report)
+    failing = at_or_above(findings, fail_on)
+    mean_step = s["mean_step_ns"]
+    out: list[str] = ["## kineto-comm: communication report", ""]
+    verdict = (
+        f"**{len(failing)} finding(s) at or above `{fail_on.value}`**"
+        if failing
+        else f"No findings at or above `{fail_on.value}`."
+    )
+    counts = ", ".join(f"{s['findings'][k]} {k}" for k in ("error", "warning", "info"))
+    out.append(
+        f"{verdict} ({counts}) · {s['ranks']} rank(s) · mean step **{fmt_ns(mean_step)}** · "
+        f"exposed communication **{fmt_ns(s['mean_exposed_comm_ns'])}** per step "
+        f"({_share(s['mean_exposed_comm_ns'], mean_step)}) · idle "
+        f"{_share(s['mean_idle_ns'], mean_step)}"
+    )
+    out.append("")
+    if findings:
+        out.append("### Top recommendations")
+        out.append("")
+        for i, f in enumerate(findings[:TOP], 1):
+            first = f" {md_escape(f.advice[0])}" if f.advice else ""
+            out.append(
+                f"{i}. {ICON[f.severity.value]} **{md_escape(f.title)}** (`{md_escape(f.code)}`, "
+                f"{f.severity.value}): saves {_impact(f, mean_step)}.{first}"
+            )
+        out.append("")
+
+    out += ["### Per rank (mean per step)", ""]
+    rank_rows = []
+    for r in doc["ranks"][:MAX_ROWS]:
+        steps = [st for st in r["steps"] if st.get("step", 0) >= 0] or r["steps"]
+        n = len(steps)
+
+        def m(col: str, steps: list[dict[str, Any]] = steps, n: int = n) -> float | None:
+            vals = [st[col] for st in steps if st.get(col) is not None]
+            return sum(vals) / len(vals) if n and vals else None
+
+        wall = m("wall_ns")
+        rank_rows.append(
+            [
+                str(r["rank"]),
+                md_escape(r.get("device") or r.get("timeline")),
+                str(n),
+                fmt_ns(wall),
+                fmt_ns(m("compute_ns")),
+                _share(m("overlap_ns"), m("comm_ns")),
+                f"{fmt_ns(m('exposed_comm_ns'))} ({_share(m('exposed_comm_ns'), wall)})",
+                f"{fmt_ns(m('idle_ns'))} ({_share(m('idle_ns'), wall)})",
+            ]
+        )
+    out += _table(
+        ["rank", "device", "steps", "step", "compute", "overlap", "exposed comm", "idle"],
+        rank_rows,
+        {0, 2, 3, 4, 5, 6, 7},
+    )
+    if len(doc["ranks"]) > MAX_ROWS:
+        out.append(f"\n_{len(doc['ranks']) - MAX_ROWS} more rank(s) in the JSON report._")
+    out.append("")
+
+    out += ["### Collectives (all ranks)", ""]
+    totals = doc["collective_totals"]
+    if totals:
+        rows = [
+            [
+                md_escape(c["collective"]),
+                md_escape(c["process_group"]),
+                md_escape(c["dtype"]),
+                str(c["ranks"]),
+                str(c["calls"]),
+                fmt_bytes(c["mean_bytes"]),
+                fmt_bytes(c["bytes"]),
+                fmt_ns(c["time_ns"]),
+                "-" if c["busbw_gbps"] is None else f"{c['busbw_gbps']:.2f}",
+            ]
+            for c in totals[:MAX_ROWS]
+        ]
+        out += _table(
+            ["collective", "group", "dtype", "ranks", "calls", "mean size", "volume", "time"]
+            + ["busbw GB/s"],
+            rows,
+            {3, 4, 5, 6, 7, 8},
+        )
+        if len(totals) > MAX_ROWS:
+            out.append(f"\n_{len(totals) - MAX_ROWS} more row(s) in the JSON report._")
+    else:
+        out.append("No communication kernels found.")
+    out.append("")
+
+    if findings:
+        out += ["### Findings", ""]
+        for f in findings[:MAX_FINDINGS]:
+            where = []
+            if f.ranks:
+                where.append("ranks " + ", ".join(map(str, f.ranks[:16])))
+            if f.process_group is not None:
+                where.append(f"group {html_escape(f.process_group)}")
+            loc = f" · {' · '.join(where)}" if where else ""
+            out.append(
+                f"<details><summary>{ICON[f.severity.value]} <b>{html_escape(f.code)}</b> "
+                f"{html_escape(f.title)} · {_impact(f, mean_step)}{loc}</summary>"
+            )
+            out.append("")
+            out.append(md_escape(f.message))
+            if f.advice:
+                out.append("")
+                out += [f"- {md_escape(a)}" for a in f.advice]
+            out += ["", "</details>", ""]
+        if len(findings) > MAX_FINDINGS:
+            out.append(f"_{len(findings) - MAX_FINDINGS} more finding(s) in the JSON report._")
+            out.append("")
+    for e in doc["errors"]:
+        out.append(f"> error: {md_escape(e['file'])}: {md_escape(e['message'])}")
+    for w in doc["warnings"][:10]:
+        out.append(f"> warning: {md_escape(w)}")
+    text = "\n".join(out).rstrip() + "\n"
+    if len(text) > MAX_CHARS:
+        text = text[:MAX_CHARS].rsplit("\n", 1)[0] + "\n\n_(truncated; see the JSON report)_\n"
+    return text
