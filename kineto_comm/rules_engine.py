@@ -69,15 +69,21 @@ def _rules_in(obj: Any) -> list[Rule]:
 
 
 def _builtin_package() -> ModuleType:
-    """The built-in rules package: installed, else the checkout's top-level rules/ folder."""
-    try:
-        return importlib.import_module(BUILTIN_PACKAGE)
-    except ModuleNotFoundError:
-        pass
-    folder = Path(__file__).resolve().parents[1] / "rules"
+    """The built-in rules package: the checkout's top-level rules/ folder when running from a
+    source tree (so edits there count), else the installed kineto_comm_builtin_rules."""
+    root = Path(__file__).resolve().parents[1]
+    folder = root / "rules"
     init = folder / "__init__.py"
-    if not init.is_file():
-        raise RuleError(f"built-in rules not found (no {BUILTIN_PACKAGE} and no {folder})")
+    if not (init.is_file() and (root / "pyproject.toml").is_file()):
+        try:
+            return importlib.import_module(BUILTIN_PACKAGE)
+        except ModuleNotFoundError:
+            raise RuleError(
+                f"built-in rules not found (no {BUILTIN_PACKAGE} and no {folder})"
+            ) from None
+    loaded = sys.modules.get(BUILTIN_PACKAGE)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "") == init:
+        return loaded
     spec = importlib.util.spec_from_file_location(
         BUILTIN_PACKAGE, init, submodule_search_locations=[str(folder)]
     )

@@ -1,0 +1,244 @@
+"""Built-in rules on generated traces: a positive and a negative case per rule, and the
+acceptance scenarios (test_scenario_*): on each synthetic pathology the matching rule is the
+top-ranked finding with impact within 20% of truth.json, and the baseline has no warning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kineto_comm import Report, analyze
+from kineto_comm.findings import Finding, Severity
+from kineto_comm.rules_api import Tables
+from kineto_comm.rules_engine import builtin_rules, run_rules
+from kineto_comm.synth import Hardware, ModelConfig, generate
+from tests.conftest import cpu, kernel, launch, write_trace
+
+TINY = ModelConfig(layers=4, hidden=512, seq=512, micro_batch=2, vocab=2048, bucket_mb=2.0)
+HW = Hardware(tflops=10.0)
+_CACHE: dict[tuple[str, str, int], tuple[Report, dict[str, Any]]] = {}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory):
+    """job(scenario, layout, ranks) -> (Report, truth), generated once per module."""
+
+    def make(scenario: str, layout: str = "dp", ranks: int = 4) -> tuple[Report, dict]:
+        key = (scenario, layout, ranks)
+        if key not in _CACHE:
+            out = tmp_path_factory.mktemp(f"{scenario}-{layout}-{ranks}")
+            truth = generate(
+                scenario, out, ranks=ranks, layout=layout, steps=3, model=TINY, hardware=HW
+            )
+            _CACHE[key] = (analyze(out, jobs=1), truth)
+        return _CACHE[key]
+
+    return make
+
+
+def codes(findings: tuple[Finding, ...], at_least: Severity = Severity.info) -> list[str]:
+    """Codes of the findings at or above a severity, in rank order."""
+    return [f.code for f in findings if f.severity.level >= at_least.level]
+
+
+def only(report: Report, code: str, **options: Any) -> list[Finding]:
+    """Findings of one rule."""
+    return list(run_rules(report, select=[code], options={code: options} if options else None))
+
+
+# ---------------------------------------------------------------- acceptance scenarios
+
+
+SCENARIOS = [
+    ("exposed-allreduce", "dp", 4, "COMM101", {}),
+    ("straggler", "dp", 8, "SYNC101", {}),
+    ("bubble", "pp-dp", 4, "PIPE101", {}),
+    ("small-messages", "dp", 4, "COMM201", {}),
+    ("slow-link", "dp", 4, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
+]
+
+
+@pytest.mark.parametrize(("scenario", "layout", "ranks", "code", "options"), SCENARIOS)
+def test_scenario_top_finding_and_impact(
+    job, scenario: str, layout: str, ranks: int, code: str, options: dict
+) -> None:
+    report, truth = job(scenario, layout, ranks)
+    findings = run_rules(report, options=options)
+    assert findings, f"{scenario}: no finding"
+    top = findings[0]
+    assert top.code == code, [(f.code, f.impact_ns_per_step) for f in findings]
+    expected = truth["problems"][0]["impact_ns_per_step"]
+    assert abs(top.impact_ns_per_step - expected) <= 0.2 * expected, (top, expected)
+    assert set(top.ranks) >= set(truth["problems"][0]["ranks"]) or code == "SYNC101"
+    assert top.step_share is not None and 0 < top.step_share < 1
+    assert top.advice
+
+
+def test_scenario_straggler_names_the_rank(job) -> None:
+    report, truth = job("straggler", "dp", 8)
+    top = run_rules(report)[0]
+    assert top.ranks == tuple(truth["problems"][0]["ranks"])
+
+
+def test_scenario_slow_link_against_peer_groups(job) -> None:
+    """Without a link speed, the slow DP group is found against the other DP group."""
+    report, truth = job("slow-link", "tp-dp", 8)
+    found = only(report, "NET101")
+    assert [f.process_group for f in found] == [truth["problems"][0]["pg_name"]]
+    assert found[0].severity.level >= Severity.warning.level
+
+
+@pytest.mark.parametrize(("layout", "ranks"), [("dp", 4), ("tp-dp", 8), ("fsdp", 4), ("pp-dp", 4)])
+def test_scenario_baseline_has_no_warning(job, layout: str, ranks: int) -> None:
+    report, _ = job("baseline", layout, ranks)
+    findings = run_rules(report)
+    assert codes(findings, Severity.warning) == [], findings
+
+
+def test_scenario_clock_skew_has_no_warning(job) -> None:
+    report, _ = job("clock-skew", "dp", 4)
+    assert codes(run_rules(report), Severity.warning) == []
+
+
+# ---------------------------------------------------------------- per rule
+
+
+def test_exposed_communication_positive_and_negative(job) -> None:
+    bad, _ = job("exposed-allreduce")
+    good, _ = job("baseline")
+    (f,) = only(bad, "COMM101")
+    assert f.evidence["collective"] == "all_reduce" and f.evidence["role"] == "data_parallel"
+    assert f.ranks == (0, 1, 2, 3)
+    assert any("bucket_cap_mb" in a for a in f.advice)
+    assert only(good, "COMM101") == []
+    # warn/error thresholds are options: a 4% threshold makes the same cause a warning
+    (w,) = only(bad, "COMM101", warn_share=0.04)
+    assert w.severity is Severity.warning
+
+
+def test_sharded_collective_exposed_positive_and_negative(job) -> None:
+    bad, _ = job("exposed-allreduce", "fsdp")
+    found = only(bad, "COMM102")
+    assert found[0].evidence["collective"] == "reduce_scatter"
+    assert any("overlap_comm" in a for a in found[0].advice)
+    good, _ = job("exposed-allreduce", "dp")
+    assert only(good, "COMM102") == []
+
+
+def test_small_message_storm_positive_and_negative(job) -> None:
+    bad, _ = job("small-messages")
+    (f,) = only(bad, "COMM201")
+    assert f.evidence["median_bytes"] <= 48 * 1024 and f.severity is Severity.error
+    assert only(job("baseline")[0], "COMM201") == []
+    # the exposure rule leaves the storm to COMM201 (one finding per cause)
+    assert "COMM101" not in codes(run_rules(bad), Severity.warning)
+
+
+def test_straggler_positive_and_negative(job) -> None:
+    bad, truth = job("straggler", "dp", 8)
+    (f,) = only(bad, "SYNC101")
+    assert f.ranks == tuple(truth["problems"][0]["ranks"])
+    assert f.severity is Severity.error
+    assert only(job("baseline")[0], "SYNC101") == []
+
+
+def test_low_bus_bandwidth_positive_and_negative(job) -> None:
+    bad, _ = job("slow-link")
+    assert only(bad, "NET101") == []  # one group, no link speed: nothing to compare with
+    (f,) = only(bad, "NET101", link_busbw_gbps=100.0)
+    assert f.evidence["median_busbw_gbps"] < 25
+    assert only(job("baseline")[0], "NET101", link_busbw_gbps=100.0) == []
+
+
+def test_tensor_parallel_across_hosts_positive_and_negative(job) -> None:
+    report, _ = job("baseline", "tp-dp", 8)
+    assert only(report, "NET102") == []  # TP pairs inside one 8-GPU host
+    (f,) = only(report, "NET102", ranks_per_host=1)
+    assert f.ranks == tuple(range(8)) and len(f.evidence["process_groups"]) == 4
+    assert f.impact_ns_per_step > 0
+
+
+def test_pipeline_bubble_positive_and_negative(job) -> None:
+    bad, truth = job("bubble", "pp-dp")
+    (f,) = only(bad, "PIPE101")
+    assert f.evidence["micro_batches"] == truth["problems"][0]["micro_batches"]
+    assert f.evidence["stages"] == truth["problems"][0]["stages"]
+    assert abs(f.evidence["theory_bubble_fraction"] - 1 / 3) < 1e-3
+    assert any("micro-batches" in a for a in f.advice)
+    good = only(job("baseline", "pp-dp")[0], "PIPE101")
+    assert all(g.severity is Severity.info for g in good)
+    assert only(job("baseline")[0], "PIPE101") == []  # no pipeline at all
+
+
+def _host_trace(tmp: Path, late_launch: bool, sync_after: bool) -> Report:
+    """One rank: 10 steps of a 1 ms GEMM then a 200 us all-reduce then a 500 us GEMM.
+
+    late_launch: the all-reduce is launched 300 us after the first GEMM ended (CPU late).
+    sync_after: the second GEMM is launched 100 us after the all-reduce ended (CPU blocked).
+    """
+    events = []
+    corr = 1
+    for s in range(10):
+        t0 = 10_000.0 + s * 3_000.0
+        events.append(cpu(f"ProfilerStep#{s}", t0, 2_900.0))
+        events += [launch(t0 + 1, corr), kernel("sm90_gemm", t0 + 10, 1000.0, corr=corr)]
+        corr += 1
+        ar_launch = t0 + 1010 + (300 if late_launch else -900)
+        ar_start = max(t0 + 1010, ar_launch + 5)
+        events += [
+            launch(ar_launch, corr),
+            kernel(
+                "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", ar_start, 200.0, stream=20, corr=corr
+            ),
+        ]
+        corr += 1
+        ar_end = ar_start + 200
+        g_launch = ar_end + 100 if sync_after else ar_start - 50
+        g_start = max(ar_end + 1, g_launch + 5)
+        events += [launch(g_launch, corr), kernel("sm90_gemm", g_start, 500.0, corr=corr)]
+        corr += 1
+    write_trace(tmp / "rank-0.json", events, rank=0, world_size=1)
+    return analyze(tmp, jobs=1)
+
+
+def test_host_bound_communication_positive_and_negative(tmp_path: Path) -> None:
+    (tmp_path / "late").mkdir()
+    (tmp_path / "early").mkdir()
+    late = _host_trace(tmp_path / "late", late_launch=True, sync_after=False)
+    (f,) = only(late, "SYNC102")
+    assert 250_000 <= f.impact_ns_per_step <= 320_000, f
+    assert f.severity is Severity.warning  # ~300 us of a 3 ms step: 10%, error from 15%
+    early = _host_trace(tmp_path / "early", late_launch=False, sync_after=False)
+    assert only(early, "SYNC102") == []
+
+
+def test_blocking_synchronisation_positive_and_negative(tmp_path: Path) -> None:
+    (tmp_path / "sync").mkdir()
+    (tmp_path / "async").mkdir()
+    sync = _host_trace(tmp_path / "sync", late_launch=False, sync_after=True)
+    (f,) = only(sync, "SYNC103")
+    assert 90_000 <= f.impact_ns_per_step <= 120_000, f
+    assert only(sync, "SYNC102") == []  # the gap is after the collective, not before
+    free = _host_trace(tmp_path / "async", late_launch=False, sync_after=False)
+    assert only(free, "SYNC103") == []
+
+
+def test_every_rule_returns_nothing_on_empty_tables(job) -> None:
+    """No crash and no finding on empty tables, or on per-rank tables without cross-rank ones."""
+    report, _ = job("exposed-allreduce")
+    per_rank_only = {n: report.table(n) for n in ("ranks", "kernels", "collectives", "steps")}
+    for r in builtin_rules():
+        assert r(Tables({}), None) == [], r.code
+        result = r(Tables(per_rank_only), None)
+        assert isinstance(result, list), r.code
+
+
+def test_findings_are_json_ready(job) -> None:
+    report, _ = job("small-messages")
+    findings = run_rules(report)
+    doc = json.loads(json.dumps([f.to_dict() for f in findings]))
+    assert doc[0]["code"] == "COMM201" and doc[0]["rule"] == "small-message-storm"
+    assert isinstance(doc[0]["impact_ns_per_step"], int)

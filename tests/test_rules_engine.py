@@ -1,0 +1,364 @@
+"""The rules engine: registry, selection, options, config files, custom rules (Python, TOML/SQL,
+plugins), failures and the CLI commands. Uses small hand-made tables, no traces."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from kineto_comm import rules_engine
+from kineto_comm.cli import app
+from kineto_comm.findings import Severity
+from kineto_comm.rules_api import Finding, Option, Rule, Tables, make_finding, rule
+from kineto_comm.rules_engine import (
+    RuleError,
+    builtin_rules,
+    explain,
+    load_config,
+    parse_rule_option,
+    rank_findings,
+    registry,
+    run_rules,
+)
+
+BUILTIN = {
+    "COMM101",
+    "COMM102",
+    "COMM201",
+    "NET101",
+    "NET102",
+    "PIPE101",
+    "SYNC101",
+    "SYNC102",
+    "SYNC103",
+}
+DOC = "What it does: x.\nWhy is this bad? y.\nHow to fix: z."
+STEPS = pl.DataFrame(
+    {"rank": [0, 1], "step": [0, 0], "wall_ns": [1_000_000, 1_000_000]},
+)
+
+CUSTOM_RULE = '''
+from kineto_comm.rules_api import Option, Severity, make_finding, mean_step_ns, rule
+
+@rule(code="XMPL101", name="always-fires", summary="Fires once per rank.",
+      tables=("steps",), options=(Option("impact", 1000, "Impact to report."),))
+def always(tables, options):
+    """What it does: fires. Why is this bad? test. How to fix: nothing."""
+    steps = tables["steps"]
+    return [
+        make_finding(always, Severity.warning, f"rank {r}", "custom", ranks=[r],
+                     impact_ns_per_step=options["impact"] * (r + 1),
+                     step_ns=mean_step_ns(tables))
+        for r in steps["rank"].unique().sort().to_list()
+    ]
+'''
+
+
+def tables() -> dict[str, pl.DataFrame]:
+    return {"steps": STEPS}
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def test_builtin_rules_are_complete_and_documented() -> None:
+    rules = builtin_rules()
+    assert {r.code for r in rules} == BUILTIN
+    for r in rules:
+        assert r.source == "built-in" and r.origin.startswith("rules/")
+        assert r.family == r.code.rstrip("0123456789")
+        text = explain(r)
+        for section in ("What it does", "Why is this bad?", "How to fix", "Options"):
+            assert section in text, (r.code, section)
+        for o in r.options:
+            assert o.description and o.name in text
+
+
+def test_rule_metadata_is_validated() -> None:
+    def fn(t, o):
+        return []
+
+    with pytest.raises(ValueError, match="capital letters"):
+        Rule("comm1", "x", "s", DOC, fn)
+    with pytest.raises(ValueError, match="kebab-case"):
+        Rule("X1", "Bad_Name", "s", DOC, fn)
+    with pytest.raises(ValueError, match="How to fix"):
+        Rule("X1", "ok", "s", "What it does: a. Why is this bad? b.", fn)
+
+
+def test_selection_by_code_prefix_and_name() -> None:
+    reg = registry()
+    assert [r.code for r in reg.select(["COMM101"])] == ["COMM101"]
+    assert {r.code for r in reg.select(["SYNC"])} == {"SYNC101", "SYNC102", "SYNC103"}
+    assert {r.code for r in reg.select(["COMM1"])} == {"COMM101", "COMM102"}
+    assert [r.code for r in reg.select(["straggler"])] == ["SYNC101"]
+    assert {r.code for r in reg.select([], ["COMM", "NET", "PIPE"])} == {
+        "SYNC101",
+        "SYNC102",
+        "SYNC103",
+    }
+    assert {r.code for r in reg.select(["ALL"], ["pipeline-bubble"])} == BUILTIN - {"PIPE101"}
+    with pytest.raises(RuleError, match="unknown rule or prefix 'NOPE9'"):
+        reg.select(["NOPE9"])
+
+
+def test_options_unknown_and_coerced() -> None:
+    with pytest.raises(RuleError, match="COMM101 .* has no option 'bogus'"):
+        run_rules(tables(), options={"COMM101": {"bogus": 1}})
+    with pytest.raises(RuleError, match="unknown rule 'NOPE1'"):
+        run_rules(tables(), options={"NOPE1": {"x": 1}})
+    with pytest.raises(RuleError, match="warn_share"):
+        run_rules(tables(), options={"COMM101": {"warn_share": "lots"}})
+    assert Option("n", 1, "d").coerce("7") == 7
+    assert Option("f", 0.5, "d").coerce(1) == 1.0
+    assert Option("b", False, "d").coerce("true") is True
+    assert parse_rule_option("NET101.link_busbw_gbps=100") == ("NET101", "link_busbw_gbps", 100)
+    assert parse_rule_option("X1.name=abc") == ("X1", "name", "abc")
+    with pytest.raises(RuleError, match="CODE.option=value"):
+        parse_rule_option("nonsense")
+
+
+def test_custom_python_rule_runs_ranked_with_options(tmp_path: Path) -> None:
+    path = write(tmp_path / "my_rules.py", CUSTOM_RULE)
+    found = run_rules(tables(), select=["XMPL"], extra_rules=[path])
+    assert [(f.code, f.ranks, f.impact_ns_per_step) for f in found] == [
+        ("XMPL101", (1,), 2000),
+        ("XMPL101", (0,), 1000),
+    ]
+    assert found[0].rule == "always-fires" and found[0].step_share == 0.002
+    found = run_rules(
+        tables(), select=["always-fires"], extra_rules=[path], options={"XMPL101": {"impact": 5}}
+    )
+    assert [f.impact_ns_per_step for f in found] == [10, 5]
+    reg = registry([path])
+    assert reg.get("XMPL101").source == "file" and reg.get("XMPL101").origin == str(path)
+
+
+def test_rule_that_raises_or_fails_to_load_is_an_error(tmp_path: Path) -> None:
+    boom = write(
+        tmp_path / "boom.py",
+        '''
+        from kineto_comm.rules_api import rule
+
+        @rule(code="BOOM1", name="boom", summary="Raises.")
+        def boom(tables, options):
+            """What it does: a. Why is this bad? b. How to fix: c."""
+            raise ZeroDivisionError("oops")
+        ''',
+    )
+    with pytest.raises(RuleError, match=r"rule BOOM1 \(boom\) failed: ZeroDivisionError: oops"):
+        run_rules(tables(), extra_rules=[boom])
+    broken = write(tmp_path / "broken.py", "import not_a_module_xyz\n")
+    with pytest.raises(RuleError, match="broken.py: failed to load: ModuleNotFoundError"):
+        run_rules(tables(), extra_rules=[broken])
+    with pytest.raises(RuleError, match="defines no rule"):
+        run_rules(tables(), extra_rules=[write(tmp_path / "empty.py", "x = 1\n")])
+    with pytest.raises(RuleError, match="clashes with COMM101"):
+        registry([Rule("COMM101", "other-name", "s", DOC, lambda t, o: [])])
+
+
+def test_declarative_sql_rule(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "rules.toml",
+        """
+        [[rule]]
+        code = "SQL101"
+        name = "long-steps"
+        summary = "Steps longer than a limit."
+        severity = "error"
+        options = { limit_ns = 500000 }
+        query = '''
+          SELECT rank, step, wall_ns - {limit_ns} AS impact_ns_per_step
+          FROM steps WHERE wall_ns > {limit_ns}
+        '''
+        message = "rank {rank} step {step} took {impact_ns_per_step} ns too long"
+        advice = ["Make it shorter."]
+        """,
+    )
+    found = run_rules(tables(), select=["SQL"], extra_rules=[path])
+    assert [(f.code, f.ranks, f.impact_ns_per_step, f.severity) for f in found] == [
+        ("SQL101", (0,), 500_000, Severity.error),
+        ("SQL101", (1,), 500_000, Severity.error),
+    ]
+    assert found[0].message == "rank 0 step 0 took 500000 ns too long"
+    assert found[0].advice == ("Make it shorter.",)
+    none = run_rules(
+        tables(), select=["SQL101"], extra_rules=[path], options={"SQL101": {"limit_ns": 2_000_000}}
+    )
+    assert none == ()
+    bad = write(tmp_path / "bad.toml", '[[rule]]\ncode = "SQL102"\nname = "x"\n')
+    with pytest.raises(RuleError, match="missing key 'summary'"):
+        registry([bad])
+
+
+def test_config_from_pyproject_upward_and_explicit(tmp_path: Path, monkeypatch) -> None:
+    rules_py = write(tmp_path / "my_rules.py", CUSTOM_RULE)
+    write(
+        tmp_path / "pyproject.toml",
+        f"""
+        [project]
+        name = "x"
+
+        [tool.kineto-comm]
+        select = ["XMPL"]
+        rules = ["{rules_py.name}"]
+
+        [tool.kineto-comm.options.XMPL101]
+        impact = 7
+        """,
+    )
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(sub)
+    cfg = load_config()
+    assert cfg.path == tmp_path / "pyproject.toml" and cfg.select == ["XMPL"]
+    found = run_rules(tables(), config=cfg)
+    assert [f.impact_ns_per_step for f in found] == [14, 7]
+    # a kineto-comm.toml nearer to the working directory wins; settings may be top level
+    write(sub / "kineto-comm.toml", 'select = ["COMM101"]\n')
+    assert load_config().select == ["COMM101"]
+    explicit = write(tmp_path / "other.toml", '[tool.kineto-comm]\nignore = ["NET"]\n')
+    assert load_config(explicit).ignore == ["NET"]
+    with pytest.raises(RuleError, match="unknown key"):
+        load_config(write(tmp_path / "typo.toml", 'selct = ["X"]\n'))
+    with pytest.raises(RuleError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_plugins_from_entry_points(monkeypatch) -> None:
+    @rule(code="PLUG1", name="plugged", summary="From a plugin.")
+    def plugged(t: Tables, o: dict) -> list[Finding]:
+        """What it does: a. Why is this bad? b. How to fix: c."""
+        return [make_finding(plugged, Severity.info, "p", "p", impact_ns_per_step=1, step_ns=0)]
+
+    ep = SimpleNamespace(
+        name="demo",
+        value="demo_pkg.rules",
+        load=lambda: [plugged],
+        dist=SimpleNamespace(name="demo-pkg"),
+    )
+    monkeypatch.setattr(rules_engine, "entry_points", lambda group: [ep])
+    reg = registry()
+    assert reg.get("PLUG1").source == "plugin" and reg.get("PLUG1").origin == "demo-pkg"
+    assert [f.code for f in run_rules(tables(), select=["PLUG"])] == ["PLUG1"]
+
+    def fail() -> None:
+        raise ImportError("no such thing")
+
+    bad = SimpleNamespace(name="bad", value="bad_pkg:rules", load=fail)
+    monkeypatch.setattr(rules_engine, "entry_points", lambda group: [bad])
+    with pytest.raises(RuleError, match="plugin bad .* ImportError: no such thing"):
+        registry()
+
+
+def test_ranking_by_impact_then_severity() -> None:
+    def f(code: str, impact: int, sev: Severity) -> Finding:
+        return Finding(code=code, severity=sev, title="", message="", impact_ns_per_step=impact)
+
+    ranked = rank_findings(
+        [f("A1", 10, Severity.info), f("B1", 50, Severity.info), f("C1", 10, Severity.error)]
+    )
+    assert [x.code for x in ranked] == ["B1", "C1", "A1"]
+
+
+def test_cli_rules_explain_and_report_options(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no config file above tmp
+    runner = CliRunner()
+    listed = runner.invoke(app, ["rules"])
+    assert listed.exit_code == 0
+    for code in BUILTIN:
+        assert code in listed.output
+    assert "built-in" in listed.output
+    shown = runner.invoke(app, ["explain", "pipeline-bubble"])
+    assert shown.exit_code == 0 and "PIPE101" in shown.output
+    assert "target_micro_batches" in shown.output
+    assert runner.invoke(app, ["explain", "NOPE1"]).exit_code != 0
+
+
+def test_cli_custom_rule_fires_through_rules_option(tmp_path: Path) -> None:
+    """A custom rule in a temporary directory fires through `report --rules` (acceptance)."""
+    from tests.conftest import cpu, kernel, launch, write_trace
+
+    rules_py = write(tmp_path / "mine.py", CUSTOM_RULE)
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    events = [
+        cpu("ProfilerStep#0", 10.0, 500.0),
+        launch(11.0, 1),
+        kernel("gemm", 20.0, 100.0, corr=1),
+    ]
+    write_trace(traces / "rank-0.json", events, rank=0, world_size=1)
+    runner = CliRunner()
+    out = runner.invoke(
+        app,
+        [
+            "report",
+            str(traces),
+            "--format",
+            "json",
+            "--rules",
+            str(rules_py),
+            "--select",
+            "XMPL101",
+            "--rule-option",
+            "XMPL101.impact=42",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    assert '"code": "XMPL101"' in out.output and '"impact_ns_per_step": 42' in out.output
+    text = runner.invoke(app, ["report", str(traces), "--rules", str(rules_py)])
+    assert "What to do first" in text.output and "XMPL101" in text.output
+    bad = runner.invoke(app, ["report", str(traces), "--select", "NOPE1"])
+    assert bad.exit_code != 0
+
+
+def test_cli_failing_rule_exits_2_with_one_line(tmp_path: Path) -> None:
+    """Through the real entry point: exit 2 and one `error:` line naming the rule."""
+    import subprocess
+    import sys
+
+    from tests.conftest import cpu, kernel, launch, write_trace
+
+    boom = write(
+        tmp_path / "boom.py",
+        '''
+        from kineto_comm.rules_api import rule
+
+        @rule(code="BOOM1", name="boom", summary="Raises.")
+        def boom(tables, options):
+            """What it does: a. Why is this bad? b. How to fix: c."""
+            return 1 / 0
+        ''',
+    )
+    events = [
+        cpu("ProfilerStep#0", 10.0, 500.0),
+        launch(11.0, 1),
+        kernel("gemm", 20.0, 100.0, corr=1),
+    ]
+    write_trace(tmp_path / "rank-0.json", events, rank=0, world_size=1)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kineto_comm.cli",
+            "report",
+            str(tmp_path / "rank-0.json"),
+            "--rules",
+            str(boom),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "error: rule BOOM1 (boom) failed: ZeroDivisionError: division by zero"
+    ]
