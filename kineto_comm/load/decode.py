@@ -61,8 +61,6 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     seq: int | str | None = msgspec.field(default=None, name="Seq")
     src_rank: int | None = msgspec.field(default=None, name="Src Rank")
     dst_rank: int | None = msgspec.field(default=None, name="Dst Rank")
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
     label: str | int | None = msgspec.field(default=None, name="name")
 
 
@@ -77,6 +75,20 @@ class Event(msgspec.Struct, gc=False):
     ts: int | float | None = None
     dur: int | float | None = None
     args: Args | None = None
+
+
+class ShapeArgs(msgspec.Struct, gc=False):
+    """Tensor shapes and types of a communication annotation (its message size)."""
+
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+
+
+class ShapeEvent(msgspec.Struct, gc=False):
+    name: str | None = None
+    tid: int | str | None = None
+    ts: int | float | None = None
+    args: ShapeArgs | None = None
 
 
 class PGConfig(msgspec.Struct, gc=False):
@@ -110,6 +122,12 @@ class Top(msgspec.Struct, gc=False):
 
 
 _TOP = msgspec.json.Decoder(Top)
+_SHAPE = msgspec.json.Decoder(ShapeEvent)
+# Communication annotations (`nccl:all_reduce`, `gloo:send`, ...) carry the message size in
+# `Input Dims` / `Input type`, which every other CPU op carries too. Decoding those two
+# fields for every op costs a quarter of the decode, so they are read only for these events,
+# found by name in the raw bytes (see _shapes).
+_ANNOTATION_NAME = re.compile(rb'"name"\s*:\s*"(?:nccl|gloo|ucc|mpi|xccl):')
 _EVENTS = msgspec.json.Decoder(list[Event])
 _EMPTY_ARGS = Args()
 
@@ -276,6 +294,7 @@ class _Reader:
         self.bare_list = False
         self.warnings: list[str] = []
         self.nbytes = 0
+        self.shapes = pl.DataFrame()  # Input Dims / type of the last piece's annotations
 
     def feed(self, block: bytes) -> Iterator[list[Event]]:
         self._compact()
@@ -333,6 +352,7 @@ class _Reader:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 search_from = m.end()  # not between two top-level events: look further
                 continue
+            self.shapes = _shapes(self.buf, self.pos, comma)
             self.pos = comma
             return events
 
@@ -346,10 +366,12 @@ class _Reader:
                     top = _TOP.decode(self.buf)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     raise TraceError(self.name, _describe(exc)) from None
+                self.shapes = _shapes(self.buf, 0, len(self.buf))
                 return top.traceEvents, top
         rest = bytes(self.buf[self.pos + 1 :])
         self.buf = bytearray()
         self.pos = 0
+        self.shapes = _shapes(rest, 0, len(rest))
         try:
             if self.bare_list:
                 return _EVENTS.decode(b"[" + rest), None
@@ -436,8 +458,51 @@ _ARG_ATTRS = {
 _FALLBACK = {"pid": "device", "tid": "stream"}
 
 
+_SHAPE_COLUMNS = ("input_dims", "input_type")
+
+
+def _shapes(buf: bytearray | bytes, start: int, end: int) -> pl.DataFrame:
+    """`Input Dims` / `Input type` of the communication annotations in buf[start:end].
+
+    Each annotation is found by its name; its event runs from the last `{` before the name
+    (Kineto writes `name` before `args`, and nothing before it nests) to the next event
+    boundary. An event that does not decode that way is skipped: it only loses its size.
+    """
+    rows: list[tuple[Any, ...]] = []
+    for m in _ANNOTATION_NAME.finditer(buf, start, end):
+        open_at = buf.rfind(b"{", start, m.start())
+        close = _BOUNDARY.search(buf, m.end(), end)
+        close_at = close.start() + 1 if close else buf.rfind(b"}", m.end(), end) + 1
+        if open_at < 0 or close_at <= 0:
+            continue
+        try:
+            ev = _SHAPE.decode(memoryview(buf)[open_at:close_at])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if ev.args is None:
+            continue
+        dims = bytes(ev.args.input_dims).decode("utf-8", "replace") or None
+        kind = bytes(ev.args.input_type).decode("utf-8", "replace") or None
+        rows.append((ev.name, ev.tid, ev.ts, dims, kind))
+    if not rows:
+        return pl.DataFrame()
+    names, tids, tss, dims, kinds = map(list, zip(*rows, strict=True))
+    return pl.DataFrame(
+        [
+            _series("name", names, _STR),
+            _series("tid", tids, _STR),
+            _series("ts_us", tss, _F64),
+            pl.Series("input_dims", dims, dtype=_STR),
+            pl.Series("input_type", kinds, dtype=_STR),
+        ]
+    ).unique(subset=["name", "tid", "ts_us"], keep="first")
+
+
 def _frame(
-    events: list[Event], schema: dict[str, pl.DataType], detail: pl.Expr | None
+    events: list[Event],
+    schema: dict[str, pl.DataType],
+    detail: pl.Expr | None,
+    shapes: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """One role's table. Args are read per event for the link columns; the collective
     columns (the rest of `schema`) only for the rows where `detail` holds, joined back."""
@@ -467,12 +532,7 @@ def _frame(
         sub_args = _args_of(_take(events, idx)) if not args else _take(args, idx)
         sub: dict[str, list[Any]] = {}
         for key in rest:
-            if key in ("input_dims", "input_type"):
-                sub[key] = [
-                    bytes(r).decode("utf-8", "replace") or None
-                    for r in map(attrgetter(key), sub_args)
-                ]
-            else:
+            if key not in _SHAPE_COLUMNS:
                 sub[key] = _values(sub_args, key)
         if "pg_ranks" in sub:
             sub["pg_ranks"] = [str(r) if isinstance(r, list) else r for r in sub["pg_ranks"]]
@@ -483,6 +543,8 @@ def _frame(
         frame = frame.with_row_index("_i").join(
             detail_frame, on="_i", how="left", maintain_order="left"
         )
+    if shapes is not None and shapes.height:
+        frame = frame.join(shapes, on=["name", "tid", "ts_us"], how="left", maintain_order="left")
     if phs.count("X") != n:  # only complete events and B/E pairs are durations
         frame = frame.filter(pl.col("ph").is_in(list(_DURATION_PH)))
     return frame.select(
@@ -499,8 +561,9 @@ _COMM_OP = (
 _ROLE = {c: 0 for c in GPU_CATS} | {c: 1 for c in RUNTIME_CATS} | {c: 2 for c in CPU_CATS}
 
 
-def _columns(events: list[Event]) -> dict[str, pl.DataFrame]:
-    """Split decoded events by role (by category, looked up in C) and tabulate each role."""
+def _columns(events: list[Event], shapes: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
+    """Split decoded events by role (by category, looked up in C) and tabulate each role;
+    `shapes` (from _shapes) supplies the annotations' Input Dims / Input type."""
     roles = pl.Series(list(map(_ROLE.get, _values(events, "cat"))), dtype=pl.UInt8)
     out: dict[str, pl.DataFrame] = {}
     for code, role, schema, detail in (
@@ -509,7 +572,11 @@ def _columns(events: list[Event]) -> dict[str, pl.DataFrame]:
         (2, "cpu", OPS_SCHEMA, _COMM_OP),
     ):
         picked = _take(events, (roles == code).arg_true().to_list())
-        out[role] = _frame(picked, schema, detail) if picked else pl.DataFrame(schema=schema)
+        out[role] = (
+            _frame(picked, schema, detail, shapes if role == "cpu" else None)
+            if picked
+            else pl.DataFrame(schema=schema)
+        )
     cpu = out.pop("cpu")
     is_op = (
         (pl.col("cat") == "user_annotation")
@@ -543,11 +610,11 @@ def decode_file(path: str | Path) -> RawTrace:
     try:
         for block in _read_blocks(path):
             for events in reader.feed(block):
-                parts.append(_columns(events))
+                parts.append(_columns(events, reader.shapes))
                 del events
         try:
             events, trailer = reader.finish()
-            parts.append(_columns(events))
+            parts.append(_columns(events, reader.shapes))
             del events
         except _Unsalvageable as exc:
             if not parts:
