@@ -42,19 +42,18 @@ def parse_fraction(value: str | float | int | None) -> float | None:
         text = value.strip()
         if not text:
             return None
+        percent = text.endswith("%")
         try:
-            if text.endswith("%"):
-                return float(text[:-1]) / 100
-            number = float(text)
+            number = float(text[:-1] if percent else text)
         except ValueError:
             raise ValueError(
                 f"expected a percentage like 5% or a fraction, got {value!r}"
             ) from None
     else:
-        number = float(value)
-    if number < 0:
+        percent, number = False, float(value)
+    if not number >= 0:
         raise ValueError(f"threshold must be >= 0, got {value!r}")
-    return number / 100 if number > 1 else number
+    return number / 100 if percent or number > 1 else number
 
 
 def is_report_json(path: Path) -> bool:

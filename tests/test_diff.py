@@ -1,0 +1,123 @@
+"""`kineto_comm.diff`: an injected regression between two synthetic runs is flagged, identical
+runs pass; saved JSON reports compare like trace directories; findings and gates."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+import kineto_comm
+from kineto_comm.diff import diff, parse_fraction, render_diff_json, render_diff_text
+from kineto_comm.findings import Finding, Severity
+from kineto_comm.render.json_doc import document, render_json
+from kineto_comm.synth import generate
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """baseline twice and exposed-allreduce, same layout, ranks and seed; and a saved JSON."""
+    root = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, scenario in (("a", "baseline"), ("b", "baseline"), ("x", "exposed-allreduce")):
+        generate(scenario, root / name, ranks=4, layout="dp", steps=2, seed=0)
+        out[name] = root / name
+    saved = root / "a.json"
+    saved.write_text(render_json(kineto_comm.analyze(out["a"], jobs=1)))
+    out["a_json"] = saved
+    return out
+
+
+def test_injected_regression_is_flagged(runs: dict[str, Path]) -> None:
+    result = diff(runs["a_json"], runs["x"], max_regression="5%", jobs=1)
+    assert result.failed
+    step = result.changes[0]
+    assert step.name == "mean step time" and step.regressed
+    assert step.relative is not None and step.relative > 0.10
+    exposed = result.changes[1]
+    assert exposed.delta is not None and exposed.delta > 1_000_000  # +ms of exposed comm
+    assert any("mean step time" in f for f in result.failures)
+    text = render_diff_text(result)
+    assert "REGRESSED" in text and text.rstrip().splitlines()[-1].startswith("FAILED:")
+    doc = json.loads(render_diff_json(result))
+    assert doc["failed"] is True and doc["changes"][0]["regressed"] is True
+    # a gate far above the injected regression passes it
+    assert not diff(runs["a_json"], runs["x"], max_regression="50%", jobs=1).failed
+
+
+def test_exposed_gate_alone_catches_it(runs: dict[str, Path]) -> None:
+    result = diff(runs["a"], runs["x"], max_exposed_regression="5%", jobs=1)
+    assert result.failed and result.changes[1].regressed and not result.changes[0].regressed
+
+
+def test_identical_runs_pass(runs: dict[str, Path]) -> None:
+    result = diff(
+        runs["a_json"],
+        runs["b"],
+        max_regression="1%",
+        max_exposed_regression="1%",
+        max_busbw_drop="1%",
+        fail_on_new="info",
+        jobs=1,
+    )
+    assert not result.failed, result.failures
+    assert all(c.delta == 0 for c in result.changes)
+    assert result.bandwidth and all(c.delta == 0 for c in result.bandwidth)
+    assert (
+        render_diff_text(result)
+        .rstrip()
+        .endswith(
+            "PASSED (gates: max_regression, max_exposed_regression, max_busbw_drop, fail_on_new)"
+        )
+    )
+
+
+def test_saved_json_equals_fresh_analysis(runs: dict[str, Path]) -> None:
+    from_json = diff(runs["a_json"], runs["x"], jobs=1)
+    from_dir = diff(runs["a"], runs["x"], jobs=1)
+    assert from_json.changes == from_dir.changes
+    assert not from_json.failed  # no gates given
+
+
+def test_new_and_resolved_findings_and_gate(runs: dict[str, Path]) -> None:
+    report = kineto_comm.analyze(runs["a"], jobs=1)
+    old = Finding("SYNC101", Severity.warning, "Straggler", "r3", ranks=(3,), rule="straggler")
+    new = Finding(
+        "COMM101", Severity.error, "Exposed", "x", ranks=(0, 1), process_group="0", rule="e"
+    )
+    base = dataclasses.replace(report, findings=(old,))
+    after = dataclasses.replace(report, findings=(new,))
+    result = diff(base, document(after))
+    assert [f.code for f in result.new_findings] == ["COMM101"]
+    assert [f.code for f in result.resolved_findings] == ["SYNC101"]
+    assert not result.failed
+    assert diff(base, after, fail_on_new="error").failed
+    assert not diff(base, after, fail_on_new="never").failed
+    assert not diff(after, after, fail_on_new="info").failed
+
+
+def test_busbw_drop_gate(runs: dict[str, Path]) -> None:
+    doc = json.loads(runs["a_json"].read_text())
+    slower = json.loads(json.dumps(doc))
+    for row in slower["skew"]:
+        row["median_busbw_gbps"] /= 2
+    result = diff(doc, slower, max_busbw_drop="10%")
+    assert result.failed and all(c.regressed for c in result.bandwidth)
+    assert not diff(doc, slower, max_busbw_drop="60%").failed
+
+
+def test_parse_fraction_and_bad_inputs(tmp_path: Path) -> None:
+    assert parse_fraction("5%") == pytest.approx(0.05)
+    assert parse_fraction("0.05") == pytest.approx(0.05)
+    assert parse_fraction(5) == pytest.approx(0.05)
+    assert parse_fraction(None) is None
+    for bad in ("five", "-1%"):
+        with pytest.raises(ValueError):
+            parse_fraction(bad)
+    with pytest.raises(ValueError, match="no such file"):
+        diff(tmp_path / "missing", tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="nothing could be analysed"):
+        diff(tmp_path / "empty", tmp_path / "empty")

@@ -1,0 +1,283 @@
+"""Machine formats on real and synthetic reports: JSON schema, SARIF schema, JUnit counts,
+GitHub annotation escaping, Markdown escaping, the format registry and the exit-code policy."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import kineto_comm
+from kineto_comm.findings import Finding, Severity
+from kineto_comm.render import github, json_doc, junit, markdown, sarif
+from kineto_comm.render.formats import FORMATS, exit_code, parse_also, parse_severity, render
+from kineto_comm.report import Report
+
+REPO = Path(__file__).resolve().parents[1]
+EVIL = "ncclKernel_<script>alert(1)</script>|x,y:z%\r\nnext"
+
+
+def make_findings() -> tuple[Finding, ...]:
+    """An error, a warning and an info from three rules, with trace-like hostile strings."""
+    return (
+        Finding(
+            code="COMM101",
+            severity=Severity.error,
+            title="Exposed all-reduce | in group 0",
+            message=f"Kernel {EVIL} runs with no compute.",
+            impact_ns_per_step=3_000_000,
+            step_share=0.2,
+            ranks=(0, 1, 2, 3),
+            process_group="0",
+            advice=("Overlap gradient all-reduce with backward (DDP bucket_cap_mb=25).",),
+            rule="exposed-communication",
+            evidence={"exposed_ns": 3_000_000, "ratio": 0.5},
+        ),
+        Finding(
+            code="SYNC101",
+            severity=Severity.warning,
+            title="Straggler rank 3",
+            message="Rank 3 arrives last in 90% of all-reduces.",
+            impact_ns_per_step=1_000_000,
+            ranks=(3,),
+            advice=("Check rank 3's data loader.",),
+            rule="straggler",
+        ),
+        Finding(
+            code="COMM201",
+            severity=Severity.info,
+            title="Small messages",
+            message="Many small all-reduces.",
+            impact_ns_per_step=10_000,
+            ranks=(0,),
+            rule="small-message-storm",
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def ddp() -> Report:
+    """The real 4-rank gloo DDP capture, with three findings added."""
+    report = kineto_comm.analyze(REPO / "sample_traces" / "ddp-4", jobs=1)
+    return dataclasses.replace(report, findings=make_findings())
+
+
+@pytest.fixture(scope="module")
+def clean_report() -> Report:
+    """The same capture with no findings."""
+    return kineto_comm.analyze(REPO / "sample_traces" / "ddp-4", jobs=1)
+
+
+# ------------------------------------------------------------------ JSON
+
+
+def test_json_validates_against_documented_schema(ddp: Report, tmp_path: Path) -> None:
+    schema = json.loads((REPO / "docs" / "json-schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    doc = json.loads(render(ddp, "json", fail_on=Severity.warning))
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    assert doc["schema_version"] == 1
+    assert [f["code"] for f in doc["findings"]] == ["COMM101", "SYNC101", "COMM201"]
+    s = doc["summary"]
+    assert s["ranks"] == 4 and s["findings"] == {"info": 1, "warning": 1, "error": 1, "total": 3}
+    assert s["failed"] is True and s["failing_findings"] == 2
+    # the summary's mean step equals the mean over the rank step rows it documents
+    walls = [st["wall_ns"] for r in doc["ranks"] for st in r["steps"] if st["step"] >= 0]
+    assert s["mean_step_ns"] == round(sum(walls) / len(walls))
+    total_calls = sum(c["count"] for c in doc["collectives"])
+    assert sum(c["calls"] for c in doc["collective_totals"]) == total_calls
+
+
+def test_json_schema_rejects_a_broken_document(ddp: Report) -> None:
+    schema = json.loads((REPO / "docs" / "json-schema.json").read_text())
+    doc = json.loads(render(ddp, "json"))
+    doc["findings"][0]["severity"] = "fatal"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, schema)
+    del doc["summary"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, schema)
+
+
+def test_json_is_strict_without_nan(ddp: Report) -> None:
+    nan_finding = dataclasses.replace(make_findings()[0], step_share=float("nan"))
+    text = render(dataclasses.replace(ddp, findings=(nan_finding,)), "json")
+    assert "NaN" not in text
+    assert json.loads(text)["findings"][0]["step_share"] is None
+
+
+def test_as_finding_round_trips_json() -> None:
+    for f in make_findings():
+        assert json_doc.as_finding(json.loads(json.dumps(f.to_dict()))) == f
+
+
+# ------------------------------------------------------------------ SARIF
+
+
+def test_sarif_validates_against_official_schema(ddp: Report, clean_report: Report) -> None:
+    schema = json.loads((REPO / "tests" / "data" / "sarif-schema-2.1.0.json").read_text())
+    validator = jsonschema.Draft4Validator(
+        schema, format_checker=jsonschema.Draft4Validator.FORMAT_CHECKER
+    )
+    for report in (ddp, clean_report):
+        log = json.loads(render(report, "sarif"))
+        validator.validate(log)
+    log = json.loads(render(ddp, "sarif"))
+    run = log["runs"][0]
+    assert log["version"] == "2.1.0"
+    results = run["results"]
+    assert [r["ruleId"] for r in results] == ["COMM101", "SYNC101", "COMM201"]
+    assert [r["level"] for r in results] == ["error", "warning", "note"]
+    rules = run["tool"]["driver"]["rules"]
+    for r in results:  # ruleIndex points at the rule with that id
+        assert rules[r["ruleIndex"]]["id"] == r["ruleId"]
+        assert r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].endswith(".gz")
+    for rule in rules:
+        assert rule["shortDescription"]["text"] and rule["help"]["text"]
+        assert rule["fullDescription"]["text"]
+    # a broken log fails the same validator (the test can fail)
+    del run["tool"]["driver"]["name"]
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate(log)
+
+
+def test_sarif_rule_metadata_without_registry(ddp: Report, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json_doc, "registry_rules", lambda: None)
+    rules = json.loads(render(ddp, "sarif"))["runs"][0]["tool"]["driver"]["rules"]
+    by_id = {r["id"]: r for r in rules}
+    assert set(by_id) == {"COMM101", "SYNC101", "COMM201"}
+    assert by_id["COMM101"]["name"] == "exposed-communication"
+    assert by_id["COMM101"]["shortDescription"]["text"] == "Exposed all-reduce | in group 0"
+    assert "Overlap gradient all-reduce" in by_id["COMM101"]["help"]["text"]
+
+
+def test_sarif_fingerprint_is_stable_and_distinguishes() -> None:
+    a, b, _ = make_findings()
+    assert sarif.fingerprint(a) == sarif.fingerprint(dataclasses.replace(a, message="other"))
+    assert sarif.fingerprint(a) != sarif.fingerprint(b)
+    assert sarif.artifact_uri("traces/rank 0.json") == "traces/rank%200.json"
+    assert sarif.artifact_uri("/abs/t.json") == "file:///abs/t.json"
+
+
+# ------------------------------------------------------------------ JUnit
+
+
+def _cases(xml_text: str) -> tuple[ET.Element, dict[str, ET.Element]]:
+    root = ET.fromstring(xml_text)
+    suite = root.find("testsuite")
+    assert suite is not None
+    return root, {c.get("name", "").split()[0]: c for c in suite.findall("testcase")}
+
+
+def test_junit_counts_failures_at_fail_level(ddp: Report, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json_doc, "registry_rules", lambda: None)
+    root, cases = _cases(render(ddp, "junit", fail_on=Severity.error))
+    assert set(cases) == {"COMM101", "SYNC101", "COMM201"}
+    assert root.get("tests") == "3" and root.get("failures") == "1"
+    assert cases["COMM101"].find("failure") is not None
+    assert cases["SYNC101"].find("failure") is None
+    assert "Straggler" in (cases["SYNC101"].findtext("system-out") or "")
+    root, cases = _cases(render(ddp, "junit", fail_on=Severity.info))
+    assert root.get("failures") == "3"
+    assert all(c.find("failure") is not None for c in cases.values())
+
+
+def test_junit_passing_case_per_registry_rule(ddp: Report, monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = [
+        json_doc.RuleInfo("NET101", "low-bus-bandwidth", "Low busbw.", "Help.", True),
+        json_doc.RuleInfo("COMM101", "exposed-communication", "Exposed.", "Help.", True),
+    ]
+    monkeypatch.setattr(json_doc, "registry_rules", lambda: extra)
+    root, cases = _cases(render(ddp, "junit", fail_on=Severity.warning))
+    assert set(cases) == {"COMM101", "SYNC101", "COMM201", "NET101"}
+    assert root.get("tests") == "4" and root.get("failures") == "2"
+    assert len(cases["NET101"]) == 0  # passing: no failure, no output
+    # the failure text holds the hostile kernel name, escaped into valid XML
+    assert "<script>" in (cases["COMM101"].findtext("failure") or "")
+
+
+def test_junit_strips_xml_illegal_characters(ddp: Report) -> None:
+    bad = dataclasses.replace(make_findings()[0], message="nul\x00 bell\x07 ok")
+    text = junit.render_junit(dataclasses.replace(ddp, findings=(bad,)), Severity.error)
+    root = ET.fromstring(text)
+    assert "nul bell ok" in "".join(root.itertext())
+
+
+# ------------------------------------------------------------------ GitHub annotations
+
+
+def test_github_one_escaped_line_per_finding(ddp: Report) -> None:
+    text = render(ddp, "github")
+    lines = text.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("::error title=kineto-comm COMM101%3A Exposed all-reduce | in")
+    assert lines[1].startswith("::warning title=") and lines[2].startswith("::notice title=")
+    _, _, message = lines[0].partition("::")[2].partition("::")
+    assert "%0D%0Anext" in message and "%25" in message and "\r" not in lines[0]
+    assert github.escape_property("a:b,c%d\ne") == "a%3Ab%2Cc%25d%0Ae"
+    assert github.escape_data("a:b,c%d\r") == "a:b,c%25d%0D"
+
+
+def test_github_empty_without_findings(clean_report: Report) -> None:
+    assert render(clean_report, "github") == ""
+
+
+# ------------------------------------------------------------------ Markdown
+
+
+def test_markdown_headline_tables_and_escaping(ddp: Report) -> None:
+    text = render(ddp, "markdown", fail_on=Severity.warning)
+    assert "**2 finding(s) at or above `warning`**" in text
+    top = text.split("### Top recommendations")[1].split("###")[0]
+    assert "1. " in top and "saves ~3.00 ms/step (20.0% of step time)" in top
+    assert "<script>" not in text and "&lt;script&gt;" in text
+    rank_rows = [ln for ln in text.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert len(rank_rows) == 4
+    for line in text.splitlines():
+        if line.startswith("| "):  # every row has the header's number of unescaped pipes
+            cells = line.replace("\\|", "").count("|")
+            assert cells in (9, 10), line
+    assert "Exposed all-reduce \\| in group 0" in text
+    assert markdown.md_escape("a|b\nc<d>") == "a\\|b c&lt;d&gt;"
+
+
+def test_markdown_without_findings(clean_report: Report) -> None:
+    text = render(clean_report, "markdown")
+    assert "No findings at or above `error`." in text
+    assert "### Findings" not in text and "all\\_reduce" in text
+
+
+# ------------------------------------------------------------------ registry and exit codes
+
+
+def test_every_format_renders_and_unknown_fails(ddp: Report) -> None:
+    assert set(FORMATS) == {"text", "json", "markdown", "sarif", "junit", "github", "html"}
+    for fmt in FORMATS:
+        assert render(ddp, fmt).strip(), fmt
+    with pytest.raises(ValueError, match="unknown format"):
+        render(ddp, "yaml")
+
+
+def test_exit_code_policy(ddp: Report, clean_report: Report) -> None:
+    assert exit_code(ddp, Severity.error, exit_zero=False) == 1
+    assert exit_code(ddp, Severity.error, exit_zero=True) == 0
+    only_info = dataclasses.replace(ddp, findings=(make_findings()[2],))
+    assert exit_code(only_info, Severity.error, False) == 0
+    assert exit_code(only_info, Severity.warning, False) == 0
+    assert exit_code(only_info, Severity.info, False) == 1
+    assert exit_code(clean_report, Severity.info, False) == 0
+    assert exit_code(ddp, "warning", False) == 1
+    assert parse_severity("ERROR") is Severity.error
+    with pytest.raises(ValueError, match="choose one of"):
+        parse_severity("fatal")
+
+
+def test_parse_also() -> None:
+    assert parse_also("sarif=out/r.sarif") == ("sarif", Path("out/r.sarif"))
+    for bad in ("sarif", "yaml=x", "json="):
+        with pytest.raises(ValueError):
+            parse_also(bad)
