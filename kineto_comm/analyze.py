@@ -15,17 +15,28 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm import cache
 from kineto_comm.analysis.crossrank import cross_rank
-from kineto_comm.errors import TraceError
+from kineto_comm.errors import TraceError, UsageError
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
 from kineto_comm.per_rank import TABLES, RankTables, from_wire, process_file, to_wire
 from kineto_comm.report import Report
 
 
-def _work(path: str, comm_patterns: tuple[str, ...]) -> tuple[str, Any]:
+def _work(
+    path: str, comm_patterns: tuple[str, ...], cache_dir: str | None = None
+) -> tuple[str, Any]:
     """Worker entry: ('ok', wire tables) or ('error', message); never raises."""
     try:
-        return "ok", to_wire(process_file(path, comm_patterns))
+        if cache_dir is None:
+            return "ok", to_wire(process_file(path, comm_patterns))
+        key = cache.cache_key(path, comm_patterns)
+        tables = cache.load(Path(cache_dir), key)
+        if tables is None:
+            tables = process_file(path, comm_patterns)
+            cache.store(Path(cache_dir), key, tables)
+        tables.file = path
+        return "ok", to_wire(tables)
     except TraceError as exc:
         return "error", exc.problem
     except MemoryError:
@@ -34,11 +45,42 @@ def _work(path: str, comm_patterns: tuple[str, ...]) -> tuple[str, Any]:
         return "error", f"internal error while analysing ({type(exc).__name__}: {exc})"
 
 
-def _run(files: list[Path], comm_patterns: tuple[str, ...], jobs: int) -> list[tuple[str, Any]]:
+def _run(
+    files: list[Path],
+    comm_patterns: tuple[str, ...],
+    jobs: int,
+    cache_dir: str | None,
+    dask_scheduler: str | None,
+) -> list[tuple[str, Any]]:
+    """Per-rank work: here, in local worker processes, or on a Dask cluster."""
+    names = [str(f) for f in files]
+    if dask_scheduler:
+        return _run_dask(names, comm_patterns, cache_dir, dask_scheduler)
     if jobs <= 1 or len(files) <= 1:
-        return [_work(str(f), comm_patterns) for f in files]
+        return [_work(f, comm_patterns, cache_dir) for f in names]
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        return list(pool.map(_work, [str(f) for f in files], [comm_patterns] * len(files)))
+        n = len(names)
+        return list(pool.map(_work, names, [comm_patterns] * n, [cache_dir] * n))
+
+
+def _run_dask(
+    names: list[str], comm_patterns: tuple[str, ...], cache_dir: str | None, address: str
+) -> list[tuple[str, Any]]:
+    """Send per-rank work to an existing Dask cluster (files must be on shared storage)."""
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise UsageError(
+            "--dask-scheduler needs the 'distributed' package: pip install 'kineto-comm[dask]'"
+        ) from exc
+    try:
+        client = Client(address, timeout="30s")
+    except OSError as exc:
+        raise UsageError(f"cannot reach the Dask scheduler at {address} ({exc})") from exc
+    with client:
+        n = len(names)
+        futures = client.map(_work, names, [comm_patterns] * n, [cache_dir] * n, pure=False)
+        return client.gather(futures)
 
 
 def analyze(
@@ -47,6 +89,8 @@ def analyze(
     comm_patterns: tuple[str, ...] | list[str] = (),
     jobs: int | None = None,
     align: bool = True,
+    cache_dir: str | Path | None = None,
+    dask_scheduler: str | None = None,
 ) -> Report:
     """Analyse the trace files under `paths` (files or directories).
 
@@ -56,15 +100,22 @@ def analyze(
         per file; 1 runs everything in this process).
     align: estimate per-rank clock offsets from matched collectives and put all times on
         rank 0's clock (docs/tables.md `offsets`); False keeps each trace's own clock.
+    cache_dir: keep per-rank tables there (Parquet, keyed by file content and tool version)
+        and reuse them on the next run.
+    dask_scheduler: address of a Dask distributed scheduler to run the per-rank work on
+        (default: $KINETO_COMM_DASK_SCHEDULER; trace paths must be readable by the workers).
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     patterns = tuple(comm_patterns)
+    dask_scheduler = dask_scheduler or os.environ.get("KINETO_COMM_DASK_SCHEDULER") or None
     files, missing = discover(list(paths))
     errors: list[tuple[str, str]] = [(e.file, e.problem) for e in missing]
     workers = jobs if jobs is not None else min(os.cpu_count() or 1, len(files))
     results: list[RankTables] = []
-    for file, (status, payload) in zip(files, _run(files, patterns, workers), strict=True):
+    cache_arg = None if cache_dir is None else str(cache_dir)
+    outcome = _run(files, patterns, workers, cache_arg, dask_scheduler)
+    for file, (status, payload) in zip(files, outcome, strict=True):
         if status == "ok":
             results.append(from_wire(payload))
         else:
@@ -110,7 +161,13 @@ def analyze(
     return Report(
         errors=tuple(errors),
         warnings=tuple(warnings),
-        options={"comm_patterns": list(patterns), "jobs": workers, "align": align},
+        options={
+            "comm_patterns": list(patterns),
+            "jobs": workers,
+            "align": align,
+            "cache_dir": cache_arg,
+            "dask_scheduler": dask_scheduler,
+        },
         meta={r.rank: r.meta for r in kept},
         **merged,
     )

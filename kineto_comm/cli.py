@@ -53,6 +53,18 @@ def report(
     no_align: Annotated[
         bool, typer.Option("--no-align", help="Keep each trace's clock (no offset estimation).")
     ] = False,
+    cache: Annotated[
+        Path | None,
+        typer.Option("--cache", help="Keep parsed per-rank tables here and reuse them."),
+    ] = None,
+    dask_scheduler: Annotated[
+        str | None,
+        typer.Option(
+            "--dask-scheduler",
+            envvar="KINETO_COMM_DASK_SCHEDULER",
+            help="Run per-rank work on this Dask scheduler (traces on shared storage).",
+        ),
+    ] = None,
     select: Annotated[
         list[str] | None,
         typer.Option("--select", help="Rules to run: codes, prefixes or names (repeatable, a,b)."),
@@ -80,7 +92,14 @@ def report(
     from kineto_comm.analyze import analyze
     from kineto_comm.render.text import render_text
 
-    result = analyze(paths, comm_patterns=tuple(comm_pattern or ()), jobs=jobs, align=not no_align)
+    result = analyze(
+        paths,
+        comm_patterns=tuple(comm_pattern or ()),
+        jobs=jobs,
+        align=not no_align,
+        cache_dir=cache,
+        dask_scheduler=dask_scheduler,
+    )
     if result.ranks.height == 0:
         for file, message in result.errors:
             print(f"error: {file}: {message}", file=sys.stderr)

@@ -1,0 +1,75 @@
+"""On-disk cache of per-rank tables, so a second report (other rules, other format) skips parsing.
+
+An entry is keyed by the trace file's content hash, the tool version and the options that
+change per-rank tables (communication kernel patterns): a changed file or a new version is a
+miss, never a stale hit. Each entry is a folder of Parquet tables plus the metadata as JSON;
+it is written to a temporary name and renamed, so a crash never leaves half an entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from kineto_comm import __version__
+from kineto_comm.per_rank import TABLES, RankTables
+
+_BLOCK = 16 * 1024 * 1024
+
+
+def cache_key(path: str | Path, comm_patterns: tuple[str, ...]) -> str:
+    """Content hash of the file plus what else determines its tables."""
+    digest = hashlib.blake2b(digest_size=20)
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK):
+            digest.update(block)
+    digest.update(f"|{__version__}|{json.dumps(list(comm_patterns))}".encode())
+    return digest.hexdigest()
+
+
+def load(cache_dir: Path, key: str) -> RankTables | None:
+    """The cached tables for a key, or None (missing or unreadable entries are misses)."""
+    entry = cache_dir / key
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+        frames = {name: pl.read_parquet(entry / f"{name}.parquet") for name in TABLES}
+    except (OSError, ValueError, pl.exceptions.PolarsError):
+        return None
+    return RankTables(
+        file=meta["file"],
+        rank=meta["rank"],
+        world_size=meta["world_size"],
+        meta=meta["meta"],
+        warnings=meta["warnings"],
+        **frames,
+    )
+
+
+def store(cache_dir: Path, key: str, tables: RankTables) -> None:
+    """Write an entry atomically (best effort: a cache that cannot be written is skipped)."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".tmp-"))
+    except OSError:
+        return
+    try:
+        meta: dict[str, Any] = {
+            "file": tables.file,
+            "rank": tables.rank,
+            "world_size": tables.world_size,
+            "meta": tables.meta,
+            "warnings": tables.warnings,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, default=str))
+        for name in TABLES:
+            getattr(tables, name).write_parquet(tmp / f"{name}.parquet")
+        os.replace(tmp, cache_dir / key)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
