@@ -127,7 +127,8 @@ _SHAPE = msgspec.json.Decoder(ShapeEvent)
 # `Input Dims` / `Input type`, which every other CPU op carries too. Decoding those two
 # fields for every op costs a quarter of the decode, so they are read only for these events,
 # found by name in the raw bytes (see _shapes).
-_ANNOTATION_NAME = re.compile(rb'"name"\s*:\s*"(?:nccl|gloo|ucc|mpi|xccl):')
+_ANNOTATION_PREFIXES = (b'"nccl:', b'"gloo:', b'"ucc:', b'"mpi:', b'"xccl:')
+_NAME_KEY = re.compile(rb'"name"\s*:\s*$')
 _EVENTS = msgspec.json.Decoder(list[Event])
 _EMPTY_ARGS = Args()
 
@@ -295,6 +296,7 @@ class _Reader:
         self.warnings: list[str] = []
         self.nbytes = 0
         self.shapes = pl.DataFrame()  # Input Dims / type of the last piece's annotations
+        self.cut = False  # whether a piece has been decoded off the front
 
     def feed(self, block: bytes) -> Iterator[list[Event]]:
         self._compact()
@@ -354,6 +356,7 @@ class _Reader:
                 continue
             self.shapes = _shapes(self.buf, self.pos, comma)
             self.pos = comma
+            self.cut = True
             return events
 
     def finish(self) -> tuple[list[Event], Top | None]:
@@ -368,6 +371,15 @@ class _Reader:
                     raise TraceError(self.name, _describe(exc)) from None
                 self.shapes = _shapes(self.buf, 0, len(self.buf))
                 return top.traceEvents, top
+        if self.header is not None and not self.cut and not self.bare_list:
+            # Nothing was cut off the front: decode the whole document in place, no copies.
+            try:
+                top = _TOP.decode(self.buf)
+                self.shapes = _shapes(self.buf, 0, len(self.buf))
+                events, top.traceEvents = top.traceEvents, []
+                return events, top
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                pass  # truncated or damaged: the salvage path below
         rest = bytes(self.buf[self.pos + 1 :])
         self.buf = bytearray()
         self.pos = 0
@@ -469,10 +481,10 @@ def _shapes(buf: bytearray | bytes, start: int, end: int) -> pl.DataFrame:
     boundary. An event that does not decode that way is skipped: it only loses its size.
     """
     rows: list[tuple[Any, ...]] = []
-    for m in _ANNOTATION_NAME.finditer(buf, start, end):
-        open_at = buf.rfind(b"{", start, m.start())
-        close = _BOUNDARY.search(buf, m.end(), end)
-        close_at = close.start() + 1 if close else buf.rfind(b"}", m.end(), end) + 1
+    for at in _annotation_names(buf, start, end):
+        open_at = buf.rfind(b"{", start, at)
+        close = _BOUNDARY.search(buf, at, end)
+        close_at = close.start() + 1 if close else buf.rfind(b"}", at, end) + 1
         if open_at < 0 or close_at <= 0:
             continue
         try:
@@ -496,6 +508,18 @@ def _shapes(buf: bytearray | bytes, start: int, end: int) -> pl.DataFrame:
             pl.Series("input_type", kinds, dtype=_STR),
         ]
     ).unique(subset=["name", "tid", "ts_us"], keep="first")
+
+
+def _annotation_names(buf: bytearray | bytes, start: int, end: int) -> list[int]:
+    """Positions of `"name": "<backend>:...` values in buf[start:end] (found with bytes.find)."""
+    found: list[int] = []
+    for prefix in _ANNOTATION_PREFIXES:
+        at = buf.find(prefix, start, end)
+        while at >= 0:
+            if _NAME_KEY.search(buf, max(start, at - 16), at):
+                found.append(at)
+            at = buf.find(prefix, at + 1, end)
+    return sorted(found)
 
 
 def _frame(

@@ -1,0 +1,93 @@
+"""Many-rank jobs: kineto-comm end to end (worker processes) against HTA, side by side.
+
+    python bench/bench_scale.py --ranks 8 --size-mb 10            # with HTA
+    python bench/bench_scale.py --ranks 64 --size-mb 50 --no-hta  # the 64 x 50 MB target
+
+A synthetic data-parallel job is generated under bench/out/ (kept and reused). kineto-comm
+runs `analyze()` with one worker per core in a child process; the child's own peak RSS (the
+parent of the workers: they are not counted) and the wall time are reported. HTA runs
+`TraceAnalysis` load + `get_comm_comp_overlap` + `get_temporal_breakdown` on the same files.
+Throughput is MB of uncompressed JSON per second of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_load import run_child  # noqa: E402
+
+KINETO = """
+import os, sys, time, resource
+from kineto_comm import analyze
+t = time.perf_counter()
+r = analyze(sys.argv[1], jobs=int(os.environ['BENCH_JOBS']))
+dt = time.perf_counter() - t
+assert not r.errors, r.errors[:3]
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
+print(dt, rss, r.ranks.height, r.collective_instances.height)
+"""
+
+HTA = """
+import sys, time, logging
+logging.disable(logging.CRITICAL)
+from hta.trace_analysis import TraceAnalysis
+t = time.perf_counter()
+a = TraceAnalysis(trace_dir=sys.argv[1])
+a.get_comm_comp_overlap(visualize=False)
+a.get_temporal_breakdown(visualize=False)
+print(time.perf_counter() - t)
+"""
+
+
+def job(ranks: int, size_mb: float) -> Path:
+    out = HERE / "out" / f"scale-dp-{ranks}r-{int(size_mb)}mb"
+    if not (out / "truth.json").exists():
+        from kineto_comm.synth import generate
+
+        generate("baseline", out, ranks=ranks, layout="dp", size_mb=size_mb, seed=0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--size-mb", type=float, default=10.0)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-hta", action="store_true")
+    args = ap.parse_args()
+
+    folder = job(args.ranks, args.size_mb)
+    files = sorted(
+        p for p in folder.iterdir() if p.name.endswith(".json") and p.name != "truth.json"
+    )
+    total = sum(f.stat().st_size for f in files) / 1e6
+    print(
+        f"{len(files)} ranks x {total / len(files):.0f} MB = {total:,.0f} MB; "
+        f"{args.jobs} workers on {os.cpu_count()} cores"
+    )
+    out, wall, _ = run_child(KINETO, [str(folder)], {"BENCH_JOBS": str(args.jobs)})
+    inner, parent_rss, ranks, instances = out.split()
+    inner = float(inner)
+    print(
+        f"kineto-comm: {inner:7.2f} s ({total / inner:6.1f} MB/s), parent peak RSS "
+        f"{float(parent_rss):.2f} GiB, {ranks} ranks, {instances} matched calls"
+    )
+    if not args.no_hta:
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in files:  # HTA would read truth.json as a trace: give it the traces only
+                os.symlink(f, Path(tmp) / f.name)
+            out, hwall, hrss = run_child(HTA, [tmp])
+        hta = float(out.split()[0])
+        print(f"HTA:         {hta:7.2f} s ({total / hta:6.1f} MB/s), peak RSS {hrss:.2f} GiB")
+        print(f"ratio (HTA / kineto-comm): {hta / inner:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
