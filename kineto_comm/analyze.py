@@ -8,6 +8,7 @@ entry in `Report.errors` and the other ranks are still analysed.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -51,16 +52,26 @@ def _run(
     jobs: int,
     cache_dir: str | None,
     dask_scheduler: str | None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[tuple[str, Any]]:
     """Per-rank work: here, in local worker processes, or on a Dask cluster."""
     names = [str(f) for f in files]
     if dask_scheduler:
         return _run_dask(names, comm_patterns, cache_dir, dask_scheduler)
-    if jobs <= 1 or len(files) <= 1:
-        return [_work(f, comm_patterns, cache_dir) for f in names]
+    n = len(names)
+    report = progress or (lambda done, total: None)
+    if jobs <= 1 or n <= 1:
+        results = []
+        for name in names:
+            results.append(_work(name, comm_patterns, cache_dir))
+            report(len(results), n)
+        return results
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        n = len(names)
-        return list(pool.map(_work, names, [comm_patterns] * n, [cache_dir] * n))
+        results = []
+        for item in pool.map(_work, names, [comm_patterns] * n, [cache_dir] * n):
+            results.append(item)
+            report(len(results), n)
+        return results
 
 
 def _run_dask(
@@ -91,6 +102,7 @@ def analyze(
     align: bool = True,
     cache_dir: str | Path | None = None,
     dask_scheduler: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Report:
     """Analyse the trace files under `paths` (files or directories).
 
@@ -104,6 +116,7 @@ def analyze(
         and reuse them on the next run.
     dask_scheduler: address of a Dask distributed scheduler to run the per-rank work on
         (default: $KINETO_COMM_DASK_SCHEDULER; trace paths must be readable by the workers).
+    progress: called as progress(files_done, files_total) while rank files are analysed.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -114,7 +127,7 @@ def analyze(
     workers = jobs if jobs is not None else min(os.cpu_count() or 1, len(files))
     results: list[RankTables] = []
     cache_arg = None if cache_dir is None else str(cache_dir)
-    outcome = _run(files, patterns, workers, cache_arg, dask_scheduler)
+    outcome = _run(files, patterns, workers, cache_arg, dask_scheduler, progress)
     for file, (status, payload) in zip(files, outcome, strict=True):
         if status == "ok":
             results.append(from_wire(payload))

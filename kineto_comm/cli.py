@@ -7,11 +7,11 @@ printed as one line `error: <file>: <problem>`; never a Python traceback.
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
 from kineto_comm.errors import TraceError, UsageError
 
@@ -23,14 +23,12 @@ app = typer.Typer(
 )
 
 
-class Format(str, Enum):
-    text = "text"
-    json = "json"
-
-
 def _fail(message: str) -> typer.Exit:
     print(f"error: {message}", file=sys.stderr)
     return typer.Exit(2)
+
+
+FORMATS_HELP = "text, json, markdown, sarif, junit, github or html."
 
 
 @app.command()
@@ -38,10 +36,20 @@ def report(
     paths: Annotated[
         list[Path], typer.Argument(help="Trace files or directories (one file per rank).")
     ],
-    format: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.text,
+    format: Annotated[str, typer.Option("--format", "-f", help=FORMATS_HELP)] = "text",
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")
     ] = None,
+    also: Annotated[
+        list[str] | None,
+        typer.Option("--also", help="Also write FORMAT=FILE from the same analysis (repeatable)."),
+    ] = None,
+    fail_on: Annotated[
+        str, typer.Option("--fail-on", help="Exit 1 on findings at or above: info, warning, error.")
+    ] = "error",
+    exit_zero: Annotated[
+        bool, typer.Option("--exit-zero", help="Exit 0 whatever the findings (2 on errors).")
+    ] = False,
     comm_pattern: Annotated[
         list[str] | None,
         typer.Option(
@@ -64,6 +72,10 @@ def report(
             envvar="KINETO_COMM_DASK_SCHEDULER",
             help="Run per-rank work on this Dask scheduler (traces on shared storage).",
         ),
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option("--model", help="Model config (TOML): compare with the analytical model."),
     ] = None,
     select: Annotated[
         list[str] | None,
@@ -88,10 +100,26 @@ def report(
         typer.Option("--rule-option", help="Rule option CODE.name=value (repeatable)."),
     ] = None,
 ) -> None:
-    """Analyse traces and print where each rank's time went and what communication costs."""
+    """Analyse traces: where each rank's time went, what communication costs, what to change."""
     from kineto_comm.analyze import analyze
-    from kineto_comm.render.text import render_text
+    from kineto_comm.render.formats import (
+        FORMATS,
+        exit_code,
+        parse_also,
+        parse_severity,
+        render,
+        write,
+    )
+    from kineto_comm.rules_engine import apply_rules
 
+    try:
+        severity = parse_severity(fail_on)
+        extra = [parse_also(item) for item in also or ()]
+        if format not in FORMATS:
+            raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        model_config = _load_model(model) if model else None
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     result = analyze(
         paths,
         comm_patterns=tuple(comm_pattern or ()),
@@ -99,27 +127,136 @@ def report(
         align=not no_align,
         cache_dir=cache,
         dask_scheduler=dask_scheduler,
+        progress=_progress_bar() if sys.stderr.isatty() else None,
     )
+    for file, message in result.errors:
+        print(f"error: {file}: {message}", file=sys.stderr)
     if result.ranks.height == 0:
-        for file, message in result.errors:
-            print(f"error: {file}: {message}", file=sys.stderr)
         if not result.errors:
             print("error: no trace files found", file=sys.stderr)
         raise typer.Exit(2)
-    from kineto_comm.rules_engine import apply_rules
+    if model_config is not None:
+        from kineto_comm.analytic import with_model
 
+        result = with_model(result, *model_config)
     result = apply_rules(result, select, ignore, rules, config, rule_option)
-    stream = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
-    try:
-        if format is Format.json:
-            stream.write(result.to_json() + "\n")
-            for file, message in result.errors:
-                print(f"error: {file}: {message}", file=sys.stderr)
-        else:
-            render_text(result, out=stream)
-    finally:
+    for fmt, path in extra:
+        write(result, fmt, path, fail_on=severity)
+    if format == "text" and output is None:
+        from kineto_comm.render.text import render_text
+
+        render_text(result, out=sys.stdout)
+    else:
+        text = render(result, format, fail_on=severity)
         if output:
-            stream.close()
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+    raise typer.Exit(exit_code(result, severity, exit_zero))
+
+
+@app.command()
+def diff(
+    baseline: Annotated[
+        Path, typer.Argument(help="Baseline: trace directory or saved JSON report.")
+    ],
+    new: Annotated[Path, typer.Argument(help="New run: trace directory or saved JSON report.")],
+    max_regression: Annotated[
+        str, typer.Option("--max-regression", help="Fail if step time grows more (e.g. 5%).")
+    ] = "5%",
+    max_exposed_regression: Annotated[
+        str | None,
+        typer.Option(
+            "--max-exposed-regression",
+            help="Fail if exposed communication grows by more than this share of the step.",
+        ),
+    ] = None,
+    max_busbw_drop: Annotated[
+        str | None,
+        typer.Option("--max-busbw-drop", help="Fail if a collective's bus bandwidth drops more."),
+    ] = None,
+    fail_on_new: Annotated[
+        str,
+        typer.Option(
+            "--fail-on-new", help="Fail on new findings at or above: info|warning|error|never."
+        ),
+    ] = "never",
+    format: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
+    output: Annotated[Path | None, typer.Option("--output", "-o")] = None,
+    exit_zero: Annotated[bool, typer.Option("--exit-zero")] = False,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j")] = None,
+) -> None:
+    """Compare two runs (trace directories or saved JSON reports); exit 1 on regressions."""
+    from kineto_comm.diff import diff as run_diff
+    from kineto_comm.diff import render_diff_json, render_diff_text
+
+    try:
+        if format not in ("text", "json"):
+            raise ValueError(f"unknown format {format!r}; choose text or json")
+        result = run_diff(
+            baseline,
+            new,
+            max_regression=max_regression,
+            max_exposed_regression=max_exposed_regression,
+            max_busbw_drop=max_busbw_drop,
+            fail_on_new=fail_on_new,
+            jobs=jobs,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    text = render_diff_json(result) if format == "json" else render_diff_text(result)
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    raise typer.Exit(0 if exit_zero or not result.failed else 1)
+
+
+@app.command()
+def model(
+    config: Annotated[Path, typer.Argument(help="Model config (TOML with a [model] table).")],
+) -> None:
+    """Expected communication of a configuration, the pipeline bubble, and a what-if sweep."""
+    from kineto_comm.analytic import render_model
+
+    try:
+        model_config, hardware = _load_model(config)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    print(render_model(model_config, hardware))
+
+
+def _load_model(path: Path) -> tuple[Any, Any]:
+    """(ModelConfig, HardwareModel) from a TOML file; ValueError names the file and key."""
+    from kineto_comm.analytic import load_config, load_hardware
+
+    try:
+        return load_config(path), load_hardware(path)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _progress_bar() -> Any:
+    """A callback drawing a progress bar on stderr while rank files are analysed."""
+    from rich.progress import Progress
+
+    bar = Progress(transient=True, console=Console(stderr=True))
+    task = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task("analysing rank files", total=total)
+        bar.update(task, completed=done)
+        if done >= total:
+            bar.stop()
+
+    return update
 
 
 @app.command()

@@ -39,6 +39,7 @@ TABLE_NAMES = (
     "process_groups",
     "pipeline",
     "storms",
+    "model_comparison",
 )
 
 
@@ -60,6 +61,7 @@ class Report:
     process_groups: pl.DataFrame = field(default_factory=pl.DataFrame)
     pipeline: pl.DataFrame = field(default_factory=pl.DataFrame)
     storms: pl.DataFrame = field(default_factory=pl.DataFrame)
+    model_comparison: pl.DataFrame = field(default_factory=pl.DataFrame)
     errors: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = ()
     findings: tuple[Any, ...] = ()
@@ -151,6 +153,7 @@ class Report:
             "message_sizes": self.message_size_summary.to_dicts(),
             "pipeline": self.pipeline.to_dicts(),
             "storms": self.storms.to_dicts(),
+            "model_comparison": self.model_comparison.to_dicts(),
             "errors": [{"file": f, "message": m} for f, m in self.errors],
             "warnings": list(self.warnings),
             "findings": [f.to_dict() if hasattr(f, "to_dict") else f for f in self.findings],
