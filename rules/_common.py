@@ -72,7 +72,7 @@ def exposure_by_cause(tables: Tables, exclude_last: bool = True) -> pl.DataFrame
     exp = with_roles(tables, exp)
     impact = impact_per_step(exp, "exposed_ns", ["role", "collective"])
     extra = exp.group_by("role", "collective").agg(
-        groups=pl.col("process_group").unique().sort(),
+        groups=pl.col("process_group").drop_nulls().unique().sort(),
         bytes_per_call=pl.col("bytes").mean(),
     )
     return impact.join(extra, on=["role", "collective"], how="left")

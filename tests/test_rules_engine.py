@@ -362,3 +362,30 @@ def test_cli_failing_rule_exits_2_with_one_line(tmp_path: Path) -> None:
     assert run.stderr.strip().splitlines() == [
         "error: rule BOOM1 (boom) failed: ZeroDivisionError: division by zero"
     ]
+
+
+def test_inline_sql_rule_and_options_by_name_in_config(tmp_path: Path) -> None:
+    cfg_path = write(
+        tmp_path / "kineto-comm.toml",
+        """
+        select = ["SQL201", "tensor-parallel-across-hosts"]
+
+        [options.tensor-parallel-across-hosts]
+        ranks_per_host = 4
+
+        [[rule]]
+        code = "SQL201"
+        name = "any-step"
+        summary = "One finding per step row."
+        query = "SELECT rank, step, 5 AS impact_ns_per_step FROM steps"
+        message = "rank {rank}"
+        """,
+    )
+    cfg = load_config(cfg_path)
+    found = run_rules(tables(), config=cfg)
+    assert [(f.code, f.ranks, f.impact_ns_per_step) for f in found] == [
+        ("SQL201", (0,), 5),
+        ("SQL201", (1,), 5),
+    ]
+    resolved = rules_engine.resolve_options(registry(config=cfg), cfg.options)
+    assert resolved["NET102"]["ranks_per_host"] == 4

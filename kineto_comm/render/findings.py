@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -23,10 +24,11 @@ def render_findings(report: Any, console: Console, limit: int = 5) -> None:
         sev = f.severity.value
         share = "" if f.step_share is None else f", {f.step_share:.0%} of step"
         ranks = ",".join(map(str, f.ranks[:8])) + ("..." if len(f.ranks) > 8 else "")
+        where = f" (ranks {ranks})" if ranks else ""
+        style = SEVERITY_STYLE.get(sev, "")
         console.print(
-            f"{i}. [{SEVERITY_STYLE.get(sev, '')}]{sev}[/] {f.code} {f.title} - saves up to "
-            f"{_ms(f.impact_ns_per_step)} per step{share}"
-            + (f" (ranks {ranks})" if ranks else ""),
+            f"{i}. [{style}]{sev}[/] {f.code} {escape(f.title)} - saves up to "
+            f"{_ms(f.impact_ns_per_step)} per step{share}{where}",
             highlight=False,
         )
         if f.advice:
