@@ -14,7 +14,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
@@ -42,14 +41,7 @@ def load(cache_dir: Path, key: str) -> RankTables | None:
         frames = {name: pl.read_parquet(entry / f"{name}.parquet") for name in TABLES}
     except (OSError, ValueError, pl.exceptions.PolarsError):
         return None
-    return RankTables(
-        file=meta["file"],
-        rank=meta["rank"],
-        world_size=meta["world_size"],
-        meta=meta["meta"],
-        warnings=meta["warnings"],
-        **frames,
-    )
+    return RankTables.from_parts(meta, frames)
 
 
 def store(cache_dir: Path, key: str, tables: RankTables) -> None:
@@ -60,14 +52,7 @@ def store(cache_dir: Path, key: str, tables: RankTables) -> None:
     except OSError:
         return
     try:
-        meta: dict[str, Any] = {
-            "file": tables.file,
-            "rank": tables.rank,
-            "world_size": tables.world_size,
-            "meta": tables.meta,
-            "warnings": tables.warnings,
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, default=str))
+        (tmp / "meta.json").write_text(json.dumps(tables.header(), default=str))
         for name in TABLES:
             getattr(tables, name).write_parquet(tmp / f"{name}.parquet")
         os.replace(tmp, cache_dir / key)

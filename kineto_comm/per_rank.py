@@ -37,6 +37,28 @@ class RankTables:
     totals: pl.DataFrame = field(default_factory=pl.DataFrame)
     warnings: list[str] = field(default_factory=list)
 
+    @classmethod
+    def from_parts(cls, header: dict[str, Any], frames: dict[str, pl.DataFrame]) -> RankTables:
+        """Rebuild from `header()` and the TABLES frames (cache entries, worker results)."""
+        return cls(
+            file=header["file"],
+            rank=header["rank"],
+            world_size=header["world_size"],
+            meta=header["meta"],
+            warnings=header["warnings"],
+            **frames,
+        )
+
+    def header(self) -> dict[str, Any]:
+        """Everything but the tables, JSON-serialisable."""
+        return {
+            "file": self.file,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "meta": self.meta,
+            "warnings": self.warnings,
+        }
+
     def with_rank(self, rank: int) -> RankTables:
         """The same tables with the final rank written into every `rank` column."""
         relabel = {
@@ -132,13 +154,7 @@ def process_file(path: str | Path, comm_patterns: tuple[str, ...] = ()) -> RankT
 
 def to_wire(tables: RankTables) -> dict[str, Any]:
     """A picklable form whose DataFrames are Arrow IPC bytes (cheap to send between processes)."""
-    out: dict[str, Any] = {
-        "file": tables.file,
-        "rank": tables.rank,
-        "world_size": tables.world_size,
-        "meta": tables.meta,
-        "warnings": tables.warnings,
-    }
+    out: dict[str, Any] = tables.header()
     for name in TABLES:
         buf = io.BytesIO()
         getattr(tables, name).write_ipc(buf)
@@ -149,11 +165,4 @@ def to_wire(tables: RankTables) -> dict[str, Any]:
 def from_wire(wire: dict[str, Any]) -> RankTables:
     """Inverse of `to_wire`."""
     frames = {name: pl.read_ipc(io.BytesIO(wire[name])) for name in TABLES}
-    return RankTables(
-        file=wire["file"],
-        rank=wire["rank"],
-        world_size=wire["world_size"],
-        meta=wire["meta"],
-        warnings=wire["warnings"],
-        **frames,
-    )
+    return RankTables.from_parts(wire, frames)
