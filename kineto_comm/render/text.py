@@ -49,9 +49,6 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
     from kineto_comm.render.findings import render_findings  # rules engine: what to do first
 
     render_findings(report, console)
-    from kineto_comm.render.findings import render_findings  # rules engine: what to do first
-
-    render_findings(report, console)
     ranks = report.ranks.join(report.totals, on="rank", how="left")
     steps = report.steps.group_by("rank").agg(
         n_steps=(pl.col("step") >= 0).sum(), mean_step_ns=pl.col("wall_ns").mean()
