@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -295,7 +295,9 @@ class _Reader:
         self.bare_list = False
         self.warnings: list[str] = []
         self.nbytes = 0
-        self.shapes = pl.DataFrame()  # Input Dims / type of the last piece's annotations
+        # Input Dims / type of the last piece's annotations, computed on demand (the bytes
+        # stay in the buffer until the next feed()).
+        self.shapes: Callable[[], pl.DataFrame] = pl.DataFrame
         self.cut = False  # whether a piece has been decoded off the front
 
     def feed(self, block: bytes) -> Iterator[list[Event]]:
@@ -354,7 +356,7 @@ class _Reader:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 search_from = m.end()  # not between two top-level events: look further
                 continue
-            self.shapes = _shapes(self.buf, self.pos, comma)
+            self.shapes = _lazy_shapes(self.buf, self.pos, comma)
             self.pos = comma
             self.cut = True
             return events
@@ -369,13 +371,13 @@ class _Reader:
                     top = _TOP.decode(self.buf)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     raise TraceError(self.name, _describe(exc)) from None
-                self.shapes = _shapes(self.buf, 0, len(self.buf))
+                self.shapes = _lazy_shapes(self.buf, 0, len(self.buf))
                 return top.traceEvents, top
         if self.header is not None and not self.cut and not self.bare_list:
             # Nothing was cut off the front: decode the whole document in place, no copies.
             try:
                 top = _TOP.decode(self.buf)
-                self.shapes = _shapes(self.buf, 0, len(self.buf))
+                self.shapes = _lazy_shapes(self.buf, 0, len(self.buf))
                 events, top.traceEvents = top.traceEvents, []
                 return events, top
             except (msgspec.DecodeError, msgspec.ValidationError):
@@ -383,7 +385,7 @@ class _Reader:
         rest = bytes(self.buf[self.pos + 1 :])
         self.buf = bytearray()
         self.pos = 0
-        self.shapes = _shapes(rest, 0, len(rest))
+        self.shapes = _lazy_shapes(rest, 0, len(rest))
         try:
             if self.bare_list:
                 return _EVENTS.decode(b"[" + rest), None
@@ -510,6 +512,11 @@ def _shapes(buf: bytearray | bytes, start: int, end: int) -> pl.DataFrame:
     ).unique(subset=["name", "tid", "ts_us"], keep="first")
 
 
+def _lazy_shapes(buf: bytearray | bytes, start: int, end: int) -> Callable[[], pl.DataFrame]:
+    """_shapes(buf, start, end), deferred until a piece turns out to need it."""
+    return lambda: _shapes(buf, start, end)
+
+
 def _annotation_names(buf: bytearray | bytes, start: int, end: int) -> list[int]:
     """Positions of `"name": "<backend>:...` values in buf[start:end] (found with bytes.find)."""
     found: list[int] = []
@@ -526,7 +533,7 @@ def _frame(
     events: list[Event],
     schema: dict[str, pl.DataType],
     detail: pl.Expr | None,
-    shapes: pl.DataFrame | None = None,
+    shapes: Callable[[], pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """One role's table. Args are read per event for the link columns; the collective
     columns (the rest of `schema`) only for the rows where `detail` holds, joined back."""
@@ -567,8 +574,12 @@ def _frame(
         frame = frame.with_row_index("_i").join(
             detail_frame, on="_i", how="left", maintain_order="left"
         )
-    if shapes is not None and shapes.height:
-        frame = frame.join(shapes, on=["name", "tid", "ts_us"], how="left", maintain_order="left")
+    if shapes is not None and _needs_shapes(frame):
+        found = shapes()
+        if found.height:
+            frame = frame.join(
+                found, on=["name", "tid", "ts_us"], how="left", maintain_order="left"
+            )
     if phs.count("X") != n:  # only complete events and B/E pairs are durations
         frame = frame.filter(pl.col("ph").is_in(list(_DURATION_PH)))
     return frame.select(
@@ -585,7 +596,20 @@ _COMM_OP = (
 _ROLE = {c: 0 for c in GPU_CATS} | {c: 1 for c in RUNTIME_CATS} | {c: 2 for c in CPU_CATS}
 
 
-def _columns(events: list[Event], shapes: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
+def _needs_shapes(cpu: pl.DataFrame) -> bool:
+    """Whether annotation sizes add anything: host-backend spans (gloo, ...) always need
+    them; NCCL annotations only when fewer record_param_comms carry collective args."""
+    names = cpu.get_column("name")
+    if names.str.contains(r"^(gloo|ucc|mpi):").any():
+        return True
+    annotations = names.str.contains(r"^(nccl|xccl):").sum()
+    described = cpu.filter(pl.col("name") == "record_param_comms")["collective"].count()
+    return annotations > described
+
+
+def _columns(
+    events: list[Event], shapes: Callable[[], pl.DataFrame] | None = None
+) -> dict[str, pl.DataFrame]:
     """Split decoded events by role (by category, looked up in C) and tabulate each role;
     `shapes` (from _shapes) supplies the annotations' Input Dims / Input type."""
     roles = pl.Series(list(map(_ROLE.get, _values(events, "cat"))), dtype=pl.UInt8)
