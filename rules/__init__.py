@@ -12,4 +12,5 @@ MODULES = (
     "topology",
     "pipeline",
     "host",
+    "model_deviation",
 )
