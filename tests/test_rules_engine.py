@@ -32,6 +32,7 @@ BUILTIN = {
     "COMM201",
     "NET101",
     "NET102",
+    "MODEL101",
     "PIPE101",
     "SYNC101",
     "SYNC102",
@@ -99,7 +100,7 @@ def test_selection_by_code_prefix_and_name() -> None:
     assert {r.code for r in reg.select(["SYNC"])} == {"SYNC101", "SYNC102", "SYNC103"}
     assert {r.code for r in reg.select(["COMM1"])} == {"COMM101", "COMM102"}
     assert [r.code for r in reg.select(["straggler"])] == ["SYNC101"]
-    assert {r.code for r in reg.select([], ["COMM", "NET", "PIPE"])} == {
+    assert {r.code for r in reg.select([], ["COMM", "NET", "PIPE", "MODEL"])} == {
         "SYNC101",
         "SYNC102",
         "SYNC103",
