@@ -171,6 +171,8 @@ class Tables(Mapping[str, pl.DataFrame]):
 
     A table that is absent (or not yet produced by the analysis) reads as an empty
     DataFrame, so rules test `tables.has(name)` or `.height` rather than catching errors.
+    A process group the trace does not name reads as "?" in every table (the analysis
+    tables' convention), so joins on `process_group` match across tables.
     """
 
     def __init__(self, source: Any) -> None:
@@ -185,7 +187,11 @@ class Tables(Mapping[str, pl.DataFrame]):
                 value = src.table(name)
             except KeyError:
                 value = None
-        return value if isinstance(value, pl.DataFrame) else pl.DataFrame()
+        if not isinstance(value, pl.DataFrame):
+            return pl.DataFrame()
+        if "process_group" in value.columns and value.schema["process_group"] == pl.String:
+            value = value.with_columns(pl.col("process_group").fill_null("?"))
+        return value
 
     def __iter__(self) -> Iterator[str]:
         src = self._source

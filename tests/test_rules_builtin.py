@@ -242,3 +242,15 @@ def test_findings_are_json_ready(job) -> None:
     doc = json.loads(json.dumps([f.to_dict() for f in findings]))
     assert doc[0]["code"] == "COMM201" and doc[0]["rule"] == "small-message-storm"
     assert isinstance(doc[0]["impact_ns_per_step"], int)
+
+
+def test_unnamed_groups_keep_their_role_on_a_real_capture() -> None:
+    """gloo traces name no process group: the rules must still see the group's role."""
+    from kineto_comm import analyze
+
+    from .conftest import SAMPLES
+
+    findings = run_rules(analyze(SAMPLES / "ddp-4", jobs=1))
+    exposed = [f for f in findings if f.code == "COMM101"]
+    assert exposed and "data-parallel" in exposed[0].title
+    assert any("bucket_cap_mb" in a for a in exposed[0].advice)
