@@ -56,7 +56,10 @@ def test_dask_cluster_gives_the_same_report_as_local():
     distributed = pytest.importorskip("distributed")
     local = analyze(SAMPLES / "ddp-4", jobs=1)
     with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
         dashboard_address=None,
     ) as cluster:
         remote = analyze(SAMPLES / "ddp-4", dask_scheduler=cluster.scheduler_address)
