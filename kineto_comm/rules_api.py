@@ -30,6 +30,8 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm.analysis.bandwidth import busbw_factor
+from kineto_comm.analysis.overlap import merge_intervals
 from kineto_comm.findings import Finding, Severity
 
 __all__ = [
@@ -254,30 +256,9 @@ def hosts_of(ranks: pl.Expr, ranks_per_host: int) -> pl.Expr:
     return (ranks.list.eval(pl.element() // max(1, ranks_per_host))).list.n_unique()
 
 
-def busbw_factor(collective: pl.Expr, n: pl.Expr) -> pl.Expr:
-    """nccl-tests' bus-bandwidth factor: all_reduce 2(n-1)/n; gather/scatter/a2a (n-1)/n; 1."""
-    nf = n.cast(pl.Float64)
-    return (
-        pl.when(collective == "all_reduce")
-        .then(2.0 * (nf - 1.0) / nf)
-        .when(collective.is_in(["all_gather", "reduce_scatter", "all_to_all"]))
-        .then((nf - 1.0) / nf)
-        .otherwise(pl.lit(1.0))
-    )
-
-
 def _merge(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """Disjoint union of [start_ns, end_ns) intervals per `by` group."""
-    ordered = intervals.select(*by, "start_ns", "end_ns").sort([*by, "start_ns"])
-    reach = pl.col("end_ns").cum_max().shift(1).over(by)
-    return (
-        ordered.with_columns(_new=(reach.is_null() | (pl.col("start_ns") > reach)).cast(pl.Int64))
-        .with_columns(_grp=pl.col("_new").cum_sum().over(by))
-        .group_by([*by, "_grp"])
-        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-        .drop("_grp")
-        .sort([*by, "start_ns"])
-    )
+    """Disjoint union of [start_ns, end_ns) intervals per `by` group, sorted."""
+    return merge_intervals(intervals, by).sort([*by, "start_ns"])
 
 
 def _covered_before(t: str, union: pl.DataFrame, by: list[str], frame: pl.DataFrame) -> pl.Series:
