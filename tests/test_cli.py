@@ -192,3 +192,21 @@ def test_worker_processes_give_the_same_report_as_one_process():
     two = analyze(SAMPLES / "pp-4", jobs=2)
     for name in ("kernels", "collectives", "steps", "totals"):
         assert getattr(one, name).equals(getattr(two, name)), name
+
+
+@pytest.mark.parametrize("path", all_shared_traces(), ids=lambda p: p.name)
+def test_every_real_trace_renders_in_every_format(path):
+    import dataclasses
+
+    from kineto_comm.findings import Severity
+    from kineto_comm.render.formats import FORMATS, render
+    from kineto_comm.rules_engine import run_rules
+
+    report = analyze(path, jobs=1)
+    if report.ranks.height == 0:
+        assert report.errors  # not a usable trace: it was reported, nothing to render
+        return
+    report = dataclasses.replace(report, findings=tuple(run_rules(report)))
+    for fmt in FORMATS:
+        text = render(report, fmt, fail_on=Severity.error)
+        assert isinstance(text, str) and text, fmt

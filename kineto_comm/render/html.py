@@ -167,8 +167,12 @@ def svg_step_time(report: Report) -> str:
 
 
 def size_histograms(report: Report) -> pl.DataFrame:
-    """calls per (collective, process_group, log2_bucket) over all ranks."""
-    ms = report.message_sizes
+    """calls per (collective, process_group, log2_bucket) over all ranks (known sizes only)."""
+    ms = (
+        report.message_sizes.filter(pl.col("log2_bucket").is_not_null())
+        if ("log2_bucket" in report.message_sizes.columns)
+        else report.message_sizes
+    )
     if ms.height and {"collective", "log2_bucket", "calls"} <= set(ms.columns):
         pg = pl.col("process_group") if "process_group" in ms.columns else pl.lit(None)
         return (
