@@ -550,58 +550,34 @@ def make_groups(layout: str, world: int, tp: int, pp: int, hw: Hardware) -> list
             hw.busbw_gbps,
         )
     ]
-    nxt = 1
     stream = 24
+
+    def add(desc: str, members: list[list[int]], role: str, on_stream: int) -> None:
+        """One group per member list, named "1", "2", ... after those already made."""
+        for ranks in members:
+            groups.append(Group(str(len(groups)), desc, ranks, role, on_stream, hw.busbw_gbps))
+
     if layout == "tp-dp":
         d = world // tp
-        for k in range(d):
-            groups.append(
-                Group(
-                    str(nxt),
-                    "TENSOR_MODEL_PARALLEL_GROUP",
-                    list(range(k * tp, (k + 1) * tp)),
-                    "tp",
-                    stream,
-                    hw.busbw_gbps,
-                )
-            )
-            nxt += 1
-        for j in range(tp):
-            groups.append(
-                Group(
-                    str(nxt),
-                    "DATA_PARALLEL_GROUP",
-                    list(range(j, world, tp)),
-                    "dp",
-                    stream + 4,
-                    hw.busbw_gbps,
-                )
-            )
-            nxt += 1
+        add(
+            "TENSOR_MODEL_PARALLEL_GROUP",
+            [list(range(k * tp, (k + 1) * tp)) for k in range(d)],
+            "tp",
+            stream,
+        )
+        add("DATA_PARALLEL_GROUP", [list(range(j, world, tp)) for j in range(tp)], "dp", stream + 4)
     elif layout == "pp-dp":
         d = world // pp
-        for s in range(pp):
-            groups.append(
-                Group(
-                    str(nxt),
-                    "DATA_PARALLEL_GROUP",
-                    list(range(s * d, (s + 1) * d)),
-                    "dp",
-                    stream,
-                    hw.busbw_gbps,
-                )
-            )
-            nxt += 1
-        for j in range(d):
-            groups.append(
-                Group(
-                    str(nxt),
-                    "PIPELINE_MODEL_PARALLEL_GROUP",
-                    list(range(j, world, d)),
-                    "pp",
-                    stream + 4,
-                    hw.busbw_gbps,
-                )
-            )
-            nxt += 1
+        add(
+            "DATA_PARALLEL_GROUP",
+            [list(range(s * d, (s + 1) * d)) for s in range(pp)],
+            "dp",
+            stream,
+        )
+        add(
+            "PIPELINE_MODEL_PARALLEL_GROUP",
+            [list(range(j, world, d)) for j in range(d)],
+            "pp",
+            stream + 4,
+        )
     return groups
