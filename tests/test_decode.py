@@ -124,6 +124,23 @@ def test_nested_object_lists_in_args_survive_piece_cuts(tmp_path, monkeypatch):
     assert decode_file(path).host.height == 400
 
 
+def test_unknown_or_missing_phase_falls_back_without_losing_events(tmp_path):
+    # Phase-tagged decoding skips flows cheaply; a phase it does not know (or none) sends
+    # the piece to the permissive decoder, which must give the same tables.
+    events = [kernel(f"k{i}", 10.0 * i, 5.0, corr=i) for i in range(50)]
+    events += [launch(10.0 * i - 3, i) for i in range(50)]
+    events += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": 100, "args": {"name": "main"}}]
+    events += [{"ph": "f", "cat": "ac2g", "id": 3, "pid": 0, "tid": 7, "ts": 4.0}]
+    clean = decode_file(write_trace(tmp_path / "clean.json", events))
+    odd = events + [{"ph": "Z", "cat": "other", "ts": 1.0}, {"cat": "cpu_op", "name": "x"}]
+    fallback = decode_file(write_trace(tmp_path / "odd.json", odd))
+    assert clean.gpu.height == 50 and clean.runtime.height == 50
+    assert fallback.gpu.equals(clean.gpu)
+    assert fallback.runtime.equals(clean.runtime)
+    assert fallback.threads.equals(clean.threads)
+    assert clean.threads["label"].to_list() == ["main"]
+
+
 @pytest.mark.parametrize(
     ("content", "problem"),
     [

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Union
 
 import msgspec
 import polars as pl
@@ -65,7 +65,8 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
 
 
 class Event(msgspec.Struct, gc=False):
-    """One trace event, reduced to the fields used."""
+    """One trace event of any phase, reduced to the fields used: the permissive fallback
+    for pieces the phase-tagged classes below cannot take (an unknown or missing `ph`)."""
 
     ph: str | None = None
     cat: str | None = None
@@ -75,6 +76,56 @@ class Event(msgspec.Struct, gc=False):
     ts: int | float | None = None
     dur: int | float | None = None
     args: Args | None = None
+
+
+META_CAT = "\0meta"  # the role key of metadata (M) events, which carry no category
+
+
+class _Phase(msgspec.Struct, gc=False, tag_field="ph"):
+    """Events typed by their phase: msgspec picks the class from `ph` in C, so flows,
+    instants, counters and the like (often a third of a trace) become empty objects whose
+    fields are skipped, not decoded."""
+
+    ph: ClassVar[str] = ""
+    cat: ClassVar[str | None] = None
+
+
+class Complete(_Phase, tag="X"):
+    ph: ClassVar[str] = "X"
+    cat: str | None = None
+    name: str | int | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: int | float | None = None
+    dur: int | float | None = None
+    args: Args | None = None
+
+
+class Begin(Complete, tag="B"):
+    ph: ClassVar[str] = "B"
+
+
+class End(Complete, tag="E"):
+    ph: ClassVar[str] = "E"
+
+
+class Meta(_Phase, tag="M"):
+    ph: ClassVar[str] = "M"
+    cat: ClassVar[str] = META_CAT
+    name: str | int | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: Args | None = None
+
+
+# Every other phase of the Chrome trace format; a phase outside this list sends its piece
+# to the permissive `Event` decoder.
+_OTHER_PHASES = "iIsftCbenSTpFPNODVvRc()"
+_SKIPPED = tuple(
+    msgspec.defstruct(f"_Skip{ord(p)}", [], bases=(_Phase,), tag=p, gc=False)
+    for p in _OTHER_PHASES
+)
+TaggedEvent = Union[(Complete, Begin, End, Meta, *_SKIPPED)]  # noqa: UP007 - built at runtime
 
 
 class ShapeArgs(msgspec.Struct, gc=False):
@@ -113,7 +164,7 @@ class DeviceProps(msgspec.Struct, gc=False):
 
 
 class Top(msgspec.Struct, gc=False):
-    traceEvents: list[Event] = msgspec.field(default_factory=list)  # noqa: N815 - JSON key
+    traceEvents: list[TaggedEvent] = msgspec.field(default_factory=list)  # noqa: N815 - JSON key
     distributedInfo: DistInfo | None = None  # noqa: N815
     deviceProperties: list[DeviceProps] | None = None  # noqa: N815
     displayTimeUnit: str | None = None  # noqa: N815
@@ -121,7 +172,26 @@ class Top(msgspec.Struct, gc=False):
     schemaVersion: int | None = None  # noqa: N815
 
 
-_TOP = msgspec.json.Decoder(Top)
+class _TopAny(Top, gc=False):
+    traceEvents: list[Event] = msgspec.field(default_factory=list)  # noqa: N815
+
+
+class _Decoder:
+    """Phase-tagged decoding, falling back to the permissive classes when a piece holds a
+    phase the tagged union does not know (a schema problem, not a syntax one)."""
+
+    def __init__(self, tagged: Any, permissive: Any) -> None:
+        self.tagged = msgspec.json.Decoder(tagged)
+        self.permissive = msgspec.json.Decoder(permissive)
+
+    def decode(self, data: Any) -> Any:
+        try:
+            return self.tagged.decode(data)
+        except msgspec.ValidationError:
+            return self.permissive.decode(data)
+
+
+_TOP = _Decoder(Top, _TopAny)
 _SHAPE = msgspec.json.Decoder(ShapeEvent)
 # Communication annotations (`nccl:all_reduce`, `gloo:send`, ...) carry the message size in
 # `Input Dims` / `Input type`, which every other CPU op carries too. Decoding those two
@@ -129,7 +199,7 @@ _SHAPE = msgspec.json.Decoder(ShapeEvent)
 # found by name in the raw bytes (see _shapes).
 _ANNOTATION_PREFIXES = (b'"nccl:', b'"gloo:', b'"ucc:', b'"mpi:', b'"xccl:')
 _NAME_KEY = re.compile(rb'"name"\s*:\s*$')
-_EVENTS = msgspec.json.Decoder(list[Event])
+_EVENTS = _Decoder(list[TaggedEvent], list[Event])
 _EMPTY_ARGS = Args()
 
 # Columns of each per-role table (see RawTrace), with their types.
@@ -593,7 +663,12 @@ _COMM_OP = (
     pl.col("name").str.starts_with("record_param_comms")
     | pl.col("name").str.contains(r"^(nccl|gloo|ucc|mpi|xccl):")
 ).fill_null(False)
-_ROLE = {c: 0 for c in GPU_CATS} | {c: 1 for c in RUNTIME_CATS} | {c: 2 for c in CPU_CATS}
+_ROLE = (
+    {c: 0 for c in GPU_CATS}
+    | {c: 1 for c in RUNTIME_CATS}
+    | {c: 2 for c in CPU_CATS}
+    | {META_CAT: 3}
+)
 
 
 def _needs_shapes(cpu: pl.DataFrame) -> bool:
@@ -612,7 +687,11 @@ def _columns(
 ) -> dict[str, pl.DataFrame]:
     """Split decoded events by role (by category, looked up in C) and tabulate each role;
     `shapes` (from _shapes) supplies the annotations' Input Dims / Input type."""
-    roles = pl.Series(list(map(_ROLE.get, _values(events, "cat"))), dtype=pl.UInt8)
+    cats = _values(events, "cat")
+    if events and isinstance(events[0], Event):  # the permissive fallback: M has no class
+        cats = [META_CAT if e.ph == "M" else c for e, c in zip(events, cats, strict=True)]
+    roles = pl.Series(list(map(_ROLE.get, cats)), dtype=pl.UInt8)
+    del cats
     out: dict[str, pl.DataFrame] = {}
     for code, role, schema, detail in (
         (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
@@ -633,7 +712,7 @@ def _columns(
     )
     out["ops"] = cpu.filter(is_op)
     out["host"] = cpu.filter(~is_op).select(list(HOST_SCHEMA))
-    meta = [e for e in _take(events, roles.is_null().arg_true().to_list()) if e.ph == "M"]
+    meta = _take(events, (roles == 3).arg_true().to_list())
     out["threads"] = pl.DataFrame(
         {
             "kind": pl.Series(_str_or_none([e.name for e in meta]), dtype=_STR),
