@@ -122,8 +122,7 @@ class Meta(_Phase, tag="M"):
 # to the permissive `Event` decoder.
 _OTHER_PHASES = "iIsftCbenSTpFPNODVvRc()"
 _SKIPPED = tuple(
-    msgspec.defstruct(f"_Skip{ord(p)}", [], bases=(_Phase,), tag=p, gc=False)
-    for p in _OTHER_PHASES
+    msgspec.defstruct(f"_Skip{ord(p)}", [], bases=(_Phase,), tag=p, gc=False) for p in _OTHER_PHASES
 )
 TaggedEvent = Union[(Complete, Begin, End, Meta, *_SKIPPED)]  # noqa: UP007 - built at runtime
 
