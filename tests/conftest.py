@@ -98,6 +98,8 @@ def write_trace(
     doc: dict[str, Any] = {"schemaVersion": 1}
     if rank is not None:
         doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world_size}
+    if "deviceProperties" in top:  # before the events, where Kineto writes it
+        doc["deviceProperties"] = top.pop("deviceProperties")
     doc["traceEvents"] = events
     doc.update(top)
     text = json.dumps(doc, indent=indent).encode()

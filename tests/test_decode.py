@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -139,6 +140,31 @@ def test_unknown_or_missing_phase_falls_back_without_losing_events(tmp_path):
     assert fallback.runtime.equals(clean.runtime)
     assert fallback.threads.equals(clean.threads)
     assert clean.threads["label"].to_list() == ["main"]
+
+
+def test_host_ops_are_kept_when_a_trace_listing_devices_has_no_device_activity(tmp_path):
+    # A header with deviceProperties makes the first read skip the host table; a trace
+    # that then has no kernels (a gloo run on a GPU machine) is read again with it.
+    src = Path(__file__).parent.parent / "sample_traces" / "ddp-4" / "rank-0.pt.trace.json.gz"
+    with gzip.open(src, "rb") as fh:
+        doc = json.load(fh)
+    plain = decode_file(write_trace(tmp_path / "plain.json", doc["traceEvents"]))
+    listed = decode_file(
+        write_trace(
+            tmp_path / "listed.json", doc["traceEvents"], deviceProperties=[{"id": 0, "name": "G"}]
+        )
+    )
+    assert plain.gpu.height == 0 and plain.host.height > 100
+    assert listed.host.equals(plain.host) and listed.ops.equals(plain.ops)
+    with_gpu = decode_file(
+        write_trace(
+            tmp_path / "gpu.json",
+            [*doc["traceEvents"], kernel("k", 1.0, 1.0, corr=1)],
+            deviceProperties=[{"id": 0, "name": "G"}],
+        )
+    )
+    assert with_gpu.host_skipped and with_gpu.host.height == 0
+    assert with_gpu.ops.equals(plain.ops)
 
 
 @pytest.mark.parametrize(

@@ -229,7 +229,7 @@ GPU_SCHEMA = {
     "device": _I64,
     **_COLL,
 }
-RUNTIME_SCHEMA = {**_COMMON, "name": _STR, "correlation": _I64}
+RUNTIME_SCHEMA = {"ph": _STR, "tid": _STR, "ts_us": _F64, "dur_us": _F64, "correlation": _I64}
 OPS_SCHEMA = {
     **_COMMON,
     "cat": _STR,
@@ -261,7 +261,8 @@ class RawTrace:
     - `runtime`: CUDA/HIP runtime and driver calls on the host, to link launches (RUNTIME_SCHEMA).
     - `ops`: communication ops (record_param_comms, nccl:*, gloo:*) and user annotations
       such as ProfilerStep#N (OPS_SCHEMA).
-    - `host`: every other CPU op: name, where and when it ran (HOST_SCHEMA).
+    - `host`: every other CPU op: name, where and when it ran (HOST_SCHEMA); only filled
+      for traces without device activity (the host timeline of gloo and CPU-only runs).
     - `threads`: process/thread name metadata (kind, pid, tid, label).
     """
 
@@ -279,6 +280,7 @@ class RawTrace:
     base_time_ns: int = 0
     nbytes: int = 0
     warnings: list[str] = field(default_factory=list)
+    host_skipped: bool = False  # `host` left empty: the trace has device activity
 
 
 # ---------------------------------------------------------------------------- bytes
@@ -670,6 +672,14 @@ _ROLE = (
 )
 
 
+# CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
+_IS_OP = (
+    (pl.col("cat") == "user_annotation")
+    | _COMM_OP
+    | pl.col("name").str.starts_with("ProfilerStep#").fill_null(False)
+)
+
+
 def _needs_shapes(cpu: pl.DataFrame) -> bool:
     """Whether annotation sizes add anything: host-backend spans (gloo, ...) always need
     them; NCCL annotations only when fewer record_param_comms carry collective args."""
@@ -682,10 +692,11 @@ def _needs_shapes(cpu: pl.DataFrame) -> bool:
 
 
 def _columns(
-    events: list[Event], shapes: Callable[[], pl.DataFrame] | None = None
+    events: list[Event], shapes: Callable[[], pl.DataFrame] | None = None, host: bool = True
 ) -> dict[str, pl.DataFrame]:
     """Split decoded events by role (by category, looked up in C) and tabulate each role;
-    `shapes` (from _shapes) supplies the annotations' Input Dims / Input type."""
+    `shapes` (from _shapes) supplies the annotations' Input Dims / Input type. Without
+    `host`, the CPU ops that are neither communication nor annotations are left out."""
     cats = _values(events, "cat")
     if events and isinstance(events[0], Event):  # the permissive fallback: M has no class
         cats = [META_CAT if e.ph == "M" else c for e, c in zip(events, cats, strict=True)]
@@ -695,22 +706,21 @@ def _columns(
     for code, role, schema, detail in (
         (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
         (1, "runtime", RUNTIME_SCHEMA, None),
-        (2, "cpu", OPS_SCHEMA, _COMM_OP),
     ):
         picked = _take(events, (roles == code).arg_true().to_list())
-        out[role] = (
-            _frame(picked, schema, detail, shapes if role == "cpu" else None)
-            if picked
-            else pl.DataFrame(schema=schema)
+        out[role] = _frame(picked, schema, detail) if picked else pl.DataFrame(schema=schema)
+    cpu = _take(events, (roles == 2).arg_true().to_list())
+    if not host:  # only the ops: pick them by name and category before building columns
+        keys = pl.DataFrame(
+            [
+                _series("name", _values(cpu, "name"), _STR),
+                pl.Series("cat", _values(cpu, "cat"), dtype=_STR),
+            ]
         )
-    cpu = out.pop("cpu")
-    is_op = (
-        (pl.col("cat") == "user_annotation")
-        | _COMM_OP
-        | pl.col("name").str.starts_with("ProfilerStep#").fill_null(False)
-    )
-    out["ops"] = cpu.filter(is_op)
-    out["host"] = cpu.filter(~is_op).select(list(HOST_SCHEMA))
+        cpu = _take(cpu, keys.select(pl.arg_where(_IS_OP)).to_series().to_list())
+    frame = _frame(cpu, OPS_SCHEMA, _COMM_OP, shapes) if cpu else pl.DataFrame(schema=OPS_SCHEMA)
+    out["ops"] = frame.filter(_IS_OP)
+    out["host"] = frame.filter(~_IS_OP).select(list(HOST_SCHEMA))
     meta = _take(events, (roles == 3).arg_true().to_list())
     out["threads"] = pl.DataFrame(
         {
@@ -727,8 +737,20 @@ def _columns(
 
 
 def decode_file(path: str | Path) -> RawTrace:
-    """Decode one trace file. Raises TraceError (one line) when nothing usable is in it."""
-    path = Path(path)
+    """Decode one trace file. Raises TraceError (one line) when nothing usable is in it.
+
+    The `host` table (every CPU op) only serves traces without device activity, so a trace
+    whose header lists devices is first read without it, and read again with it in the rare
+    case that no device activity turns up after all.
+    """
+    raw = _decode_file(Path(path), host=None)
+    if raw.gpu.height == 0 and raw.host_skipped:
+        raw = _decode_file(Path(path), host=True)
+    return raw
+
+
+def _decode_file(path: Path, host: bool | None) -> RawTrace:
+    """Decode one file; `host=None` keeps the host table unless the header lists devices."""
     name = str(path)
     reader = _Reader(name)
     parts: list[dict[str, pl.DataFrame]] = []
@@ -736,11 +758,15 @@ def decode_file(path: str | Path) -> RawTrace:
     try:
         for block in _read_blocks(path):
             for events in reader.feed(block):
-                parts.append(_columns(events, reader.shapes))
+                if host is None:
+                    host = reader.header is None or not reader.header.deviceProperties
+                parts.append(_columns(events, reader.shapes, host))
                 del events
         try:
             events, trailer = reader.finish()
-            parts.append(_columns(events, reader.shapes))
+            if host is None:
+                host = reader.header is None or not reader.header.deviceProperties
+            parts.append(_columns(events, reader.shapes, host))
             del events
         except _Unsalvageable as exc:
             if not parts:
@@ -758,7 +784,9 @@ def decode_file(path: str | Path) -> RawTrace:
     if empty and reader.header is None and trailer is None:
         raise TraceError(name, "no trace events found")
     tops = [t for t in (reader.header, trailer) if t is not None]
-    return _assemble(name, parts, tops, reader.nbytes, reader.warnings)
+    raw = _assemble(name, parts, tops, reader.nbytes, reader.warnings)
+    raw.host_skipped = host is False
+    return raw
 
 
 def _describe(exc: Exception) -> str:
@@ -825,21 +853,22 @@ def _pair_begin_end(events: pl.DataFrame) -> pl.DataFrame:
     """Turn matching B/E pairs (per pid, tid, nesting level) into X events with a duration."""
     if events.height == 0 or (events["ph"] == "X").all():
         return events
+    where = [c for c in ("pid", "tid") if c in events.columns]
     be = events.filter(pl.col("ph").is_in(["B", "E"])).with_row_index("_i")
-    be = be.sort(["pid", "tid", "ts_us", "_i"]).with_columns(
+    be = be.sort([*where, "ts_us", "_i"]).with_columns(
         _d=pl.when(pl.col("ph") == "B").then(1).otherwise(-1)
     )
-    be = be.with_columns(_depth=pl.col("_d").cum_sum().over(["pid", "tid"]))
+    be = be.with_columns(_depth=pl.col("_d").cum_sum().over(where))
     be = be.with_columns(
         _level=pl.when(pl.col("ph") == "B").then(pl.col("_depth")).otherwise(pl.col("_depth") + 1)
     )
-    be = be.with_columns(_nth=pl.int_range(pl.len()).over(["pid", "tid", "_level", "ph"]))
+    be = be.with_columns(_nth=pl.int_range(pl.len()).over([*where, "_level", "ph"]))
     begins = be.filter(pl.col("ph") == "B")
     ends = be.filter(pl.col("ph") == "E").select(
-        "pid", "tid", "_level", "_nth", pl.col("ts_us").alias("_end")
+        *where, "_level", "_nth", pl.col("ts_us").alias("_end")
     )
     paired = (
-        begins.join(ends, on=["pid", "tid", "_level", "_nth"], how="inner")
+        begins.join(ends, on=[*where, "_level", "_nth"], how="inner")
         .with_columns(ph=pl.lit("X"), dur_us=pl.col("_end") - pl.col("ts_us"))
         .select(events.columns)
     )
