@@ -25,19 +25,21 @@ from kineto_comm.report import Report
 
 
 def _work(
-    path: str, comm_patterns: tuple[str, ...], cache_dir: str | None = None
+    path: str, comm_patterns: tuple[str, ...], cache_dir: str | None = None, wire: bool = True
 ) -> tuple[str, Any]:
-    """Worker entry: ('ok', wire tables) or ('error', message); never raises."""
+    """Worker entry: ('ok', tables) or ('error', message); never raises. The tables travel
+    as Arrow IPC (`to_wire`) unless they stay in this process (`wire=False`)."""
+    pack = to_wire if wire else (lambda tables: tables)
     try:
         if cache_dir is None:
-            return "ok", to_wire(process_file(path, comm_patterns))
+            return "ok", pack(process_file(path, comm_patterns))
         key = cache.cache_key(path, comm_patterns)
         tables = cache.load(Path(cache_dir), key)
         if tables is None:
             tables = process_file(path, comm_patterns)
             cache.store(Path(cache_dir), key, tables)
         tables.file = path
-        return "ok", to_wire(tables)
+        return "ok", pack(tables)
     except TraceError as exc:
         return "error", exc.problem
     except MemoryError:
@@ -63,7 +65,7 @@ def _run(
     if jobs <= 1 or n <= 1:
         results = []
         for name in names:
-            results.append(_work(name, comm_patterns, cache_dir))
+            results.append(_work(name, comm_patterns, cache_dir, wire=False))
             report(len(results), n)
         return results
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
@@ -130,7 +132,7 @@ def analyze(
     outcome = _run(files, patterns, workers, cache_arg, dask_scheduler, progress)
     for file, (status, payload) in zip(files, outcome, strict=True):
         if status == "ok":
-            results.append(from_wire(payload))
+            results.append(payload if isinstance(payload, RankTables) else from_wire(payload))
         else:
             errors.append((str(file), payload))
     assignment = assign_ranks([RankClaim(r.file, r.rank, r.world_size) for r in results])

@@ -604,13 +604,17 @@ def _frame(
     events: list[Event],
     schema: dict[str, pl.DataType],
     detail: pl.Expr | None,
+    piece: int,
     shapes: Callable[[], pl.DataFrame] | None = None,
-) -> pl.DataFrame:
-    """One role's table. Args are read per event for the link columns; the collective
-    columns (the rest of `schema`) only for the rows where `detail` holds, joined back."""
+) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """One role's rows of one piece, and the collective columns (the rest of `schema`) of
+    the rows where `detail` holds. Both carry `_seq` (piece and position) so that the
+    details are joined back once per file (_assemble), not once per piece."""
     n = len(events)
     phs = _values(events, "ph")
-    cols: dict[str, pl.Series] = {}
+    cols: dict[str, pl.Series] = {
+        "_seq": pl.int_range(n, dtype=pl.Int64, eager=True).alias("_seq") + (piece << 32)
+    }
     args = _args_of(events) if any(k in schema for k in _ARG_ATTRS) else []
     for key, attr in _ARG_ATTRS.items():
         if key in schema:
@@ -619,33 +623,26 @@ def _frame(
         if key not in schema:
             continue
         fallback_for = _FALLBACK.get(key) if "device" in schema else None
-        if fallback_for is not None and not cols[fallback_for].null_count():
-            cols[key] = pl.Series(key, [None] * n, dtype=schema[key])
-        else:
+        if fallback_for is None or cols[fallback_for].null_count():
             cols[key] = _series(key, _values(events, attr), schema[key])
     if "external_id" in cols and cols["external_id"].null_count():
         old = _series("old", _values(args, "external_id_old"), _I64)
         cols["external_id"] = cols["external_id"].fill_null(old)
     cols["ph"] = pl.Series("ph", phs, dtype=_STR, strict=False)
     frame = pl.DataFrame(list(cols.values()))
-    rest = [k for k in schema if k not in frame.columns]
+    rest = [k for k in _COLL if k in schema]
+    details = None
     if rest and detail is not None:
         idx = frame.select(pl.arg_where(detail)).to_series().to_list()
-        sub_args = _args_of(_take(events, idx)) if not args else _take(args, idx)
-        sub: dict[str, list[Any]] = {}
-        for key in rest:
-            if key not in _SHAPE_COLUMNS:
-                sub[key] = _values(sub_args, key)
-        if "pg_ranks" in sub:
-            sub["pg_ranks"] = [str(r) if isinstance(r, list) else r for r in sub["pg_ranks"]]
-        detail_frame = pl.DataFrame(
-            [pl.Series("_i", idx, dtype=pl.UInt32)]
-            + [_series(k, v, schema[k]) for k, v in sub.items()]
-        )
-        frame = frame.with_row_index("_i").join(
-            detail_frame, on="_i", how="left", maintain_order="left"
-        )
-    if shapes is not None and _needs_shapes(frame):
+        if idx:
+            sub_args = _args_of(_take(events, idx)) if not args else _take(args, idx)
+            sub = {key: _values(sub_args, key) for key in rest}
+            if "pg_ranks" in sub:
+                sub["pg_ranks"] = [str(r) if isinstance(r, list) else r for r in sub["pg_ranks"]]
+            details = pl.DataFrame(
+                [frame["_seq"].gather(idx)] + [_series(k, v, schema[k]) for k, v in sub.items()]
+            )
+    if shapes is not None and _needs_shapes(frame, details):
         found = shapes()
         if found.height:
             frame = frame.join(
@@ -653,8 +650,19 @@ def _frame(
             )
     if phs.count("X") != n:  # only complete events and B/E pairs are durations
         frame = frame.filter(pl.col("ph").is_in(list(_DURATION_PH)))
+    return frame, details
+
+
+def _finish(
+    frames: list[pl.DataFrame], details: list[pl.DataFrame], schema: dict[str, pl.DataType]
+) -> pl.DataFrame:
+    """A role's pieces as one table of `schema`, the details joined back to their rows."""
+    frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
+    if details:
+        found = pl.concat(details, how="vertical") if len(details) > 1 else details[0]
+        frame = frame.join(found, on="_seq", how="left", maintain_order="left")
     return frame.select(
-        pl.col(k) if k in frame.columns else pl.lit(None, dtype=t).alias(k)
+        pl.col(k).cast(t) if k in frame.columns else pl.lit(None, dtype=t).alias(k)
         for k, t in schema.items()
     )
 
@@ -680,23 +688,32 @@ _IS_OP = (
 )
 
 
-def _needs_shapes(cpu: pl.DataFrame) -> bool:
+def _needs_shapes(cpu: pl.DataFrame, details: pl.DataFrame | None) -> bool:
     """Whether annotation sizes add anything: host-backend spans (gloo, ...) always need
     them; NCCL annotations only when fewer record_param_comms carry collective args."""
     names = cpu.get_column("name")
     if names.str.contains(r"^(gloo|ucc|mpi):").any():
         return True
     annotations = names.str.contains(r"^(nccl|xccl):").sum()
-    described = cpu.filter(pl.col("name") == "record_param_comms")["collective"].count()
+    if not annotations:
+        return False
+    if details is None:
+        return True
+    rpc = cpu.select("_seq", "name").filter(pl.col("name") == "record_param_comms")
+    described = details.join(rpc, on="_seq", how="semi")["collective"].count()
     return annotations > described
 
 
 def _columns(
-    events: list[Event], shapes: Callable[[], pl.DataFrame] | None = None, host: bool = True
+    events: list[Event],
+    shapes: Callable[[], pl.DataFrame] | None = None,
+    host: bool = True,
+    piece: int = 0,
 ) -> dict[str, pl.DataFrame]:
-    """Split decoded events by role (by category, looked up in C) and tabulate each role;
-    `shapes` (from _shapes) supplies the annotations' Input Dims / Input type. Without
-    `host`, the CPU ops that are neither communication nor annotations are left out."""
+    """Split piece number `piece`'s decoded events by role (by category, looked up in C) and
+    tabulate each role; `shapes` (from _shapes) supplies the annotations' Input Dims / Input
+    type. Without `host`, the CPU ops that are neither communication nor annotations are
+    left out. Collective details come separately as `gpu_details` / `ops_details`."""
     cats = _values(events, "cat")
     if events and isinstance(events[0], Event):  # the permissive fallback: M has no class
         cats = [META_CAT if e.ph == "M" else c for e, c in zip(events, cats, strict=True)]
@@ -708,7 +725,12 @@ def _columns(
         (1, "runtime", RUNTIME_SCHEMA, None),
     ):
         picked = _take(events, (roles == code).arg_true().to_list())
-        out[role] = _frame(picked, schema, detail) if picked else pl.DataFrame(schema=schema)
+        if picked:
+            out[role], details = _frame(picked, schema, detail, piece)
+            if details is not None:
+                out[f"{role}_details"] = details
+        else:
+            out[role] = pl.DataFrame(schema=schema)
     cpu = _take(events, (roles == 2).arg_true().to_list())
     if not host:  # only the ops: pick them by name and category before building columns
         keys = pl.DataFrame(
@@ -718,7 +740,11 @@ def _columns(
             ]
         )
         cpu = _take(cpu, keys.select(pl.arg_where(_IS_OP)).to_series().to_list())
-    frame = _frame(cpu, OPS_SCHEMA, _COMM_OP, shapes) if cpu else pl.DataFrame(schema=OPS_SCHEMA)
+    frame = pl.DataFrame(schema=OPS_SCHEMA)
+    if cpu:
+        frame, details = _frame(cpu, OPS_SCHEMA, _COMM_OP, piece, shapes)
+        if details is not None:
+            out["ops_details"] = details
     out["ops"] = frame.filter(_IS_OP)
     out["host"] = frame.filter(~_IS_OP).select(list(HOST_SCHEMA))
     meta = _take(events, (roles == 3).arg_true().to_list())
@@ -760,13 +786,13 @@ def _decode_file(path: Path, host: bool | None) -> RawTrace:
             for events in reader.feed(block):
                 if host is None:
                     host = reader.header is None or not reader.header.deviceProperties
-                parts.append(_columns(events, reader.shapes, host))
+                parts.append(_columns(events, reader.shapes, host, len(parts)))
                 del events
         try:
             events, trailer = reader.finish()
             if host is None:
                 host = reader.header is None or not reader.header.deviceProperties
-            parts.append(_columns(events, reader.shapes, host))
+            parts.append(_columns(events, reader.shapes, host, len(parts)))
             del events
         except _Unsalvageable as exc:
             if not parts:
@@ -807,10 +833,12 @@ def _assemble(
     base = next((t.baseTimeNanoseconds for t in tops if t.baseTimeNanoseconds), None) or 0
     devices = next((t.deviceProperties for t in tops if t.deviceProperties), None) or []
 
-    def table(key: str) -> pl.DataFrame:
+    def table(key: str, schema: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
         frames = [p[key] for p in parts]
-        frame = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-        return frame if key == "threads" else _to_ns(_pair_begin_end(frame), int(base))
+        if schema is None:
+            return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+        details = [p[f"{key}_details"] for p in parts if f"{key}_details" in p]
+        return _to_ns(_pair_begin_end(_finish(frames, details, schema)), int(base))
 
     groups = []
     if info is not None and info.pg_config:
@@ -829,10 +857,10 @@ def _assemble(
             )
     return RawTrace(
         file=name,
-        gpu=table("gpu"),
-        runtime=table("runtime"),
-        ops=table("ops"),
-        host=table("host"),
+        gpu=table("gpu", GPU_SCHEMA),
+        runtime=table("runtime", RUNTIME_SCHEMA),
+        ops=table("ops", OPS_SCHEMA),
+        host=table("host", HOST_SCHEMA),
         threads=table("threads"),
         rank=None if info is None else info.rank,
         world_size=None if info is None else info.world_size,
