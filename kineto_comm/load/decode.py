@@ -22,6 +22,7 @@ import msgspec
 import polars as pl
 
 from kineto_comm.errors import TraceError
+from kineto_comm.memory import release_free_memory
 
 try:  # isal's gzip inflate is ~2-3x faster than zlib's; optional.
     from isal import isal_zlib as _zlib
@@ -656,11 +657,23 @@ def _frame(
 def _finish(
     frames: list[pl.DataFrame], details: list[pl.DataFrame], schema: dict[str, pl.DataType]
 ) -> pl.DataFrame:
-    """A role's pieces as one table of `schema`, the details joined back to their rows."""
+    """A role's pieces as one table of `schema`, the details put back on their rows."""
     frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
+    extra: list[pl.Series] = []
     if details:
         found = pl.concat(details, how="vertical") if len(details) > 1 else details[0]
-        frame = frame.join(found, on="_seq", how="left", maintain_order="left")
+        # `_seq` ascends through the table: find each detail's row by binary search and
+        # scatter its values into otherwise-null columns (no join, no copy of the table).
+        at = frame["_seq"].search_sorted(found["_seq"], side="left")
+        hit = at < frame.height
+        at, found = at.filter(hit), found.filter(hit)
+        keep = frame["_seq"].gather(at) == found["_seq"]
+        at, found = at.filter(keep), found.filter(keep)
+        frame = frame.drop([c for c in found.columns[1:] if c in frame.columns])
+        for column in found.columns[1:]:
+            full = pl.Series(column, dtype=found[column].dtype).extend_constant(None, frame.height)
+            extra.append(full.scatter(at, found[column]) if at.len() else full)
+    frame = frame.hstack(extra) if extra else frame
     return frame.select(
         pl.col(k).cast(t) if k in frame.columns else pl.lit(None, dtype=t).alias(k)
         for k, t in schema.items()
@@ -810,6 +823,8 @@ def _decode_file(path: Path, host: bool | None) -> RawTrace:
     if empty and reader.header is None and trailer is None:
         raise TraceError(name, "no trace events found")
     tops = [t for t in (reader.header, trailer) if t is not None]
+    del reader.buf
+    release_free_memory()  # the decoded objects' heap, before the Polars work below
     raw = _assemble(name, parts, tops, reader.nbytes, reader.warnings)
     raw.host_skipped = host is False
     return raw
@@ -911,6 +926,8 @@ def _to_ns(events: pl.DataFrame, base_ns: int) -> pl.DataFrame:
         whole.cast(pl.Int64) * 1000 + ((ts - whole) * 1000).round().cast(pl.Int64) + pl.lit(base_ns)
     )
     dur = (pl.col("dur_us").fill_null(0.0).clip(lower_bound=0.0) * 1000).round().cast(pl.Int64)
+    if not events.select((ts.is_null() | ~ts.is_finite()).any()).item():
+        return events.with_columns(start_ns=start, end_ns=start + dur)  # no copy of the rest
     return events.filter(ts.is_not_null() & ts.is_finite()).with_columns(
         start_ns=start, end_ns=start + dur
     )

@@ -54,6 +54,32 @@ ARG_COLUMNS = (
 HOST_COMM_PREFIXES = ("gloo:", "ucc:", "mpi:")
 
 
+def _launches(runtime: pl.DataFrame, correlation: pl.Series) -> list[pl.Series]:
+    """launch_ns and launch_tid of the first runtime call with each row's correlation id.
+
+    Found by binary search in the runtime calls sorted by correlation: no hash join, and
+    the (wide) kernel table is not copied.
+    """
+    calls = (
+        runtime.select("correlation", launch_ns="start_ns", launch_tid="tid")
+        .drop_nulls("correlation")
+        .sort("correlation", maintain_order=True)
+    )
+    if calls.height == 0:
+        n = correlation.len()
+        return [
+            pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("launch_ns"),
+            pl.repeat(None, n, dtype=pl.String, eager=True).alias("launch_tid"),
+        ]
+    at = calls["correlation"].search_sorted(correlation, side="left")
+    where = at.clip(upper_bound=calls.height - 1)
+    found = (calls["correlation"].gather(where) == correlation).fill_null(False)
+    return [
+        pl.select(pl.when(found).then(calls[c].gather(where))).to_series().alias(c)
+        for c in ("launch_ns", "launch_tid")
+    ]
+
+
 def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ()) -> pl.DataFrame:
     """Device activity of one rank (or its host timeline when it has no device activity).
 
@@ -62,12 +88,7 @@ def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ())
     """
     if raw.gpu.height == 0:
         return host_timeline(raw, rank)
-    launches = (
-        raw.runtime.filter(pl.col("correlation").is_not_null())
-        .select("correlation", launch_ns=pl.col("start_ns"), launch_tid=pl.col("tid"))
-        .unique(subset="correlation", keep="first")
-    )
-    gpu = raw.gpu.join(launches, on="correlation", how="left")
+    gpu = raw.gpu.hstack(_launches(raw.runtime, raw.gpu["correlation"]))
     kind = (
         pl.when(pl.col("cat").is_in(["gpu_memcpy", "Memcpy"]))
         .then(pl.lit("memcpy"))

@@ -48,23 +48,27 @@ def cpu_steps(raw: RawTrace, rank: int) -> pl.DataFrame:
 
 
 def assign_steps(kernels: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """Add a `step` column: the step whose CPU window holds the launch (or start) of each row."""
-    at = pl.coalesce("launch_ns", "start_ns")
+    """Add a `step` column: the step whose CPU window holds the launch (or start) of each row.
+
+    The windows are looked up by binary search over their sorted starts, so the (wide)
+    kernel table is neither sorted nor copied.
+    """
     if steps.height == 0 or kernels.height == 0:
         return kernels.with_columns(step=pl.lit(NO_STEP, dtype=pl.Int64))
-    keyed = kernels.with_row_index("_row").with_columns(_at=at).sort("_at")
-    hit = keyed.join_asof(
-        steps.select("step", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns"),
-        left_on="_at",
-        right_on="cpu_start_ns",
-        strategy="backward",
+    marks = steps.select("step", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns")
+    at = kernels.select(pl.coalesce("launch_ns", "start_ns")).to_series()
+    # The last window starting at or before each row's time (-1: before every window).
+    found = marks["cpu_start_ns"].search_sorted(at, side="right").cast(pl.Int64) - 1
+    where = found.clip(lower_bound=0)
+    inside = (found >= 0) & (at <= marks["cpu_end_ns"].gather(where))
+    step = (
+        pl.select(
+            pl.when(inside).then(marks["step"].gather(where)).otherwise(NO_STEP).fill_null(NO_STEP)
+        )
+        .to_series()
+        .alias("step")
     )
-    step = pl.when(pl.col("_at") <= pl.col("cpu_end_ns")).then(pl.col("step")).otherwise(NO_STEP)
-    return (
-        hit.with_columns(step=step.fill_null(NO_STEP))
-        .sort("_row")
-        .drop("_row", "_at", "cpu_start_ns", "cpu_end_ns")
-    )
+    return kernels.with_columns(step)
 
 
 def device_windows(kernels: pl.DataFrame, steps: pl.DataFrame, rank: int) -> pl.DataFrame:
