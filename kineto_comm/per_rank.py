@@ -8,7 +8,7 @@ are provisional here (what the file says); the merge step assigns final ones.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +100,13 @@ def process_file(path: str | Path, comm_patterns: tuple[str, ...] = ()) -> RankT
     raw = decode_file(path)
     rank = raw.rank if raw.rank is not None else -1
     marks = cpu_steps(raw, rank)
+    on_device = raw.gpu.height > 0
     rows = assign_steps(build_kernels(raw, rank, comm_patterns), marks)
+    # The event tables are done with: free them before the rest (peak memory).
+    raw = replace(raw, gpu=raw.gpu.clear(), runtime=raw.runtime.clear(), host=raw.host.clear())
     kernels = rows.select(KERNEL_COLUMNS)
     collectives = build_collectives(rows, raw, _process_groups(raw))
+    del rows
     windows = device_windows(kernels, marks, rank)
     step_metrics = breakdown(kernels, windows.rename({"step": "window"})).rename({"window": "step"})
     steps = windows.join(
@@ -123,7 +127,7 @@ def process_file(path: str | Path, comm_patterns: tuple[str, ...] = ()) -> RankT
             schema={"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
             | {m: pl.Int64 for m in METRICS}
         )
-    timeline = "device" if raw.gpu.height else ("host" if kernels.height else "none")
+    timeline = "device" if on_device else ("host" if kernels.height else "none")
     warnings = list(raw.warnings)
     if timeline == "none":
         warnings.append(
