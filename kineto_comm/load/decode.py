@@ -499,6 +499,13 @@ def _series(name: str, values: list[Any], dtype: pl.DataType) -> pl.Series:
             return pl.Series(name, values, dtype=_I64, strict=True).cast(_STR)
         except (TypeError, OverflowError, pl.exceptions.PolarsError):
             return pl.Series(name, _str_or_none(values), dtype=_STR)
+    if name == "name":
+        # Event names repeat (a few hundred distinct kernel names, often 200 bytes long):
+        # through a categorical, every row's string view points at one shared copy.
+        try:
+            return pl.Series(name, values, dtype=pl.Categorical, strict=True).cast(_STR)
+        except (TypeError, OverflowError, pl.exceptions.PolarsError):
+            pass
     try:
         return pl.Series(name, values, dtype=dtype, strict=True)
     except (TypeError, OverflowError, pl.exceptions.PolarsError):
