@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm import cache
+from kineto_comm import budget, cache
 from kineto_comm.analysis.crossrank import cross_rank
 from kineto_comm.errors import TraceError, UsageError
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
@@ -25,18 +25,22 @@ from kineto_comm.report import Report
 
 
 def _work(
-    path: str, comm_patterns: tuple[str, ...], cache_dir: str | None = None, wire: bool = True
+    path: str,
+    comm_patterns: tuple[str, ...],
+    cache_dir: str | None = None,
+    wire: bool = True,
+    piece_bytes: int | None = None,
 ) -> tuple[str, Any]:
     """Worker entry: ('ok', tables) or ('error', message); never raises. The tables travel
     as Arrow IPC (`to_wire`) unless they stay in this process (`wire=False`)."""
     pack = to_wire if wire else (lambda tables: tables)
     try:
         if cache_dir is None:
-            return "ok", pack(process_file(path, comm_patterns))
+            return "ok", pack(process_file(path, comm_patterns, piece_bytes))
         key = cache.cache_key(path, comm_patterns)
         tables = cache.load(Path(cache_dir), key)
         if tables is None:
-            tables = process_file(path, comm_patterns)
+            tables = process_file(path, comm_patterns, piece_bytes)
             cache.store(Path(cache_dir), key, tables)
         tables.file = path
         return "ok", pack(tables)
@@ -55,29 +59,36 @@ def _run(
     cache_dir: str | None,
     dask_scheduler: str | None,
     progress: Callable[[int, int], None] | None = None,
+    piece_bytes: int | None = None,
 ) -> list[tuple[str, Any]]:
     """Per-rank work: here, in local worker processes, or on a Dask cluster."""
     names = [str(f) for f in files]
     if dask_scheduler:
-        return _run_dask(names, comm_patterns, cache_dir, dask_scheduler)
+        return _run_dask(names, comm_patterns, cache_dir, dask_scheduler, piece_bytes)
     n = len(names)
     report = progress or (lambda done, total: None)
     if jobs <= 1 or n <= 1:
         results = []
         for name in names:
-            results.append(_work(name, comm_patterns, cache_dir, wire=False))
+            results.append(_work(name, comm_patterns, cache_dir, False, piece_bytes))
             report(len(results), n)
         return results
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         results = []
-        for item in pool.map(_work, names, [comm_patterns] * n, [cache_dir] * n):
+        for item in pool.map(
+            _work, names, [comm_patterns] * n, [cache_dir] * n, [True] * n, [piece_bytes] * n
+        ):
             results.append(item)
             report(len(results), n)
         return results
 
 
 def _run_dask(
-    names: list[str], comm_patterns: tuple[str, ...], cache_dir: str | None, address: str
+    names: list[str],
+    comm_patterns: tuple[str, ...],
+    cache_dir: str | None,
+    address: str,
+    piece_bytes: int | None,
 ) -> list[tuple[str, Any]]:
     """Send per-rank work to an existing Dask cluster (files must be on shared storage)."""
     try:
@@ -92,7 +103,15 @@ def _run_dask(
         raise UsageError(f"cannot reach the Dask scheduler at {address} ({exc})") from exc
     with client:
         n = len(names)
-        futures = client.map(_work, names, [comm_patterns] * n, [cache_dir] * n, pure=False)
+        futures = client.map(
+            _work,
+            names,
+            [comm_patterns] * n,
+            [cache_dir] * n,
+            [True] * n,
+            [piece_bytes] * n,
+            pure=False,
+        )
         return client.gather(futures)
 
 
@@ -105,6 +124,7 @@ def analyze(
     cache_dir: str | Path | None = None,
     dask_scheduler: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    memory_limit: int | str | None = None,
 ) -> Report:
     """Analyse the trace files under `paths` (files or directories).
 
@@ -119,6 +139,10 @@ def analyze(
     dask_scheduler: address of a Dask distributed scheduler to run the per-rank work on
         (default: $KINETO_COMM_DASK_SCHEDULER; trace paths must be readable by the workers).
     progress: called as progress(files_done, files_total) while rank files are analysed.
+    memory_limit: bytes (or text such as "8G") the local analysis may use (default:
+        $KINETO_COMM_MEMORY_LIMIT, else three quarters of the available memory). It caps
+        the workers running at once and the size of the pieces each trace is decoded in
+        (see kineto_comm.budget); results do not depend on it.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -127,9 +151,16 @@ def analyze(
     files, missing = discover(list(paths))
     errors: list[tuple[str, str]] = [(e.file, e.problem) for e in missing]
     workers = jobs if jobs is not None else min(os.cpu_count() or 1, len(files))
+    limit = memory_limit if memory_limit is not None else os.environ.get(budget.ENV)
+    if isinstance(limit, str):
+        limit = budget.parse_size(limit)
+    budgeted = budget.plan(files, limit or budget.default_limit(), workers)
+    workers = budgeted.jobs
     results: list[RankTables] = []
     cache_arg = None if cache_dir is None else str(cache_dir)
-    outcome = _run(files, patterns, workers, cache_arg, dask_scheduler, progress)
+    outcome = _run(
+        files, patterns, workers, cache_arg, dask_scheduler, progress, budgeted.piece_bytes
+    )
     for file, (status, payload) in zip(files, outcome, strict=True):
         if status == "ok":
             results.append(payload if isinstance(payload, RankTables) else from_wire(payload))
@@ -138,7 +169,8 @@ def analyze(
     assignment = assign_ranks([RankClaim(r.file, r.rank, r.world_size) for r in results])
     errors.extend((e.file, e.problem) for e in assignment.rejected)
     kept = [r.with_rank(assignment.ranks[r.file]) for r in results if r.file in assignment.ranks]
-    warnings = [w for r in kept for w in r.warnings] + assignment.warnings
+    warnings = [*budgeted.warnings] + [w for r in kept for w in r.warnings]
+    warnings += assignment.warnings
     ranks = pl.DataFrame(
         [
             {
@@ -179,6 +211,8 @@ def analyze(
         options={
             "comm_patterns": list(patterns),
             "jobs": workers,
+            "memory_limit": budgeted.limit,
+            "piece_bytes": budgeted.piece_bytes,
             "align": align,
             "cache_dir": cache_arg,
             "dask_scheduler": dask_scheduler,

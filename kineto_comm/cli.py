@@ -73,6 +73,14 @@ def report(
             help="Run per-rank work on this Dask scheduler (traces on shared storage).",
         ),
     ] = None,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-limit",
+            envvar="KINETO_COMM_MEMORY_LIMIT",
+            help="Memory the analysis may use, e.g. 8G (default: 3/4 of available memory).",
+        ),
+    ] = None,
     model: Annotated[
         Path | None,
         typer.Option("--model", help="Model config (TOML): compare with the analytical model."),
@@ -128,6 +136,7 @@ def report(
         cache_dir=cache,
         dask_scheduler=dask_scheduler,
         progress=_progress_bar() if sys.stderr.isatty() else None,
+        memory_limit=memory_limit,
     )
     for file, message in result.errors:
         print(f"error: {file}: {message}", file=sys.stderr)

@@ -95,9 +95,12 @@ def _process_groups(raw: RawTrace) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-def process_file(path: str | Path, comm_patterns: tuple[str, ...] = ()) -> RankTables:
-    """Decode one trace and build its kernels, collectives, steps and totals tables."""
-    raw = decode_file(path)
+def process_file(
+    path: str | Path, comm_patterns: tuple[str, ...] = (), piece_bytes: int | None = None
+) -> RankTables:
+    """Decode one trace and build its kernels, collectives, steps and totals tables
+    (`piece_bytes`: see decode_file)."""
+    raw = decode_file(path, piece_bytes)
     rank = raw.rank if raw.rank is not None else -1
     marks = cpu_steps(raw, rank)
     on_device = raw.gpu.height > 0

@@ -211,3 +211,11 @@ def test_every_real_trace_renders_in_every_format(path):
         text = render(report, fmt, fail_on=Severity.error)
         # GitHub annotations are one line per finding: none without findings.
         assert text or (fmt == "github" and not report.findings), fmt
+
+
+def test_memory_limit_option():
+    bad = run("report", str(SAMPLES / "tp-2"), "--memory-limit", "plenty")
+    assert bad.returncode == 2 and "not a memory size" in bad.stderr
+    assert_no_traceback(bad)
+    ok = run("report", str(SAMPLES / "tp-2"), "--memory-limit", "64M", "--exit-zero")
+    assert ok.returncode == 0 and "memory limit" in ok.stdout + ok.stderr

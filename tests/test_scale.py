@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import sys
 
 import pytest
 
-from kineto_comm import analyze, per_rank
+from kineto_comm import analyze, budget, per_rank
+from kineto_comm.errors import UsageError
+from kineto_comm.load import decode
+from kineto_comm.synth import generate
 
 from .conftest import SAMPLES
 
@@ -43,9 +47,9 @@ def test_cache_reuses_tables_and_misses_on_changed_content(tmp_path, monkeypatch
     calls = []
     real = per_rank.process_file
 
-    def counting(path, patterns=()):
+    def counting(path, patterns=(), piece_bytes=None):
         calls.append(path)
-        return real(path, patterns)
+        return real(path, patterns, piece_bytes)
 
     monkeypatch.setattr(module, "process_file", counting)
     analyze(traces, jobs=1, cache_dir=cache)
@@ -73,3 +77,51 @@ def test_unreachable_dask_scheduler_is_a_usage_error():
 
     with pytest.raises(UsageError, match="Dask scheduler"):
         analyze(SAMPLES / "tp-2", dask_scheduler="tcp://127.0.0.1:1")
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("8G", 8 << 30), ("512MiB", 512 << 20), ("1.5g", 3 << 29), ("4096", 4096), ("2 GB", 2 << 30)],
+)
+def test_memory_sizes_parse(text, size):
+    assert budget.parse_size(text) == size
+
+
+def test_memory_size_errors_are_usage_errors():
+    with pytest.raises(UsageError):
+        budget.parse_size("lots")
+
+
+def test_plan_fits_workers_and_pieces_to_the_limit(tmp_path):
+    files = []
+    for i in range(4):
+        path = tmp_path / f"rank-{i}.json"
+        path.write_bytes(b" " * 1_000_000)
+        files.append(path)
+    roomy = budget.plan(files, 64 << 30, jobs=4)
+    assert (roomy.jobs, roomy.piece_bytes, roomy.warnings) == (4, decode.PIECE_BYTES, ())
+    # Room for the parent and exactly two workers.
+    need = budget.WORKER_BASE + int(budget.WORKER_SHARE * 1_000_000)
+    parent = budget.PARENT_BASE + int(budget.PARENT_SHARE * 4_000_000)
+    two = budget.plan(files, parent + 2 * need + 1, jobs=4)
+    assert two.jobs == 2 and not two.warnings
+    tight = budget.plan(files, 64 << 20, jobs=4)
+    assert tight.jobs == 1 and tight.piece_bytes == budget.MIN_PIECE
+    assert tight.warnings and "memory limit" in tight.warnings[0]
+
+
+def test_gzip_trailer_gives_the_uncompressed_size(tmp_path):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(b"x" * 100_000))
+    assert budget.uncompressed_size(path) == 100_000
+
+
+def test_a_small_memory_limit_gives_the_same_report(tmp_path):
+    # 1 MiB pieces (the smallest) against the default 16 MiB: every table identical.
+    job = tmp_path / "job"
+    generate("baseline", job, ranks=2, layout="dp", size_mb=4, seed=1)
+    free = analyze(job, jobs=1)
+    tight = analyze(job, jobs=2, memory_limit="64M")
+    assert tight.options["piece_bytes"] == budget.MIN_PIECE and tight.options["jobs"] == 1
+    assert any("memory limit" in w for w in tight.warnings)
+    _same(free, tight)

@@ -114,8 +114,10 @@ def shift(table: pl.DataFrame, offsets: pl.DataFrame, columns: list[str]) -> pl.
     present = [c for c in columns if c in table.columns]
     if table.height == 0 or not present or "rank" not in table.columns:
         return table
-    return (
-        table.join(offsets.select("rank", "offset_ns"), on="rank", how="left")
-        .with_columns(pl.col(c) - pl.col("offset_ns").fill_null(0) for c in present)
-        .drop("offset_ns")
+    moved = offsets.filter(pl.col("offset_ns").fill_null(0) != 0)
+    if moved.height == 0:
+        return table  # nothing to move: no copy of a table that may hold every kernel
+    by_rank = pl.col("rank").replace_strict(
+        moved["rank"], moved["offset_ns"], default=0, return_dtype=pl.Int64
     )
+    return table.with_columns(pl.col(c) - by_rank for c in present)

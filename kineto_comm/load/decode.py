@@ -359,8 +359,9 @@ class _Reader:
     boundary that turns out to lie inside an event (its piece does not decode) is skipped.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, piece_bytes: int | None = None) -> None:
         self.name = name
+        self.piece_bytes = piece_bytes or PIECE_BYTES
         self.buf = bytearray()
         self.pos = -1
         self.header: Top | None = None
@@ -378,7 +379,7 @@ class _Reader:
         self.nbytes += len(block)
         if self.pos < 0 and not self._find_start():
             return
-        while len(self.buf) - self.pos > PIECE_BYTES:
+        while len(self.buf) - self.pos > self.piece_bytes:
             events = self._next_piece()
             if events is None:
                 break
@@ -417,7 +418,7 @@ class _Reader:
         return True
 
     def _next_piece(self) -> list[Event] | None:
-        search_from = self.pos + PIECE_BYTES
+        search_from = self.pos + self.piece_bytes
         while True:
             m = _BOUNDARY.search(self.buf, search_from)
             if m is None:
@@ -782,23 +783,26 @@ def _columns(
     return out
 
 
-def decode_file(path: str | Path) -> RawTrace:
+def decode_file(path: str | Path, piece_bytes: int | None = None) -> RawTrace:
     """Decode one trace file. Raises TraceError (one line) when nothing usable is in it.
+
+    `piece_bytes` (default PIECE_BYTES) bounds how much JSON is decoded into Python objects
+    at a time; the tables are the same whatever it is.
 
     The `host` table (every CPU op) only serves traces without device activity, so a trace
     whose header lists devices is first read without it, and read again with it in the rare
     case that no device activity turns up after all.
     """
-    raw = _decode_file(Path(path), host=None)
+    raw = _decode_file(Path(path), None, piece_bytes)
     if raw.gpu.height == 0 and raw.host_skipped:
-        raw = _decode_file(Path(path), host=True)
+        raw = _decode_file(Path(path), True, piece_bytes)
     return raw
 
 
-def _decode_file(path: Path, host: bool | None) -> RawTrace:
+def _decode_file(path: Path, host: bool | None, piece_bytes: int | None) -> RawTrace:
     """Decode one file; `host=None` keeps the host table unless the header lists devices."""
     name = str(path)
-    reader = _Reader(name)
+    reader = _Reader(name, piece_bytes)
     parts: list[dict[str, pl.DataFrame]] = []
     trailer: Top | None = None
     try:

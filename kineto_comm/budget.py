@@ -1,0 +1,92 @@
+"""How much memory a run may use, and what that decides: worker processes and piece size.
+
+Peak memory of one rank's analysis grows with its trace: about WORKER_BASE (interpreter,
+Polars, the piece being decoded) plus WORKER_SHARE of the uncompressed JSON (its tables;
+bench/README.md has the measurements). The parent holds every rank's reduced tables: about
+PARENT_BASE plus PARENT_SHARE of all the JSON. A plan runs as many workers at once as the
+limit holds (never fewer than one) and decodes smaller pieces under small limits; the
+tables are the same whatever the plan.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from kineto_comm.errors import UsageError
+from kineto_comm.load.decode import PIECE_BYTES
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+WORKER_BASE = 160 * MiB
+WORKER_SHARE = 0.8
+PARENT_BASE = 200 * MiB
+PARENT_SHARE = 0.1
+MIN_PIECE = 1 * MiB
+ENV = "KINETO_COMM_MEMORY_LIMIT"
+
+_UNITS = {"": 1, "k": 1024, "m": MiB, "g": GiB, "t": 1024 * GiB}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `8G`, `512MiB`, `1.5g` or a plain number (units are powers of 1024)."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise UsageError(f"not a memory size: {text!r} (use e.g. 8G, 512M)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def default_limit() -> int:
+    """Three quarters of the memory available now (Linux), else half of physical memory."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 * 3 // 4
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 4 * GiB
+
+
+def uncompressed_size(path: Path) -> int:
+    """The JSON size of a trace file: a gzip file's trailer gives it (modulo 4 GiB)."""
+    size = path.stat().st_size
+    if not path.name.endswith(".gz") or size < 18:
+        return size
+    with open(path, "rb") as fh:
+        fh.seek(-4, os.SEEK_END)
+        isize = int.from_bytes(fh.read(4), "little")
+    return isize if isize >= size else size * 8  # wrapped past 4 GiB: a typical ratio
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a memory limit allows: `jobs` workers at once, decoding `piece_bytes` at a time."""
+
+    limit: int
+    jobs: int
+    piece_bytes: int
+    warnings: tuple[str, ...] = ()
+
+
+def plan(files: list[Path], limit: int, jobs: int) -> Plan:
+    """The plan for analysing `files` with at most `jobs` workers within `limit` bytes."""
+    sizes = {f: uncompressed_size(f) for f in files}
+    piece = max(MIN_PIECE, min(PIECE_BYTES, limit // 64))
+    parent = PARENT_BASE + int(PARENT_SHARE * sum(sizes.values()))
+    biggest = max(sizes, key=sizes.__getitem__, default=None)
+    need = WORKER_BASE + int(WORKER_SHARE * sizes[biggest]) if biggest else WORKER_BASE
+    fits = max(1, (limit - parent) // need) if limit > parent else 1
+    warnings = []
+    if biggest is not None and parent + need > limit:
+        warnings.append(
+            f"{biggest}: analysing it needs about {(parent + need) / GiB:.1f} GiB, more than"
+            f" the memory limit of {limit / GiB:.1f} GiB; going ahead with one worker"
+        )
+    return Plan(limit, max(1, min(jobs, fits)), piece, tuple(warnings))
