@@ -258,6 +258,9 @@ def parse_int(text: pl.Expr) -> pl.Expr:
 class RawTrace:
     """One file's events split by role, with exact start_ns/end_ns, and its metadata.
 
+    Each table has its schema's columns except ph, ts_us and dur_us, which become
+    start_ns and end_ns.
+
     - `gpu`: kernels, memcpy and memset on the device timeline (GPU_SCHEMA).
     - `runtime`: CUDA/HIP runtime and driver calls on the host, to link launches (RUNTIME_SCHEMA).
     - `ops`: communication ops (record_param_comms, nccl:*, gloo:*) and user annotations
@@ -930,18 +933,17 @@ def _pair_begin_end(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def _to_ns(events: pl.DataFrame, base_ns: int) -> pl.DataFrame:
-    """Add exact integer-nanosecond start/end columns (absolute when the trace gives a base)."""
+    """Exact integer-nanosecond start/end columns (absolute when the trace gives a base) in
+    place of the microsecond ones and the phase (every row is a complete event by now)."""
     ts = pl.col("ts_us")
     whole = ts.floor()
     start = (
         whole.cast(pl.Int64) * 1000 + ((ts - whole) * 1000).round().cast(pl.Int64) + pl.lit(base_ns)
     )
     dur = (pl.col("dur_us").fill_null(0.0).clip(lower_bound=0.0) * 1000).round().cast(pl.Int64)
-    if not events.select((ts.is_null() | ~ts.is_finite()).any()).item():
-        return events.with_columns(start_ns=start, end_ns=start + dur)  # no copy of the rest
-    return events.filter(ts.is_not_null() & ts.is_finite()).with_columns(
-        start_ns=start, end_ns=start + dur
-    )
+    if events.select((ts.is_null() | ~ts.is_finite()).any()).item():
+        events = events.filter(ts.is_not_null() & ts.is_finite())
+    return events.with_columns(start_ns=start, end_ns=start + dur).drop("ph", "ts_us", "dur_us")
 
 
 def _parse_int_list(text: str) -> list[int]:
