@@ -8,8 +8,9 @@ entry in `Report.errors` and the other ranks are still analysed.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -73,14 +74,36 @@ def _run(
             results.append(_work(name, comm_patterns, cache_dir, False, piece_bytes))
             report(len(results), n)
         return results
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        results = []
-        for item in pool.map(
-            _work, names, [comm_patterns] * n, [cache_dir] * n, [True] * n, [piece_bytes] * n
-        ):
-            results.append(item)
-            report(len(results), n)
-        return results
+    # jobs - 1 worker processes, and this process takes files too while they start up
+    # (a worker spends most of a second importing before its first file).
+    results: list[tuple[str, Any] | None] = [None] * n
+    pending = deque(range(n))
+    done = 0
+    with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=get_context("spawn")) as pool:
+        running: dict[Future[tuple[str, Any]], int] = {}
+
+        def submit() -> None:
+            while pending and len(running) < jobs - 1:
+                i = pending.pop()  # workers take from the end, this process from the front
+                args = (names[i], comm_patterns, cache_dir, True, piece_bytes)
+                running[pool.submit(_work, *args)] = i
+
+        submit()
+        while pending or running:
+            if pending:
+                i = pending.popleft()
+                results[i] = _work(names[i], comm_patterns, cache_dir, False, piece_bytes)
+                done += 1
+                report(done, n)
+            finished = [f for f in running if f.done()]
+            if not pending and not finished:
+                finished = list(wait(running, return_when=FIRST_COMPLETED).done)
+            for future in finished:
+                results[running.pop(future)] = future.result()
+                done += 1
+                report(done, n)
+            submit()
+    return [r for r in results if r is not None]
 
 
 def _run_dask(

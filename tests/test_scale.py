@@ -125,3 +125,12 @@ def test_a_small_memory_limit_gives_the_same_report(tmp_path):
     assert tight.options["piece_bytes"] == budget.MIN_PIECE and tight.options["jobs"] == 1
     assert any("memory limit" in w for w in tight.warnings)
     _same(free, tight)
+
+
+def test_workers_and_this_process_share_the_files_and_give_the_same_report():
+    # jobs=3: two worker processes plus this one; every rank analysed exactly once.
+    alone = analyze(SAMPLES / "ddp-4", jobs=1)
+    shared = analyze(SAMPLES / "ddp-4", jobs=3)
+    assert shared.ranks["rank"].to_list() == [0, 1, 2, 3]
+    assert shared.ranks["file"].to_list() == alone.ranks["file"].to_list()
+    _same(alone, shared)

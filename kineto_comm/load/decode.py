@@ -1,9 +1,10 @@
 """Decode one Kineto / Chrome trace file into a Polars event table and its metadata.
 
 Only the fields the analyses use are declared (msgspec skips the rest without building
-objects), the `traceEvents` array is decoded in pieces of a few tens of MB cut at event
-boundaries so decoded objects never outnumber one piece, and every piece is turned into
-columns straight away. Timestamps become integer nanoseconds: Kineto writes microseconds,
+objects), events are typed by their phase so that flows and other unused phases cost no
+fields, the `traceEvents` array is decoded in pieces of 16 MiB (or less, see budget.py) cut
+at event boundaries so decoded objects never outnumber one piece, and every piece is turned
+into columns straight away. Repeated names share one copy (categorical, cast back to text). Timestamps become integer nanoseconds: Kineto writes microseconds,
 as integers (old schema) or floats with three decimals relative to `baseTimeNanoseconds`
 (new schema), and both are converted exactly.
 """
