@@ -8,9 +8,8 @@ entry in `Report.errors` and the other ranks are still analysed.
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,13 @@ def _work(
         return "error", f"internal error while analysing ({type(exc).__name__}: {exc})"
 
 
+def _unwire(outcome: tuple[str, Any]) -> tuple[str, Any]:
+    """A worker's outcome with its tables decoded as soon as it arrives (the IPC bytes are
+    then dropped: holding every rank's bytes until the end would double the parent's memory)."""
+    status, payload = outcome
+    return (status, from_wire(payload)) if status == "ok" else outcome
+
+
 def _run(
     files: list[Path],
     comm_patterns: tuple[str, ...],
@@ -74,36 +80,14 @@ def _run(
             results.append(_work(name, comm_patterns, cache_dir, False, piece_bytes))
             report(len(results), n)
         return results
-    # jobs - 1 worker processes, and this process takes files too while they start up
-    # (a worker spends most of a second importing before its first file).
-    results: list[tuple[str, Any] | None] = [None] * n
-    pending = deque(range(n))
-    done = 0
-    with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=get_context("spawn")) as pool:
-        running: dict[Future[tuple[str, Any]], int] = {}
-
-        def submit() -> None:
-            while pending and len(running) < jobs - 1:
-                i = pending.pop()  # workers take from the end, this process from the front
-                args = (names[i], comm_patterns, cache_dir, True, piece_bytes)
-                running[pool.submit(_work, *args)] = i
-
-        submit()
-        while pending or running:
-            if pending:
-                i = pending.popleft()
-                results[i] = _work(names[i], comm_patterns, cache_dir, False, piece_bytes)
-                done += 1
-                report(done, n)
-            finished = [f for f in running if f.done()]
-            if not pending and not finished:
-                finished = list(wait(running, return_when=FIRST_COMPLETED).done)
-            for future in finished:
-                results[running.pop(future)] = future.result()
-                done += 1
-                report(done, n)
-            submit()
-    return [r for r in results if r is not None]
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        results = []
+        for item in pool.map(
+            _work, names, [comm_patterns] * n, [cache_dir] * n, [True] * n, [piece_bytes] * n
+        ):
+            results.append(_unwire(item))
+            report(len(results), n)
+        return results
 
 
 def _run_dask(
@@ -135,7 +119,11 @@ def _run_dask(
             [piece_bytes] * n,
             pure=False,
         )
-        return client.gather(futures)
+        results = []
+        for future in futures:  # one at a time: never all ranks' IPC bytes at once
+            results.append(_unwire(future.result()))
+            future.release()
+        return results
 
 
 def analyze(
@@ -186,7 +174,7 @@ def analyze(
     )
     for file, (status, payload) in zip(files, outcome, strict=True):
         if status == "ok":
-            results.append(payload if isinstance(payload, RankTables) else from_wire(payload))
+            results.append(payload)
         else:
             errors.append((str(file), payload))
     assignment = assign_ranks([RankClaim(r.file, r.rank, r.world_size) for r in results])

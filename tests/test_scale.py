@@ -127,8 +127,7 @@ def test_a_small_memory_limit_gives_the_same_report(tmp_path):
     _same(free, tight)
 
 
-def test_workers_and_this_process_share_the_files_and_give_the_same_report():
-    # jobs=3: two worker processes plus this one; every rank analysed exactly once.
+def test_three_workers_give_the_same_report_as_one_process():
     alone = analyze(SAMPLES / "ddp-4", jobs=1)
     shared = analyze(SAMPLES / "ddp-4", jobs=3)
     assert shared.ranks["rank"].to_list() == [0, 1, 2, 3]
