@@ -2,7 +2,8 @@
 
 Peak memory of one rank's analysis grows with its trace: about WORKER_BASE (interpreter,
 Polars, the piece being decoded) plus WORKER_SHARE of the uncompressed JSON (its tables;
-bench/README.md has the measurements). The parent holds every rank's reduced tables: about
+measured 0.20 GiB at 153 MB, 0.44 GiB at 512 MB, 0.71 GiB at 1 GB, a slope near 0.6: see
+bench/README.md; WORKER_SHARE keeps a margin). The parent holds every rank's reduced tables: about
 PARENT_BASE plus PARENT_SHARE of all the JSON. A plan runs as many workers at once as the
 limit holds (never fewer than one) and decodes smaller pieces under small limits; the
 tables are the same whatever the plan.
