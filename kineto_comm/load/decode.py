@@ -4,9 +4,10 @@ Only the fields the analyses use are declared (msgspec skips the rest without bu
 objects), events are typed by their phase so that flows and other unused phases cost no
 fields, the `traceEvents` array is decoded in pieces of 16 MiB (or less, see budget.py) cut
 at event boundaries so decoded objects never outnumber one piece, and every piece is turned
-into columns straight away. Repeated names share one copy (categorical, cast back to text). Timestamps become integer nanoseconds: Kineto writes microseconds,
-as integers (old schema) or floats with three decimals relative to `baseTimeNanoseconds`
-(new schema), and both are converted exactly.
+into columns straight away. Repeated names share one copy (categorical, cast back to text).
+Timestamps become integer nanoseconds: Kineto writes microseconds, as integers (old schema)
+or floats with three decimals relative to `baseTimeNanoseconds` (new schema), and both are
+converted exactly.
 """
 
 from __future__ import annotations
@@ -66,11 +67,9 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     label: str | int | None = msgspec.field(default=None, name="name")
 
 
-class Event(msgspec.Struct, gc=False):
-    """One trace event of any phase, reduced to the fields used: the permissive fallback
-    for pieces the phase-tagged classes below cannot take (an unknown or missing `ph`)."""
+class _EventFields(msgspec.Struct, gc=False):
+    """The fields of an event that the analyses use."""
 
-    ph: str | None = None
     cat: str | None = None
     name: str | int | None = None
     pid: int | str | None = None
@@ -78,6 +77,13 @@ class Event(msgspec.Struct, gc=False):
     ts: int | float | None = None
     dur: int | float | None = None
     args: Args | None = None
+
+
+class Event(_EventFields, gc=False):
+    """One trace event of any phase: the permissive fallback for pieces the phase-tagged
+    classes below cannot take (an unknown or missing `ph`)."""
+
+    ph: str | None = None
 
 
 META_CAT = "\0meta"  # the role key of metadata (M) events, which carry no category
@@ -89,18 +95,10 @@ class _Phase(msgspec.Struct, gc=False, tag_field="ph"):
     fields are skipped, not decoded."""
 
     ph: ClassVar[str] = ""
-    cat: ClassVar[str | None] = None
 
 
-class Complete(_Phase, tag="X"):
+class Complete(_Phase, _EventFields, tag="X"):
     ph: ClassVar[str] = "X"
-    cat: str | None = None
-    name: str | int | None = None
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: int | float | None = None
-    dur: int | float | None = None
-    args: Args | None = None
 
 
 class Begin(Complete, tag="B"):
@@ -124,7 +122,10 @@ class Meta(_Phase, tag="M"):
 # to the permissive `Event` decoder.
 _OTHER_PHASES = "iIsftCbenSTpFPNODVvRc()"
 _SKIPPED = tuple(
-    msgspec.defstruct(f"_Skip{ord(p)}", [], bases=(_Phase,), tag=p, gc=False) for p in _OTHER_PHASES
+    msgspec.defstruct(
+        f"_Skip{ord(p)}", [], bases=(_Phase,), tag=p, gc=False, namespace={"cat": None}
+    )
+    for p in _OTHER_PHASES
 )
 TaggedEvent = Union[(Complete, Begin, End, Meta, *_SKIPPED)]  # noqa: UP007 - built at runtime
 
