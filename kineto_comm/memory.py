@@ -10,21 +10,26 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
-from collections.abc import Callable
+from typing import Any
 
 
-def _trimmer() -> Callable[[], None]:
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None (another OS, or a libc without it such as musl)."""
     if not sys.platform.startswith("linux"):
-        return lambda: None
+        return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to do
-        return lambda: None
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
-    return lambda: trim(0) and None
+    return trim
 
 
-release_free_memory = _trimmer()
-release_free_memory.__doc__ = "Return the heap memory glibc keeps after frees (Linux only)."
+_TRIM = _malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Return the heap memory glibc keeps after frees (a no-op where that does not apply)."""
+    if _TRIM is not None:
+        _TRIM(0)

@@ -810,18 +810,21 @@ def _decode_file(path: Path, host: bool | None, piece_bytes: int | None) -> RawT
     reader = _Reader(name, piece_bytes)
     parts: list[dict[str, pl.DataFrame]] = []
     trailer: Top | None = None
+
+    def tabulate(events: list[Event]) -> None:
+        nonlocal host
+        if host is None:  # the header (read before the first piece) decides
+            host = reader.header is None or not reader.header.deviceProperties
+        parts.append(_columns(events, reader.shapes, host, len(parts)))
+
     try:
         for block in _read_blocks(path):
             for events in reader.feed(block):
-                if host is None:
-                    host = reader.header is None or not reader.header.deviceProperties
-                parts.append(_columns(events, reader.shapes, host, len(parts)))
+                tabulate(events)
                 del events
         try:
             events, trailer = reader.finish()
-            if host is None:
-                host = reader.header is None or not reader.header.deviceProperties
-            parts.append(_columns(events, reader.shapes, host, len(parts)))
+            tabulate(events)
             del events
         except _Unsalvageable as exc:
             if not parts:
@@ -902,10 +905,6 @@ def _assemble(
         nbytes=nbytes,
         warnings=warnings,
     )
-
-
-def parse_int_list(text: str) -> list[int]:
-    return [int(x) for x in re.findall(r"-?\d+", text)]
 
 
 def _pair_begin_end(events: pl.DataFrame) -> pl.DataFrame:
