@@ -14,7 +14,7 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm.analysis.overlap import METRICS, breakdown
+from kineto_comm.analysis.overlap import breakdowns
 from kineto_comm.load.decode import RawTrace, decode_file
 from kineto_comm.model.collectives import build_collectives
 from kineto_comm.model.kernels import KERNEL_COLUMNS, build_kernels
@@ -111,25 +111,23 @@ def process_file(
     collectives = build_collectives(rows, raw, _process_groups(raw))
     del rows
     windows = device_windows(kernels, marks, rank)
-    step_metrics = breakdown(kernels, windows.rename({"step": "window"})).rename({"window": "step"})
+    # Per step and over all device activity (inside steps or not), in one sweep.
+    whole = pl.DataFrame(
+        {
+            "rank": [rank],
+            "window": [0],
+            "start_ns": [kernels["start_ns"].min()],
+            "end_ns": [kernels["end_ns"].max()],
+        },
+        schema={"rank": pl.Int64, "window": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64},
+    )
+    step_metrics, totals = breakdowns(kernels, [windows.rename({"step": "window"}), whole])
     steps = windows.join(
-        step_metrics.drop("start_ns", "end_ns"), on=["rank", "step"], how="left"
+        step_metrics.drop("start_ns", "end_ns").rename({"window": "step"}),
+        on=["rank", "step"],
+        how="left",
     ).sort("start_ns")
-    if kernels.height:
-        whole = pl.DataFrame(
-            {
-                "rank": [rank],
-                "window": [0],
-                "start_ns": [kernels["start_ns"].min()],
-                "end_ns": [kernels["end_ns"].max()],
-            }
-        )
-        totals = breakdown(kernels, whole).drop("window")
-    else:
-        totals = pl.DataFrame(
-            schema={"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
-            | {m: pl.Int64 for m in METRICS}
-        )
+    totals = totals.drop("window")
     timeline = "device" if on_device else ("host" if kernels.height else "none")
     warnings = list(raw.warnings)
     if timeline == "none":

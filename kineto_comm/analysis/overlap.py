@@ -81,17 +81,26 @@ def breakdown(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     kernels: rank, kind, start_ns, end_ns.  windows: rank, window, start_ns, end_ns (windows
     of one rank must not overlap). Returns rank, window, start_ns, end_ns and METRICS.
     """
-    win = windows.select(
-        pl.col("rank").cast(pl.Int64), "window", pl.col("start_ns"), pl.col("end_ns")
-    ).filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    return breakdowns(kernels, [windows])[0]
+
+
+def breakdowns(kernels: pl.DataFrame, window_sets: list[pl.DataFrame]) -> list[pl.DataFrame]:
+    """breakdown() for several sets of windows (e.g. the steps and the whole trace), sharing
+    the interval merge and the sweep: windows of different sets may overlap."""
+    wins = [
+        w.select(pl.col("rank").cast(pl.Int64), "window", "start_ns", "end_ns").filter(
+            pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()
+        )
+        for w in window_sets
+    ]
     merged = merge_intervals(kernels.select("rank", "kind", "start_ns", "end_ns"), ["rank", "kind"])
     bit = pl.col("kind").replace_strict(BITS, default=0, return_dtype=pl.Int64)
+    zero = pl.lit(0, dtype=pl.Int64)
     events = pl.concat(
         [
             merged.select("rank", t="start_ns", delta=bit),
             merged.select("rank", t="end_ns", delta=-bit),
-            win.select("rank", t="start_ns", delta=pl.lit(0, dtype=pl.Int64)),
-            win.select("rank", t="end_ns", delta=pl.lit(0, dtype=pl.Int64)),
+            *[w.select("rank", t=edge, delta=zero) for w in wins for edge in ("start_ns", "end_ns")],
         ],
         how="vertical",
     )
@@ -105,6 +114,11 @@ def breakdown(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
         )
         .filter(pl.col("dur") > 0)
     )
+    return [_per_window(segments, w) for w in wins]
+
+
+def _per_window(segments: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
+    """Sum the sweep's segments into the (non-overlapping) windows that hold them."""
     placed = segments.join_asof(
         win.sort("start_ns").rename({"start_ns": "w_start", "end_ns": "w_end"}),
         left_on="t",

@@ -543,7 +543,6 @@ _EVENT_ATTRS = {
     "name": "name",
     "pid": "pid",
     "tid": "tid",
-    "cat": "cat",
     "ts_us": "ts",
     "dur_us": "dur",
 }
@@ -616,6 +615,8 @@ def _annotation_names(buf: bytearray | bytes, start: int, end: int) -> list[int]
 
 def _frame(
     events: list[Event],
+    cat: pl.Series,
+    phased: bool,
     schema: dict[str, pl.DataType],
     detail: pl.Expr | None,
     piece: int,
@@ -623,12 +624,14 @@ def _frame(
 ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """One role's rows of one piece, and the collective columns (the rest of `schema`) of
     the rows where `detail` holds. Both carry `_seq` (piece and position) so that the
-    details are joined back once per file (_assemble), not once per piece."""
+    details are joined back once per file (_assemble), not once per piece. `cat` is the
+    events' category column; `phased`: whether they may be other than complete (X) events."""
     n = len(events)
-    phs = _values(events, "ph")
     cols: dict[str, pl.Series] = {
         "_seq": pl.int_range(n, dtype=pl.Int64, eager=True).alias("_seq") + (piece << 32)
     }
+    if "cat" in schema:
+        cols["cat"] = cat
     args = _args_of(events) if any(k in schema for k in _ARG_ATTRS) else []
     for key, attr in _ARG_ATTRS.items():
         if key in schema:
@@ -642,7 +645,12 @@ def _frame(
     if "external_id" in cols and cols["external_id"].null_count():
         old = _series("old", _values(args, "external_id_old"), _I64)
         cols["external_id"] = cols["external_id"].fill_null(old)
-    cols["ph"] = pl.Series("ph", phs, dtype=_STR, strict=False)
+    phs = _values(events, "ph") if phased else None
+    cols["ph"] = (
+        pl.Series("ph", phs, dtype=_STR, strict=False)
+        if phs is not None
+        else pl.repeat("X", n, dtype=_STR, eager=True).alias("ph")
+    )
     frame = pl.DataFrame(list(cols.values()))
     rest = [k for k in _COLL if k in schema]
     details = None
@@ -662,7 +670,7 @@ def _frame(
             frame = frame.join(
                 found, on=["name", "tid", "ts_us"], how="left", maintain_order="left"
             )
-    if phs.count("X") != n:  # only complete events and B/E pairs are durations
+    if phs is not None and phs.count("X") != n:  # only complete events and B/E pairs last
         frame = frame.filter(pl.col("ph").is_in(list(_DURATION_PH)))
     return frame, details
 
@@ -698,12 +706,17 @@ _COMM_OP = (
     pl.col("name").str.starts_with("record_param_comms")
     | pl.col("name").str.contains(r"^(nccl|gloo|ucc|mpi|xccl):")
 ).fill_null(False)
-_ROLE = (
-    {c: 0 for c in GPU_CATS}
-    | {c: 1 for c in RUNTIME_CATS}
-    | {c: 2 for c in CPU_CATS}
-    | {META_CAT: 3}
+# Each kept category has a code (its index here); code // 16 is its role: 0 device activity,
+# 1 runtime calls, 2 CPU ops, 3 metadata. Roles and the `cat` column come from these codes,
+# so category strings are looked up once per event and never turned into columns one by one.
+_CODES = (
+    [(c, 0) for c in sorted(GPU_CATS)]
+    + [(c, 1) for c in sorted(RUNTIME_CATS)]
+    + [(c, 2) for c in sorted(CPU_CATS)]
+    + [(META_CAT, 3)]
 )
+_CODE = {cat: role * 16 + i for i, (cat, role) in enumerate(_CODES)}
+_CAT_OF = {code: cat for cat, code in _CODE.items()}
 
 
 # CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
@@ -741,34 +754,40 @@ def _columns(
     type. Without `host`, the CPU ops that are neither communication nor annotations are
     left out. Collective details come separately as `gpu_details` / `ops_details`."""
     cats = _values(events, "cat")
-    if events and isinstance(events[0], Event):  # the permissive fallback: M has no class
+    tagged = not (events and isinstance(events[0], Event))
+    if not tagged:  # the permissive fallback: M has no class
         cats = [META_CAT if e.ph == "M" else c for e, c in zip(events, cats, strict=True)]
-    roles = pl.Series(list(map(_ROLE.get, cats)), dtype=pl.UInt8)
+    codes = pl.Series("cat", list(map(_CODE.get, cats)), dtype=pl.UInt8)
     del cats
+    roles = codes // 16
+    # Only B/E events (and the permissive classes) need their phase read one by one.
+    phased = not tagged or not {Begin, End}.isdisjoint(map(type, events))
     out: dict[str, pl.DataFrame] = {}
+
+    def pick(role: int) -> tuple[list[Any], pl.Series]:
+        idx = (roles == role).arg_true()
+        cat = codes.gather(idx).replace_strict(_CAT_OF, return_dtype=_STR)
+        return _take(events, idx.to_list()), cat
+
     for code, role, schema, detail in (
         (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
         (1, "runtime", RUNTIME_SCHEMA, None),
     ):
-        picked = _take(events, (roles == code).arg_true().to_list())
+        picked, cat = pick(code)
         if picked:
-            out[role], details = _frame(picked, schema, detail, piece)
+            out[role], details = _frame(picked, cat, phased, schema, detail, piece)
             if details is not None:
                 out[f"{role}_details"] = details
         else:
             out[role] = pl.DataFrame(schema=schema)
-    cpu = _take(events, (roles == 2).arg_true().to_list())
+    cpu, cat = pick(2)
     if not host:  # only the ops: pick them by name and category before building columns
-        keys = pl.DataFrame(
-            [
-                _series("name", _values(cpu, "name"), _STR),
-                pl.Series("cat", _values(cpu, "cat"), dtype=_STR),
-            ]
-        )
-        cpu = _take(cpu, keys.select(pl.arg_where(_IS_OP)).to_series().to_list())
+        keys = pl.DataFrame([_series("name", _values(cpu, "name"), _STR), cat])
+        keep = keys.select(pl.arg_where(_IS_OP)).to_series()
+        cpu, cat = _take(cpu, keep.to_list()), cat.gather(keep)
     frame = pl.DataFrame(schema=OPS_SCHEMA)
     if cpu:
-        frame, details = _frame(cpu, OPS_SCHEMA, _COMM_OP, piece, shapes)
+        frame, details = _frame(cpu, cat, phased, OPS_SCHEMA, _COMM_OP, piece, shapes)
         if details is not None:
             out["ops_details"] = details
     out["ops"] = frame.filter(_IS_OP)
