@@ -100,7 +100,11 @@ def breakdowns(kernels: pl.DataFrame, window_sets: list[pl.DataFrame]) -> list[p
         [
             merged.select("rank", t="start_ns", delta=bit),
             merged.select("rank", t="end_ns", delta=-bit),
-            *[w.select("rank", t=edge, delta=zero) for w in wins for edge in ("start_ns", "end_ns")],
+            *[
+                w.select("rank", t=edge, delta=zero)
+                for w in wins
+                for edge in ("start_ns", "end_ns")
+            ],
         ],
         how="vertical",
     )
