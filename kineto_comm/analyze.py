@@ -9,54 +9,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
-from kineto_comm import budget, cache
+from kineto_comm import budget
 from kineto_comm.analysis.crossrank import cross_rank
-from kineto_comm.errors import TraceError, UsageError
+from kineto_comm.errors import UsageError
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
-from kineto_comm.per_rank import TABLES, RankTables, from_wire, process_file, to_wire
+from kineto_comm.per_rank import TABLES, RankTables
 from kineto_comm.report import Report
-
-
-def _work(
-    path: str,
-    comm_patterns: tuple[str, ...],
-    cache_dir: str | None = None,
-    wire: bool = True,
-    piece_bytes: int | None = None,
-) -> tuple[str, Any]:
-    """Worker entry: ('ok', tables) or ('error', message); never raises. The tables travel
-    as Arrow IPC (`to_wire`) unless they stay in this process (`wire=False`)."""
-    pack = to_wire if wire else (lambda tables: tables)
-    try:
-        if cache_dir is None:
-            return "ok", pack(process_file(path, comm_patterns, piece_bytes))
-        key = cache.cache_key(path, comm_patterns)
-        tables = cache.load(Path(cache_dir), key)
-        if tables is None:
-            tables = process_file(path, comm_patterns, piece_bytes)
-            cache.store(Path(cache_dir), key, tables)
-        tables.file = path
-        return "ok", pack(tables)
-    except TraceError as exc:
-        return "error", exc.problem
-    except MemoryError:
-        return "error", "out of memory while analysing this file"
-    except Exception as exc:  # a bug must not lose the other ranks' report
-        return "error", f"internal error while analysing ({type(exc).__name__}: {exc})"
-
-
-def _unwire(outcome: tuple[str, Any]) -> tuple[str, Any]:
-    """A worker's outcome with its tables decoded as soon as it arrives (the IPC bytes are
-    then dropped: holding every rank's bytes until the end would double the parent's memory)."""
-    status, payload = outcome
-    return (status, from_wire(payload)) if status == "ok" else outcome
+from kineto_comm.workers import Outcome, run_local, unwire, work
 
 
 def _run(
@@ -67,27 +30,19 @@ def _run(
     dask_scheduler: str | None,
     progress: Callable[[int, int], None] | None = None,
     piece_bytes: int | None = None,
-) -> list[tuple[str, Any]]:
-    """Per-rank work: here, in local worker processes, or on a Dask cluster."""
+) -> list[Outcome]:
+    """Per-rank work: in this process, with local worker processes, or on a Dask cluster."""
     names = [str(f) for f in files]
     if dask_scheduler:
         return _run_dask(names, comm_patterns, cache_dir, dask_scheduler, piece_bytes)
-    n = len(names)
-    report = progress or (lambda done, total: None)
-    if jobs <= 1 or n <= 1:
-        results = []
-        for name in names:
-            results.append(_work(name, comm_patterns, cache_dir, False, piece_bytes))
-            report(len(results), n)
-        return results
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        results = []
-        for item in pool.map(
-            _work, names, [comm_patterns] * n, [cache_dir] * n, [True] * n, [piece_bytes] * n
-        ):
-            results.append(_unwire(item))
-            report(len(results), n)
-        return results
+    if jobs > 1 and len(names) > 1:
+        return run_local(names, jobs, comm_patterns, cache_dir, piece_bytes, progress)
+    results = []
+    for name in names:
+        results.append(work(name, comm_patterns, cache_dir, False, piece_bytes))
+        if progress is not None:
+            progress(len(results), len(names))
+    return results
 
 
 def _run_dask(
@@ -96,7 +51,7 @@ def _run_dask(
     cache_dir: str | None,
     address: str,
     piece_bytes: int | None,
-) -> list[tuple[str, Any]]:
+) -> list[Outcome]:
     """Send per-rank work to an existing Dask cluster (files must be on shared storage)."""
     try:
         from distributed import Client
@@ -111,7 +66,7 @@ def _run_dask(
     with client:
         n = len(names)
         futures = client.map(
-            _work,
+            work,
             names,
             [comm_patterns] * n,
             [cache_dir] * n,
@@ -121,7 +76,7 @@ def _run_dask(
         )
         results = []
         for future in futures:  # one at a time: never all ranks' IPC bytes at once
-            results.append(_unwire(future.result()))
+            results.append(unwire(future.result()))
             future.release()
         return results
 
@@ -141,8 +96,8 @@ def analyze(
 
     comm_patterns: extra regular expressions for kernel names that are communication
         (e.g. DeepEP `dispatch|combine`), added to the NCCL/RCCL defaults.
-    jobs: worker processes for per-rank work (default: the number of cores, at most one
-        per file; 1 runs everything in this process).
+    jobs: processes analysing rank files at once, this one included (default: the number
+        of cores, at most one per file; 1 runs everything in this process).
     align: estimate per-rank clock offsets from matched collectives and put all times on
         rank 0's clock (docs/tables.md `offsets`); False keeps each trace's own clock.
     cache_dir: keep per-rank tables there (Parquet, keyed by file content and tool version)

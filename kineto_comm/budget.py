@@ -68,7 +68,8 @@ def uncompressed_size(path: Path) -> int:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a memory limit allows: `jobs` workers at once, decoding `piece_bytes` at a time."""
+    """What a memory limit allows: `jobs` processes at once (this one included: it analyses
+    files too, on top of the tables it holds), decoding `piece_bytes` at a time."""
 
     limit: int
     jobs: int

@@ -5,10 +5,11 @@ from __future__ import annotations
 import gzip
 import shutil
 import sys
+from multiprocessing import get_context
 
 import pytest
 
-from kineto_comm import analyze, budget, per_rank
+from kineto_comm import analyze, budget, per_rank, workers
 from kineto_comm.errors import UsageError
 from kineto_comm.load import decode
 from kineto_comm.synth import generate
@@ -35,7 +36,7 @@ def test_cache_reuses_tables_and_misses_on_changed_content(tmp_path, monkeypatch
     def no_parsing(*args, **kwargs):
         raise AssertionError("parsed although cached")
 
-    module = sys.modules["kineto_comm.analyze"]
+    module = sys.modules["kineto_comm.workers"]
     monkeypatch.setattr(module, "process_file", no_parsing)
     second = analyze(traces, jobs=1, cache_dir=cache)
     _same(first, second)
@@ -133,3 +134,25 @@ def test_three_workers_give_the_same_report_as_one_process():
     assert shared.ranks["rank"].to_list() == [0, 1, 2, 3]
     assert shared.ranks["file"].to_list() == alone.ranks["file"].to_list()
     _same(alone, shared)
+
+
+def test_processes_share_the_files_and_report_progress(tmp_path):
+    traces = tmp_path / "traces"
+    shutil.copytree(SAMPLES / "ddp-4", traces)
+    (traces / "rank-9.json").write_text("not json")
+    seen = []
+    report = analyze(traces, jobs=2, progress=lambda done, total: seen.append((done, total)))
+    assert report.ranks.height == 4
+    assert [e[0] for e in report.errors] == [str(traces / "rank-9.json")]
+    assert sorted(seen) == [(i, 5) for i in range(1, 6)]
+
+
+def test_a_worker_that_dies_costs_only_the_file_it_was_on():
+    receive, send = get_context("spawn").Pipe(duplex=False)
+    send.send(("start", 0, None))
+    send.send(("done", 0, ("error", "bad file")))
+    send.send(("start", 2, None))
+    send.close()  # gone without a word about file 2
+    stored = {}
+    workers._collect([receive], stored.__setitem__)
+    assert stored == {0: ("error", "bad file"), 2: ("error", workers.DIED)}

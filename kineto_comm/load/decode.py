@@ -716,7 +716,7 @@ _CODES = (
     + [(META_CAT, 3)]
 )
 _CODE = {cat: role * 16 + i for i, (cat, role) in enumerate(_CODES)}
-_CAT_OF = {code: cat for cat, code in _CODE.items()}
+_CAT_OF = pl.Series("cat", [None] * 64, dtype=_STR).scatter(list(_CODE.values()), list(_CODE))
 
 
 # CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
@@ -766,7 +766,7 @@ def _columns(
 
     def pick(role: int) -> tuple[list[Any], pl.Series]:
         idx = (roles == role).arg_true()
-        cat = codes.gather(idx).replace_strict(_CAT_OF, return_dtype=_STR)
+        cat = _CAT_OF.gather(codes.gather(idx))
         return _take(events, idx.to_list()), cat
 
     for code, role, schema, detail in (
