@@ -232,7 +232,7 @@ GPU_SCHEMA = {
     "device": _I64,
     **_COLL,
 }
-RUNTIME_SCHEMA = {"ph": _STR, "tid": _STR, "ts_us": _F64, "dur_us": _F64, "correlation": _I64}
+RUNTIME_SCHEMA = {"ph": _STR, "tid": _STR, "ts_us": _F64, "correlation": _I64}  # launches only
 OPS_SCHEMA = {
     **_COMMON,
     "cat": _STR,
@@ -264,7 +264,8 @@ class RawTrace:
     start_ns and end_ns.
 
     - `gpu`: kernels, memcpy and memset on the device timeline (GPU_SCHEMA).
-    - `runtime`: CUDA/HIP runtime and driver calls on the host, to link launches (RUNTIME_SCHEMA).
+    - `runtime`: CUDA/HIP runtime and driver calls on the host, to link launches
+      (RUNTIME_SCHEMA: no duration, so start_ns only).
     - `ops`: communication ops (record_param_comms, nccl:*, gloo:*) and user annotations
       such as ProfilerStep#N (OPS_SCHEMA).
     - `host`: every other CPU op: name, where and when it ran (HOST_SCHEMA); only filled
@@ -782,7 +783,8 @@ def _columns(
             out[role] = pl.DataFrame(schema=schema)
     cpu, cat = pick(2)
     if not host:  # only the ops: pick them by name and category before building columns
-        keys = pl.DataFrame([_series("name", _values(cpu, "name"), _STR), cat])
+        names = pl.Series("name", _values(cpu, "name"), dtype=_STR, strict=False)
+        keys = pl.DataFrame([names, cat])
         keep = keys.select(pl.arg_where(_IS_OP)).to_series()
         cpu, cat = _take(cpu, keep.to_list()), cat.gather(keep)
     frame = pl.DataFrame(schema=OPS_SCHEMA)
@@ -960,9 +962,11 @@ def _to_ns(events: pl.DataFrame, base_ns: int) -> pl.DataFrame:
     start = (
         whole.cast(pl.Int64) * 1000 + ((ts - whole) * 1000).round().cast(pl.Int64) + pl.lit(base_ns)
     )
-    dur = (pl.col("dur_us").fill_null(0.0).clip(lower_bound=0.0) * 1000).round().cast(pl.Int64)
     if events.select((ts.is_null() | ~ts.is_finite()).any()).item():
         events = events.filter(ts.is_not_null() & ts.is_finite())
+    if "dur_us" not in events.columns:  # launches: only their start matters
+        return events.with_columns(start_ns=start).drop("ph", "ts_us")
+    dur = (pl.col("dur_us").fill_null(0.0).clip(lower_bound=0.0) * 1000).round().cast(pl.Int64)
     return events.with_columns(start_ns=start, end_ns=start + dur).drop("ph", "ts_us", "dur_us")
 
 
