@@ -376,7 +376,7 @@ class _Reader:
         self.nbytes = 0
         # Input Dims / type of the last piece's annotations, computed on demand (the bytes
         # stay in the buffer until the next feed()).
-        self.shapes: Callable[[], pl.DataFrame] = pl.DataFrame
+        self.notes = _Annotations()
         self.cut = False  # whether a piece has been decoded off the front
 
     def feed(self, block: bytes) -> Iterator[list[Event]]:
@@ -435,7 +435,7 @@ class _Reader:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 search_from = m.end()  # not between two top-level events: look further
                 continue
-            self.shapes = _lazy_shapes(self.buf, self.pos, comma)
+            self.notes.find = _lazy_shapes(self.buf, self.pos, comma)
             self.pos = comma
             self.cut = True
             return events
@@ -450,13 +450,13 @@ class _Reader:
                     top = _TOP.decode(self.buf)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     raise TraceError(self.name, _describe(exc)) from None
-                self.shapes = _lazy_shapes(self.buf, 0, len(self.buf))
+                self.notes.find = _lazy_shapes(self.buf, 0, len(self.buf))
                 return top.traceEvents, top
         if self.header is not None and not self.cut and not self.bare_list:
             # Nothing was cut off the front: decode the whole document in place, no copies.
             try:
                 top = _TOP.decode(self.buf)
-                self.shapes = _lazy_shapes(self.buf, 0, len(self.buf))
+                self.notes.find = _lazy_shapes(self.buf, 0, len(self.buf))
                 events, top.traceEvents = top.traceEvents, []
                 return events, top
             except (msgspec.DecodeError, msgspec.ValidationError):
@@ -464,7 +464,7 @@ class _Reader:
         rest = bytes(self.buf[self.pos + 1 :])
         self.buf = bytearray()
         self.pos = 0
-        self.shapes = _lazy_shapes(rest, 0, len(rest))
+        self.notes.find = _lazy_shapes(rest, 0, len(rest))
         try:
             if self.bare_list:
                 return _EVENTS.decode(b"[" + rest), None
@@ -621,7 +621,7 @@ def _frame(
     schema: dict[str, pl.DataType],
     detail: pl.Expr | None,
     piece: int,
-    shapes: Callable[[], pl.DataFrame] | None = None,
+    notes: _Annotations | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """One role's rows of one piece, and the collective columns (the rest of `schema`) of
     the rows where `detail` holds. Both carry `_seq` (piece and position) so that the
@@ -665,8 +665,8 @@ def _frame(
             details = pl.DataFrame(
                 [frame["_seq"].gather(idx)] + [_series(k, v, schema[k]) for k, v in sub.items()]
             )
-    if shapes is not None and _needs_shapes(frame, details):
-        found = shapes()
+    if notes is not None and _needs_shapes(frame, details, notes):
+        found = notes.find()
         if found.height:
             frame = frame.join(
                 found, on=["name", "tid", "ts_us"], how="left", maintain_order="left"
@@ -728,31 +728,41 @@ _IS_OP = (
 )
 
 
-def _needs_shapes(cpu: pl.DataFrame, details: pl.DataFrame | None) -> bool:
+@dataclass
+class _Annotations:
+    """Sizes of the current piece's communication annotations (`find`: read from its raw
+    bytes on demand), and `spare`: record_param_comms of the previous piece beyond its
+    annotations (an op and its annotation cut apart by a piece boundary need no sizes)."""
+
+    find: Callable[[], pl.DataFrame] = pl.DataFrame
+    spare: int = 0
+
+
+def _needs_shapes(cpu: pl.DataFrame, details: pl.DataFrame | None, notes: _Annotations) -> bool:
     """Whether annotation sizes add anything: host-backend spans (gloo, ...) always need
     them; NCCL annotations only when fewer record_param_comms carry collective args."""
     names = cpu.get_column("name")
     if names.str.contains(r"^(gloo|ucc|mpi):").any():
         return True
-    annotations = names.str.contains(r"^(nccl|xccl):").sum()
-    if not annotations:
-        return False
-    if details is None:
-        return True
-    rpc = cpu.select("_seq", "name").filter(pl.col("name") == "record_param_comms")
-    described = details.join(rpc, on="_seq", how="semi")["collective"].count()
-    return annotations > described
+    annotations = int(names.str.contains(r"^(nccl|xccl):").sum())
+    described = 0
+    if details is not None:
+        rpc = cpu.select("_seq", "name").filter(pl.col("name") == "record_param_comms")
+        described = details.join(rpc, on="_seq", how="semi")["collective"].count()
+    available = described + notes.spare
+    notes.spare = min(described, max(0, available - annotations))
+    return annotations > available
 
 
 def _columns(
     events: list[Event],
-    shapes: Callable[[], pl.DataFrame] | None = None,
+    notes: _Annotations | None = None,
     host: bool = True,
     piece: int = 0,
 ) -> dict[str, pl.DataFrame]:
     """Split piece number `piece`'s decoded events by role (by category, looked up in C) and
-    tabulate each role; `shapes` (from _shapes) supplies the annotations' Input Dims / Input
-    type. Without `host`, the CPU ops that are neither communication nor annotations are
+    tabulate each role; `notes` supplies the annotations' Input Dims / Input type when they
+    are needed. Without `host`, the CPU ops that are neither communication nor annotations are
     left out. Collective details come separately as `gpu_details` / `ops_details`."""
     cats = _values(events, "cat")
     tagged = not (events and isinstance(events[0], Event))
@@ -789,7 +799,7 @@ def _columns(
         cpu, cat = _take(cpu, keep.to_list()), cat.gather(keep)
     frame = pl.DataFrame(schema=OPS_SCHEMA)
     if cpu:
-        frame, details = _frame(cpu, cat, phased, OPS_SCHEMA, _COMM_OP, piece, shapes)
+        frame, details = _frame(cpu, cat, phased, OPS_SCHEMA, _COMM_OP, piece, notes)
         if details is not None:
             out["ops_details"] = details
     out["ops"] = frame.filter(_IS_OP)
@@ -836,7 +846,7 @@ def _decode_file(path: Path, host: bool | None, piece_bytes: int | None) -> RawT
         nonlocal host
         if host is None:  # the header (read before the first piece) decides
             host = reader.header is None or not reader.header.deviceProperties
-        parts.append(_columns(events, reader.shapes, host, len(parts)))
+        parts.append(_columns(events, reader.notes, host, len(parts)))
 
     try:
         for block in _read_blocks(path):
