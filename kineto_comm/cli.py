@@ -57,7 +57,10 @@ def report(
             help="Extra regex for communication kernel names (repeatable): 'dispatch|combine'.",
         ),
     ] = None,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes.")] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option("--jobs", "-j", help="Processes analysing rank files at once (this one too)."),
+    ] = None,
     no_align: Annotated[
         bool, typer.Option("--no-align", help="Keep each trace's clock (no offset estimation).")
     ] = False,
