@@ -91,12 +91,15 @@ def run_local(
     n = len(names)
     results: list[Outcome | None] = [None] * n
     lock = threading.Lock()
+    done = 0
 
     def store(i: int, outcome: Outcome) -> None:
+        nonlocal done
         with lock:
             results[i] = outcome
+            done += 1
             if progress is not None:
-                progress(sum(r is not None for r in results), n)
+                progress(done, n)
 
     ctx = get_context("spawn")
     counter = ctx.Value("q", 0)

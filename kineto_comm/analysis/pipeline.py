@@ -184,46 +184,38 @@ def _first_calls(p2p: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     return per_step.group_by("rank").agg(pl.col("send_first").mean(), pl.col("lead_ns").median())
 
 
-def _components(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
-    """Connected components (rank, comp = smallest rank in it) of an undirected edge list.
-
-    Min-label propagation over the edges (src, dst, both directions): at most one round per
-    node of the longest path, a handful for a pipeline.
-    """
-    labels = nodes.select("rank", comp=pl.col("rank"))
-    for _ in range(max(1, nodes.height)):
+def _relax(edges: pl.DataFrame, values: pl.DataFrame, hop: int) -> pl.DataFrame:
+    """(rank, value) lowered to min(value, a neighbour's value + hop) over the edges (src,
+    dst) until nothing changes: at most one round per node of the longest path, a handful
+    for a pipeline. Null values are unreached."""
+    for _ in range(max(1, values.height)):
         reach = (
-            edges.join(labels, left_on="dst", right_on="rank")
+            edges.join(values.drop_nulls("value"), left_on="dst", right_on="rank")
             .group_by("src")
-            .agg(pl.col("comp").min().alias("_via"))
+            .agg((pl.col("value").min() + hop).alias("_via"))
         )
-        new = labels.join(reach, left_on="rank", right_on="src", how="left").select(
-            "rank", comp=pl.min_horizontal("comp", "_via")
+        new = values.join(reach, left_on="rank", right_on="src", how="left").select(
+            "rank", value=pl.min_horizontal("value", "_via")
         )
-        if new.sort("rank").equals(labels.sort("rank")):
+        if new.sort("rank").equals(values.sort("rank")):
             break
-        labels = new
-    return labels
+        values = new
+    return values
+
+
+def _components(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """Connected components (rank, comp = smallest rank in it) of an undirected edge list
+    (src, dst, both directions), by min-label propagation."""
+    labels = nodes.select("rank", value=pl.col("rank"))
+    return _relax(edges, labels, 0).rename({"value": "comp"})
 
 
 def _distances(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     """Hop distance (rank, dist) from the nodes with `start` set, by repeated relaxation."""
     dist = nodes.select(
-        "rank", dist=pl.when(pl.col("start")).then(pl.lit(0, pl.Int64)).otherwise(None)
+        "rank", value=pl.when(pl.col("start")).then(pl.lit(0, pl.Int64)).otherwise(None)
     )
-    for _ in range(max(1, nodes.height)):
-        reach = (
-            edges.join(dist.drop_nulls("dist"), left_on="dst", right_on="rank")
-            .group_by("src")
-            .agg((pl.col("dist").min() + 1).alias("_via"))
-        )
-        new = dist.join(reach, left_on="rank", right_on="src", how="left").select(
-            "rank", dist=pl.min_horizontal("dist", "_via")
-        )
-        if new.sort("rank").equals(dist.sort("rank")):
-            break
-        dist = new
-    return dist
+    return _relax(edges, dist, 1).rename({"value": "dist"})
 
 
 def _stages(p2p: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:

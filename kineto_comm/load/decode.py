@@ -707,7 +707,7 @@ _COMM_OP = (
     pl.col("name").str.starts_with("record_param_comms")
     | pl.col("name").str.contains(r"^(nccl|gloo|ucc|mpi|xccl):")
 ).fill_null(False)
-# Each kept category has a code (its index here); code // 16 is its role: 0 device activity,
+# Each kept category has a code, role * 16 + its index here; code // 16 is the role: 0 device,
 # 1 runtime calls, 2 CPU ops, 3 metadata. Roles and the `cat` column come from these codes,
 # so category strings are looked up once per event and never turned into columns one by one.
 _CODES = (
