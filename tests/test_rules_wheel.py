@@ -25,9 +25,9 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_installed_wheel_lists_and_explains_builtin_rules(tmp_path: Path) -> None:
     src = tmp_path / "src"  # build from a copy: no build/ or egg-info in the shared checkout
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, src / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so")  # the wheel compiles its own
     for name in ("kineto_comm", "rules"):
         shutil.copytree(REPO / name, src / name, ignore=ignore)
     build = _run(
@@ -49,6 +49,10 @@ def test_installed_wheel_lists_and_explains_builtin_rules(tmp_path: Path) -> Non
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "kineto_comm_builtin_rules/__init__.py" in names
     assert "kineto_comm_builtin_rules/exposed_comm.py" in names
+    # the compiled scanner is built into the wheel (gcc and the Python headers are here)
+    assert any(
+        n.startswith("kineto_comm/load/_scan.") and n.endswith((".so", ".pyd")) for n in names
+    )
     # the explicit package list in pyproject.toml misses no subpackage of kineto_comm
     for init in (REPO / "kineto_comm").rglob("__init__.py"):
         rel = init.relative_to(REPO).as_posix()

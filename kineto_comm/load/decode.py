@@ -8,6 +8,11 @@ into columns straight away. Repeated names share one copy (categorical, cast bac
 Timestamps become integer nanoseconds: Kineto writes microseconds, as integers (old schema)
 or floats with three decimals relative to `baseTimeNanoseconds` (new schema), and both are
 converted exactly.
+
+Where the compiled scanner (_scan.c) is built, it reads each piece first, straight into
+columns with no Python object per event (`Scanned`); a piece it hands back (invalid JSON, or
+a shape it leaves alone, such as text thread ids) is decoded with msgspec as described above.
+Both paths give the same tables (tests/test_scan.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ import polars as pl
 
 from kineto_comm.errors import TraceError
 from kineto_comm.memory import release_free_memory
+
+try:  # the compiled scanner (_scan.c): the same tables without Python objects; optional.
+    from kineto_comm.load import _scan as _scanner
+except ImportError:  # pragma: no cover - not built on this machine
+    _scanner = None  # type: ignore[assignment]
 
 try:  # isal's gzip inflate is ~2-3x faster than zlib's; optional.
     from isal import isal_zlib as _zlib
@@ -430,11 +440,15 @@ class _Reader:
             if m is None:
                 return None
             comma = self.buf.index(b",", m.start())
-            try:
-                events = _decode_events(self.buf, self.pos, comma)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                search_from = m.end()  # not between two top-level events: look further
-                continue
+            scanned = _scan_piece(self.buf, self.pos, comma)
+            if scanned is not None:
+                events: Any = scanned[0]
+            else:
+                try:
+                    events = _decode_events(self.buf, self.pos, comma)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    search_from = m.end()  # not between two top-level events: look further
+                    continue
             self.notes.find = _lazy_shapes(self.buf, self.pos, comma)
             self.pos = comma
             self.cut = True
@@ -452,6 +466,9 @@ class _Reader:
                     raise TraceError(self.name, _describe(exc)) from None
                 self.notes.find = _lazy_shapes(self.buf, 0, len(self.buf))
                 return top.traceEvents, top
+        scanned = self._finish_scanned()
+        if scanned is not None:
+            return scanned
         if self.header is not None and not self.cut and not self.bare_list:
             # Nothing was cut off the front: decode the whole document in place, no copies.
             try:
@@ -483,6 +500,26 @@ class _Reader:
                 f" cut, dropped the last {dropped} bytes"
             )
             return events, None
+
+    def _finish_scanned(self) -> tuple[Scanned, Top | None] | None:
+        """finish() by the compiled scanner: the events up to the array's end, then the
+        trailer; None where the msgspec path has to take it (damaged, truncated, unusual)."""
+        got = _scan_piece(self.buf, self.pos, -1)
+        if got is None:
+            return None
+        events, end = got
+        tail = bytes(self.buf[end + 1 :])
+        trailer = None
+        if self.bare_list:
+            if tail.strip(b" \t\r\n"):
+                return None
+        else:
+            try:
+                trailer = _TOP.decode(b'{"traceEvents":[]' + tail)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return None
+        self.notes.find = _lazy_shapes(self.buf, self.pos, end)
+        return events, trailer
 
 
 class _Unsalvageable(Exception):
@@ -653,27 +690,49 @@ def _frame(
         else pl.repeat("X", n, dtype=_STR, eager=True).alias("ph")
     )
     frame = pl.DataFrame(list(cols.values()))
+
+    def args_at(idx: list[int]) -> list[Args]:
+        return _args_of(_take(events, idx)) if not args else _take(args, idx)
+
+    idx = [] if detail is None else frame.select(pl.arg_where(detail)).to_series().to_list()
+    details = _details(frame, schema, idx, args_at)
+    frame = _with_shapes(frame, details, notes)
+    if phs is not None and phs.count("X") != n:  # only complete events and B/E pairs last
+        frame = frame.filter(pl.col("ph").is_in(list(_DURATION_PH)))
+    return frame, details
+
+
+def _details(
+    frame: pl.DataFrame,
+    schema: dict[str, pl.DataType],
+    idx: list[int],
+    args_at: Callable[[list[int]], list[Args]],
+) -> pl.DataFrame | None:
+    """The collective columns (those of `schema` in _COLL) of rows `idx` (communication
+    kernels or ops), with their `_seq`; `args_at(idx)` gives those rows' decoded args."""
     rest = [k for k in _COLL if k in schema]
-    details = None
-    if rest and detail is not None:
-        idx = frame.select(pl.arg_where(detail)).to_series().to_list()
-        if idx:
-            sub_args = _args_of(_take(events, idx)) if not args else _take(args, idx)
-            sub = {key: _values(sub_args, key) for key in rest}
-            if "pg_ranks" in sub:
-                sub["pg_ranks"] = [str(r) if isinstance(r, list) else r for r in sub["pg_ranks"]]
-            details = pl.DataFrame(
-                [frame["_seq"].gather(idx)] + [_series(k, v, schema[k]) for k, v in sub.items()]
-            )
+    if not rest or not idx:
+        return None
+    sub_args = args_at(idx)
+    sub = {key: _values(sub_args, key) for key in rest}
+    if "pg_ranks" in sub:
+        sub["pg_ranks"] = [str(r) if isinstance(r, list) else r for r in sub["pg_ranks"]]
+    return pl.DataFrame(
+        [frame["_seq"].gather(idx)] + [_series(k, v, schema[k]) for k, v in sub.items()]
+    )
+
+
+def _with_shapes(
+    frame: pl.DataFrame, details: pl.DataFrame | None, notes: _Annotations | None
+) -> pl.DataFrame:
+    """The CPU ops with the Input Dims / Input type of their annotations, where needed."""
     if notes is not None and _needs_shapes(frame, details, notes):
         found = notes.find()
         if found.height:
             frame = frame.join(
                 found, on=["name", "tid", "ts_us"], how="left", maintain_order="left"
             )
-    if phs is not None and phs.count("X") != n:  # only complete events and B/E pairs last
-        frame = frame.filter(pl.col("ph").is_in(list(_DURATION_PH)))
-    return frame, details
+    return frame
 
 
 def _finish(
@@ -721,11 +780,8 @@ _CAT_OF = pl.Series("cat", [None] * 64, dtype=_STR).scatter(list(_CODE.values())
 
 
 # CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
-_IS_OP = (
-    (pl.col("cat") == "user_annotation")
-    | _COMM_OP
-    | pl.col("name").str.starts_with("ProfilerStep#").fill_null(False)
-)
+_OP_NAME = _COMM_OP | pl.col("name").str.starts_with("ProfilerStep#").fill_null(False)
+_IS_OP = (pl.col("cat") == "user_annotation") | _OP_NAME
 
 
 @dataclass
@@ -764,6 +820,8 @@ def _columns(
     tabulate each role; `notes` supplies the annotations' Input Dims / Input type when they
     are needed. Without `host`, the CPU ops that are neither communication nor annotations are
     left out. Collective details come separately as `gpu_details` / `ops_details`."""
+    if isinstance(events, Scanned):
+        return _scanned_columns(events, notes, host, piece)
     cats = _values(events, "cat")
     tagged = not (events and isinstance(events[0], Event))
     if not tagged:  # the permissive fallback: M has no class
@@ -804,8 +862,13 @@ def _columns(
             out["ops_details"] = details
     out["ops"] = frame.filter(_IS_OP)
     out["host"] = frame.filter(~_IS_OP).select(list(HOST_SCHEMA))
-    meta = _take(events, (roles == 3).arg_true().to_list())
-    out["threads"] = pl.DataFrame(
+    out["threads"] = _threads(_take(events, (roles == 3).arg_true().to_list()))
+    return out
+
+
+def _threads(meta: list[Any]) -> pl.DataFrame:
+    """Process and thread names from metadata (M) events."""
+    return pl.DataFrame(
         {
             "kind": pl.Series(_str_or_none([e.name for e in meta]), dtype=_STR),
             "pid": _series("pid", [e.pid for e in meta], _STR),
@@ -816,7 +879,141 @@ def _columns(
             ),
         }
     )
+
+
+# ------------------------------------------------------------------ compiled scanner
+
+
+class _Arrow:
+    """A column handed over by the scanner through the Arrow C data interface."""
+
+    def __init__(self, schema: Any, array: Any) -> None:
+        self.capsules = (schema, array)
+
+    def __arrow_c_array__(self, requested_schema: Any = None) -> tuple[Any, Any]:
+        return self.capsules
+
+
+# The scanner's category codes: the same as _CODE, metadata under b"".
+_SCAN_CODES = {(b"" if cat == META_CAT else cat.encode()): code for cat, code in _CODE.items()}
+_CATEGORY = pl.lit(_CAT_OF).gather(pl.col("code")).alias("cat")
+_PH_OF = pl.Series("ph", [None] * 128, dtype=_STR).scatter(
+    [ord(p) for p in "XBEM"], ["X", "B", "E", "M"]
+)
+
+
+@dataclass
+class Scanned:
+    """A piece read by the compiled scanner: one row per kept event (device, runtime, CPU
+    and metadata events) with columns code (category code, see _CODE), ph, name, pid, tid,
+    ts_us, dur_us, external_id, external_id_old, correlation, stream, device and the event's
+    byte span in `data` (span_start, span_end), from which the few rows that need more
+    fields (metadata, collectives) are decoded again with msgspec."""
+
+    table: pl.DataFrame
+    data: bytes | bytearray
+    names: pl.Series  # the distinct names; the table's name_id indexes them
+
+    def by_name(self, rows: pl.DataFrame, test: pl.Expr) -> pl.Series:
+        """`test` (an expression of `name` alone) for these rows, evaluated once per
+        distinct name (a few hundred per piece, not one per row)."""
+        per_name = pl.DataFrame([self.names]).select(test.fill_null(False)).to_series()
+        return per_name.gather(rows["name_id"]).fill_null(False)
+
+    def decode(self, rows: pl.DataFrame) -> list[Any]:
+        """The events of these rows (of `table`), decoded with msgspec from their spans."""
+        view = memoryview(self.data)
+        spans = zip(rows["span_start"].to_list(), rows["span_end"].to_list(), strict=True)
+        text = b",".join(view[a:b] for a, b in spans)
+        return _EVENTS.decode(b"[" + text + b"]")
+
+
+def _scan_piece(data: bytes | bytearray, start: int, stop: int) -> tuple[Scanned, int] | None:
+    """The events after data[start] up to data[stop] (stop < 0: the array's end), read by the
+    compiled scanner, and where the array closed; None where msgspec has to decode them (no
+    scanner, invalid JSON, or a shape the scanner leaves alone)."""
+    if _scanner is None:
+        return None
+    got = _scanner.scan(data, start, stop, _SCAN_CODES, _OTHER_PHASES)
+    if got is None:
+        return None
+    _, columns, raw_names, end = got
+    try:
+        names = [
+            msgspec.json.decode(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
+            for raw in raw_names
+        ]
+    except (UnicodeDecodeError, msgspec.DecodeError):
+        return None  # msgspec reports it
+    table = pl.DataFrame([pl.Series(_Arrow(schema, array)) for _, schema, array in columns])
+    uniques = pl.Series("name", names, dtype=_STR)
+    table = table.with_columns(
+        name_id=table["name"],
+        name=uniques.gather(table["name"]),
+        ph=_PH_OF.gather(table["ph"]),
+    )
+    return Scanned(table, data, uniques), end
+
+
+def _scanned_columns(
+    piece_: Scanned, notes: _Annotations | None, host: bool, piece: int
+) -> dict[str, pl.DataFrame]:
+    """_columns for a piece read by the scanner: the same tables, from its columns."""
+    table = piece_.table
+    role = pl.col("code") // 16
+    out: dict[str, pl.DataFrame] = {}
+    for code, key, schema, detail in (
+        (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
+        (1, "runtime", RUNTIME_SCHEMA, None),
+    ):
+        rows = table.filter(role == code)
+        if rows.height:
+            out[key], details = _scanned_frame(piece_, rows, schema, detail, piece)
+            if details is not None:
+                out[f"{key}_details"] = details
+        else:
+            out[key] = pl.DataFrame(schema=schema)
+    cpu = table.filter(role == 2)
+    is_op = (cpu["code"] == _CODE["user_annotation"]) | piece_.by_name(cpu, _OP_NAME)
+    if not host:
+        cpu, is_op = cpu.filter(is_op), None
+    frame = pl.DataFrame(schema=OPS_SCHEMA)
+    if cpu.height:
+        frame, details = _scanned_frame(piece_, cpu, OPS_SCHEMA, _COMM_OP, piece, notes)
+        if details is not None:
+            out["ops_details"] = details
+    out["ops"] = frame if is_op is None else frame.filter(is_op)
+    out["host"] = frame.clear() if is_op is None else frame.filter(~is_op)
+    out["host"] = out["host"].select(list(HOST_SCHEMA))
+    out["threads"] = _threads(piece_.decode(table.filter(role == 3)))
     return out
+
+
+def _scanned_frame(
+    piece_: Scanned,
+    rows: pl.DataFrame,
+    schema: dict[str, pl.DataType],
+    detail: pl.Expr | None,
+    piece: int,
+    notes: _Annotations | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """_frame for one role's rows of a scanned piece."""
+    cols = [pl.int_range(pl.len(), dtype=pl.Int64).alias("_seq") + (piece << 32)]
+    if "cat" in schema:
+        cols.append(_CATEGORY)
+    if "external_id" in schema:
+        cols.append(pl.coalesce("external_id", "external_id_old").alias("external_id"))
+    cols += [pl.col(k) for k in ("correlation", "stream", "device") if k in schema]
+    for key in ("name", "pid", "tid", "ts_us", "dur_us"):
+        if key not in schema:
+            continue
+        fallback_for = _FALLBACK.get(key) if "device" in schema else None
+        if fallback_for is None or rows[fallback_for].null_count():
+            cols.append(pl.col(key).cast(_STR) if key in _INT_LIKE else pl.col(key))
+    frame = rows.select(*cols, "ph")
+    idx = [] if detail is None else piece_.by_name(rows, detail).arg_true().to_list()
+    details = _details(frame, schema, idx, lambda idx: _args_of(piece_.decode(rows[idx])))
+    return _with_shapes(frame, details, notes), details
 
 
 def decode_file(path: str | Path, piece_bytes: int | None = None) -> RawTrace:

@@ -1,0 +1,1098 @@
+/*
+ * _scan: read a piece of a Kineto `traceEvents` array straight into columns.
+ *
+ * The pure-Python path (decode.py) decodes events into msgspec Structs and then reads their
+ * attributes column by column; most of its time goes into creating, reading and freeing
+ * those millions of small objects. This scanner walks the JSON bytes once and appends the
+ * fields the analyses use to typed columns, which Polars takes over through the Arrow C data
+ * interface (no copy, no per-event Python object).
+ *
+ * It is an accelerator, not a second decoder with its own rules: it accepts exactly the
+ * events the phase-tagged msgspec decoder accepts in the shapes it supports, and for
+ * anything else (invalid JSON, a field of an unexpected type, a string pid on a kept event,
+ * an unknown phase, ...) scan() returns None and decode.py decodes the piece with msgspec
+ * as before, errors and all. Fields it does not extract are still checked the way msgspec
+ * checks them (the `Args` fields' types, UTF-8 and surrogates in strings), so a piece it
+ * accepts is one msgspec accepts too.
+ *
+ * Rows are kept for device, runtime and CPU events (by category) and for metadata (M)
+ * events; everything else is skipped. Metadata rows and the few rows that need more fields
+ * (collectives) are decoded again by msgspec from their byte span (span_start, span_end).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ Arrow C data interface */
+
+#define ARROW_FLAG_NULLABLE 2
+
+struct ArrowSchema {
+    const char *format;
+    const char *name;
+    const char *metadata;
+    int64_t flags;
+    int64_t n_children;
+    struct ArrowSchema **children;
+    struct ArrowSchema *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+static void release_schema(struct ArrowSchema *schema) { schema->release = NULL; }
+
+static void release_array(struct ArrowArray *array) {
+    if (array->buffers != NULL) {
+        free((void *)array->buffers[0]);
+        free((void *)array->buffers[1]);
+        free(array->buffers);
+    }
+    array->release = NULL;
+}
+
+static void schema_capsule_free(PyObject *capsule) {
+    struct ArrowSchema *schema = PyCapsule_GetPointer(capsule, "arrow_schema");
+    if (schema != NULL) {
+        if (schema->release != NULL) schema->release(schema);
+        free(schema);
+    }
+}
+
+static void array_capsule_free(PyObject *capsule) {
+    struct ArrowArray *array = PyCapsule_GetPointer(capsule, "arrow_array");
+    if (array != NULL) {
+        if (array->release != NULL) array->release(array);
+        free(array);
+    }
+}
+
+/* ------------------------------------------------------------------------- columns */
+
+enum {
+    COL_CODE, COL_PH, COL_NAME, COL_PID, COL_TID, COL_TS, COL_DUR, COL_EXT, COL_EXT_OLD,
+    COL_CORR, COL_STREAM, COL_DEVICE, COL_START, COL_END, N_COLS
+};
+
+static const char *COL_NAMES[N_COLS] = {
+    "code", "ph", "name", "pid", "tid", "ts_us", "dur_us", "external_id", "external_id_old",
+    "correlation", "stream", "device", "span_start", "span_end",
+};
+/* Arrow formats: C uint8, I uint32, l int64, g float64. */
+static const char *COL_FORMATS[N_COLS] = {"C", "C", "I", "l", "l", "g", "g",
+                                          "l", "l", "l", "l", "l", "l", "l"};
+static const int COL_WIDTH[N_COLS] = {1, 1, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+
+typedef struct {
+    char *data[N_COLS];
+    uint8_t *valid[N_COLS]; /* a byte per row (packed into a bitmap on export) */
+    int64_t nulls[N_COLS];
+    int64_t n, cap;
+} Table;
+
+static void table_free(Table *t) {
+    for (int c = 0; c < N_COLS; c++) {
+        free(t->data[c]);
+        free(t->valid[c]);
+        t->data[c] = NULL;
+        t->valid[c] = NULL;
+    }
+}
+
+static int table_grow(Table *t) {
+    int64_t cap = t->cap ? t->cap * 2 : 4096;
+    for (int c = 0; c < N_COLS; c++) {
+        char *d = realloc(t->data[c], (size_t)cap * COL_WIDTH[c]);
+        if (d == NULL) return -1;
+        t->data[c] = d;
+        uint8_t *v = realloc(t->valid[c], (size_t)cap);
+        if (v == NULL) return -1;
+        t->valid[c] = v;
+    }
+    t->cap = cap;
+    return 0;
+}
+
+static inline void put(Table *t, int c, const void *value) {
+    memcpy(t->data[c] + (size_t)t->n * COL_WIDTH[c], value, COL_WIDTH[c]);
+    t->valid[c][t->n] = 1;
+}
+
+static inline void put_null(Table *t, int c) {
+    memset(t->data[c] + (size_t)t->n * COL_WIDTH[c], 0, COL_WIDTH[c]);
+    t->valid[c][t->n] = 0;
+    t->nulls[c]++;
+}
+
+/* Hand column c over to a (schema, array) capsule pair; the table no longer owns it. */
+static PyObject *export_column(Table *t, int c) {
+    struct ArrowSchema *schema = calloc(1, sizeof *schema);
+    struct ArrowArray *array = calloc(1, sizeof *array);
+    const void **buffers = calloc(2, sizeof *buffers);
+    uint8_t *bitmap = NULL;
+    int64_t n = t->n;
+    if (schema == NULL || array == NULL || buffers == NULL) goto nomem;
+    if (t->nulls[c]) {
+        bitmap = calloc((size_t)(n + 7) / 8 + 1, 1);
+        if (bitmap == NULL) goto nomem;
+        for (int64_t i = 0; i < n; i++)
+            if (t->valid[c][i]) bitmap[i >> 3] |= (uint8_t)(1u << (i & 7));
+    }
+    if (t->data[c] == NULL) { /* no rows: Arrow still wants a data buffer */
+        t->data[c] = malloc(8);
+        if (t->data[c] == NULL) goto nomem;
+    }
+    schema->format = COL_FORMATS[c];
+    schema->name = COL_NAMES[c];
+    schema->flags = ARROW_FLAG_NULLABLE;
+    schema->release = release_schema;
+    buffers[0] = bitmap;
+    buffers[1] = t->data[c];
+    array->length = n;
+    array->null_count = t->nulls[c];
+    array->n_buffers = 2;
+    array->buffers = buffers;
+    array->release = release_array;
+    t->data[c] = NULL;
+    PyObject *s = PyCapsule_New(schema, "arrow_schema", schema_capsule_free);
+    if (s == NULL) {
+        release_array(array);
+        free(array);
+        free(schema);
+        return NULL;
+    }
+    PyObject *a = PyCapsule_New(array, "arrow_array", array_capsule_free);
+    if (a == NULL) {
+        release_array(array);
+        free(array);
+        Py_DECREF(s);
+        return NULL;
+    }
+    return Py_BuildValue("(sNN)", COL_NAMES[c], s, a);
+nomem:
+    free(schema);
+    free(array);
+    free(buffers);
+    free(bitmap);
+    PyErr_NoMemory();
+    return NULL;
+}
+
+/* ------------------------------------------------------------------- name interning */
+
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+    uint64_t hash;
+} Name;
+
+typedef struct {
+    Name *names; /* distinct names, in order of first appearance */
+    uint32_t count, names_cap;
+    uint32_t *slots; /* index + 1, 0 = empty */
+    uint32_t mask;
+} Interner;
+
+static uint64_t hash_bytes(const uint8_t *p, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p, n);
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
+    return h ^ (h >> 29);
+}
+
+static int interner_init(Interner *in) {
+    in->mask = 1023;
+    in->slots = calloc(in->mask + 1, sizeof *in->slots);
+    in->names_cap = 256;
+    in->names = malloc(in->names_cap * sizeof *in->names);
+    in->count = 0;
+    return (in->slots == NULL || in->names == NULL) ? -1 : 0;
+}
+
+static void interner_free(Interner *in) {
+    free(in->slots);
+    free(in->names);
+}
+
+static int interner_rehash(Interner *in) {
+    uint32_t mask = in->mask * 2 + 1;
+    uint32_t *slots = calloc(mask + 1, sizeof *slots);
+    if (slots == NULL) return -1;
+    for (uint32_t i = 0; i < in->count; i++) {
+        uint32_t s = (uint32_t)in->names[i].hash & mask;
+        while (slots[s]) s = (s + 1) & mask;
+        slots[s] = i + 1;
+    }
+    free(in->slots);
+    in->slots = slots;
+    in->mask = mask;
+    return 0;
+}
+
+/* The id of the name p[0:n] (its raw JSON bytes, escapes included); -1 when out of memory. */
+static int64_t intern(Interner *in, const uint8_t *p, size_t n) {
+    uint64_t h = hash_bytes(p, n);
+    uint32_t s = (uint32_t)h & in->mask;
+    while (in->slots[s]) {
+        Name *x = &in->names[in->slots[s] - 1];
+        if (x->hash == h && x->n == n && memcmp(x->p, p, n) == 0) return in->slots[s] - 1;
+        s = (s + 1) & in->mask;
+    }
+    if (in->count == in->names_cap) {
+        Name *names = realloc(in->names, 2 * (size_t)in->names_cap * sizeof *names);
+        if (names == NULL) return -1;
+        in->names = names;
+        in->names_cap *= 2;
+    }
+    in->names[in->count] = (Name){p, n, h};
+    in->slots[s] = ++in->count;
+    if (in->count * 2 > in->mask && interner_rehash(in) < 0) return -1;
+    return in->count - 1;
+}
+
+/* --------------------------------------------------------------------------- JSON */
+
+/* What a value is, as msgspec's type checks see it. */
+enum {
+    V_ABSENT = 0,
+    V_NULL = 1 << 0,
+    V_BOOL = 1 << 1,
+    V_INT = 1 << 2,    /* integer literal that fits int64 */
+    V_BIGINT = 1 << 3, /* integer literal beyond int64 */
+    V_FLOAT = 1 << 4,  /* fraction or exponent, finite as a double */
+    V_HUGE = 1 << 5,   /* fraction or exponent, out of a double's range */
+    V_STR = 1 << 6,
+    V_OBJ = 1 << 7,
+    V_INTS = 1 << 8,   /* array of integers (or empty) */
+    V_ARR = 1 << 9,    /* any other array */
+};
+#define V_ANYINT (V_INT | V_BIGINT)
+
+/* Flags of a string. */
+enum { S_ESC = 1, S_HIGH = 2 };
+
+typedef struct {
+    const uint8_t *p, *end;
+    int bad; /* not valid JSON, or a shape we leave to msgspec */
+} Cur;
+
+typedef struct {
+    int kind;
+    int64_t i;
+    double d;
+    const uint8_t *s; /* string contents (between the quotes) */
+    size_t n;
+    int flags;
+} Value;
+
+/* Eight bytes at a time where that is safe (little-endian loads; the lowest flagged byte of
+ * the has-byte tricks below is always a true hit), else one at a time. */
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define SWAR 1
+#define FIRST_HIT(mask) (__builtin_ctzll(mask) >> 3)
+#else
+#define SWAR 0
+#define FIRST_HIT(mask) 0
+#endif
+
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+#define HAS_ZERO(w) (((w) - ONES) & ~(w) & HIGHS)
+#define HAS_BYTE(w, b) HAS_ZERO((w) ^ (ONES * (b)))
+#define HAS_LESS(w, b) (((w) - ONES * (b)) & ~(w) & HIGHS)
+
+static inline void skip_ws(Cur *c) {
+    const uint8_t *p = c->p, *end = c->end;
+    for (;;) {
+        /* Pretty-printed traces indent with runs of spaces. */
+        while (SWAR && end - p >= 8) {
+            uint64_t w;
+            memcpy(&w, p, 8);
+            uint64_t other = w ^ (ONES * ' ');
+            if (other) {
+                p += FIRST_HIT(other);
+                break;
+            }
+            p += 8;
+        }
+        if (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) {
+            p++;
+            continue;
+        }
+        break;
+    }
+    c->p = p;
+}
+
+static inline int hexval(uint8_t ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+static int read_u4(Cur *c, const uint8_t *at) {
+    if (c->end - at < 4) return -1;
+    int v = 0;
+    for (int k = 0; k < 4; k++) {
+        int h = hexval(at[k]);
+        if (h < 0) return -1;
+        v = v * 16 + h;
+    }
+    return v;
+}
+
+/* Is p[0:n] valid UTF-8 by Python's strict decoder (no surrogates, no overlongs)? */
+static int utf8_ok(const uint8_t *p, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t b = p[i];
+        if (b < 0x80) {
+            i++;
+            continue;
+        }
+        int more;
+        uint8_t lo = 0x80, hi = 0xBF;
+        if (b >= 0xC2 && b <= 0xDF) more = 1;
+        else if (b == 0xE0) more = 2, lo = 0xA0;
+        else if (b >= 0xE1 && b <= 0xEC) more = 2;
+        else if (b == 0xED) more = 2, hi = 0x9F;
+        else if (b >= 0xEE && b <= 0xEF) more = 2;
+        else if (b == 0xF0) more = 3, lo = 0x90;
+        else if (b >= 0xF1 && b <= 0xF3) more = 3;
+        else if (b == 0xF4) more = 3, hi = 0x8F;
+        else return 0;
+        if (i + more >= n) return 0;
+        if (p[i + 1] < lo || p[i + 1] > hi) return 0;
+        for (int k = 2; k <= more; k++)
+            if (p[i + k] < 0x80 || p[i + k] > 0xBF) return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+/* A string at c->p (which is at its opening quote): checked as msgspec checks strings
+ * (escapes, control characters, surrogate pairs), contents and flags into v. */
+static void parse_string(Cur *c, Value *v) {
+    const uint8_t *p = c->p + 1, *end = c->end;
+    int flags = 0;
+    v->kind = V_STR;
+    v->s = p;
+    for (;;) {
+        while (SWAR && end - p >= 8) {
+            uint64_t w;
+            memcpy(&w, p, 8);
+            uint64_t hit = HAS_BYTE(w, '"') | HAS_BYTE(w, '\\') | HAS_LESS(w, 0x20) | (w & HIGHS);
+            if (hit) {
+                p += FIRST_HIT(hit);
+                break;
+            }
+            p += 8;
+        }
+        if (p >= end) goto bad;
+        uint8_t ch = *p;
+        if (ch == '"') break;
+        if (ch < 0x20) goto bad;
+        if (ch >= 0x80) {
+            flags |= S_HIGH;
+            p++;
+            continue;
+        }
+        if (ch != '\\') {
+            p++;
+            continue;
+        }
+        flags |= S_ESC;
+        if (end - p < 2) goto bad;
+        ch = p[1];
+        if (ch == 'u') {
+            int u = read_u4(c, p + 2);
+            if (u < 0) goto bad;
+            p += 6;
+            if (u >= 0xDC00 && u <= 0xDFFF) goto bad;
+            if (u >= 0xD800 && u <= 0xDBFF) {
+                if (end - p < 6 || p[0] != '\\' || p[1] != 'u') goto bad;
+                int low = read_u4(c, p + 2);
+                if (low < 0xDC00 || low > 0xDFFF) goto bad;
+                p += 6;
+            }
+            continue;
+        }
+        if (!(ch == '"' || ch == '\\' || ch == '/' || ch == 'b' || ch == 'f' || ch == 'n' ||
+              ch == 'r' || ch == 't'))
+            goto bad;
+        p += 2;
+    }
+    v->n = (size_t)(p - v->s);
+    v->flags = flags;
+    c->p = p + 1;
+    return;
+bad:
+    c->bad = 1;
+}
+
+static const double POW10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                 1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* A number by the JSON grammar; integers fit for int64 become V_INT, others V_BIGINT,
+ * anything with a fraction or exponent V_FLOAT (correctly rounded) or V_HUGE. */
+static void parse_number(Cur *c, Value *v) {
+    const uint8_t *start = c->p, *p = c->p, *end = c->end;
+    int neg = 0, digits = 0, frac_digits = 0, is_float = 0;
+    uint64_t m = 0;
+    int overflow = 0;
+    if (p < end && *p == '-') neg = 1, p++;
+    if (p >= end) goto bad;
+    if (*p == '0') {
+        p++;
+        digits = 1;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (m > (UINT64_MAX - 9) / 10) overflow = 1;
+            else m = m * 10 + (*p - '0');
+            p++;
+            digits++;
+        }
+    } else {
+        goto bad;
+    }
+    if (p < end && *p == '.') {
+        is_float = 1;
+        p++;
+        if (p >= end || *p < '0' || *p > '9') goto bad;
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (m > (UINT64_MAX - 9) / 10) overflow = 1;
+            else m = m * 10 + (*p - '0'), frac_digits++;
+            p++;
+        }
+    }
+    int exp10 = 0;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        is_float = 1;
+        p++;
+        int eneg = 0;
+        if (p < end && (*p == '+' || *p == '-')) eneg = (*p == '-'), p++;
+        if (p >= end || *p < '0' || *p > '9') goto bad;
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (exp10 < 100000) exp10 = exp10 * 10 + (*p - '0');
+            p++;
+        }
+        if (eneg) exp10 = -exp10;
+    }
+    c->p = p;
+    if (!is_float) {
+        if (overflow || m > (uint64_t)INT64_MAX + (uint64_t)neg) {
+            v->kind = V_BIGINT;
+            return;
+        }
+        v->kind = V_INT;
+        v->i = neg ? (int64_t)(0 - m) : (int64_t)m;
+        return;
+    }
+    v->kind = V_FLOAT;
+    int e = exp10 - frac_digits;
+    if (!overflow && m <= (1ull << 53) && e >= -22 && e <= 22) {
+        /* Clinger's fast path: both operands exact, so one rounding. */
+        double d = (double)m;
+        d = e < 0 ? d / POW10[-e] : d * POW10[e];
+        v->d = neg ? -d : d;
+        return;
+    }
+    char local[64];
+    size_t len = (size_t)(p - start);
+    char *text = len < sizeof local ? local : malloc(len + 1);
+    if (text == NULL) goto bad;
+    memcpy(text, start, len);
+    text[len] = 0;
+    double d = strtod(text, NULL);
+    if (text != local) free(text);
+    if (isinf(d)) v->kind = V_HUGE;
+    v->d = d;
+    return;
+bad:
+    c->bad = 1;
+}
+
+static int skip_value(Cur *c, Value *v, int depth);
+
+static int expect_literal(Cur *c, const char *word, size_t n) {
+    if ((size_t)(c->end - c->p) < n || memcmp(c->p, word, n) != 0) {
+        c->bad = 1;
+        return 0;
+    }
+    c->p += n;
+    return 1;
+}
+
+/* Any JSON value, checked and classified (object keys and members are checked, not kept). */
+static int skip_value(Cur *c, Value *v, int depth) {
+    if (c->p >= c->end || depth > 512) {
+        c->bad = 1;
+        return 0;
+    }
+    switch (*c->p) {
+    case '"':
+        parse_string(c, v);
+        break;
+    case '{': {
+        v->kind = V_OBJ;
+        c->p++;
+        skip_ws(c);
+        if (c->p < c->end && *c->p == '}') {
+            c->p++;
+            break;
+        }
+        for (;;) {
+            Value key, member;
+            if (c->p >= c->end || *c->p != '"') goto bad;
+            parse_string(c, &key);
+            if (c->bad) return 0;
+            skip_ws(c);
+            if (c->p >= c->end || *c->p != ':') goto bad;
+            c->p++;
+            skip_ws(c);
+            if (!skip_value(c, &member, depth + 1)) return 0;
+            skip_ws(c);
+            if (c->p >= c->end) goto bad;
+            if (*c->p == ',') {
+                c->p++;
+                skip_ws(c);
+                continue;
+            }
+            if (*c->p == '}') {
+                c->p++;
+                break;
+            }
+            goto bad;
+        }
+        break;
+    }
+    case '[': {
+        int all_ints = 1;
+        c->p++;
+        skip_ws(c);
+        if (c->p < c->end && *c->p == ']') {
+            c->p++;
+            v->kind = V_INTS;
+            break;
+        }
+        for (;;) {
+            Value item;
+            if (!skip_value(c, &item, depth + 1)) return 0;
+            if (!(item.kind & V_ANYINT)) all_ints = 0;
+            skip_ws(c);
+            if (c->p >= c->end) goto bad;
+            if (*c->p == ',') {
+                c->p++;
+                skip_ws(c);
+                continue;
+            }
+            if (*c->p == ']') {
+                c->p++;
+                break;
+            }
+            goto bad;
+        }
+        v->kind = all_ints ? V_INTS : V_ARR;
+        break;
+    }
+    case 't':
+        v->kind = V_BOOL;
+        expect_literal(c, "true", 4);
+        break;
+    case 'f':
+        v->kind = V_BOOL;
+        expect_literal(c, "false", 5);
+        break;
+    case 'n':
+        v->kind = V_NULL;
+        expect_literal(c, "null", 4);
+        break;
+    default:
+        parse_number(c, v);
+    }
+    return !c->bad;
+bad:
+    c->bad = 1;
+    return 0;
+}
+
+/* ----------------------------------------------------------------------- the events */
+
+/* The `Args` fields of decode.py (their JSON names) and the types msgspec accepts for each.
+ * The first five are kept as columns. tests/test_scan.py checks this list against Args. */
+#define STR_OK (V_STR | V_NULL)
+#define INT_OK (V_ANYINT | V_NULL)
+#define INT_STR_OK (V_ANYINT | V_STR | V_NULL)
+enum { A_EXT, A_EXT_OLD, A_CORR, A_STREAM, A_DEVICE, N_KEPT_ARGS };
+static const struct {
+    const char *key;
+    int ok;
+} ARG_KEYS[] = {
+    {"External id", INT_OK},
+    {"external id", INT_OK},
+    {"correlation", INT_OK},
+    {"stream", INT_STR_OK},
+    {"device", INT_STR_OK},
+    {"Collective name", STR_OK},
+    {"In msg nelems", INT_OK},
+    {"Out msg nelems", INT_OK},
+    {"Group size", INT_OK},
+    {"dtype", STR_OK},
+    {"Process Group Name", INT_STR_OK},
+    {"Process Group Description", STR_OK},
+    {"Process Group Ranks", V_STR | V_INTS | V_NULL},
+    {"Process Group ID", INT_STR_OK},
+    {"Seq", INT_STR_OK},
+    {"Src Rank", INT_OK},
+    {"Dst Rank", INT_OK},
+    {"name", INT_STR_OK},
+};
+#define N_ARG_KEYS ((int)(sizeof ARG_KEYS / sizeof ARG_KEYS[0]))
+static size_t ARG_LEN[N_ARG_KEYS]; /* strlen of each key, set when the module loads */
+
+/* Args keys by a hash of length and end bytes (most keys in a trace match none). */
+#define N_BUCKETS 64
+#define BUCKET_SIZE 4
+static int8_t ARG_BUCKETS[N_BUCKETS][BUCKET_SIZE];
+
+static inline unsigned key_hash(const uint8_t *s, size_t n) {
+    return n == 0 ? 0 : (unsigned)(n * 7 + s[0] * 3 + s[n - 1] * 5) % N_BUCKETS;
+}
+
+static int index_arg_keys(void) {
+    memset(ARG_BUCKETS, -1, sizeof ARG_BUCKETS);
+    for (int k = 0; k < N_ARG_KEYS; k++) {
+        ARG_LEN[k] = strlen(ARG_KEYS[k].key);
+        int8_t *bucket = ARG_BUCKETS[key_hash((const uint8_t *)ARG_KEYS[k].key, ARG_LEN[k])];
+        int b = 0;
+        while (b < BUCKET_SIZE && bucket[b] >= 0) b++;
+        if (b == BUCKET_SIZE) return -1;
+        bucket[b] = (int8_t)k;
+    }
+    return 0;
+}
+
+/* Event fields, in the order of the bits in Event.wrong. */
+enum { F_PH, F_CAT, F_NAME, F_PID, F_TID, F_TS, F_DUR, F_ARGS, N_FIELDS };
+
+typedef struct {
+    Value f[N_FIELDS];
+    Value arg[N_KEPT_ARGS];
+    int wrong; /* bit per field: a value msgspec would reject (sticky over duplicates) */
+    int seen;  /* bit per field */
+} Event;
+
+/* A str field: msgspec makes a Python str of it, which must be valid UTF-8. */
+static inline int str_ok(const Value *v) {
+    return v->kind != V_STR || !(v->flags & S_HIGH) || utf8_ok(v->s, v->n);
+}
+
+static void parse_args(Cur *c, Event *ev) {
+    for (int k = 0; k < N_KEPT_ARGS; k++) ev->arg[k].kind = V_ABSENT;
+    c->p++; /* the '{' */
+    skip_ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return;
+    }
+    for (;;) {
+        Value key, value;
+        if (c->p >= c->end || *c->p != '"') goto bad;
+        parse_string(c, &key);
+        if (c->bad) return;
+        if (key.flags & S_ESC) goto bad; /* msgspec matches unescaped names: leave it */
+        skip_ws(c);
+        if (c->p >= c->end || *c->p != ':') goto bad;
+        c->p++;
+        skip_ws(c);
+        if (!skip_value(c, &value, 1)) return;
+        const int8_t *bucket = ARG_BUCKETS[key_hash(key.s, key.n)];
+        for (int b = 0; b < BUCKET_SIZE && bucket[b] >= 0; b++) {
+            int k = bucket[b];
+            if (ARG_LEN[k] != key.n || memcmp(ARG_KEYS[k].key, key.s, key.n) != 0) continue;
+            if (!(value.kind & ARG_KEYS[k].ok) || !str_ok(&value)) ev->wrong |= 1 << F_ARGS;
+            if (k < N_KEPT_ARGS) ev->arg[k] = value;
+            break;
+        }
+        skip_ws(c);
+        if (c->p >= c->end) goto bad;
+        if (*c->p == ',') {
+            c->p++;
+            skip_ws(c);
+            continue;
+        }
+        if (*c->p == '}') {
+            c->p++;
+            return;
+        }
+        goto bad;
+    }
+bad:
+    c->bad = 1;
+}
+
+static int field_of(const Value *key) {
+    const uint8_t *s = key->s;
+    switch (key->n) {
+    case 2:
+        if (s[0] == 'p' && s[1] == 'h') return F_PH;
+        if (s[0] == 't' && s[1] == 's') return F_TS;
+        return -1;
+    case 3:
+        if (!memcmp(s, "cat", 3)) return F_CAT;
+        if (!memcmp(s, "pid", 3)) return F_PID;
+        if (!memcmp(s, "tid", 3)) return F_TID;
+        if (!memcmp(s, "dur", 3)) return F_DUR;
+        return -1;
+    case 4:
+        if (!memcmp(s, "name", 4)) return F_NAME;
+        if (!memcmp(s, "args", 4)) return F_ARGS;
+        return -1;
+    }
+    return -1;
+}
+
+/* Types msgspec accepts for each field of the Complete / Meta structs. */
+static const int FIELD_OK[N_FIELDS] = {
+    [F_PH] = V_STR,
+    [F_CAT] = V_STR | V_NULL,
+    [F_NAME] = V_STR | V_ANYINT | V_NULL,
+    [F_PID] = V_STR | V_ANYINT | V_NULL,
+    [F_TID] = V_STR | V_ANYINT | V_NULL,
+    [F_TS] = V_ANYINT | V_FLOAT | V_NULL,
+    [F_DUR] = V_ANYINT | V_FLOAT | V_NULL,
+    [F_ARGS] = V_OBJ | V_NULL,
+};
+
+static void parse_event(Cur *c, Event *ev) {
+    ev->wrong = 0;
+    ev->seen = 0;
+    for (int k = 0; k < N_FIELDS; k++) ev->f[k].kind = V_ABSENT;
+    for (int k = 0; k < N_KEPT_ARGS; k++) ev->arg[k].kind = V_ABSENT;
+    if (c->p >= c->end || *c->p != '{') goto bad;
+    c->p++;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return;
+    }
+    for (;;) {
+        Value key;
+        if (c->p >= c->end || *c->p != '"') goto bad;
+        parse_string(c, &key);
+        if (c->bad) return;
+        if (key.flags & S_ESC) goto bad;
+        skip_ws(c);
+        if (c->p >= c->end || *c->p != ':') goto bad;
+        c->p++;
+        skip_ws(c);
+        int f = field_of(&key);
+        if (f == F_ARGS && c->p < c->end && *c->p == '{') {
+            ev->f[F_ARGS].kind = V_OBJ;
+            parse_args(c, ev);
+            if (c->bad) return;
+        } else {
+            Value value;
+            if (!skip_value(c, &value, 1)) return;
+            if (f >= 0) {
+                if (f == F_PH && (ev->seen & (1 << F_PH))) goto bad; /* two tags: leave it */
+                if (!(value.kind & FIELD_OK[f]) || !str_ok(&value)) ev->wrong |= 1 << f;
+                if (f == F_ARGS) /* null args: no kept args */
+                    for (int k = 0; k < N_KEPT_ARGS; k++) ev->arg[k].kind = V_ABSENT;
+                ev->f[f] = value;
+            }
+        }
+        if (f >= 0) ev->seen |= 1 << f;
+        skip_ws(c);
+        if (c->p >= c->end) goto bad;
+        if (*c->p == ',') {
+            c->p++;
+            skip_ws(c);
+            continue;
+        }
+        if (*c->p == '}') {
+            c->p++;
+            return;
+        }
+        goto bad;
+    }
+bad:
+    c->bad = 1;
+}
+
+typedef struct {
+    const char *cat;
+    size_t n;
+    int code;
+} Category;
+
+/* ------------------------------------------------------------------------- scan() */
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, stop;
+    PyObject *cats;
+    const char *skipped; /* the phases whose events are skipped unread */
+    if (!PyArg_ParseTuple(args, "y*nnO!s", &view, &start, &stop, &PyDict_Type, &cats, &skipped))
+        return NULL;
+    const uint8_t *base = view.buf;
+    Py_ssize_t len = view.len;
+    if (start < 0 || start >= len || stop >= len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "scan: start/stop outside the buffer");
+        return NULL;
+    }
+    /* Category codes from the dict {bytes: int}; a few entries, compared as bytes. */
+    Category known[64];
+    int n_known = 0, meta_code = -1;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(cats, &pos, &key, &value)) {
+        if (n_known == 64 || !PyBytes_Check(key) || !PyLong_Check(value)) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_TypeError, "scan: categories are {bytes: int}, at most 64");
+            return NULL;
+        }
+        int code = (int)PyLong_AsLong(value);
+        if (PyBytes_GET_SIZE(key) == 0) meta_code = code; /* b"": the metadata code */
+        else known[n_known++] = (Category){PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), code};
+    }
+
+    Table t = {0};
+    Interner names;
+    Cur c = {base + start + 1, base + (stop >= 0 ? stop : len), 0};
+    int unsupported = 0, nomem = 0;
+    Py_ssize_t closed_at = -1;
+    if (interner_init(&names) < 0) nomem = 1;
+
+    Py_BEGIN_ALLOW_THREADS
+    skip_ws(&c);
+    int first = 1;
+    while (!nomem && !unsupported) {
+        if (c.p >= c.end) {
+            if (stop >= 0) closed_at = stop; /* the cut stands for the array's end */
+            else c.bad = 1;
+            break;
+        }
+        if (*c.p == ']') {
+            if (stop >= 0) c.bad = 1; /* the real end before the cut */
+            else closed_at = c.p - base;
+            break;
+        }
+        if (!first) {
+            if (*c.p != ',') {
+                c.bad = 1;
+                break;
+            }
+            c.p++;
+            skip_ws(&c);
+        }
+        first = 0;
+        const uint8_t *at = c.p;
+        Event ev;
+        parse_event(&c, &ev);
+        if (c.bad) break;
+        const uint8_t *after = c.p;
+        skip_ws(&c);
+        if (ev.f[F_PH].kind != V_STR || ev.f[F_PH].n != 1 || (ev.f[F_PH].flags & S_ESC)) {
+            unsupported = 1; /* no phase, or an odd one: the permissive decoder's job */
+            break;
+        }
+        uint8_t ph = ev.f[F_PH].s[0];
+        int code;
+        if (ph == 'X' || ph == 'B' || ph == 'E') {
+            int checked = (1 << F_CAT) | (1 << F_NAME) | (1 << F_PID) | (1 << F_TID) |
+                          (1 << F_TS) | (1 << F_DUR) | (1 << F_ARGS);
+            if (ev.wrong & checked) {
+                unsupported = 1;
+                break;
+            }
+            Value *cat = &ev.f[F_CAT];
+            code = -1;
+            if (cat->kind == V_STR) {
+                if (cat->flags & S_ESC) {
+                    unsupported = 1;
+                    break;
+                }
+                for (int k = 0; k < n_known; k++)
+                    if (known[k].n == cat->n && !memcmp(known[k].cat, cat->s, cat->n)) {
+                        code = known[k].code;
+                        break;
+                    }
+            }
+            if (code < 0) continue; /* not a category the analyses read */
+            /* Kept: only the shapes the columns hold (others go to msgspec). */
+            if ((ev.f[F_NAME].kind & ~(V_STR | V_NULL)) ||
+                (ev.f[F_PID].kind & ~(V_INT | V_NULL)) ||
+                (ev.f[F_TID].kind & ~(V_INT | V_NULL)) ||
+                (ev.f[F_TS].kind & ~(V_INT | V_FLOAT | V_NULL)) ||
+                (ev.f[F_DUR].kind & ~(V_INT | V_FLOAT | V_NULL))) {
+                unsupported = 1;
+                break;
+            }
+            for (int k = 0; k < N_KEPT_ARGS; k++)
+                if (ev.arg[k].kind & ~(V_INT | V_NULL)) unsupported = 1;
+            if (unsupported) break;
+        } else if (ph == 'M') {
+            int checked = (1 << F_NAME) | (1 << F_PID) | (1 << F_TID) | (1 << F_ARGS);
+            if (ev.wrong & checked) {
+                unsupported = 1;
+                break;
+            }
+            code = meta_code;
+            if (code < 0) continue;
+        } else if (ph != 0 && strchr(skipped, ph) != NULL) {
+            continue;
+        } else {
+            unsupported = 1;
+            break;
+        }
+
+        if (t.n == t.cap && table_grow(&t) < 0) {
+            nomem = 1;
+            break;
+        }
+        uint8_t code8 = (uint8_t)code;
+        put(&t, COL_CODE, &code8);
+        put(&t, COL_PH, &ph);
+        int64_t span0 = at - base, span1 = after - base;
+        put(&t, COL_START, &span0);
+        put(&t, COL_END, &span1);
+        if (ph == 'M') { /* decode.py reads metadata from the span */
+            for (int k = COL_NAME; k < COL_START; k++) put_null(&t, k);
+            t.n++;
+            continue;
+        }
+        if (ev.f[F_NAME].kind == V_STR) {
+            int64_t id = intern(&names, ev.f[F_NAME].s, ev.f[F_NAME].n);
+            if (id < 0) {
+                nomem = 1;
+                break;
+            }
+            uint32_t id32 = (uint32_t)id;
+            put(&t, COL_NAME, &id32);
+        } else {
+            put_null(&t, COL_NAME);
+        }
+        static const int INT_FIELDS[][2] = {{F_PID, COL_PID}, {F_TID, COL_TID}};
+        for (int k = 0; k < 2; k++) {
+            Value *v = &ev.f[INT_FIELDS[k][0]];
+            if (v->kind == V_INT) put(&t, INT_FIELDS[k][1], &v->i);
+            else put_null(&t, INT_FIELDS[k][1]);
+        }
+        static const int NUM_FIELDS[][2] = {{F_TS, COL_TS}, {F_DUR, COL_DUR}};
+        for (int k = 0; k < 2; k++) {
+            Value *v = &ev.f[NUM_FIELDS[k][0]];
+            double d = v->kind == V_INT ? (double)v->i : v->d;
+            if (v->kind & (V_INT | V_FLOAT)) put(&t, NUM_FIELDS[k][1], &d);
+            else put_null(&t, NUM_FIELDS[k][1]);
+        }
+        static const int ARG_COLS[N_KEPT_ARGS] = {COL_EXT, COL_EXT_OLD, COL_CORR, COL_STREAM,
+                                                  COL_DEVICE};
+        for (int k = 0; k < N_KEPT_ARGS; k++) {
+            if (ev.arg[k].kind == V_INT) put(&t, ARG_COLS[k], &ev.arg[k].i);
+            else put_null(&t, ARG_COLS[k]);
+        }
+        t.n++;
+    }
+    Py_END_ALLOW_THREADS
+
+    PyObject *result = NULL;
+    if (nomem) {
+        PyErr_NoMemory();
+    } else if (c.bad || unsupported) {
+        result = Py_NewRef(Py_None);
+    } else {
+        PyObject *columns = PyList_New(N_COLS);
+        PyObject *texts = PyList_New(names.count);
+        if (columns != NULL && texts != NULL) {
+            int ok = 1;
+            for (int k = 0; ok && k < N_COLS; k++) {
+                PyObject *col = export_column(&t, k);
+                if (col == NULL) ok = 0;
+                else PyList_SET_ITEM(columns, k, col);
+            }
+            for (uint32_t k = 0; ok && k < names.count; k++) {
+                PyObject *text = PyBytes_FromStringAndSize((const char *)names.names[k].p,
+                                                           (Py_ssize_t)names.names[k].n);
+                if (text == NULL) ok = 0;
+                else PyList_SET_ITEM(texts, k, text);
+            }
+            if (ok) result = Py_BuildValue("(nOOn)", (Py_ssize_t)t.n, columns, texts, closed_at);
+        }
+        Py_XDECREF(columns);
+        Py_XDECREF(texts);
+    }
+    table_free(&t);
+    interner_free(&names);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *arg_keys(PyObject *self, PyObject *unused) {
+    PyObject *keys = PyTuple_New(N_ARG_KEYS);
+    if (keys == NULL) return NULL;
+    for (int k = 0; k < N_ARG_KEYS; k++) {
+        PyObject *key = PyUnicode_FromString(ARG_KEYS[k].key);
+        if (key == NULL) {
+            Py_DECREF(keys);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(keys, k, key);
+    }
+    return keys;
+}
+
+static PyMethodDef METHODS[] = {
+    {"scan", scan, METH_VARARGS,
+     "scan(buffer, start, stop, categories, skipped) -> (rows, columns, names, end) | None\n\n"
+     "Read the events after buffer[start] (an array's '[' or the comma before an event) up\n"
+     "to buffer[stop] (taken as the array's ']'; stop < 0: up to the array's real ']',\n"
+     "whose index is `end`). `categories` maps category bytes to a code (b'' is the code of\n"
+     "metadata events); events of the phases in `skipped` are checked, not kept. Other\n"
+     "phases than those, X, B, E and M give None. `columns` is a list of (name,\n"
+     "arrow_schema, arrow_array) capsules; `names` the distinct event names as raw JSON\n"
+     "string contents, indexed by the `name` column. None: the piece needs the msgspec\n"
+     "decoder (invalid, or a shape not handled)."},
+    {"arg_keys", arg_keys, METH_NOARGS, "The JSON names of the Args fields the scanner checks."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {
+    PyModuleDef_HEAD_INIT, "_scan", "Kineto traceEvents straight into columns.", -1, METHODS,
+};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    if (index_arg_keys() < 0) {
+        PyErr_SetString(PyExc_ImportError, "_scan: too many Args keys share a hash bucket");
+        return NULL;
+    }
+    return PyModule_Create(&MODULE);
+}

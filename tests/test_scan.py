@@ -1,0 +1,302 @@
+"""The compiled scanner (kineto_comm/load/_scan.c) against the msgspec decoder it accelerates.
+
+Whatever the scanner accepts must give the same tables as msgspec; whatever msgspec rejects,
+the scanner must hand back (None) so that the msgspec path reports it as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any
+
+import msgspec
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from kineto_comm.load import decode
+from kineto_comm.load.decode import Args, decode_file
+from tests.conftest import all_shared_traces
+
+TABLES = ("gpu", "runtime", "ops", "host", "threads")
+
+
+@pytest.fixture
+def scanner():
+    if decode._scanner is None:
+        if os.environ.get("CI"):
+            pytest.fail("the compiled scanner was not built (pip install -e . builds it)")
+        pytest.skip("the compiled scanner is not built on this machine")
+    return decode._scanner
+
+
+def test_scanner_checks_exactly_the_args_fields_of_the_decoder(scanner):
+    fields = {f.encode_name for f in msgspec.structs.fields(Args)}
+    assert set(scanner.arg_keys()) == fields
+
+
+def _tables(path: Any, **kw: Any) -> dict[str, pl.DataFrame]:
+    raw = decode_file(path, **kw)
+    return {t: getattr(raw, t) for t in TABLES} | {
+        "meta": pl.DataFrame(
+            {
+                "m": [
+                    repr(
+                        (
+                            raw.rank,
+                            raw.world_size,
+                            raw.process_groups,
+                            raw.device_names,
+                            raw.base_time_ns,
+                            raw.warnings,
+                            raw.host_skipped,
+                        )
+                    )
+                ]
+            }
+        )
+    }
+
+
+def _pure(monkeypatch: pytest.MonkeyPatch, path: Any, **kw: Any) -> dict[str, pl.DataFrame]:
+    with monkeypatch.context() as m:
+        m.setattr(decode, "_scanner", None)
+        return _tables(path, **kw)
+
+
+def _assert_same(a: dict[str, pl.DataFrame], b: dict[str, pl.DataFrame]) -> None:
+    for key in a:
+        assert_frame_equal(a[key], b[key]), key
+
+
+def test_every_real_trace_gives_the_same_tables_with_and_without_the_scanner(scanner, monkeypatch):
+    scanned = 0
+    calls: list[bool] = []
+    real_scan = scanner.scan
+
+    def spy(*args: Any) -> Any:
+        got = real_scan(*args)
+        calls.append(got is not None)
+        return got
+
+    monkeypatch.setattr(decode, "_scanner", type("Spy", (), {"scan": staticmethod(spy)}))
+    for path in all_shared_traces():
+        calls.clear()
+        try:
+            fast = _tables(path)
+        except decode.TraceError as exc:
+            with pytest.raises(decode.TraceError) as pure_exc:
+                _pure(monkeypatch, path)
+            assert str(pure_exc.value) == str(exc)
+            continue
+        _assert_same(fast, _pure(monkeypatch, path))
+        scanned += bool(calls) and all(calls)
+    # The old 2021 schema (string tids) and the AMD trace (string streams) go through msgspec;
+    # every modern Kineto trace is read by the scanner.
+    assert scanned >= len(all_shared_traces()) - 6
+
+
+def test_pieces_of_any_size_give_the_same_tables_as_msgspec(scanner, monkeypatch, tmp_path):
+    events = [_random_event(random.Random(i)) for i in range(3000)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0}]}, indent=1))
+    for piece in (4096, 20000, 1 << 20):
+        _assert_same(_tables(path, piece_bytes=piece), _pure(monkeypatch, path, piece_bytes=piece))
+
+
+# ------------------------------------------------------------- the scanner alone, piece-wise
+
+
+def _pieces(events_json: bytes) -> tuple[Any, Any]:
+    """Columns of one piece (`[...]` of events) by the scanner (None: handed back) and by
+    msgspec (an exception: msgspec rejects it)."""
+    got = decode._scan_piece(events_json, 0, len(events_json) - 1)
+    patched = b"[" + events_json[1:-1] + b"]"  # as the reader patches a piece for msgspec
+    try:
+        pure: Any = decode._columns(decode._EVENTS.decode(patched), host=True)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        pure = exc
+    fast = None if got is None else decode._columns(got[0], host=True)
+    return fast, pure
+
+
+def _check(events_json: bytes) -> bool:
+    """Scanner and msgspec agree on this piece; True when the scanner took it."""
+    fast, pure = _pieces(events_json)
+    if isinstance(pure, Exception):
+        assert fast is None, f"scanner accepted what msgspec rejects ({pure}): {events_json!r}"
+        return False
+    if fast is None:
+        return False
+    assert fast.keys() == pure.keys(), events_json
+    for key in pure:
+        assert_frame_equal(
+            fast[key].drop("_seq", strict=False), pure[key].drop("_seq", strict=False)
+        )
+    return True
+
+
+KERNEL = (
+    b'{"ph":"X","cat":"kernel","name":"ncclDevKernel_AllReduce_Sum_f32_RING_LL","pid":0,'
+    b'"tid":7,"ts":10.5,"dur":3,"args":{"External id":4,"device":0,"stream":7,'
+    b'"correlation":9,"Collective name":"allreduce","dtype":"Float","In msg nelems":1024,'
+    b'"Process Group Ranks":[0,1],"Seq":"3"}}'
+)
+OP = b'{"ph":"X","cat":"cpu_op","name":"aten::mm","pid":1,"tid":2,"ts":1,"dur":2,"args":{}}'
+META = b'{"ph":"M","name":"thread_name","pid":1,"tid":2,"args":{"name":"main"}}'
+
+
+@pytest.mark.parametrize(
+    "events, taken",
+    [
+        (b"[" + KERNEL + b"," + OP + b"," + META + b"]", True),
+        (b"[]", True),
+        (b"[ \n" + OP + b" ,\t" + OP + b" \r\n]", True),
+        (b'[{"ph":"s","id":1,"pid":"x","ts":"odd","cat":"ac2g"},' + OP + b"]", True),
+        (b'[{"ph":"X","cat":"python_function","name":"f","pid":"Spans","tid":"t"}]', True),
+        (
+            b'[{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":null}]',
+            True,
+        ),
+        (
+            b'[{"ph":"X","cat":"kernel","name":"k \\"q\\" \\u00e9 \\ud83d\\ude00","pid":0,'
+            b'"tid":7,"ts":1.25e3,"dur":-0.0}]',
+            True,
+        ),
+        (
+            b'[{"ph":"B","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":1},'
+            b'{"ph":"E","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":3}]',
+            True,
+        ),
+        (b'[{"ph":"X","cat":"cpu_op","name":"a","name":"b","pid":1,"tid":1,"ts":1}]', True),
+        (b'[{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":12345678901234567890}]', None),
+        (b'[{"ph":"X","cat":"cpu_op","name":"a","pid":"1","tid":1,"ts":1}]', False),
+        (b'[{"ph":"X","cat":"cpu_op","name":5,"pid":1,"tid":1,"ts":1}]', False),
+        (b'[{"ph":"Z","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":1}]', False),
+        (b'[{"cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":1}]', False),
+        (b'[{"ph":"X","cat":"kernel","name":"k","ts":1,"args":{"stream":"7"}}]', False),
+        (b'[{"ph":"X","cat":"kernel","name":"k","ts":1,"args":{"Seq":1.5}}]', False),
+        (b'[{"ph":"X","cat":"kernel","name":"k","ts":"1"}]', False),
+        (b'[{"ph":"X","cat":"kernel","name":"k","ts":1e400}]', False),
+        (b'[{"ph":"X","cat":"kernel","name":"k\xff","ts":1}]', False),
+        (b'[{"ph":"X","cat":"python_function","name":"\xed\xa0\x80","ts":1}]', False),
+        (b'[{"ph":"i","name":"\\ud800","ts":1}]', False),
+        (b'[{"ph":"i","name":"a\x01","ts":1}]', False),
+        (b'[{"ph":"i","name":"a","ts":01}]', False),
+        (b'[{"ph":"i","name":"a","ts":1,}]', False),
+        (b'[{"ph":"i","name":"a","ts":1}', False),
+        (b'[{"ph":"i","name":"a","ts":tru}]', False),
+        (b"[" + OP + b",]", False),
+        (b"[" + OP + b"] ]", False),
+        (b"[5]", False),
+        (b'[{"ph":"X","cat":"kernel","args":{"Process Group Ranks":[1,"a"]}}]', False),
+        (b'[{"ph":"X","\\u0063at":"kernel","name":"k","ts":1}]', False),
+    ],
+)
+def test_scanner_takes_what_it_can_and_agrees_with_msgspec(scanner, events, taken):
+    got = _check(events)
+    if taken is not None:
+        assert got is taken
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(9 if depth < 2 else 6)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice([True, False])
+    if kind == 2:
+        return rng.choice([0, -1, 7, 2**40, -(2**63), 2**63 - 1, 2**64, 10**30])
+    if kind == 3:
+        return rng.choice([0.5, -2.25, 1e-7, 3e300, 1700000000123.456, 12.000000, -0.0])
+    if kind == 4:
+        return rng.choice(["", "a", "é", "ncclDevKernel_X", 'q"uote', "tab\t", "😀", "x\\y"])
+    if kind == 5:
+        return rng.choice(["stream 7", "0x1", "Spans"])
+    if kind == 6:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(3))]
+    if kind == 7:
+        return [rng.randrange(8) for _ in range(rng.randrange(4))]
+    return {rng.choice(ARG_NAMES): _random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+ARG_NAMES = [f.encode_name for f in msgspec.structs.fields(Args)] + ["cbid", "grid", "Ev Idx"]
+CATS = [
+    "kernel",
+    "cuda_runtime",
+    "cpu_op",
+    "user_annotation",
+    "Kernel",
+    "Runtime",
+    "gpu_memcpy",
+    "ac2g",
+    "python_function",
+    "Trace",
+]
+NAMES = [
+    "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+    "record_param_comms",
+    "nccl:all_reduce",
+    "gloo:send",
+    "ProfilerStep#3",
+    "aten::mm",
+    "cudaLaunchKernel",
+    "gemm",
+    "thread_name",
+]
+
+
+def _random_event(rng: random.Random, odd: float = 0.0) -> dict[str, Any]:
+    """A Kineto-like event; with probability `odd` per field, a value of any type."""
+
+    def pick(good: Any) -> Any:
+        return _random_value(rng) if rng.random() < odd else good
+
+    args = {"External id": rng.randrange(1, 50), "correlation": rng.randrange(1, 50)}
+    if rng.random() < 0.5:
+        args |= {"device": 0, "stream": rng.choice([7, 13])}
+    if rng.random() < 0.3:
+        args |= {
+            "Collective name": "allreduce",
+            "In msg nelems": rng.randrange(1, 4096),
+            "dtype": "BFloat16",
+            "Process Group Ranks": [0, 1],
+            "Group size": 2,
+        }
+    if rng.random() < odd:
+        args[rng.choice(ARG_NAMES)] = _random_value(rng)
+    event = {
+        "ph": pick(rng.choice("XXXXXXBEMsfi")),
+        "cat": pick(rng.choice(CATS)),
+        "name": pick(rng.choice(NAMES)),
+        "pid": pick(rng.choice([0, 100000])),
+        "tid": pick(rng.choice([7, 100000])),
+        "ts": pick(round(rng.uniform(0, 1e7), 3)),
+        "dur": pick(round(rng.uniform(0, 100), 3)),
+        "args": pick(args),
+    }
+    for key in list(event):
+        if rng.random() < odd / 2:
+            del event[key]
+    return event
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_pieces_agree_with_msgspec(scanner, seed):
+    rng = random.Random(seed)
+    odd = rng.choice([0.0, 0.02, 0.1, 0.3])
+    events = [_random_event(rng, odd) for _ in range(rng.randrange(1, 60))]
+    text = json.dumps(events, indent=rng.choice([None, 1, 4]), ensure_ascii=rng.random() < 0.5)
+    data = text.encode()
+    if rng.random() < 0.3:  # damage it: cut it short or flip a byte
+        at = rng.randrange(len(data))
+        data = (
+            data[:at]
+            + (b"" if rng.random() < 0.5 else bytes([rng.randrange(256)]))
+            + data[at + 1 :]
+        )
+    taken = _check(data)
+    if odd == 0.0 and data == text.encode():
+        assert taken, "a plain Kineto-like piece should be read by the scanner"
