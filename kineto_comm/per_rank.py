@@ -172,10 +172,23 @@ def to_wire(tables: RankTables) -> dict[str, Any]:
 def from_wire(wire: dict[str, Any]) -> RankTables:
     """Inverse of `to_wire`. The text columns come back as strings whose rows share one copy
     of each distinct value (what keeps the parent's memory small with many ranks)."""
-    frames = {
-        name: pl.read_ipc(io.BytesIO(wire[name])).with_columns(
-            pl.col(pl.Categorical).cast(pl.String)
-        )
-        for name in TABLES
-    }
+    frames = {}
+    for name in TABLES:
+        frame = pl.read_ipc(io.BytesIO(wire[name]))
+        text = [_shared_text(frame[c]) for c, t in frame.schema.items() if t == pl.Categorical]
+        frames[name] = frame.with_columns(text) if text else frame
     return RankTables.from_parts(wire, frames)
+
+
+def _shared_text(column: pl.Series) -> pl.Series:
+    """A Categorical column as text whose rows point at one copy of each distinct value.
+
+    (A plain cast writes every row's own copy: ~150 bytes per kernel row for typical kernel
+    names, ten times the 16 bytes of a shared view.)"""
+    distinct = column.unique().drop_nulls()
+    if distinct.is_empty():
+        return column.cast(pl.String)
+    codes = distinct.to_physical()
+    position = pl.Series(dtype=pl.UInt32).extend_constant(None, int(codes.max()) + 1)
+    position = position.scatter(codes, pl.int_range(codes.len(), dtype=pl.UInt32, eager=True))
+    return distinct.cast(pl.String).gather(position.gather(column.to_physical())).alias(column.name)

@@ -17,6 +17,7 @@ Both paths give the same tables (tests/test_scan.py).
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
 from collections.abc import Callable, Iterator
@@ -34,6 +35,8 @@ from kineto_comm.memory import release_free_memory
 try:  # the compiled scanner (_scan.c): the same tables without Python objects; optional.
     from kineto_comm.load import _scan as _scanner
 except ImportError:  # pragma: no cover - not built on this machine
+    _scanner = None  # type: ignore[assignment]
+if os.environ.get("KINETO_COMM_PURE_DECODER"):  # only msgspec (to compare, or to rule it out)
     _scanner = None  # type: ignore[assignment]
 
 try:  # isal's gzip inflate is ~2-3x faster than zlib's; optional.
