@@ -541,6 +541,50 @@ bad:
 
 static int skip_value(Cur *c, Value *v, int depth);
 
+/* The members of the object at c->p (its '{'): each key is checked (and must be free of
+ * escapes where `plain_keys`: the scanner compares keys as bytes), then `member` reads the
+ * value after the colon, returning 0 (with c->bad set) when it cannot. */
+static inline void walk_object(Cur *c, int plain_keys,
+                               int (*member)(Cur *, const Value *key, void *ctx), void *ctx) {
+    c->p++;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return;
+    }
+    for (;;) {
+        Value key;
+        if (c->p >= c->end || *c->p != '"') goto bad;
+        parse_string(c, &key);
+        if (c->bad) return;
+        if (plain_keys && (key.flags & S_ESC)) goto bad;
+        skip_ws(c);
+        if (c->p >= c->end || *c->p != ':') goto bad;
+        c->p++;
+        skip_ws(c);
+        if (!member(c, &key, ctx)) return;
+        skip_ws(c);
+        if (c->p >= c->end) goto bad;
+        if (*c->p == ',') {
+            c->p++;
+            skip_ws(c);
+            continue;
+        }
+        if (*c->p == '}') {
+            c->p++;
+            return;
+        }
+        goto bad;
+    }
+bad:
+    c->bad = 1;
+}
+
+static int skip_member(Cur *c, const Value *key, void *depth) {
+    Value value;
+    return skip_value(c, &value, *(int *)depth + 1);
+}
+
 static int expect_literal(Cur *c, const char *word, size_t n) {
     if ((size_t)(c->end - c->p) < n || memcmp(c->p, word, n) != 0) {
         c->bad = 1;
@@ -560,39 +604,10 @@ static int skip_value(Cur *c, Value *v, int depth) {
     case '"':
         parse_string(c, v);
         break;
-    case '{': {
+    case '{':
         v->kind = V_OBJ;
-        c->p++;
-        skip_ws(c);
-        if (c->p < c->end && *c->p == '}') {
-            c->p++;
-            break;
-        }
-        for (;;) {
-            Value key, member;
-            if (c->p >= c->end || *c->p != '"') goto bad;
-            parse_string(c, &key);
-            if (c->bad) return 0;
-            skip_ws(c);
-            if (c->p >= c->end || *c->p != ':') goto bad;
-            c->p++;
-            skip_ws(c);
-            if (!skip_value(c, &member, depth + 1)) return 0;
-            skip_ws(c);
-            if (c->p >= c->end) goto bad;
-            if (*c->p == ',') {
-                c->p++;
-                skip_ws(c);
-                continue;
-            }
-            if (*c->p == '}') {
-                c->p++;
-                break;
-            }
-            goto bad;
-        }
+        walk_object(c, 0, skip_member, &depth);
         break;
-    }
     case '[': {
         int all_ints = 1;
         c->p++;
@@ -714,48 +729,24 @@ static inline int str_ok(const Value *v) {
     return v->kind != V_STR || !(v->flags & S_HIGH) || utf8_ok(v->s, v->n);
 }
 
+static int arg_member(Cur *c, const Value *key, void *event) {
+    Event *ev = event;
+    Value value;
+    if (!skip_value(c, &value, 1)) return 0;
+    const int8_t *bucket = ARG_BUCKETS[key_hash(key->s, key->n)];
+    for (int b = 0; b < BUCKET_SIZE && bucket[b] >= 0; b++) {
+        int k = bucket[b];
+        if (ARG_LEN[k] != key->n || memcmp(ARG_KEYS[k].key, key->s, key->n) != 0) continue;
+        if (!(value.kind & ARG_KEYS[k].ok) || !str_ok(&value)) ev->wrong |= 1 << F_ARGS;
+        if (k < N_KEPT_ARGS) ev->arg[k] = value;
+        break;
+    }
+    return 1;
+}
+
 static void parse_args(Cur *c, Event *ev) {
     for (int k = 0; k < N_KEPT_ARGS; k++) ev->arg[k].kind = V_ABSENT;
-    c->p++; /* the '{' */
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-        return;
-    }
-    for (;;) {
-        Value key, value;
-        if (c->p >= c->end || *c->p != '"') goto bad;
-        parse_string(c, &key);
-        if (c->bad) return;
-        if (key.flags & S_ESC) goto bad; /* msgspec matches unescaped names: leave it */
-        skip_ws(c);
-        if (c->p >= c->end || *c->p != ':') goto bad;
-        c->p++;
-        skip_ws(c);
-        if (!skip_value(c, &value, 1)) return;
-        const int8_t *bucket = ARG_BUCKETS[key_hash(key.s, key.n)];
-        for (int b = 0; b < BUCKET_SIZE && bucket[b] >= 0; b++) {
-            int k = bucket[b];
-            if (ARG_LEN[k] != key.n || memcmp(ARG_KEYS[k].key, key.s, key.n) != 0) continue;
-            if (!(value.kind & ARG_KEYS[k].ok) || !str_ok(&value)) ev->wrong |= 1 << F_ARGS;
-            if (k < N_KEPT_ARGS) ev->arg[k] = value;
-            break;
-        }
-        skip_ws(c);
-        if (c->p >= c->end) goto bad;
-        if (*c->p == ',') {
-            c->p++;
-            skip_ws(c);
-            continue;
-        }
-        if (*c->p == '}') {
-            c->p++;
-            return;
-        }
-        goto bad;
-    }
-bad:
-    c->bad = 1;
+    walk_object(c, 1, arg_member, ev);
 }
 
 static int field_of(const Value *key) {
@@ -791,60 +782,40 @@ static const int FIELD_OK[N_FIELDS] = {
     [F_ARGS] = V_OBJ | V_NULL,
 };
 
+static int event_member(Cur *c, const Value *key, void *event) {
+    Event *ev = event;
+    int f = field_of(key);
+    if (f == F_ARGS && c->p < c->end && *c->p == '{') {
+        ev->f[F_ARGS].kind = V_OBJ;
+        parse_args(c, ev);
+    } else {
+        Value value;
+        if (!skip_value(c, &value, 1)) return 0;
+        if (f >= 0) {
+            if (f == F_PH && (ev->seen & (1 << F_PH))) { /* two tags: msgspec's call */
+                c->bad = 1;
+                return 0;
+            }
+            if (!(value.kind & FIELD_OK[f]) || !str_ok(&value)) ev->wrong |= 1 << f;
+            if (f == F_ARGS) /* null args: no kept args */
+                for (int k = 0; k < N_KEPT_ARGS; k++) ev->arg[k].kind = V_ABSENT;
+            ev->f[f] = value;
+        }
+    }
+    if (f >= 0) ev->seen |= 1 << f;
+    return !c->bad;
+}
+
 static void parse_event(Cur *c, Event *ev) {
     ev->wrong = 0;
     ev->seen = 0;
     for (int k = 0; k < N_FIELDS; k++) ev->f[k].kind = V_ABSENT;
     for (int k = 0; k < N_KEPT_ARGS; k++) ev->arg[k].kind = V_ABSENT;
-    if (c->p >= c->end || *c->p != '{') goto bad;
-    c->p++;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
+    if (c->p >= c->end || *c->p != '{') {
+        c->bad = 1;
         return;
     }
-    for (;;) {
-        Value key;
-        if (c->p >= c->end || *c->p != '"') goto bad;
-        parse_string(c, &key);
-        if (c->bad) return;
-        if (key.flags & S_ESC) goto bad;
-        skip_ws(c);
-        if (c->p >= c->end || *c->p != ':') goto bad;
-        c->p++;
-        skip_ws(c);
-        int f = field_of(&key);
-        if (f == F_ARGS && c->p < c->end && *c->p == '{') {
-            ev->f[F_ARGS].kind = V_OBJ;
-            parse_args(c, ev);
-            if (c->bad) return;
-        } else {
-            Value value;
-            if (!skip_value(c, &value, 1)) return;
-            if (f >= 0) {
-                if (f == F_PH && (ev->seen & (1 << F_PH))) goto bad; /* two tags: leave it */
-                if (!(value.kind & FIELD_OK[f]) || !str_ok(&value)) ev->wrong |= 1 << f;
-                if (f == F_ARGS) /* null args: no kept args */
-                    for (int k = 0; k < N_KEPT_ARGS; k++) ev->arg[k].kind = V_ABSENT;
-                ev->f[f] = value;
-            }
-        }
-        if (f >= 0) ev->seen |= 1 << f;
-        skip_ws(c);
-        if (c->p >= c->end) goto bad;
-        if (*c->p == ',') {
-            c->p++;
-            skip_ws(c);
-            continue;
-        }
-        if (*c->p == '}') {
-            c->p++;
-            return;
-        }
-        goto bad;
-    }
-bad:
-    c->bad = 1;
+    walk_object(c, 1, event_member, ev);
 }
 
 typedef struct {
