@@ -541,18 +541,37 @@ bad:
 
 static int skip_value(Cur *c, Value *v, int depth);
 
+/* Opening a container at c->p ('{' or '['): whether it is empty (then consumed whole). */
+static inline int opens_empty(Cur *c, uint8_t close) {
+    c->p++;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == close) {
+        c->p++;
+        return 1;
+    }
+    return 0;
+}
+
+/* After a member or item: 1 past a ',' (another follows), 0 past `close`, else c->bad. */
+static inline int more(Cur *c, uint8_t close) {
+    skip_ws(c);
+    if (c->p < c->end && *c->p == ',') {
+        c->p++;
+        skip_ws(c);
+        return 1;
+    }
+    if (c->p < c->end && *c->p == close) c->p++;
+    else c->bad = 1;
+    return 0;
+}
+
 /* The members of the object at c->p (its '{'): each key is checked (and must be free of
  * escapes where `plain_keys`: the scanner compares keys as bytes), then `member` reads the
  * value after the colon, returning 0 (with c->bad set) when it cannot. */
 static inline void walk_object(Cur *c, int plain_keys,
                                int (*member)(Cur *, const Value *key, void *ctx), void *ctx) {
-    c->p++;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-        return;
-    }
-    for (;;) {
+    if (opens_empty(c, '}')) return;
+    do {
         Value key;
         if (c->p >= c->end || *c->p != '"') goto bad;
         parse_string(c, &key);
@@ -563,19 +582,8 @@ static inline void walk_object(Cur *c, int plain_keys,
         c->p++;
         skip_ws(c);
         if (!member(c, &key, ctx)) return;
-        skip_ws(c);
-        if (c->p >= c->end) goto bad;
-        if (*c->p == ',') {
-            c->p++;
-            skip_ws(c);
-            continue;
-        }
-        if (*c->p == '}') {
-            c->p++;
-            return;
-        }
-        goto bad;
-    }
+    } while (more(c, '}'));
+    return;
 bad:
     c->bad = 1;
 }
@@ -610,29 +618,12 @@ static int skip_value(Cur *c, Value *v, int depth) {
         break;
     case '[': {
         int all_ints = 1;
-        c->p++;
-        skip_ws(c);
-        if (c->p < c->end && *c->p == ']') {
-            c->p++;
-            v->kind = V_INTS;
-            break;
-        }
-        for (;;) {
-            Value item;
-            if (!skip_value(c, &item, depth + 1)) return 0;
-            if (!(item.kind & V_ANYINT)) all_ints = 0;
-            skip_ws(c);
-            if (c->p >= c->end) goto bad;
-            if (*c->p == ',') {
-                c->p++;
-                skip_ws(c);
-                continue;
-            }
-            if (*c->p == ']') {
-                c->p++;
-                break;
-            }
-            goto bad;
+        if (!opens_empty(c, ']')) {
+            do {
+                Value item;
+                if (!skip_value(c, &item, depth + 1)) return 0;
+                if (!(item.kind & V_ANYINT)) all_ints = 0;
+            } while (more(c, ']'));
         }
         v->kind = all_ints ? V_INTS : V_ARR;
         break;
@@ -653,9 +644,6 @@ static int skip_value(Cur *c, Value *v, int depth) {
         parse_number(c, v);
     }
     return !c->bad;
-bad:
-    c->bad = 1;
-    return 0;
 }
 
 /* ----------------------------------------------------------------------- the events */
