@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 from typing import Any
 
 import msgspec
@@ -300,3 +302,15 @@ def test_random_pieces_agree_with_msgspec(scanner, seed):
     taken = _check(data)
     if odd == 0.0 and data == text.encode():
         assert taken, "a plain Kineto-like piece should be read by the scanner"
+
+
+def test_the_environment_can_turn_the_scanner_off(scanner):
+    code = "import kineto_comm.load.decode as d; print(d._scanner is None)"
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "KINETO_COMM_PURE_DECODER": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout.strip() == "True"
