@@ -1,8 +1,10 @@
 """Give memory freed by Python back to the operating system.
 
-Decoding a trace creates and frees millions of small Python objects. glibc keeps the freed
-heap for reuse, but what comes next is mostly Polars work, which allocates through its own
-allocator and cannot reuse it, so without this the freed heap stays in the peak RSS.
+Decoding a trace with msgspec (the path for pieces the compiled scanner does not take, or
+for everything where it is not built) creates and frees millions of small Python objects.
+glibc keeps the freed heap for reuse, but what comes next is mostly Polars work, which
+allocates through its own allocator and cannot reuse it, so without this the freed heap stays
+in the peak RSS.
 """
 
 from __future__ import annotations

@@ -787,6 +787,14 @@ _OP_NAME = _COMM_OP | pl.col("name").str.starts_with("ProfilerStep#").fill_null(
 _IS_OP = (pl.col("cat") == "user_annotation") | _OP_NAME
 
 
+# The roles tabulated alike (code // 16, table, schema, which rows carry collective details);
+# CPU ops (2) and metadata (3) need more and are handled on their own.
+_DEVICE_ROLES = (
+    (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
+    (1, "runtime", RUNTIME_SCHEMA, None),
+)
+
+
 @dataclass
 class _Annotations:
     """Sizes of the current piece's communication annotations (`find`: read from its raw
@@ -841,10 +849,7 @@ def _columns(
         cat = _CAT_OF.gather(codes.gather(idx))
         return _take(events, idx.to_list()), cat
 
-    for code, role, schema, detail in (
-        (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
-        (1, "runtime", RUNTIME_SCHEMA, None),
-    ):
+    for code, role, schema, detail in _DEVICE_ROLES:
         picked, cat = pick(code)
         if picked:
             out[role], details = _frame(picked, cat, phased, schema, detail, piece)
@@ -965,10 +970,7 @@ def _scanned_columns(
     table = piece_.table
     role = pl.col("code") // 16
     out: dict[str, pl.DataFrame] = {}
-    for code, key, schema, detail in (
-        (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
-        (1, "runtime", RUNTIME_SCHEMA, None),
-    ):
+    for code, key, schema, detail in _DEVICE_ROLES:
         rows = table.filter(role == code)
         if rows.height:
             out[key], details = _scanned_frame(piece_, rows, schema, detail, piece)
@@ -1006,8 +1008,8 @@ def _scanned_frame(
         cols.append(_CATEGORY)
     if "external_id" in schema:
         cols.append(pl.coalesce("external_id", "external_id_old").alias("external_id"))
-    cols += [pl.col(k) for k in ("correlation", "stream", "device") if k in schema]
-    for key in ("name", "pid", "tid", "ts_us", "dur_us"):
+    cols += [pl.col(k) for k in _ARG_ATTRS if k in schema and k != "external_id"]
+    for key in _EVENT_ATTRS:  # the scanner's columns carry these names
         if key not in schema:
             continue
         fallback_for = _FALLBACK.get(key) if "device" in schema else None
