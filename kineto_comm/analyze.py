@@ -10,14 +10,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
 from kineto_comm import budget
 from kineto_comm.analysis.crossrank import cross_rank
 from kineto_comm.errors import UsageError
+from kineto_comm.kernel_store import Part, RankKernels, SpillFolder
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
-from kineto_comm.per_rank import TABLES, RankTables
+from kineto_comm.per_rank import TABLES, RankTables, spill
 from kineto_comm.report import Report
 from kineto_comm.workers import Outcome, run_local, unwire, work
 
@@ -30,16 +32,17 @@ def _run(
     dask_scheduler: str | None,
     progress: Callable[[int, int], None] | None = None,
     piece_bytes: int | None = None,
+    spill_dir: str | None = None,
 ) -> list[Outcome]:
     """Per-rank work: in this process, with local worker processes, or on a Dask cluster."""
     names = [str(f) for f in files]
     if dask_scheduler:
-        return _run_dask(names, comm_patterns, cache_dir, dask_scheduler, piece_bytes)
+        return _run_dask(names, comm_patterns, cache_dir, dask_scheduler, piece_bytes, spill_dir)
     if jobs > 1 and len(names) > 1:
-        return run_local(names, jobs, comm_patterns, cache_dir, piece_bytes, progress)
+        return run_local(names, jobs, comm_patterns, cache_dir, piece_bytes, progress, spill_dir)
     results = []
     for name in names:
-        results.append(work(name, comm_patterns, cache_dir, False, piece_bytes))
+        results.append(work(name, comm_patterns, cache_dir, False, piece_bytes, spill_dir))
         if progress is not None:
             progress(len(results), len(names))
     return results
@@ -51,8 +54,10 @@ def _run_dask(
     cache_dir: str | None,
     address: str,
     piece_bytes: int | None,
+    spill_dir: str | None,
 ) -> list[Outcome]:
-    """Send per-rank work to an existing Dask cluster (files must be on shared storage)."""
+    """Send per-rank work to an existing Dask cluster (files must be on shared storage).
+    The workers may not see this machine's disk: kernels to keep in files are written here."""
     try:
         from distributed import Client
     except ImportError as exc:
@@ -76,9 +81,19 @@ def _run_dask(
         )
         results = []
         for future in futures:  # one at a time: never all ranks' IPC bytes at once
-            results.append(unwire(future.result()))
+            status, payload = unwire(future.result())
             future.release()
+            if status == "ok" and spill_dir is not None:
+                payload = spill(payload, spill_dir)
+            results.append((status, payload))
         return results
+
+
+def _spill_folder() -> SpillFolder | None:
+    try:
+        return SpillFolder()
+    except OSError:  # no writable temporary folder: kernels stay in memory
+        return None
 
 
 def analyze(
@@ -124,8 +139,16 @@ def analyze(
     workers = budgeted.jobs
     results: list[RankTables] = []
     cache_arg = None if cache_dir is None else str(cache_dir)
+    folder = _spill_folder() if budgeted.spill else None
     outcome = _run(
-        files, patterns, workers, cache_arg, dask_scheduler, progress, budgeted.piece_bytes
+        files,
+        patterns,
+        workers,
+        cache_arg,
+        dask_scheduler,
+        progress,
+        budgeted.piece_bytes,
+        None if folder is None else str(folder.path),
     )
     for file, (status, payload) in zip(files, outcome, strict=True):
         if status == "ok":
@@ -162,15 +185,26 @@ def analyze(
             "bytes": pl.Int64,
         },
     ).sort("rank")
-    merged = {
+    merged: dict[str, Any] = {
         name: pl.concat([getattr(r, name) for r in kept], how="vertical_relaxed")
         if kept
         else pl.DataFrame()
         for name in TABLES
+        if name != "kernels"
     }
     merged["ranks"] = ranks
+    merged["kernels"] = RankKernels(
+        [
+            Part(rows=r.meta["kernel_rows"], path=r.kernels_file, rank=r.rank)
+            if r.kernels_file is not None
+            else Part(rows=r.kernels.height, frame=r.kernels)
+            for r in kept
+        ],
+        folder=folder,
+    )
     if kept:
         merged.update(cross_rank(merged, align=align))
+    merged["rank_kernels"] = merged.pop("kernels")
     return Report(
         errors=tuple(errors),
         warnings=tuple(warnings),

@@ -25,6 +25,8 @@ WORKER_BASE = 160 * MiB
 WORKER_SHARE = 0.8
 PARENT_BASE = 200 * MiB
 PARENT_SHARE = 0.1
+SPILLED_SHARE = 0.015
+SPILL_ABOVE = 1 * GiB
 MIN_PIECE = 1 * MiB
 ENV = "KINETO_COMM_MEMORY_LIMIT"
 
@@ -69,11 +71,13 @@ def uncompressed_size(path: Path) -> int:
 @dataclass(frozen=True)
 class Plan:
     """What a memory limit allows: `jobs` processes at once (this one included: it analyses
-    files too, on top of the tables it holds), decoding `piece_bytes` at a time."""
+    files too, on top of the tables it holds), decoding `piece_bytes` at a time; with
+    `spill`, every rank's kernels are kept in files rather than in the parent's memory."""
 
     limit: int
     jobs: int
     piece_bytes: int
+    spill: bool = False
     warnings: tuple[str, ...] = ()
 
 
@@ -81,7 +85,9 @@ def plan(files: list[Path], limit: int, jobs: int) -> Plan:
     """The plan for analysing `files` with at most `jobs` workers within `limit` bytes."""
     sizes = {f: uncompressed_size(f) for f in files}
     piece = max(MIN_PIECE, min(PIECE_BYTES, limit // 64))
-    parent = PARENT_BASE + int(PARENT_SHARE * sum(sizes.values()))
+    total = sum(sizes.values())
+    spill = total > SPILL_ABOVE
+    parent = PARENT_BASE + int((SPILLED_SHARE if spill else PARENT_SHARE) * total)
     biggest = max(sizes, key=sizes.__getitem__, default=None)
     need = WORKER_BASE + int(WORKER_SHARE * sizes[biggest]) if biggest else WORKER_BASE
     fits = max(1, (limit - parent) // need) if limit > parent else 1
@@ -91,4 +97,4 @@ def plan(files: list[Path], limit: int, jobs: int) -> Plan:
             f"{biggest}: analysing it needs about {(parent + need) / GiB:.1f} GiB, more than"
             f" the memory limit of {limit / GiB:.1f} GiB; going ahead with one worker"
         )
-    return Plan(limit, max(1, min(jobs, fits)), piece, tuple(warnings))
+    return Plan(limit, max(1, min(jobs, fits)), piece, spill, tuple(warnings))

@@ -8,6 +8,7 @@ are provisional here (what the file says); the merge step assigns final ones.
 from __future__ import annotations
 
 import io
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,9 @@ class RankTables:
     steps: pl.DataFrame = field(default_factory=pl.DataFrame)
     totals: pl.DataFrame = field(default_factory=pl.DataFrame)
     warnings: list[str] = field(default_factory=list)
+    # Set when the kernels were written to this Arrow IPC file (`spill`); `kernels` is then
+    # empty and meta["kernel_rows"] says how many rows the file holds.
+    kernels_file: str | None = None
 
     @classmethod
     def from_parts(cls, header: dict[str, Any], frames: dict[str, pl.DataFrame]) -> RankTables:
@@ -46,6 +50,7 @@ class RankTables:
             world_size=header["world_size"],
             meta=header["meta"],
             warnings=header["warnings"],
+            kernels_file=header.get("kernels_file"),
             **frames,
         )
 
@@ -57,6 +62,7 @@ class RankTables:
             "world_size": self.world_size,
             "meta": self.meta,
             "warnings": self.warnings,
+            "kernels_file": self.kernels_file,
         }
 
     def with_rank(self, rank: int) -> RankTables:
@@ -65,14 +71,7 @@ class RankTables:
             name: getattr(self, name).with_columns(rank=pl.lit(rank, dtype=pl.Int64))
             for name in TABLES
         }
-        return RankTables(
-            file=self.file,
-            rank=rank,
-            world_size=self.world_size,
-            meta=self.meta,
-            warnings=self.warnings,
-            **relabel,
-        )
+        return replace(self, rank=rank, **relabel)
 
 
 def _process_groups(raw: RawTrace) -> pl.DataFrame:
@@ -157,27 +156,49 @@ def process_file(
     )
 
 
+def spill(tables: RankTables, folder: str | Path) -> RankTables:
+    """The same tables with the kernels moved to an Arrow IPC file in `folder` (see
+    kineto_comm.kernel_store: what keeps the parent's memory bounded on big jobs)."""
+    if tables.kernels_file is not None:
+        return tables
+    path = Path(folder) / f"{uuid.uuid4().hex}.arrow"
+    try:
+        _ipc(tables.kernels, path)
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        warning = f"{tables.file}: kernels kept in memory, could not write them to {folder} ({exc})"
+        return replace(tables, warnings=[*tables.warnings, warning])
+    meta = {**tables.meta, "kernel_rows": tables.kernels.height}
+    return replace(tables, kernels=tables.kernels.clear(), kernels_file=str(path), meta=meta)
+
+
+def _ipc(frame: pl.DataFrame, out: io.BytesIO | Path) -> None:
+    # Text is written dictionary-encoded: kernel names repeat, and IPC would otherwise
+    # write every row's copy (for a 50 MB trace, 11 MB of kernels instead of ~2 MB).
+    frame.with_columns(pl.col(pl.String).cast(pl.Categorical)).write_ipc(out)
+
+
+def read_frame(source: bytes | str | Path) -> pl.DataFrame:
+    """A frame written by `_ipc` (bytes or a file), its text columns back as strings whose
+    rows share one copy of each distinct value (what keeps the parent's memory small)."""
+    frame = pl.read_ipc(io.BytesIO(source) if isinstance(source, bytes) else source)
+    text = [_shared_text(frame[c]) for c, t in frame.schema.items() if t == pl.Categorical]
+    return frame.with_columns(text) if text else frame
+
+
 def to_wire(tables: RankTables) -> dict[str, Any]:
     """A picklable form whose DataFrames are Arrow IPC bytes (cheap to send between processes)."""
     out: dict[str, Any] = tables.header()
     for name in TABLES:
         buf = io.BytesIO()
-        # Text travels dictionary-encoded: kernel names repeat, and IPC would otherwise
-        # write every row's copy (for a 50 MB trace, 11 MB of kernels instead of ~2 MB).
-        getattr(tables, name).with_columns(pl.col(pl.String).cast(pl.Categorical)).write_ipc(buf)
+        _ipc(getattr(tables, name), buf)
         out[name] = buf.getvalue()
     return out
 
 
 def from_wire(wire: dict[str, Any]) -> RankTables:
-    """Inverse of `to_wire`. The text columns come back as strings whose rows share one copy
-    of each distinct value (what keeps the parent's memory small with many ranks)."""
-    frames = {}
-    for name in TABLES:
-        frame = pl.read_ipc(io.BytesIO(wire[name]))
-        text = [_shared_text(frame[c]) for c, t in frame.schema.items() if t == pl.Categorical]
-        frames[name] = frame.with_columns(text) if text else frame
-    return RankTables.from_parts(wire, frames)
+    """Inverse of `to_wire`."""
+    return RankTables.from_parts(wire, {name: read_frame(wire[name]) for name in TABLES})
 
 
 def _shared_text(column: pl.Series) -> pl.Series:

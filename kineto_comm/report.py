@@ -4,7 +4,10 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
 (Polars DataFrames; times in integer nanoseconds, sizes in bytes):
     ranks        rank, world_size, file, rank_source, device, backend, timeline, bytes
                  (timeline: "device" = GPU kernels, "host" = CPU-only gloo spans, "none")
-    kernels      see kineto_comm.model.kernels
+    kernels      see kineto_comm.model.kernels. A property: every rank's rows in one
+                 DataFrame, read on each access from `rank_kernels`, which big jobs keep in
+                 files (kineto_comm.kernel_store); `rank_kernels.batches()` reads them a few
+                 ranks at a time.
     collectives  see kineto_comm.model.collectives
     steps        rank, step, cpu_start_ns, cpu_end_ns, start_ns, end_ns and the metrics of
                  kineto_comm.analysis.overlap over each step's device window
@@ -22,6 +25,7 @@ import polars as pl
 
 from kineto_comm import __version__
 from kineto_comm.analysis.overlap import METRICS
+from kineto_comm.kernel_store import RankKernels
 
 SCHEMA_VERSION = 1
 TABLE_NAMES = (
@@ -48,10 +52,10 @@ class Report:
     """Everything `analyze()` found. Treat the tables as read-only."""
 
     ranks: pl.DataFrame
-    kernels: pl.DataFrame
     collectives: pl.DataFrame
     steps: pl.DataFrame
     totals: pl.DataFrame
+    rank_kernels: RankKernels = field(default_factory=RankKernels)
     offsets: pl.DataFrame = field(default_factory=pl.DataFrame)
     collective_instances: pl.DataFrame = field(default_factory=pl.DataFrame)
     collective_waits: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -67,6 +71,11 @@ class Report:
     findings: tuple[Any, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     meta: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> pl.DataFrame:
+        """Every rank's kernels (docs/tables.md), on the clock of the other tables."""
+        return self.rank_kernels.frame()
 
     def table(self, name: str) -> pl.DataFrame:
         """A table by name (see TABLE_NAMES and docs/tables.md)."""
@@ -112,9 +121,10 @@ class Report:
                 mean_skew_ns=pl.col("arrival_skew_ns").mean().round().cast(pl.Int64),
                 p95_skew_ns=pl.col("arrival_skew_ns").quantile(0.95).round().cast(pl.Int64),
                 median_busbw_gbps=pl.col("busbw_gbps").median(),
-                most_often_last=pl.col("last_rank").filter(pl.col("ranks_seen") > 1).mode().first(),
+                # Ties: the lowest such rank (mode() lists them in no fixed order).
+                most_often_last=pl.col("last_rank").filter(pl.col("ranks_seen") > 1).mode().min(),
             )
-            .sort("mean_skew_ns", descending=True)
+            .sort(-pl.col("mean_skew_ns"), "process_group", "collective")
         )
 
     def to_dict(self) -> dict[str, Any]:

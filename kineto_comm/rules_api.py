@@ -33,6 +33,7 @@ import polars as pl
 from kineto_comm.analysis.bandwidth import busbw_factor
 from kineto_comm.analysis.overlap import merge_intervals
 from kineto_comm.findings import Finding, Severity
+from kineto_comm.kernel_store import RankKernels
 
 __all__ = [
     "Finding",
@@ -184,16 +185,31 @@ class Tables(Mapping[str, pl.DataFrame]):
         src = self._source
         if isinstance(src, Mapping):
             value = src.get(name)
+            if isinstance(value, RankKernels):
+                value = value.frame()
         else:
             try:
                 value = src.table(name)
             except KeyError:
                 value = None
-        if not isinstance(value, pl.DataFrame):
-            return pl.DataFrame()
-        if "process_group" in value.columns and value.schema["process_group"] == pl.String:
-            value = value.with_columns(pl.col("process_group").fill_null("?"))
-        return value
+        return _normal(value)
+
+    def rank_batches(self, name: str) -> Iterator[pl.DataFrame]:
+        """The table in DataFrames of whole ranks (every row of a rank in the same one).
+
+        How rules read `kernels`: a big job keeps them in files, one per rank, and reading
+        them a few ranks at a time keeps memory bounded whatever the rank count
+        (kineto_comm.kernel_store). Other tables come as one DataFrame.
+        """
+        src = self._source
+        store = src.get(name) if isinstance(src, Mapping) else None
+        if name == "kernels" and not isinstance(src, Mapping):
+            store = getattr(src, "rank_kernels", None)
+        if isinstance(store, RankKernels):
+            for batch in store.batches():
+                yield _normal(batch)
+        else:
+            yield self[name]
 
     def __iter__(self) -> Iterator[str]:
         src = self._source
@@ -210,6 +226,14 @@ class Tables(Mapping[str, pl.DataFrame]):
         """True when the table has rows and all the given columns."""
         df = self[name]
         return df.height > 0 and all(c in df.columns for c in columns)
+
+
+def _normal(value: Any) -> pl.DataFrame:
+    if not isinstance(value, pl.DataFrame):
+        return pl.DataFrame()
+    if "process_group" in value.columns and value.schema["process_group"] == pl.String:
+        value = value.with_columns(pl.col("process_group").fill_null("?"))
+    return value
 
 
 def severity_for(share: float, warn: float, error: float) -> Severity | None:
@@ -341,15 +365,22 @@ def collective_exposure(tables: Tables, transfer_only: bool = True) -> pl.DataFr
     waits = collective_waits(tables)
     if waits.height == 0:
         return waits.with_columns(exposed_ns=pl.lit(0, dtype=pl.Int64))
-    kernels = tables["kernels"]
-    compute = (
-        kernels.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns")
-        if kernels.height
-        else pl.DataFrame(schema={"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64})
-    )
     start = pl.col("end_ns") - pl.col("transfer_ns") if transfer_only else pl.col("start_ns")
-    iv = waits.select("rank", start_ns=start, end_ns=pl.col("end_ns"))
-    return waits.with_columns(exposed_ns=uncovered_ns(iv, compute, ["rank"]))
+    iv = waits.select("rank", start_ns=start, end_ns=pl.col("end_ns")).with_row_index("_row")
+    exposed, seen = [], []
+    for kernels in tables.rank_batches("kernels"):  # a few ranks at a time (big jobs)
+        if kernels.height == 0:
+            continue
+        compute = kernels.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns")
+        ranks = kernels["rank"].unique()
+        calls = iv.filter(pl.col("rank").is_in(ranks.cast(iv.schema["rank"])))
+        exposed.append(calls.select("_row", exposed_ns=uncovered_ns(calls, compute, ["rank"])))
+        seen.append(ranks)
+    # Calls on ranks without kernels: nothing covers them.
+    rest = iv.filter(~pl.col("rank").is_in(pl.concat(seen).cast(iv.schema["rank"]))) if seen else iv
+    exposed.append(rest.select("_row", exposed_ns=uncovered_ns(rest, rest.clear(), ["rank"])))
+    found = pl.concat(exposed).sort("_row")["exposed_ns"]
+    return waits.with_columns(exposed_ns=found)
 
 
 ROLE_PATTERNS = (

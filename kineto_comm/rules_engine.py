@@ -450,10 +450,13 @@ def resolve_options(
 
 
 def rank_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
-    """Most step time first, then the worse severity, then the code."""
-    return tuple(
-        sorted(findings, key=lambda f: (-int(f.impact_ns_per_step), -f.severity.level, f.code))
-    )
+    """Most step time first, then the worse severity, then the code; ties by ranks and title
+    so the same report always lists its findings in the same order."""
+
+    def key(f: Finding) -> tuple[Any, ...]:
+        return (-int(f.impact_ns_per_step), -f.severity.level, f.code, list(f.ranks), f.title)
+
+    return tuple(sorted(findings, key=key))
 
 
 def run_rules(

@@ -20,7 +20,7 @@ from typing import Any
 
 from kineto_comm import cache
 from kineto_comm.errors import TraceError
-from kineto_comm.per_rank import from_wire, process_file, to_wire
+from kineto_comm.per_rank import RankTables, from_wire, process_file, spill, to_wire
 
 Outcome = tuple[str, Any]  # ('ok', RankTables or its wire form) or ('error', message)
 DIED = "the worker process analysing this file stopped unexpectedly (out of memory?)"
@@ -32,26 +32,36 @@ def work(
     cache_dir: str | None = None,
     wire: bool = True,
     piece_bytes: int | None = None,
+    spill_dir: str | None = None,
 ) -> Outcome:
     """One rank file's tables; never raises. They travel as Arrow IPC (`to_wire`) unless
-    they stay in this process (`wire=False`)."""
-    pack = to_wire if wire else (lambda tables: tables)
+    they stay in this process (`wire=False`); with `spill_dir` the kernels go to a file
+    there instead (per_rank.spill)."""
     try:
-        if cache_dir is None:
-            return "ok", pack(process_file(path, comm_patterns, piece_bytes))
-        key = cache.cache_key(path, comm_patterns)
-        tables = cache.load(Path(cache_dir), key)
-        if tables is None:
-            tables = process_file(path, comm_patterns, piece_bytes)
-            cache.store(Path(cache_dir), key, tables)
-        tables.file = path
-        return "ok", pack(tables)
+        tables = _tables(path, comm_patterns, cache_dir, piece_bytes)
+        if spill_dir is not None:
+            tables = spill(tables, spill_dir)
+        return "ok", to_wire(tables) if wire else tables
     except TraceError as exc:
         return "error", exc.problem
     except MemoryError:
         return "error", "out of memory while analysing this file"
     except Exception as exc:  # a bug must not lose the other ranks' report
         return "error", f"internal error while analysing ({type(exc).__name__}: {exc})"
+
+
+def _tables(
+    path: str, comm_patterns: tuple[str, ...], cache_dir: str | None, piece_bytes: int | None
+) -> RankTables:
+    if cache_dir is None:
+        return process_file(path, comm_patterns, piece_bytes)
+    key = cache.cache_key(path, comm_patterns)
+    tables = cache.load(Path(cache_dir), key)
+    if tables is None:
+        tables = process_file(path, comm_patterns, piece_bytes)
+        cache.store(Path(cache_dir), key, tables)
+    tables.file = path
+    return tables
 
 
 def unwire(outcome: Outcome) -> Outcome:
@@ -86,6 +96,7 @@ def run_local(
     cache_dir: str | None,
     piece_bytes: int | None,
     progress: Callable[[int, int], None] | None = None,
+    spill_dir: str | None = None,
 ) -> list[Outcome]:
     """Every file's outcome, in the order of `names`, using up to `jobs` processes."""
     n = len(names)
@@ -103,7 +114,7 @@ def run_local(
 
     ctx = get_context("spawn")
     counter = ctx.Value("q", 0)
-    args = (comm_patterns, cache_dir, True, piece_bytes)
+    args = (comm_patterns, cache_dir, True, piece_bytes, spill_dir)
     procs, conns = [], []
     for _ in range(min(jobs, n) - 1):
         receive, send = ctx.Pipe(duplex=False)
@@ -116,7 +127,7 @@ def run_local(
     collector.start()
     try:
         while (i := _take(counter, n)) is not None:
-            store(i, work(names[i], comm_patterns, cache_dir, False, piece_bytes))
+            store(i, work(names[i], comm_patterns, cache_dir, False, piece_bytes, spill_dir))
         collector.join()
     finally:
         for proc in procs:

@@ -28,19 +28,23 @@ OPTIONS = (
 
 
 def _timeline(tables: Tables) -> pl.DataFrame:
-    """Device kernels per rank in start order with what ran before and after each."""
-    k = tables["kernels"]
-    if k.height == 0 or "launch_ns" not in k.columns:
-        return pl.DataFrame()
-    k = k.filter(pl.col("start_ns").is_not_null()).sort("rank", "start_ns")
-    return k.with_columns(
-        busy_until=pl.col("end_ns").cum_max().shift(1).over("rank"),
-        busy_through=pl.col("end_ns").cum_max().over("rank"),
-        prev_kind=pl.col("kind").shift(1).over("rank"),
-        next_start=pl.col("start_ns").shift(-1).over("rank"),
-        next_launch=pl.col("launch_ns").shift(-1).over("rank"),
-        next_name=pl.col("name").shift(-1).over("rank"),
-    )
+    """Communication kernels per rank in start order, with what ran before and after each
+    (read a few ranks at a time: the kernels of a big job never all at once)."""
+    found = []
+    for k in tables.rank_batches("kernels"):
+        if k.height == 0 or "launch_ns" not in k.columns:
+            continue
+        k = k.filter(pl.col("start_ns").is_not_null()).sort("rank", "start_ns")
+        around = k.with_columns(
+            busy_until=pl.col("end_ns").cum_max().shift(1).over("rank"),
+            busy_through=pl.col("end_ns").cum_max().over("rank"),
+            prev_kind=pl.col("kind").shift(1).over("rank"),
+            next_start=pl.col("start_ns").shift(-1).over("rank"),
+            next_launch=pl.col("launch_ns").shift(-1).over("rank"),
+            next_name=pl.col("name").shift(-1).over("rank"),
+        )
+        found.append(around.filter(pl.col("kind") == "communication"))
+    return pl.concat(found) if found else pl.DataFrame()
 
 
 def _report(

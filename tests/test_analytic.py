@@ -289,7 +289,6 @@ def fake_report(calls: list[tuple[int, int, str, str, int, str]], ranks: int, pg
     steps = coll.select("rank", "step").unique()
     return Report(
         ranks=pl.DataFrame({"rank": list(range(ranks))}),
-        kernels=pl.DataFrame(),
         collectives=coll,
         steps=steps,
         totals=pl.DataFrame(),

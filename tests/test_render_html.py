@@ -14,6 +14,7 @@ import pytest
 
 import kineto_comm
 from kineto_comm.findings import Finding, Severity
+from kineto_comm.kernel_store import RankKernels
 from kineto_comm.render.html import pipeline_ranks, render_html, size_histograms
 from kineto_comm.report import Report
 from kineto_comm.synth import generate
@@ -74,7 +75,10 @@ def pipeline_report(tmp_path_factory: pytest.TempPathFactory) -> Report:
         rule="pipeline-bubble",
     )
     return dataclasses.replace(
-        report, kernels=kernels, collectives=collectives, findings=(finding,)
+        report,
+        rank_kernels=RankKernels.from_frame(kernels),
+        collectives=collectives,
+        findings=(finding,),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import shutil
 import sys
@@ -156,3 +157,87 @@ def test_a_worker_that_dies_costs_only_the_file_it_was_on():
     stored = {}
     workers._collect([receive], stored.__setitem__)
     assert stored == {0: ("error", "bad file"), 2: ("error", workers.DIED)}
+
+
+@pytest.fixture(scope="module")
+def spill_jobs(tmp_path_factory):
+    """A pipeline job (bubbles read kernels) and one with clock skew (kernels are shifted)."""
+    root = tmp_path_factory.mktemp("spill")
+    generate("bubble", root / "bubble", ranks=8, seed=0, steps=2)
+    generate("clock-skew", root / "skew", ranks=4, seed=3)
+    return root
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("scenario", ["bubble", "skew"])
+def test_kernels_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, monkeypatch):
+    """Above budget.SPILL_ABOVE the kernels live in one Arrow file per rank and everything
+    that needs them reads a few ranks at a time: tables, findings and every rendered format
+    must not change (batches of one rank each here, the most splitting there can be)."""
+    from kineto_comm import kernel_store
+    from kineto_comm.render.formats import FORMATS, render
+    from kineto_comm.rules_engine import builtin_rules, run_rules
+
+    folder = spill_jobs / scenario
+    memory = analyze(folder, jobs=jobs)
+    assert not memory.rank_kernels.spilled
+    monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
+    monkeypatch.setattr(kernel_store, "BATCH_ROWS", 1)
+    files = analyze(folder, jobs=jobs)
+    assert files.rank_kernels.spilled and files.options["jobs"] == jobs
+    assert files.kernels.height > 0 and files.kernels.equals(memory.kernels)
+    for name in ("collectives", "steps", "totals", "offsets", "pipeline", "collective_waits"):
+        assert files.table(name).equals(memory.table(name)), name
+    # Thresholds at zero: every rule that can say something does (rules reading kernels too).
+    zero = {
+        r.code: {o.name: 0 for o in r.options if o.name.endswith(("_share", "min_gap_ns"))}
+        for r in builtin_rules()
+    }
+    found = run_rules(files, options=zero)
+    assert [f.to_dict() for f in found] == [f.to_dict() for f in run_rules(memory, options=zero)]
+    if scenario == "skew":
+        assert (files.offsets["offset_ns"] != 0).any()
+    else:
+        assert files.pipeline.height > 0
+        assert {"COMM101", "PIPE101", "SYNC102"} <= {f.code for f in found}
+    files, memory = (dataclasses.replace(r, findings=found) for r in (files, memory))
+    for fmt in FORMATS:  # every renderer, the HTML pipeline timeline included
+        assert render(files, fmt) == render(memory, fmt), fmt
+
+
+def test_kernel_files_go_with_the_report(tmp_path, monkeypatch):
+    import gc
+
+    monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
+    report = analyze(SAMPLES / "tp-2", jobs=1)
+    folder = report.rank_kernels._folder.path
+    assert len(list(folder.glob("*.arrow"))) == 2
+    same = dataclasses.replace(report, findings=())  # shares the files
+    del report
+    gc.collect()
+    assert folder.exists() and same.kernels.height
+    del same
+    gc.collect()
+    assert not folder.exists()
+
+
+def test_batches_hold_whole_ranks_on_their_clock():
+    import polars as pl
+
+    from kineto_comm.kernel_store import Part, RankKernels
+
+    frame = analyze(SAMPLES / "ddp-4", jobs=1, align=False).kernels
+    parts = [Part(rows=g.height, frame=g) for _, g in frame.group_by("rank", maintain_order=True)]
+    offsets = pl.DataFrame({"rank": [0, 1, 2, 3], "offset_ns": [0, 5, None, -7]})
+    store = RankKernels(parts).with_offsets(offsets)
+    rows = frame.height // 3
+    batches = list(store.batches(rows=rows))
+    assert 1 < len(batches) < 4
+    seen = [set(b["rank"].unique()) for b in batches]
+    assert all(not (a & b) for i, a in enumerate(seen) for b in seen[i + 1 :])
+    assert all(b.height >= rows for b in batches[:-1])
+    shift = pl.col("rank").replace_strict([1, 3], [5, -7], default=0)
+    expect = frame.with_columns(pl.col(c) - shift for c in ("start_ns", "end_ns", "launch_ns"))
+    assert pl.concat(batches).equals(expect)
+    assert store.frame([3, 1]).equals(expect.filter(pl.col("rank").is_in([1, 3])))
+    assert store.height == frame.height

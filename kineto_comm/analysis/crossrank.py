@@ -8,7 +8,7 @@ docs/tables.md.
 
 from __future__ import annotations
 
-import polars as pl
+from typing import Any
 
 from kineto_comm.analysis.align import estimate_offsets, no_offsets, shift
 from kineto_comm.analysis.match import instances, match_keys, waits
@@ -21,15 +21,17 @@ from kineto_comm.analysis.stragglers import stragglers
 TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
 
 
-def cross_rank(tables: dict[str, pl.DataFrame], *, align: bool = True) -> dict[str, pl.DataFrame]:
-    """Aligned per-rank tables plus the cross-rank tables, from merged per-rank tables."""
+def cross_rank(tables: dict[str, Any], *, align: bool = True) -> dict[str, Any]:
+    """Aligned per-rank tables plus the cross-rank tables, from merged per-rank tables
+    (`kernels`: a RankKernels store, shifted as it is read)."""
     ranks = tables["ranks"]["rank"].to_list() if tables["ranks"].height else []
     keyed = match_keys(tables["collectives"])
     offsets = estimate_offsets(keyed, ranks) if align else no_offsets(ranks)
-    out = {
+    out: dict[str, Any] = {
         name: shift(tables[name], offsets, TIME_COLUMNS)
-        for name in ("kernels", "collectives", "steps", "totals")
+        for name in ("collectives", "steps", "totals")
     }
+    out["kernels"] = tables["kernels"].with_offsets(offsets)
     keyed = shift(keyed, offsets, TIME_COLUMNS)
     table = instances(keyed)
     per_rank_waits = waits(keyed, table)

@@ -58,6 +58,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.overlap import breakdown, merge_intervals
+from kineto_comm.kernel_store import RankKernels
 
 P2P = ("send", "recv", "send_recv")
 SENDS = ("send", "send_recv")
@@ -78,7 +79,7 @@ PIPELINE_SCHEMA: dict[str, pl.DataType] = {
     "theory_fraction": pl.Float64(),
 }
 _NEEDS = {
-    "kernels": ("rank", "kind", "start_ns", "end_ns"),
+    "kernels": ("rank", "kind", "start_ns", "end_ns"),  # checked on DataFrames only
     "collectives": ("rank", "step", "collective", "start_ns", "end_ns", "peer"),
     "steps": ("rank", "step", "start_ns", "end_ns"),
 }
@@ -89,15 +90,22 @@ def empty_pipeline() -> pl.DataFrame:
     return pl.DataFrame(schema=PIPELINE_SCHEMA)
 
 
-def pipeline(kernels: pl.DataFrame, collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def pipeline(
+    kernels: pl.DataFrame | RankKernels, collectives: pl.DataFrame, steps: pl.DataFrame
+) -> pl.DataFrame:
     """The `pipeline` table: per p2p rank and step, stage, p, m and the bubble (module doc).
 
     kernels, collectives, steps: the report tables of those names (all ranks, one clock or
-    each its own: nothing here compares times across ranks). Ranks without point-to-point
-    traffic give no rows; missing or empty inputs give an empty table.
+    each its own: nothing here compares times across ranks); kernels may be a RankKernels
+    store, read a batch of ranks at a time. Ranks without point-to-point traffic give no
+    rows; missing or empty inputs give an empty table.
     """
-    tables = {"kernels": kernels, "collectives": collectives, "steps": steps}
-    if any(not set(cols) <= set(tables[n].columns) for n, cols in _NEEDS.items()):
+    if isinstance(kernels, pl.DataFrame):
+        if not set(_NEEDS["kernels"]) <= set(kernels.columns):
+            return empty_pipeline()
+        kernels = RankKernels.from_frame(kernels)
+    tables = {"collectives": collectives, "steps": steps}
+    if any(not set(_NEEDS[n]) <= set(t.columns) for n, t in tables.items()):
         return empty_pipeline()
     p2p = _p2p_calls(collectives)
     windows = (
@@ -316,17 +324,59 @@ def _micro_batches(p2p: pl.DataFrame, stages: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _idle(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+def _idle(kernels: RankKernels, windows: pl.DataFrame) -> pl.DataFrame:
     """rank, step, wall/busy/idle and its warm-up / steady / cool-down split per window."""
+    ranks = windows["rank"].unique().sort().to_list()
+    found = [_compute_edges(batch, windows) for batch in kernels.batches(ranks)]
+    edges = pl.concat(found) if found else pl.DataFrame(schema=_EDGES)
+    out = (
+        windows.join(edges, on=["rank", "step"], how="left")
+        .with_columns(
+            pl.col("busy_ns").fill_null(0),
+            wall_ns=pl.col("end_ns") - pl.col("start_ns"),
+        )
+        .with_columns(
+            idle_ns=pl.col("wall_ns") - pl.col("busy_ns"),
+            warmup_idle_ns=pl.coalesce(pl.col("first_ns") - pl.col("start_ns"), "wall_ns"),
+            cooldown_idle_ns=pl.coalesce(pl.col("end_ns") - pl.col("last_ns"), pl.lit(0)),
+        )
+        .with_columns(
+            steady_idle_ns=pl.col("idle_ns") - pl.col("warmup_idle_ns") - pl.col("cooldown_idle_ns")
+        )
+    )
+    return out.select(
+        "rank",
+        "step",
+        "busy_ns",
+        "idle_ns",
+        "warmup_idle_ns",
+        "steady_idle_ns",
+        "cooldown_idle_ns",
+        "wall_ns",
+    )
+
+
+_EDGES = {
+    "rank": pl.Int64,
+    "step": pl.Int64,
+    "busy_ns": pl.Int64,
+    "first_ns": pl.Int64,
+    "last_ns": pl.Int64,
+}
+
+
+def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """Per window of the ranks in `kernels`: compute time (busy_ns) and when compute first
+    starts and last ends inside it (null without compute)."""
     compute = kernels.filter(pl.col("kind") == "compute").select(
         pl.col("rank").cast(pl.Int64),
         "kind",
         pl.col("start_ns").cast(pl.Int64),
         pl.col("end_ns").cast(pl.Int64),
     )
-    compute = compute.join(windows.select("rank").unique(), on="rank", how="semi")
+    windows = windows.filter(pl.col("rank").is_in(kernels["rank"].unique().cast(pl.Int64)))
     metrics = breakdown(compute, windows.rename({"step": "window"})).select(
-        "rank", step="window", busy_ns="compute_ns", wall_ns="wall_ns"
+        "rank", step="window", busy_ns="compute_ns"
     )
     merged = merge_intervals(compute, ["rank"]).rename({"start_ns": "c_start", "end_ns": "c_end"})
     w = windows.with_columns(_after=pl.col("start_ns") + 1, _before=pl.col("end_ns") - 1)
@@ -362,30 +412,10 @@ def _idle(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
             pl.min_horizontal("c_end", "end_ns")
         ),
     )
-    out = (
-        windows.join(metrics, on=["rank", "step"], how="left")
+    return (
+        windows.select("rank", "step")
+        .join(metrics, on=["rank", "step"], how="left")
         .join(first, on=["rank", "step"], how="left")
         .join(last, on=["rank", "step"], how="left")
-        .with_columns(
-            pl.col("busy_ns").fill_null(0),
-            wall_ns=pl.col("end_ns") - pl.col("start_ns"),
-        )
-        .with_columns(
-            idle_ns=pl.col("wall_ns") - pl.col("busy_ns"),
-            warmup_idle_ns=pl.coalesce(pl.col("first_ns") - pl.col("start_ns"), "wall_ns"),
-            cooldown_idle_ns=pl.coalesce(pl.col("end_ns") - pl.col("last_ns"), pl.lit(0)),
-        )
-        .with_columns(
-            steady_idle_ns=pl.col("idle_ns") - pl.col("warmup_idle_ns") - pl.col("cooldown_idle_ns")
-        )
-    )
-    return out.select(
-        "rank",
-        "step",
-        "busy_ns",
-        "idle_ns",
-        "warmup_idle_ns",
-        "steady_idle_ns",
-        "cooldown_idle_ns",
-        "wall_ns",
+        .select([pl.col(c).cast(t) for c, t in _EDGES.items()])
     )

@@ -144,7 +144,7 @@ def _features(calls: pl.DataFrame, world: int) -> pl.DataFrame:
         calls_per_step=pl.col("_w").sum(),
         bytes_per_step=(pl.col("_w") * size.fill_null(0)).sum(),
         _mean_bytes=size.mean(),
-        _top_size=(size == size.drop_nulls().mode().first()).mean(),
+        _top_size=(size == size.drop_nulls().mode().min()).mean(),
         _early=early(pl.lit(True)),
         _ar_early=early(coll == "all_reduce"),
         _rs_early=early(coll == "reduce_scatter"),

@@ -107,7 +107,7 @@ def storms(
             end_ns=pl.col("end_ns").max(),
             calls=pl.len().cast(pl.Int64),
             bytes=pl.col("bytes").sum().cast(pl.Int64),
-            _n=pl.col("group_size").drop_nulls().mode().first(),
+            _n=pl.col("group_size").drop_nulls().mode().min(),
         )
         .filter(pl.col("calls") >= min_calls)
         .with_columns(time_ns=pl.col("end_ns") - pl.col("start_ns"))

@@ -105,7 +105,7 @@ def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
         bytes_per_step=(pl.col("nbytes") / pl.col("n_steps")).sum() / n_ranks,
     )
     extra = tagged.group_by("role", "collective").agg(
-        dtype=pl.col("dtype").drop_nulls().mode().first(),
+        dtype=pl.col("dtype").drop_nulls().mode().sort().first(),
         process_groups=pl.col("process_group").drop_nulls().unique().sort().str.join(","),
     )
     return (

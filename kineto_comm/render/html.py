@@ -201,7 +201,7 @@ def svg_histograms(report: Report) -> str:
     order = (
         hist.group_by("collective", "process_group")
         .agg(total=pl.col("calls").sum())
-        .sort("total", descending=True)
+        .sort(["total", "collective", "process_group"], descending=[True, False, False])
     )
     lo, hi = int(hist["log2_bucket"].min()), int(hist["log2_bucket"].max())  # type: ignore[arg-type]
     nb = hi - lo + 1
@@ -276,7 +276,7 @@ def svg_skew_heatmap(report: Report) -> str:
     waits, inst = report.collective_waits, report.collective_instances
     if waits.height == 0 or inst.height == 0 or "wait_ns" not in waits.columns:
         return _empty("plot-skew", "No collective calls matched across ranks.")
-    inst = inst.filter(pl.col("ranks_seen") > 1).sort("first_start_ns")
+    inst = inst.filter(pl.col("ranks_seen") > 1).sort("first_start_ns", "instance")
     if inst.height == 0:
         return _empty("plot-skew", "No collective call was seen on more than one rank.")
     ninst = inst.height
@@ -290,7 +290,12 @@ def svg_skew_heatmap(report: Report) -> str:
     cells = (
         waits.join(cols.select("instance", "col", "collective", "process_group"), on="instance")
         .with_columns(row=pl.col("rank").replace_strict(row_of, return_dtype=pl.Int64))
-        .group_by("row", "col")
+        # Each cell names the rank and call that waited longest (ties: lowest rank, first call).
+        .sort(
+            ["row", "col", "wait_ns", "rank", "instance"],
+            descending=[False, False, True, False, False],
+        )
+        .group_by("row", "col", maintain_order=True)
         .agg(
             wait_ns=pl.col("wait_ns").max(),
             rank=pl.col("rank").first(),
@@ -378,7 +383,7 @@ def _pipeline_window(report: Report, ranks: list[int]) -> tuple[int, int, str] |
         step = ids[len(ids) // 2]
         sel = numbered.filter(pl.col("step") == step)
         return int(sel["start_ns"].min()), int(sel["end_ns"].max()), f"step {step}"  # type: ignore[arg-type]
-    k = report.kernels.filter(pl.col("rank").is_in(ranks))
+    k = report.rank_kernels.frame(ranks)
     if k.height == 0:
         return None
     return int(k["start_ns"].min()), int(k["end_ns"].max()), "whole trace"  # type: ignore[arg-type]
@@ -395,9 +400,9 @@ def svg_pipeline(report: Report) -> str:
     t0, t1, label = window
     span = max(t1 - t0, 1)
     usable = PLOT_W - LABEL_W - 20
-    k = report.kernels.filter(
-        pl.col("rank").is_in(ranks) & (pl.col("end_ns") > t0) & (pl.col("start_ns") < t1)
-    )
+    k = report.rank_kernels.frame(ranks[:64])  # the lanes drawn
+    if k.height:
+        k = k.filter((pl.col("end_ns") > t0) & (pl.col("start_ns") < t1))
     lanes = ranks[:64]
     lane_h, gap, top = 22, 6, 4
     height = top + len(lanes) * (lane_h + gap) + 44
@@ -419,7 +424,7 @@ def svg_pipeline(report: Report) -> str:
                 x1=((pl.col("end_ns").clip(t0, t1) - t0) * usable / span),
                 dur=pl.col("end_ns") - pl.col("start_ns"),
             )
-            .sort("rank", "kind", "x0")
+            .sort("rank", "kind", "x0", "x1")
             .with_columns(reach=pl.col("x1").cum_max().shift(1).over("rank", "kind"))
             .with_columns(
                 blk=(pl.col("reach").is_null() | (pl.col("x0") > pl.col("reach") + 0.75))
@@ -427,13 +432,13 @@ def svg_pipeline(report: Report) -> str:
                 .cum_sum()
                 .over("rank", "kind")
             )
-            .group_by("rank", "kind", "blk")
+            .group_by("rank", "kind", "blk", maintain_order=True)
             .agg(
                 x0=pl.col("x0").min(),
                 x1=pl.col("x1").max(),
                 n=pl.len(),
                 busy=pl.col("dur").sum(),
-                name=pl.col("name").sort_by("dur").last(),
+                name=pl.col("name").sort_by("dur", "name").last(),
             )
         )
         lane_of = {r: i for i, r in enumerate(lanes)}

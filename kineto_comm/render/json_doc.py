@@ -234,7 +234,9 @@ def collective_totals(report: Report) -> list[dict[str, Any]]:
         )
     else:
         agg = agg.with_columns(busbw_gbps=pl.lit(None, pl.Float64))
-    return agg.sort("time_ns", descending=True).to_dicts()
+    # Ties broken by name: the same report always renders the same document.
+    order = ["time_ns", "collective", "process_group", "dtype"]
+    return agg.sort(order, descending=[True, False, False, False], nulls_last=True).to_dicts()
 
 
 def document(report: Report, fail_on: Severity = Severity.error) -> dict[str, Any]:

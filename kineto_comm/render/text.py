@@ -102,7 +102,11 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
                     / pl.col("duration_ns").filter(pl.col("bytes").is_not_null()).sum()
                 ),
             )
-            .sort("total_ns", descending=True)
+            .sort(
+                ["total_ns", "collective", "process_group", "dtype"],
+                descending=[True, False, False, False],
+                nulls_last=True,
+            )
         )
         ct = Table(title="Collectives (all ranks)")
         for col in (
@@ -243,7 +247,7 @@ def _render_groups(report: Report, console: Console) -> None:
                 busbw=pl.col("busbw_gbps").median(),
                 reference=pl.col("reference_busbw_gbps").max(),
             )
-            .sort("time_ns", descending=True)
+            .sort(["time_ns", "process_group", "collective"], descending=[True, False, False])
         )
         for r in worst.head(5).iter_rows(named=True):
             ref = "-" if r["reference"] is None else f"{r['reference']:.1f}"

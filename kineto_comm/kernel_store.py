@@ -1,0 +1,124 @@
+"""Where every rank's kernels are kept: in memory for small jobs, in Arrow IPC files for big ones.
+
+Kernels are the one per-rank table that grows with the job: about 100 bytes per kernel, some
+0.1 GB per GB of trace JSON. Merged in the parent, 256 ranks of 1 GB traces would need
+~25 GB, so big jobs keep each rank's kernels in its own uncompressed Arrow IPC file (written
+by the worker that built them) and everything in the parent that needs kernels reads them in
+batches of whole ranks (`batches`): the parent then holds one batch at a time, whatever the
+rank count. Clock offsets are applied as a batch is read, so the files never change.
+
+`frame()` still gives every rank's kernels as one DataFrame (`Report.kernels`) for users who
+ask: on a big job that costs what the merged table costs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+BATCH_ROWS = 2_000_000  # ~0.2 GB of kernel rows per batch
+TIME_COLUMNS = ("start_ns", "end_ns", "launch_ns")
+
+
+class SpillFolder:
+    """A temporary folder for kernel files, removed when the last store using it is gone
+    (or at exit)."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="kineto-comm-kernels-"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, True)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One source of kernel rows: an in-memory frame (any ranks) or one rank's IPC file."""
+
+    rows: int
+    frame: pl.DataFrame | None = None
+    path: str | None = None
+    rank: int | None = None  # the final rank of a file's rows (files hold provisional ones)
+
+    def read(self) -> pl.DataFrame:
+        if self.frame is not None:
+            return self.frame
+        from kineto_comm.per_rank import read_frame
+
+        assert self.path is not None
+        return read_frame(self.path).with_columns(rank=pl.lit(self.rank, dtype=pl.Int64))
+
+
+class RankKernels:
+    """Every rank's kernels table (columns: kineto_comm.model.kernels), one batch at a time."""
+
+    def __init__(
+        self,
+        parts: Iterable[Part] = (),
+        offsets: dict[int, int] | None = None,
+        folder: SpillFolder | None = None,
+    ) -> None:
+        self._parts = tuple(parts)
+        self._offsets = {r: o for r, o in (offsets or {}).items() if o}
+        self._folder = folder  # kept alive as long as a store reads its files
+
+    @classmethod
+    def from_frame(cls, frame: pl.DataFrame) -> RankKernels:
+        """A store over one in-memory kernels table (tests, user-built reports)."""
+        return cls([Part(rows=frame.height, frame=frame)])
+
+    @property
+    def height(self) -> int:
+        return sum(p.rows for p in self._parts)
+
+    @property
+    def spilled(self) -> bool:
+        """True when some rank's kernels live in a file."""
+        return any(p.path is not None for p in self._parts)
+
+    def with_offsets(self, offsets: pl.DataFrame) -> RankKernels:
+        """The same kernels on another clock: `offset_ns` (per `rank`) is subtracted from
+        every time column when rows are read."""
+        table = offsets.select("rank", pl.col("offset_ns").fill_null(0)) if offsets.height else None
+        shift = dict(table.iter_rows()) if table is not None else {}
+        return RankKernels(self._parts, shift, self._folder)
+
+    def batches(
+        self, ranks: Iterable[int] | None = None, rows: int = BATCH_ROWS
+    ) -> Iterator[pl.DataFrame]:
+        """The kernels of `ranks` (default: all), in DataFrames of whole ranks holding about
+        `rows` rows each (more when one rank has more)."""
+        wanted = None if ranks is None else set(ranks)
+        pending: list[pl.DataFrame] = []
+        held = 0
+        for part in self._parts:
+            if wanted is not None and part.rank is not None and part.rank not in wanted:
+                continue
+            frame = self._shifted(part.read())
+            if wanted is not None and part.rank is None:
+                frame = frame.filter(pl.col("rank").is_in(sorted(wanted)))
+            pending.append(frame)
+            held += frame.height
+            if held >= rows:
+                yield pl.concat(pending, how="vertical_relaxed")
+                pending, held = [], 0
+        if pending:
+            yield pl.concat(pending, how="vertical_relaxed")
+
+    def frame(self, ranks: Iterable[int] | None = None) -> pl.DataFrame:
+        """The kernels of `ranks` (default: all) in one DataFrame."""
+        out = list(self.batches(ranks, rows=2**62))
+        return out[0] if out else pl.DataFrame()
+
+    def _shifted(self, frame: pl.DataFrame) -> pl.DataFrame:
+        if not self._offsets or frame.height == 0 or "rank" not in frame.columns:
+            return frame
+        ranks = list(self._offsets)
+        by_rank = pl.col("rank").replace_strict(
+            ranks, [self._offsets[r] for r in ranks], default=0, return_dtype=pl.Int64
+        )
+        return frame.with_columns(pl.col(c) - by_rank for c in TIME_COLUMNS if c in frame.columns)
