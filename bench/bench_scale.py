@@ -7,6 +7,8 @@ A synthetic data-parallel job is generated under bench/out/ (kept and reused). k
 runs `analyze()` with one worker per core in a child process; the child's own peak RSS (the
 parent of the workers: they are not counted) and the wall time are reported. HTA runs
 `TraceAnalysis` load + `get_comm_comp_overlap` + `get_temporal_breakdown` on the same files.
+The ratio compares `analyze()` with that; the rules and the text and HTML reports that
+`kineto-comm report` adds are timed after it, and the parent's peak RSS is given for both.
 Throughput is MB of uncompressed JSON per second of wall time.
 """
 
@@ -26,12 +28,19 @@ from bench_load import run_child  # noqa: E402
 KINETO = """
 import os, sys, time, resource
 from kineto_comm import analyze
+from kineto_comm.rules_engine import run_rules
+from kineto_comm.render.formats import render
 t = time.perf_counter()
 r = analyze(sys.argv[1], jobs=int(os.environ['BENCH_JOBS']))
 dt = time.perf_counter() - t
 assert not r.errors, r.errors[:3]
+analysed = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
+t = time.perf_counter()
+findings = run_rules(r)
+render(r, 'text'), render(r, 'html')
+rules = time.perf_counter() - t
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
-print(dt, rss, r.ranks.height, r.collective_instances.height)
+print(dt, analysed, rules, rss, r.ranks.height, r.collective_instances.height, len(findings))
 """
 
 HTA = """
@@ -73,11 +82,15 @@ def main() -> None:
         f"{args.jobs} workers on {os.cpu_count()} cores"
     )
     out, wall, _ = run_child(KINETO, [str(folder)], {"BENCH_JOBS": str(args.jobs)})
-    inner, parent_rss, ranks, instances = out.split()
+    inner, analysed, rules, parent_rss, ranks, instances, findings = out.split()
     inner = float(inner)
     print(
         f"kineto-comm: {inner:7.2f} s ({total / inner:6.1f} MB/s), parent peak RSS "
-        f"{float(parent_rss):.2f} GiB, {ranks} ranks, {instances} matched calls"
+        f"{float(analysed):.2f} GiB, {ranks} ranks, {instances} matched calls"
+    )
+    print(
+        f"  then all rules + text and HTML reports: {float(rules):.2f} s ({findings} findings);"
+        f" parent peak RSS over both {float(parent_rss):.2f} GiB"
     )
     if not args.no_hta:
         with tempfile.TemporaryDirectory() as tmp:

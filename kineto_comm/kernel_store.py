@@ -22,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
-BATCH_ROWS = 2_000_000  # ~0.2 GB of kernel rows per batch
+BATCH_ROWS = 100_000  # rows per batch: a few MB for the columns a rule reads
 TIME_COLUMNS = ("start_ns", "end_ns", "launch_ns")
 
 
@@ -44,13 +44,18 @@ class Part:
     path: str | None = None
     rank: int | None = None  # the final rank of a file's rows (files hold provisional ones)
 
-    def read(self) -> pl.DataFrame:
+    def read(self, columns: list[str] | None = None) -> pl.DataFrame:
+        """The rows (only `columns`, in that order, when given)."""
         if self.frame is not None:
-            return self.frame
+            return self.frame if columns is None else self.frame.select(columns)
         from kineto_comm.per_rank import read_frame
 
         assert self.path is not None
-        return read_frame(self.path).with_columns(rank=pl.lit(self.rank, dtype=pl.Int64))
+        rank = pl.lit(self.rank, dtype=pl.Int64).alias("rank")  # files hold provisional ranks
+        if columns is None:
+            return read_frame(self.path).with_columns(rank)
+        stored = [c for c in columns if c != "rank"] or ["rank"]
+        return read_frame(self.path, stored).with_columns(rank).select(columns)
 
 
 class RankKernels:
@@ -88,17 +93,24 @@ class RankKernels:
         return RankKernels(self._parts, shift, self._folder)
 
     def batches(
-        self, ranks: Iterable[int] | None = None, rows: int = BATCH_ROWS
+        self,
+        ranks: Iterable[int] | None = None,
+        columns: list[str] | None = None,
+        rows: int | None = None,
     ) -> Iterator[pl.DataFrame]:
-        """The kernels of `ranks` (default: all), in DataFrames of whole ranks holding about
-        `rows` rows each (more when one rank has more)."""
+        """The kernels of `ranks` (default: all; only `columns` when given), in DataFrames of
+        whole ranks holding about `rows` rows each (default BATCH_ROWS; more when one rank
+        has more)."""
+        rows = BATCH_ROWS if rows is None else rows
+        if columns is not None and "rank" not in columns:
+            columns = ["rank", *columns]
         wanted = None if ranks is None else set(ranks)
         pending: list[pl.DataFrame] = []
         held = 0
         for part in self._parts:
             if wanted is not None and part.rank is not None and part.rank not in wanted:
                 continue
-            frame = self._shifted(part.read())
+            frame = self._shifted(part.read(columns))
             if wanted is not None and part.rank is None:
                 frame = frame.filter(pl.col("rank").is_in(sorted(wanted)))
             pending.append(frame)
@@ -109,9 +121,11 @@ class RankKernels:
         if pending:
             yield pl.concat(pending, how="vertical_relaxed")
 
-    def frame(self, ranks: Iterable[int] | None = None) -> pl.DataFrame:
-        """The kernels of `ranks` (default: all) in one DataFrame."""
-        out = list(self.batches(ranks, rows=2**62))
+    def frame(
+        self, ranks: Iterable[int] | None = None, columns: list[str] | None = None
+    ) -> pl.DataFrame:
+        """The kernels of `ranks` (default: all; only `columns` when given) in one DataFrame."""
+        out = list(self.batches(ranks, columns, rows=2**62))
         return out[0] if out else pl.DataFrame()
 
     def _shifted(self, frame: pl.DataFrame) -> pl.DataFrame:

@@ -178,10 +178,12 @@ def _ipc(frame: pl.DataFrame, out: io.BytesIO | Path) -> None:
     frame.with_columns(pl.col(pl.String).cast(pl.Categorical)).write_ipc(out)
 
 
-def read_frame(source: bytes | str | Path) -> pl.DataFrame:
-    """A frame written by `_ipc` (bytes or a file), its text columns back as strings whose
-    rows share one copy of each distinct value (what keeps the parent's memory small)."""
-    frame = pl.read_ipc(io.BytesIO(source) if isinstance(source, bytes) else source)
+def read_frame(source: bytes | str | Path, columns: list[str] | None = None) -> pl.DataFrame:
+    """A frame written by `_ipc` (bytes or a file; only `columns` when given), its text
+    columns back as strings whose rows share one copy of each distinct value (what keeps the
+    parent's memory small)."""
+    data = io.BytesIO(source) if isinstance(source, bytes) else source
+    frame = pl.read_ipc(data, columns=columns)
     text = [_shared_text(frame[c]) for c, t in frame.schema.items() if t == pl.Categorical]
     return frame.with_columns(text) if text else frame
 

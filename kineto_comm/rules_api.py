@@ -180,6 +180,9 @@ class Tables(Mapping[str, pl.DataFrame]):
 
     def __init__(self, source: Any) -> None:
         self._source = source
+        # Results of the helpers below that several rules ask for (collective_exposure
+        # reads every rank's kernels): computed once per Tables, i.e. once per rules run.
+        self._memo: dict[Any, pl.DataFrame] = {}
 
     def __getitem__(self, name: str) -> pl.DataFrame:
         src = self._source
@@ -194,11 +197,12 @@ class Tables(Mapping[str, pl.DataFrame]):
                 value = None
         return _normal(value)
 
-    def rank_batches(self, name: str) -> Iterator[pl.DataFrame]:
-        """The table in DataFrames of whole ranks (every row of a rank in the same one).
+    def rank_batches(self, name: str, columns: Sequence[str] = ()) -> Iterator[pl.DataFrame]:
+        """The table in DataFrames of whole ranks (every row of a rank in the same one),
+        with only `columns` (those the table has) when given.
 
         How rules read `kernels`: a big job keeps them in files, one per rank, and reading
-        them a few ranks at a time keeps memory bounded whatever the rank count
+        them a few ranks and columns at a time keeps memory bounded whatever the rank count
         (kineto_comm.kernel_store). Other tables come as one DataFrame.
         """
         src = self._source
@@ -206,10 +210,11 @@ class Tables(Mapping[str, pl.DataFrame]):
         if name == "kernels" and not isinstance(src, Mapping):
             store = getattr(src, "rank_kernels", None)
         if isinstance(store, RankKernels):
-            for batch in store.batches():
+            for batch in store.batches(columns=list(columns) or None):
                 yield _normal(batch)
         else:
-            yield self[name]
+            table = self[name]
+            yield table.select(c for c in columns if c in table.columns) if columns else table
 
     def __iter__(self) -> Iterator[str]:
         src = self._source
@@ -362,14 +367,22 @@ def collective_exposure(tables: Tables, transfer_only: bool = True) -> pl.DataFr
     """collective_waits() plus `exposed_ns`: the part of each call with no compute kernel
     running on its rank. With `transfer_only`, only the call's last `transfer_ns` count (the
     time it moved data, not the time it sat waiting for late ranks)."""
+    key = ("collective_exposure", transfer_only)
+    if key not in tables._memo:
+        tables._memo[key] = _exposure(tables, transfer_only)
+    return tables._memo[key]
+
+
+def _exposure(tables: Tables, transfer_only: bool) -> pl.DataFrame:
     waits = collective_waits(tables)
     if waits.height == 0:
         return waits.with_columns(exposed_ns=pl.lit(0, dtype=pl.Int64))
     start = pl.col("end_ns") - pl.col("transfer_ns") if transfer_only else pl.col("start_ns")
     iv = waits.select("rank", start_ns=start, end_ns=pl.col("end_ns")).with_row_index("_row")
     exposed, seen = [], []
-    for kernels in tables.rank_batches("kernels"):  # a few ranks at a time (big jobs)
-        if kernels.height == 0:
+    need = ("rank", "kind", "start_ns", "end_ns")
+    for kernels in tables.rank_batches("kernels", need):  # a few ranks at a time (big jobs)
+        if kernels.height == 0 or kernels.width < len(need):
             continue
         compute = kernels.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns")
         ranks = kernels["rank"].unique()

@@ -31,17 +31,21 @@ def _timeline(tables: Tables) -> pl.DataFrame:
     """Communication kernels per rank in start order, with what ran before and after each
     (read a few ranks at a time: the kernels of a big job never all at once)."""
     found = []
-    for k in tables.rank_batches("kernels"):
-        if k.height == 0 or "launch_ns" not in k.columns:
+    need = ("rank", "step", "kind", "name", "start_ns", "end_ns", "launch_ns")
+    for k in tables.rank_batches("kernels", need):
+        if k.height == 0 or k.width < len(need):
             continue
         k = k.filter(pl.col("start_ns").is_not_null()).sort("rank", "start_ns")
-        around = k.with_columns(
-            busy_until=pl.col("end_ns").cum_max().shift(1).over("rank"),
-            busy_through=pl.col("end_ns").cum_max().over("rank"),
-            prev_kind=pl.col("kind").shift(1).over("rank"),
-            next_start=pl.col("start_ns").shift(-1).over("rank"),
-            next_launch=pl.col("launch_ns").shift(-1).over("rank"),
-            next_name=pl.col("name").shift(-1).over("rank"),
+        # Neighbours within the rank by plain shifts (rows are sorted by rank): a shift
+        # .over() would copy every row's name, and the rows kept would hold those copies.
+        prev = pl.col("rank").shift(1) == pl.col("rank")
+        after = pl.col("rank").shift(-1) == pl.col("rank")
+        around = k.with_columns(busy_through=pl.col("end_ns").cum_max().over("rank")).with_columns(
+            busy_until=pl.when(prev).then(pl.col("busy_through").shift(1)),
+            prev_kind=pl.when(prev).then(pl.col("kind").shift(1)),
+            next_start=pl.when(after).then(pl.col("start_ns").shift(-1)),
+            next_launch=pl.when(after).then(pl.col("launch_ns").shift(-1)),
+            next_name=pl.when(after).then(pl.col("name").shift(-1)),
         )
         found.append(around.filter(pl.col("kind") == "communication"))
     return pl.concat(found) if found else pl.DataFrame()

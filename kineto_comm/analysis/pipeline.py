@@ -327,7 +327,8 @@ def _micro_batches(p2p: pl.DataFrame, stages: pl.DataFrame) -> pl.DataFrame:
 def _idle(kernels: RankKernels, windows: pl.DataFrame) -> pl.DataFrame:
     """rank, step, wall/busy/idle and its warm-up / steady / cool-down split per window."""
     ranks = windows["rank"].unique().sort().to_list()
-    found = [_compute_edges(batch, windows) for batch in kernels.batches(ranks)]
+    need = list(_NEEDS["kernels"])
+    found = [_compute_edges(batch, windows) for batch in kernels.batches(ranks, need)]
     edges = pl.concat(found) if found else pl.DataFrame(schema=_EDGES)
     out = (
         windows.join(edges, on=["rank", "step"], how="left")

@@ -383,7 +383,7 @@ def _pipeline_window(report: Report, ranks: list[int]) -> tuple[int, int, str] |
         step = ids[len(ids) // 2]
         sel = numbered.filter(pl.col("step") == step)
         return int(sel["start_ns"].min()), int(sel["end_ns"].max()), f"step {step}"  # type: ignore[arg-type]
-    k = report.rank_kernels.frame(ranks)
+    k = report.rank_kernels.frame(ranks, ["start_ns", "end_ns"])
     if k.height == 0:
         return None
     return int(k["start_ns"].min()), int(k["end_ns"].max()), "whole trace"  # type: ignore[arg-type]
@@ -400,7 +400,7 @@ def svg_pipeline(report: Report) -> str:
     t0, t1, label = window
     span = max(t1 - t0, 1)
     usable = PLOT_W - LABEL_W - 20
-    k = report.rank_kernels.frame(ranks[:64])  # the lanes drawn
+    k = report.rank_kernels.frame(ranks[:64], ["kind", "name", "start_ns", "end_ns"])  # lanes drawn
     if k.height:
         k = k.filter((pl.col("end_ns") > t0) & (pl.col("start_ns") < t1))
     lanes = ranks[:64]
