@@ -169,7 +169,7 @@ def spill_jobs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-@pytest.mark.parametrize("scenario", ["bubble", "skew"])
+@pytest.mark.parametrize("scenario", ["bubble", "skew", "pp-4", "ddp-4"])
 def test_kernels_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, monkeypatch):
     """Above budget.SPILL_ABOVE the kernels live in one Arrow file per rank and everything
     that needs them reads a few ranks at a time: tables, findings and every rendered format
@@ -178,7 +178,7 @@ def test_kernels_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, 
     from kineto_comm.render.formats import FORMATS, render
     from kineto_comm.rules_engine import builtin_rules, run_rules
 
-    folder = spill_jobs / scenario
+    folder = SAMPLES / scenario if "-" in scenario else spill_jobs / scenario  # real or synth
     memory = analyze(folder, jobs=jobs)
     assert not memory.rank_kernels.spilled
     monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
@@ -197,7 +197,7 @@ def test_kernels_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, 
     assert [f.to_dict() for f in found] == [f.to_dict() for f in run_rules(memory, options=zero)]
     if scenario == "skew":
         assert (files.offsets["offset_ns"] != 0).any()
-    else:
+    elif scenario == "bubble":
         assert files.pipeline.height > 0
         assert {"COMM101", "PIPE101", "SYNC102"} <= {f.code for f in found}
     files, memory = (dataclasses.replace(r, findings=found) for r in (files, memory))
