@@ -21,7 +21,7 @@ from kineto_comm.kernel_store import Part, RankKernels, SpillFolder
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
 from kineto_comm.per_rank import TABLES, RankTables, spill
 from kineto_comm.report import Report
-from kineto_comm.workers import Outcome, run_local, unwire, work
+from kineto_comm.workers import Outcome, run_local, run_threads, unwire, work
 
 
 def _run(
@@ -33,13 +33,16 @@ def _run(
     progress: Callable[[int, int], None] | None = None,
     piece_bytes: int | None = None,
     spill_dir: str | None = None,
+    threads: bool = False,
 ) -> list[Outcome]:
-    """Per-rank work: in this process, with local worker processes, or on a Dask cluster."""
+    """Per-rank work: in this process (one thread, or several for a small job), with local
+    worker processes, or on a Dask cluster."""
     names = [str(f) for f in files]
     if dask_scheduler:
         return _run_dask(names, comm_patterns, cache_dir, dask_scheduler, piece_bytes, spill_dir)
     if jobs > 1 and len(names) > 1:
-        return run_local(names, jobs, comm_patterns, cache_dir, piece_bytes, progress, spill_dir)
+        run = run_threads if threads else run_local
+        return run(names, jobs, comm_patterns, cache_dir, piece_bytes, progress, spill_dir)
     results = []
     for name in names:
         results.append(work(name, comm_patterns, cache_dir, False, piece_bytes, spill_dir))
@@ -149,6 +152,7 @@ def analyze(
         progress,
         budgeted.piece_bytes,
         None if folder is None else str(folder.path),
+        budgeted.threads,
     )
     for file, (status, payload) in zip(files, outcome, strict=True):
         if status == "ok":

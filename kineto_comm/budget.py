@@ -27,6 +27,7 @@ PARENT_BASE = 200 * MiB
 PARENT_SHARE = 0.1
 SPILLED_SHARE = 0.015
 SPILL_ABOVE = 1 * GiB
+THREADS_BELOW = 256 * MiB  # a job this small runs in threads (kineto_comm.workers)
 MIN_PIECE = 1 * MiB
 ENV = "KINETO_COMM_MEMORY_LIMIT"
 
@@ -72,12 +73,14 @@ def uncompressed_size(path: Path) -> int:
 class Plan:
     """What a memory limit allows: `jobs` processes at once (this one included: it analyses
     files too, on top of the tables it holds), decoding `piece_bytes` at a time; with
-    `spill`, every rank's kernels are kept in files rather than in the parent's memory."""
+    `spill`, every rank's kernels are kept in files rather than in the parent's memory; with
+    `threads`, the jobs are threads of this process rather than processes."""
 
     limit: int
     jobs: int
     piece_bytes: int
     spill: bool = False
+    threads: bool = False
     warnings: tuple[str, ...] = ()
 
 
@@ -97,4 +100,5 @@ def plan(files: list[Path], limit: int, jobs: int) -> Plan:
             f"{biggest}: analysing it needs about {(parent + need) / GiB:.1f} GiB, more than"
             f" the memory limit of {limit / GiB:.1f} GiB; going ahead with one worker"
         )
-    return Plan(limit, max(1, min(jobs, fits)), piece, spill, tuple(warnings))
+    jobs = max(1, min(jobs, fits))
+    return Plan(limit, jobs, piece, spill, total <= THREADS_BELOW, tuple(warnings))

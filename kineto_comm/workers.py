@@ -1,5 +1,8 @@
 """Per-rank work on local processes: this process and `jobs - 1` spawned workers pull rank
-files from one shared counter, so whoever is free takes the next file.
+files from one shared counter, so whoever is free takes the next file. Small jobs
+(budget.THREADS_BELOW) use threads of this process instead (`run_threads`): a worker
+process takes longer to start than such a job takes, while the compiled scanner and Polars
+run without the GIL, so threads overlap most of the work.
 
 Why this process works too: starting a worker costs ~0.7 s here (a fresh interpreter that
 imports Polars), and files analysed in this process need no Arrow IPC round trip. Why a
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -87,6 +91,31 @@ def _pull(names: list[str], counter: Any, out: Connection, args: tuple[Any, ...]
         out.send(("start", i, None))
         out.send(("done", i, work(names[i], *args)))
     out.close()
+
+
+def run_threads(
+    names: list[str],
+    jobs: int,
+    comm_patterns: tuple[str, ...],
+    cache_dir: str | None,
+    piece_bytes: int | None,
+    progress: Callable[[int, int], None] | None = None,
+    spill_dir: str | None = None,
+) -> list[Outcome]:
+    """Every file's outcome, in the order of `names`, using up to `jobs` threads of this
+    process."""
+    n = len(names)
+    results: list[Outcome | None] = [None] * n
+    with ThreadPoolExecutor(max_workers=min(jobs, n)) as pool:
+        futures = {
+            pool.submit(work, name, comm_patterns, cache_dir, False, piece_bytes, spill_dir): i
+            for i, name in enumerate(names)
+        }
+        for done, future in enumerate(as_completed(futures), 1):
+            results[futures[future]] = future.result()
+            if progress is not None:
+                progress(done, n)
+    return [r if r is not None else ("error", DIED) for r in results]
 
 
 def run_local(

@@ -129,7 +129,15 @@ def test_a_small_memory_limit_gives_the_same_report(tmp_path):
     _same(free, tight)
 
 
-def test_three_workers_give_the_same_report_as_one_process():
+@pytest.fixture(params=["threads", "processes"])
+def concurrency(request, monkeypatch):
+    """Run jobs > 1 as threads of this process (small jobs) or as worker processes."""
+    if request.param == "processes":
+        monkeypatch.setattr(budget, "THREADS_BELOW", -1)
+    return request.param
+
+
+def test_three_workers_give_the_same_report_as_one_process(concurrency):
     alone = analyze(SAMPLES / "ddp-4", jobs=1)
     shared = analyze(SAMPLES / "ddp-4", jobs=3)
     assert shared.ranks["rank"].to_list() == [0, 1, 2, 3]
@@ -137,7 +145,7 @@ def test_three_workers_give_the_same_report_as_one_process():
     _same(alone, shared)
 
 
-def test_processes_share_the_files_and_report_progress(tmp_path):
+def test_workers_share_the_files_and_report_progress(tmp_path, concurrency):
     traces = tmp_path / "traces"
     shutil.copytree(SAMPLES / "ddp-4", traces)
     (traces / "rank-9.json").write_text("not json")
@@ -179,6 +187,7 @@ def test_kernels_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, 
     from kineto_comm.rules_engine import builtin_rules, run_rules
 
     folder = SAMPLES / scenario if "-" in scenario else spill_jobs / scenario  # real or synth
+    monkeypatch.setattr(budget, "THREADS_BELOW", -1)  # jobs=2: worker processes write files
     memory = analyze(folder, jobs=jobs)
     assert not memory.rank_kernels.spilled
     monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
@@ -241,3 +250,21 @@ def test_batches_hold_whole_ranks_on_their_clock():
     assert pl.concat(batches).equals(expect)
     assert store.frame([3, 1]).equals(expect.filter(pl.col("rank").is_in([1, 3])))
     assert store.height == frame.height
+
+
+def test_plan_runs_small_jobs_in_threads_and_keeps_big_jobs_kernels_in_files(tmp_path, monkeypatch):
+    small, big = tmp_path / "small.json", tmp_path / "big.json"
+    small.write_bytes(b" " * 1000)
+    with open(big, "wb") as fh:  # sparse: the size without the disk
+        fh.truncate(budget.SPILL_ABOVE + 1)
+    few = budget.plan([small, small], 64 << 30, jobs=2)
+    assert few.threads and not few.spill
+    # Spilled, the parent keeps only the collectives' share: a second worker fits a limit
+    # that holds one next to a parent with every kernel.
+    need = budget.WORKER_BASE + int(budget.WORKER_SHARE * (budget.SPILL_ABOVE + 1))
+    parent = budget.PARENT_BASE + int(budget.SPILLED_SHARE * (budget.SPILL_ABOVE + 1001))
+    many = budget.plan([big, small], parent + 2 * need, jobs=2)
+    assert not many.threads and many.spill and many.jobs == 2
+    monkeypatch.setattr(budget, "SPILL_ABOVE", 1 << 40)
+    kept = budget.plan([big, small], parent + 2 * need, jobs=2)
+    assert not kept.spill and kept.jobs == 1
