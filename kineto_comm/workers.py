@@ -5,8 +5,10 @@ process takes longer to start than such a job takes, while the compiled scanner 
 run without the GIL, so threads overlap most of the work.
 
 Why this process works too: starting a worker costs ~0.7 s here (a fresh interpreter that
-imports Polars), and files analysed in this process need no Arrow IPC round trip. Why a
-shared counter and not tasks handed out up front: a worker still starting up would sit on
+imports Polars), and files analysed in this process need no Arrow IPC round trip. On big
+jobs (kernels kept in files, budget.SPILL_ABOVE) it does not: the start-up is then
+negligible, and the parent's memory stays the merged tables, without a trace's working
+set. Why a shared counter and not tasks handed out up front: a worker still starting up would sit on
 files this process could already be working on (a small job is done before a worker is up).
 A worker that dies (killed, out of memory) costs only the file it was on, reported as an
 error for that file.
@@ -145,7 +147,10 @@ def run_local(
     counter = ctx.Value("q", 0)
     args = (comm_patterns, cache_dir, True, piece_bytes, spill_dir)
     procs, conns = [], []
-    for _ in range(min(jobs, n) - 1):
+    # With the kernels going to files, this process only merges: its memory is then the
+    # merged tables alone, not also the working set of the largest trace.
+    merge_only = spill_dir is not None
+    for _ in range(min(jobs, n) - (0 if merge_only else 1)):
         receive, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_pull, args=(names, counter, send, args), daemon=True)
         proc.start()
@@ -155,7 +160,7 @@ def run_local(
     collector = threading.Thread(target=_collect, args=(conns, store), daemon=True)
     collector.start()
     try:
-        while (i := _take(counter, n)) is not None:
+        while not merge_only and (i := _take(counter, n)) is not None:
             store(i, work(names[i], comm_patterns, cache_dir, False, piece_bytes, spill_dir))
         collector.join()
     finally:
