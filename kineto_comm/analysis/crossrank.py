@@ -19,13 +19,31 @@ from kineto_comm.analysis.storms import storms
 from kineto_comm.analysis.stragglers import stragglers
 
 TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
+MATCH_COLUMNS = (
+    "rank",
+    "device",
+    "process_group",
+    "collective",
+    "peer",
+    "seq",
+    "call_index",
+    "step",
+    "group_size",
+    "bytes",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+)
 
 
 def cross_rank(tables: dict[str, Any], *, align: bool = True) -> dict[str, Any]:
     """Aligned per-rank tables plus the cross-rank tables, from merged per-rank tables
     (`kernels`: a RankKernels store, shifted as it is read)."""
     ranks = tables["ranks"]["rank"].to_list() if tables["ranks"].height else []
-    keyed = match_keys(tables["collectives"])
+    # Only what matching, offsets, instances and waits read: the keyed copy of every call
+    # is the parent's largest transient on big jobs.
+    calls = tables["collectives"]
+    keyed = match_keys(calls.select(c for c in MATCH_COLUMNS if c in calls.columns))
     offsets = estimate_offsets(keyed, ranks) if align else no_offsets(ranks)
     out: dict[str, Any] = {
         name: shift(tables[name], offsets, TIME_COLUMNS)
