@@ -114,8 +114,9 @@ def analyze(
 
     comm_patterns: extra regular expressions for kernel names that are communication
         (e.g. DeepEP `dispatch|combine`), added to the NCCL/RCCL defaults.
-    jobs: processes analysing rank files at once, this one included (default: the number
-        of cores, at most one per file; 1 runs everything in this process).
+    jobs: rank files analysed at once (default: the number of cores, at most one per file;
+        1 runs everything in this process): threads of this process for a small job,
+        else worker processes (kineto_comm.workers, budget.THREADS_BELOW).
     align: estimate per-rank clock offsets from matched collectives and put all times on
         rank 0's clock (docs/tables.md `offsets`); False keeps each trace's own clock.
     cache_dir: keep per-rank tables there (Parquet, keyed by file content and tool version)

@@ -59,7 +59,7 @@ def report(
     ] = None,
     jobs: Annotated[
         int | None,
-        typer.Option("--jobs", "-j", help="Processes analysing rank files at once (this one too)."),
+        typer.Option("--jobs", "-j", help="Rank files analysed at once (threads or processes)."),
     ] = None,
     no_align: Annotated[
         bool, typer.Option("--no-align", help="Keep each trace's clock (no offset estimation).")
