@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,44 +22,33 @@ from kineto_comm.kernel_store import Part, RankKernels, SpillFolder
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
 from kineto_comm.per_rank import TABLES, RankTables, spill
 from kineto_comm.report import Report
-from kineto_comm.workers import Outcome, run_local, run_threads, unwire, work
+from kineto_comm.workers import Outcome, Settings, run_local, run_threads, unwire, work
 
 
 def _run(
     files: list[Path],
-    comm_patterns: tuple[str, ...],
+    settings: Settings,
     jobs: int,
-    cache_dir: str | None,
     dask_scheduler: str | None,
     progress: Callable[[int, int], None] | None = None,
-    piece_bytes: int | None = None,
-    spill_dir: str | None = None,
     threads: bool = False,
 ) -> list[Outcome]:
     """Per-rank work: in this process (one thread, or several for a small job), with local
     worker processes, or on a Dask cluster."""
     names = [str(f) for f in files]
     if dask_scheduler:
-        return _run_dask(names, comm_patterns, cache_dir, dask_scheduler, piece_bytes, spill_dir)
+        return _run_dask(names, settings, dask_scheduler)
     if jobs > 1 and len(names) > 1:
-        run = run_threads if threads else run_local
-        return run(names, jobs, comm_patterns, cache_dir, piece_bytes, progress, spill_dir)
+        return (run_threads if threads else run_local)(names, jobs, settings, progress)
     results = []
     for name in names:
-        results.append(work(name, comm_patterns, cache_dir, False, piece_bytes, spill_dir))
+        results.append(work(name, settings, False))
         if progress is not None:
             progress(len(results), len(names))
     return results
 
 
-def _run_dask(
-    names: list[str],
-    comm_patterns: tuple[str, ...],
-    cache_dir: str | None,
-    address: str,
-    piece_bytes: int | None,
-    spill_dir: str | None,
-) -> list[Outcome]:
+def _run_dask(names: list[str], settings: Settings, address: str) -> list[Outcome]:
     """Send per-rank work to an existing Dask cluster (files must be on shared storage).
     The workers may not see this machine's disk: kernels to keep in files are written here."""
     try:
@@ -72,22 +62,14 @@ def _run_dask(
     except OSError as exc:
         raise UsageError(f"cannot reach the Dask scheduler at {address} ({exc})") from exc
     with client:
-        n = len(names)
-        futures = client.map(
-            work,
-            names,
-            [comm_patterns] * n,
-            [cache_dir] * n,
-            [True] * n,
-            [piece_bytes] * n,
-            pure=False,
-        )
+        remote = replace(settings, spill_dir=None)
+        futures = client.map(work, names, [remote] * len(names), pure=False)
         results = []
         for future in futures:  # one at a time: never all ranks' IPC bytes at once
             status, payload = unwire(future.result())
             future.release()
-            if status == "ok" and spill_dir is not None:
-                payload = spill(payload, spill_dir)
+            if status == "ok" and settings.spill_dir is not None:
+                payload = spill(payload, settings.spill_dir)
             results.append((status, payload))
         return results
 
@@ -144,17 +126,10 @@ def analyze(
     results: list[RankTables] = []
     cache_arg = None if cache_dir is None else str(cache_dir)
     folder = _spill_folder() if budgeted.spill else None
-    outcome = _run(
-        files,
-        patterns,
-        workers,
-        cache_arg,
-        dask_scheduler,
-        progress,
-        budgeted.piece_bytes,
-        None if folder is None else str(folder.path),
-        budgeted.threads,
+    settings = Settings(
+        patterns, cache_arg, budgeted.piece_bytes, None if folder is None else str(folder.path)
     )
+    outcome = _run(files, settings, workers, dask_scheduler, progress, budgeted.threads)
     for file, (status, payload) in zip(files, outcome, strict=True):
         if status == "ok":
             results.append(payload)

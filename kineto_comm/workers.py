@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -32,21 +33,28 @@ Outcome = tuple[str, Any]  # ('ok', RankTables or its wire form) or ('error', me
 DIED = "the worker process analysing this file stopped unexpectedly (out of memory?)"
 
 
-def work(
-    path: str,
-    comm_patterns: tuple[str, ...],
-    cache_dir: str | None = None,
-    wire: bool = True,
-    piece_bytes: int | None = None,
-    spill_dir: str | None = None,
-) -> Outcome:
+@dataclass(frozen=True)
+class Settings:
+    """What analysing a rank file needs besides its path (picklable: workers get it).
+
+    comm_patterns: extra communication kernel patterns; cache_dir: the per-rank table cache;
+    piece_bytes: decode piece size (kineto_comm.budget); spill_dir: where kernels go to
+    files (kineto_comm.kernel_store), None to keep them with the other tables.
+    """
+
+    comm_patterns: tuple[str, ...] = ()
+    cache_dir: str | None = None
+    piece_bytes: int | None = None
+    spill_dir: str | None = None
+
+
+def work(path: str, settings: Settings, wire: bool = True) -> Outcome:
     """One rank file's tables; never raises. They travel as Arrow IPC (`to_wire`) unless
-    they stay in this process (`wire=False`); with `spill_dir` the kernels go to a file
-    there instead (per_rank.spill)."""
+    they stay in this process (`wire=False`)."""
     try:
-        tables = _tables(path, comm_patterns, cache_dir, piece_bytes)
-        if spill_dir is not None:
-            tables = spill(tables, spill_dir)
+        tables = _tables(path, settings)
+        if settings.spill_dir is not None:
+            tables = spill(tables, settings.spill_dir)
         return "ok", to_wire(tables) if wire else tables
     except TraceError as exc:
         return "error", exc.problem
@@ -56,16 +64,15 @@ def work(
         return "error", f"internal error while analysing ({type(exc).__name__}: {exc})"
 
 
-def _tables(
-    path: str, comm_patterns: tuple[str, ...], cache_dir: str | None, piece_bytes: int | None
-) -> RankTables:
-    if cache_dir is None:
-        return process_file(path, comm_patterns, piece_bytes)
-    key = cache.cache_key(path, comm_patterns)
-    tables = cache.load(Path(cache_dir), key)
+def _tables(path: str, settings: Settings) -> RankTables:
+    patterns, piece_bytes = settings.comm_patterns, settings.piece_bytes
+    if settings.cache_dir is None:
+        return process_file(path, patterns, piece_bytes)
+    key = cache.cache_key(path, patterns)
+    tables = cache.load(Path(settings.cache_dir), key)
     if tables is None:
-        tables = process_file(path, comm_patterns, piece_bytes)
-        cache.store(Path(cache_dir), key, tables)
+        tables = process_file(path, patterns, piece_bytes)
+        cache.store(Path(settings.cache_dir), key, tables)
     tables.file = path
     return tables
 
@@ -87,32 +94,26 @@ def _take(counter: Any, n: int) -> int | None:
         return i
 
 
-def _pull(names: list[str], counter: Any, out: Connection, args: tuple[Any, ...]) -> None:
+def _pull(names: list[str], counter: Any, out: Connection, settings: Settings) -> None:
     """Worker process: take files until none are left, sending each outcome when done."""
     while (i := _take(counter, len(names))) is not None:
         out.send(("start", i, None))
-        out.send(("done", i, work(names[i], *args)))
+        out.send(("done", i, work(names[i], settings)))
     out.close()
 
 
 def run_threads(
     names: list[str],
     jobs: int,
-    comm_patterns: tuple[str, ...],
-    cache_dir: str | None,
-    piece_bytes: int | None,
+    settings: Settings,
     progress: Callable[[int, int], None] | None = None,
-    spill_dir: str | None = None,
 ) -> list[Outcome]:
     """Every file's outcome, in the order of `names`, using up to `jobs` threads of this
     process."""
     n = len(names)
     results: list[Outcome | None] = [None] * n
     with ThreadPoolExecutor(max_workers=min(jobs, n)) as pool:
-        futures = {
-            pool.submit(work, name, comm_patterns, cache_dir, False, piece_bytes, spill_dir): i
-            for i, name in enumerate(names)
-        }
+        futures = {pool.submit(work, name, settings, False): i for i, name in enumerate(names)}
         for done, future in enumerate(as_completed(futures), 1):
             results[futures[future]] = future.result()
             if progress is not None:
@@ -123,11 +124,8 @@ def run_threads(
 def run_local(
     names: list[str],
     jobs: int,
-    comm_patterns: tuple[str, ...],
-    cache_dir: str | None,
-    piece_bytes: int | None,
+    settings: Settings,
     progress: Callable[[int, int], None] | None = None,
-    spill_dir: str | None = None,
 ) -> list[Outcome]:
     """Every file's outcome, in the order of `names`, using up to `jobs` processes."""
     n = len(names)
@@ -145,14 +143,13 @@ def run_local(
 
     ctx = get_context("spawn")
     counter = ctx.Value("q", 0)
-    args = (comm_patterns, cache_dir, True, piece_bytes, spill_dir)
     procs, conns = [], []
     # With the kernels going to files, this process only merges: its memory is then the
     # merged tables alone, not also the working set of the largest trace.
-    merge_only = spill_dir is not None
+    merge_only = settings.spill_dir is not None
     for _ in range(min(jobs, n) - (0 if merge_only else 1)):
         receive, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_pull, args=(names, counter, send, args), daemon=True)
+        proc = ctx.Process(target=_pull, args=(names, counter, send, settings), daemon=True)
         proc.start()
         send.close()
         procs.append(proc)
@@ -161,7 +158,7 @@ def run_local(
     collector.start()
     try:
         while not merge_only and (i := _take(counter, n)) is not None:
-            store(i, work(names[i], comm_patterns, cache_dir, False, piece_bytes, spill_dir))
+            store(i, work(names[i], settings, False))
         collector.join()
     finally:
         for proc in procs:
