@@ -22,8 +22,10 @@ from pathlib import Path
 
 import polars as pl
 
+from kineto_comm.analysis.align import shift
+
 BATCH_ROWS = 100_000  # rows per batch: a few MB for the columns a rule reads
-TIME_COLUMNS = ("start_ns", "end_ns", "launch_ns")
+TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns"]
 
 
 class SpillFolder:
@@ -64,11 +66,11 @@ class RankKernels:
     def __init__(
         self,
         parts: Iterable[Part] = (),
-        offsets: dict[int, int] | None = None,
+        offsets: pl.DataFrame | None = None,
         folder: SpillFolder | None = None,
     ) -> None:
         self._parts = tuple(parts)
-        self._offsets = {r: o for r, o in (offsets or {}).items() if o}
+        self._offsets = offsets  # the offsets table (rank, offset_ns), None: no shift
         self._folder = folder  # kept alive as long as a store reads its files
 
     @classmethod
@@ -88,9 +90,7 @@ class RankKernels:
     def with_offsets(self, offsets: pl.DataFrame) -> RankKernels:
         """The same kernels on another clock: `offset_ns` (per `rank`) is subtracted from
         every time column when rows are read."""
-        table = offsets.select("rank", pl.col("offset_ns").fill_null(0)) if offsets.height else None
-        shift = dict(table.iter_rows()) if table is not None else {}
-        return RankKernels(self._parts, shift, self._folder)
+        return RankKernels(self._parts, offsets, self._folder)
 
     def batches(
         self,
@@ -110,7 +110,9 @@ class RankKernels:
         for part in self._parts:
             if wanted is not None and part.rank is not None and part.rank not in wanted:
                 continue
-            frame = self._shifted(part.read(columns))
+            frame = part.read(columns)
+            if self._offsets is not None:
+                frame = shift(frame, self._offsets, TIME_COLUMNS)
             if wanted is not None and part.rank is None:
                 frame = frame.filter(pl.col("rank").is_in(sorted(wanted)))
             pending.append(frame)
@@ -127,12 +129,3 @@ class RankKernels:
         """The kernels of `ranks` (default: all; only `columns` when given) in one DataFrame."""
         out = list(self.batches(ranks, columns, rows=2**62))
         return out[0] if out else pl.DataFrame()
-
-    def _shifted(self, frame: pl.DataFrame) -> pl.DataFrame:
-        if not self._offsets or frame.height == 0 or "rank" not in frame.columns:
-            return frame
-        ranks = list(self._offsets)
-        by_rank = pl.col("rank").replace_strict(
-            ranks, [self._offsets[r] for r in ranks], default=0, return_dtype=pl.Int64
-        )
-        return frame.with_columns(pl.col(c) - by_rank for c in TIME_COLUMNS if c in frame.columns)
