@@ -144,3 +144,24 @@ def test_cross_rank_tables_on_the_real_sampled_pair():
     inst = report.collective_instances
     assert inst.height > 0 and (inst["ranks_seen"] <= 2).all()
     assert set(report.offsets["method"]) <= {"reference", "insignificant", "collective-end"}
+
+
+def test_ordinal_is_the_position_within_each_key_in_frame_order() -> None:
+    """match._ordinal (a sort and a boundary scan) against the window it replaces."""
+    import random
+
+    from kineto_comm.analysis.match import _ordinal
+
+    rng = random.Random(7)
+    n = 5_000
+    rows = pl.DataFrame(
+        {
+            "rank": [rng.randrange(4) for _ in range(n)],
+            "_pg": [rng.choice(["0", "1", "?"]) for _ in range(n)],
+            "seq": [rng.choice([None, *range(30)]) for _ in range(n)],
+        },
+        schema={"rank": pl.Int64, "_pg": pl.String, "seq": pl.Int64},
+    )
+    window = rows.select(pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "_pg", "seq"))
+    assert _ordinal(rows, "rank", "_pg", "seq").to_list() == window.to_series().to_list()
+    assert _ordinal(rows.head(1), "rank").to_list() == [0]

@@ -40,33 +40,34 @@ def estimate_offsets(keyed: pl.DataFrame, ranks: list[int]) -> pl.DataFrame:
     base = pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int64})
     if ends.height == 0 or not ranks:
         return no_offsets(ranks)
-    offsets = ends.select("rank").unique().with_columns(offset=pl.lit(0.0))
+
+    # Every (instance, rank) of `ends` has an offset and a call time: look them up (a join
+    # per round would copy `ends`, one row per call and rank, twice per round).
+    def offset_of(offsets: pl.DataFrame) -> pl.Expr:
+        return pl.col("rank").replace_strict(offsets["rank"], offsets["offset"])
+
+    def time_of(t: pl.DataFrame) -> pl.Expr:
+        return pl.col("instance").replace_strict(t["instance"], t["t"])
+
+    def call_times(offsets: pl.DataFrame) -> pl.DataFrame:
+        return ends.group_by("instance").agg(t=(pl.col("end_ns") - offset_of(offsets)).median())
+
+    offsets = ends.select("rank").unique().sort("rank").with_columns(offset=pl.lit(0.0))
     for _ in range(_ROUNDS):
-        t = (
-            ends.join(offsets, on="rank")
-            .group_by("instance")
-            .agg(t=(pl.col("end_ns") - pl.col("offset")).median())
+        t = call_times(offsets)
+        fitted = (
+            ends.group_by("rank").agg(offset=(pl.col("end_ns") - time_of(t)).median()).sort("rank")
         )
-        offsets = (
-            ends.join(t, on="instance")
-            .group_by("rank")
-            .agg(offset=(pl.col("end_ns") - pl.col("t")).median())
-        )
+        settled = fitted.equals(offsets)  # a fixed point: more rounds change nothing
+        offsets = fitted
+        if settled:
+            break
     reference = offsets.filter(pl.col("rank") == offsets["rank"].min())["offset"][0]
     offsets = offsets.with_columns(pl.col("offset") - reference)
-    t = (
-        ends.join(offsets, on="rank")
-        .group_by("instance")
-        .agg(t=(pl.col("end_ns") - pl.col("offset")).median())
-    )
-    fit = (
-        ends.join(t, on="instance")
-        .join(offsets, on="rank")
-        .group_by("rank")
-        .agg(
-            residual_ns=(pl.col("end_ns") - pl.col("offset") - pl.col("t")).abs().median(),
-            matched=pl.len().cast(pl.Int64),
-        )
+    t = call_times(offsets)
+    fit = ends.group_by("rank").agg(
+        residual_ns=(pl.col("end_ns") - offset_of(offsets) - time_of(t)).abs().median(),
+        matched=pl.len().cast(pl.Int64),
     )
     lowest = offsets["rank"].min()
     estimate = pl.col("offset").fill_null(0.0).round().cast(pl.Int64)

@@ -89,31 +89,43 @@ def match_keys(collectives: pl.DataFrame) -> pl.DataFrame:
         _sender=sender,
         _receiver=receiver,
     )
-    ordinal_p2p = pl.int_range(pl.len()).over("rank", "_pg", "_sender", "_receiver")
-    ordinal_seq = pl.int_range(pl.len()).over("rank", "_pg", "seq")
+    with_kind = with_kind.with_columns(
+        _p2p_ordinal=_ordinal(with_kind, "rank", "_pg", "_sender", "_receiver"),
+        _seq_ordinal=_ordinal(with_kind, "rank", "_pg", "seq"),
+    )
     key = (
         pl.when(pl.col("key_kind") == "p2p")
-        .then(
-            pl.format(
-                "{}>{}#{}", pl.col("_sender"), pl.col("_receiver"), ordinal_p2p.cast(pl.String)
-            )
-        )
+        .then(pl.format("{}>{}#{}", pl.col("_sender"), pl.col("_receiver"), pl.col("_p2p_ordinal")))
         .when(pl.col("key_kind") == "seq")
-        .then(pl.format("{}.{}", pl.col("seq"), ordinal_seq.cast(pl.String)))
+        .then(pl.format("{}.{}", pl.col("seq"), pl.col("_seq_ordinal")))
         .when(pl.col("key_kind") == "unpaired")
         .then(pl.format("r{}:{}#{}", pl.col("rank"), pl.col("collective"), pl.col("call_index")))
         .otherwise(pl.format("{}#{}", pl.col("collective"), pl.col("call_index")))
     )
-    keyed = with_kind.with_columns(key=key)
-    ids = (
-        keyed.select("_pg", "key_kind", "key")
-        .unique()
-        .sort("_pg", "key_kind", "key")
-        .with_row_index("instance")
-        .with_columns(pl.col("instance").cast(pl.Int64))
+    # Instances are numbered in (group, kind, key) order: a dense rank, not a join.
+    instance = pl.struct("_pg", "key_kind", "key").rank("dense").cast(pl.Int64) - 1
+    return (
+        with_kind.with_columns(key=key)
+        .with_columns(instance=instance)
+        .drop("_pg", "_sender", "_receiver", "_p2p_ordinal", "_seq_ordinal")
     )
-    return keyed.join(ids, on=["_pg", "key_kind", "key"], how="left").drop(
-        "_pg", "_sender", "_receiver"
+
+
+def _ordinal(rows: pl.DataFrame, *keys: str) -> pl.Series:
+    """Each row's position among the rows with the same `keys`, in frame order.
+
+    A sort and a scan of group boundaries: a window (`int_range().over(keys)`) builds one
+    list per group and takes seconds with 100,000s of small groups (one per call and rank).
+    """
+    index = pl.int_range(pl.len(), dtype=pl.Int64)
+    changed = pl.any_horizontal(pl.col(k).ne_missing(pl.col(k).shift(1)) for k in keys)
+    first = pl.when(changed | (index == 0)).then(index).forward_fill()
+    return (
+        rows.select(*keys, _row=index)
+        .sort(*keys, "_row")
+        .select("_row", _ordinal=index - first)
+        .sort("_row")
+        .get_column("_ordinal")
     )
 
 
@@ -157,7 +169,7 @@ def instances(keyed: pl.DataFrame) -> pl.DataFrame:
             busbw_gbps=busbw_gbps(pl.col("bytes"), pl.col("transfer_ns"), pl.col("collective"), n),
         )
         .select(INSTANCE_COLUMNS)
-        .sort("first_start_ns")
+        .sort("first_start_ns", "instance")
     )
 
 
