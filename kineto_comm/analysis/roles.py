@@ -108,8 +108,9 @@ def _calls(collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         .then(1.0 / pl.col("_nsteps"))
         .otherwise(0.0)
     )
+    used = ["rank", "step", "start_ns", "collective", "bytes", "group_size", "pg_desc", "pg_ranks"]
     return (
-        collectives.with_columns(group_key())
+        collectives.select(group_key(), *used)
         .join(windows, on=["rank", "step"], how="left")
         .join(per_rank, on="rank", how="left")
         .with_columns(

@@ -121,7 +121,7 @@ def message_size_summary(collectives: pl.DataFrame) -> pl.DataFrame:
         ]
 
     return (
-        collectives.with_columns(group_key())
+        collectives.select(group_key(), "collective", "bytes", "duration_ns")
         .group_by("process_group", "collective")
         .agg(
             pl.len().cast(pl.Int64).alias("calls"),

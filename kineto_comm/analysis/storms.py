@@ -62,7 +62,7 @@ def reference_busbw(collectives: pl.DataFrame, large_quantile: float = 0.9) -> p
     size = pl.col("bytes")
     bw = busbw_gbps(size, pl.col("duration_ns"), pl.col("collective"), pl.col("group_size"))
     return (
-        collectives.with_columns(group_key(), _bw=bw)
+        collectives.select(group_key(), "collective", "bytes", _bw=bw)
         .group_by("process_group", "collective")
         .agg(
             _large=pl.col("_bw").filter(size >= MEDIUM_BYTES).quantile(large_quantile),
@@ -86,18 +86,26 @@ def storms(
     """Runs of >= min_calls small back-to-back calls per rank, step and (group, collective)."""
     if collectives.height == 0:
         return pl.DataFrame(schema=STORM_SCHEMA)
+    # Rows sorted by key and start: the previous call of the same key is the previous row,
+    # unless the key changed there (shifts masked at key boundaries; windows over 100,000s of
+    # small keys are slow).
+    same_key = pl.all_horizontal(pl.col(k).eq_missing(pl.col(k).shift(1)) for k in _KEY)
+
+    def previous(x: pl.Expr) -> pl.Expr:
+        return pl.when(same_key).then(x.shift(1))
+
     dur = pl.col("duration_ns")
-    prev_dur = dur.shift(1).over(_KEY)
-    gap = pl.col("start_ns") - pl.col("end_ns").shift(1).over(_KEY)
-    limit = pl.max_horizontal(gap_factor * (dur + prev_dur) / 2.0, pl.lit(min_gap_ns))
+    gap = pl.col("start_ns") - previous(pl.col("end_ns"))
+    limit = pl.max_horizontal(gap_factor * (dur + previous(dur)) / 2.0, pl.lit(min_gap_ns))
     small = (pl.col("bytes") < small_bytes).fill_null(False)
-    prev_small = small.shift(1).over(_KEY)
+    prev_small = previous(small)
     # A new run starts at the first call of a key, after a large call, or after a long gap.
     starts = prev_small.is_null() | ~prev_small | (gap > limit).fill_null(True)
     calls = (
-        collectives.with_columns(group_key())
+        collectives.select(*_KEY, "start_ns", "end_ns", "duration_ns", "bytes", "group_size")
+        .with_columns(group_key())
         .sort([*_KEY, "start_ns"])
-        .with_columns(_small=small, _run=starts.cast(pl.Int64).cum_sum().over(_KEY))
+        .with_columns(_small=small, _run=starts.cast(pl.Int64).cum_sum())
         .filter(pl.col("_small"))
     )
     runs = (
