@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import polars as pl
 import pytest
 
 from kineto_comm import analyze
-from kineto_comm.analysis.overlap import breakdown, merge_intervals, subtract_intervals
+from kineto_comm.analysis.overlap import breakdown, breakdowns, merge_intervals, subtract_intervals
 from kineto_comm.model.names import kernel_fields, normalize_collective
 
 from .conftest import SAMPLES, cpu, kernel, launch, shared, write_trace
@@ -237,3 +240,47 @@ def test_gloo_capture_uses_the_host_timeline():
     # Blocking p2p on the main thread cannot overlap that thread's compute.
     assert (report.totals["overlap_ns"] == 0).all()
     assert (report.totals["compute_ns"] > 0).all()
+
+
+def test_breakdowns_equal_a_nanosecond_by_nanosecond_count():
+    """Random timelines (several ranks, overlapping and zero-length kernels, kinds outside
+    the four, two sets of windows): every metric equals counting each nanosecond."""
+    rng = random.Random(7)
+    metrics = {
+        "compute_ns": lambda k: "compute" in k,
+        "comm_ns": lambda k: "communication" in k,
+        "overlap_ns": lambda k: {"compute", "communication"} <= k,
+        "exposed_comm_ns": lambda k: "communication" in k and "compute" not in k,
+        "memcpy_ns": lambda k: "memcpy" in k,
+        "memset_ns": lambda k: "memset" in k,
+        "busy_ns": lambda k: bool(k & {"compute", "communication", "memcpy", "memset"}),
+    }
+    for _ in range(40):
+        rows = []
+        for rank in range(rng.randint(1, 3)):
+            for _ in range(rng.randint(0, 25)):
+                start = rng.randint(0, 300)
+                kind = rng.choice(["compute", "communication", "memcpy", "memset", "other"])
+                rows.append((rank, kind, start, start + rng.choice([0, 1, 7, 40, 120])))
+        kernels = pl.DataFrame(
+            rows, schema=["rank", "kind", "start_ns", "end_ns"], orient="row"
+        ).cast({"rank": pl.Int64})
+        window_sets = []
+        for _ in range(2):
+            wins = []
+            for rank in range(3):
+                edges = sorted(rng.sample(range(400), rng.randint(2, 5)))
+                wins += [(rank, i, a, b) for i, (a, b) in enumerate(itertools.pairwise(edges))]
+            window_sets.append(
+                pl.DataFrame(wins, schema=["rank", "window", "start_ns", "end_ns"], orient="row")
+            )
+        for wins, got in zip(window_sets, breakdowns(kernels, window_sets), strict=True):
+            assert got.height == wins.height
+            for row in got.iter_rows(named=True):
+                expected = dict.fromkeys(metrics, 0)
+                for t in range(row["start_ns"], row["end_ns"]):
+                    running = {k for r, k, a, b in rows if r == row["rank"] and a <= t < b}
+                    for name, holds in metrics.items():
+                        expected[name] += holds(running)
+                assert {name: row[name] for name in metrics} == expected, row
+                assert row["idle_ns"] == row["wall_ns"] - expected["busy_ns"]

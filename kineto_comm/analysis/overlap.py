@@ -1,10 +1,12 @@
 """Where each rank's device time went: compute, communication, their overlap, and idle time.
 
-One sweep per rank does it all. The intervals of each kind (compute, communication, memcpy,
-memset) are first merged into disjoint unions; each union then adds its bit to a state on
-entry and removes it on exit, window boundaries are added as no-op events, and a cumulative
-sum gives the exact state of every segment between two consecutive events. A segment's
-length then goes to every metric its state satisfies:
+One sweep per rank does it all. Every kernel adds one to its kind's count (compute,
+communication, memcpy, memset) where it starts and removes it where it ends; window
+boundaries are added as no-op events. Cumulative sums over the time-sorted events give, for
+every segment between two consecutive event times, how many kernels of each kind run in it,
+and a kind's bit is in the segment's state when its count is positive (so overlapping
+kernels of one kind count once, as in the union of their intervals). A segment's length then
+goes to every metric its state satisfies:
 
     compute_ns        state has the compute bit
     comm_ns           state has the communication bit
@@ -20,9 +22,17 @@ overlap_ns / comm_ns equals its ratio when run over the same kernels.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import polars as pl
 
+from kineto_comm.lazy import collect_all
+
+# merge_intervals and subtract_intervals work on eager and lazy frames alike.
+Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)
+
 BITS = {"compute": 1, "communication": 2, "memcpy": 4, "memset": 8}
+EDGES = ("start_ns", "end_ns")
 METRICS = (
     "wall_ns",
     "busy_ns",
@@ -36,7 +46,7 @@ METRICS = (
 )
 
 
-def merge_intervals(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+def merge_intervals(intervals: Frame, by: list[str]) -> Frame:
     """Union of [start_ns, end_ns) intervals within each `by` group, as disjoint intervals."""
     ordered = intervals.select(*by, "start_ns", "end_ns").sort([*by, "start_ns"])
     reach = pl.col("end_ns").cum_max().shift(1).over(by)
@@ -50,7 +60,7 @@ def merge_intervals(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     )
 
 
-def subtract_intervals(keep: pl.DataFrame, remove: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+def subtract_intervals(keep: Frame, remove: Frame, by: list[str]) -> Frame:
     """The parts of `keep`'s union not covered by `remove`'s union, per `by` group."""
     a = merge_intervals(keep, by)
     b = merge_intervals(remove, by)
@@ -86,42 +96,60 @@ def breakdown(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
 
 def breakdowns(kernels: pl.DataFrame, window_sets: list[pl.DataFrame]) -> list[pl.DataFrame]:
     """breakdown() for several sets of windows (e.g. the steps and the whole trace), sharing
-    the interval merge and the sweep: windows of different sets may overlap."""
+    the sweep: windows of different sets may overlap."""
     wins = [
-        w.select(pl.col("rank").cast(pl.Int64), "window", "start_ns", "end_ns").filter(
-            pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null()
-        )
+        w.lazy()
+        .select(pl.col("rank").cast(pl.Int64), "window", "start_ns", "end_ns")
+        .filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
         for w in window_sets
     ]
-    merged = merge_intervals(kernels.select("rank", "kind", "start_ns", "end_ns"), ["rank", "kind"])
-    bit = pl.col("kind").replace_strict(BITS, default=0, return_dtype=pl.Int64)
-    zero = pl.lit(0, dtype=pl.Int64)
+    counts = [f"_n_{kind}" for kind in BITS]
+    spans = (
+        kernels.lazy()
+        .filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+        .select(
+            pl.col("rank").cast(pl.Int64),
+            "start_ns",
+            "end_ns",
+            *[
+                (pl.col("kind") == kind).cast(pl.Int64).alias(n)
+                for kind, n in zip(BITS, counts, strict=True)
+            ],
+        )
+    )
+    zero = [pl.lit(0, dtype=pl.Int64).alias(n) for n in counts]
     events = pl.concat(
         [
-            merged.select("rank", t="start_ns", delta=bit),
-            merged.select("rank", t="end_ns", delta=-bit),
-            *[
-                w.select("rank", t=edge, delta=zero)
-                for w in wins
-                for edge in ("start_ns", "end_ns")
-            ],
+            spans.select("rank", pl.col("start_ns").alias("t"), *counts),
+            spans.select("rank", pl.col("end_ns").alias("t"), *[-pl.col(n) for n in counts]),
+            *[w.select("rank", pl.col(edge).alias("t"), *zero) for w in wins for edge in EDGES],
         ],
         how="vertical",
     )
+    # Sorted by (rank, t) as two single-key sorts, the second stable (cheaper than one
+    # two-key sort). Each rank's changes sum to zero, so sums over the whole table are the
+    # per-rank sums. Of several events at one time only the last keeps a positive length,
+    # and its sums include them all.
+    state = pl.sum_horizontal(
+        (pl.col(n).cum_sum() > 0).cast(pl.Int64) * bit
+        for n, bit in zip(counts, BITS.values(), strict=True)
+    )
+    same_rank = pl.col("rank").shift(-1) == pl.col("rank")
     segments = (
-        events.group_by("rank", "t")
-        .agg(pl.col("delta").sum())
-        .sort("rank", "t")
-        .with_columns(
-            state=pl.col("delta").cum_sum().over("rank"),
-            dur=(pl.col("t").shift(-1).over("rank") - pl.col("t")).fill_null(0),
+        events.sort("t")
+        .sort("rank", maintain_order=True)
+        .select(
+            "rank",
+            "t",
+            state=state,
+            dur=pl.when(same_rank).then(pl.col("t").shift(-1) - pl.col("t")).otherwise(0),
         )
         .filter(pl.col("dur") > 0)
     )
-    return [_per_window(segments, w) for w in wins]
+    return collect_all([_per_window(segments, w) for w in wins])
 
 
-def _per_window(segments: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
+def _per_window(segments: pl.LazyFrame, win: pl.LazyFrame) -> pl.LazyFrame:
     """Sum the sweep's segments into the (non-overlapping) windows that hold them."""
     placed = segments.join_asof(
         win.sort("start_ns").rename({"start_ns": "w_start", "end_ns": "w_end"}),

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kineto_comm.lazy import collect
 from kineto_comm.load.decode import RawTrace
 from kineto_comm.model.names import (
     dtype_bytes,
@@ -70,8 +71,8 @@ _RPC_MORE = ("pg_ranks", "seq", "src_rank", "dst_rank")
 
 
 def _enclosing(
-    rows: pl.DataFrame, ops: pl.DataFrame, columns: list[str], prefix: str
-) -> pl.DataFrame:
+    rows: pl.LazyFrame, ops: pl.LazyFrame, columns: list[str], prefix: str
+) -> pl.LazyFrame:
     """Add `prefix`+column of the innermost op (on the launching thread) around each launch."""
     cand = ops.select(
         pl.col("tid").alias("launch_tid"),
@@ -108,17 +109,17 @@ def build_collectives(
     comm = kernels.filter(pl.col("kind") == "communication")
     if comm.height == 0:
         return pl.DataFrame(schema=_empty_schema())
-    ops = raw.ops
+    ops = raw.ops.lazy()
     rpc = ops.filter(pl.col("name") == "record_param_comms")
     ann = ops.filter(pl.col("name").str.contains(r"^(nccl|gloo|ucc|mpi|xccl):"))
-    comm = _enclosing(comm, rpc, [*_RPC, *_RPC_MORE], "rpc_")
-    comm = _enclosing(comm, ann, ["name", "input_dims", "input_type"], "ann_")
+    found = _enclosing(comm.lazy(), rpc, [*_RPC, *_RPC_MORE], "rpc_")
+    found = _enclosing(found, ann, ["name", "input_dims", "input_type"], "ann_")
     host = pl.col("device") == -1
     ann_name = pl.when(host).then(pl.col("name")).otherwise(pl.col("ann_name"))
     ann_dims = pl.coalesce("arg_input_dims", "ann_input_dims")
     ann_type = pl.coalesce("arg_input_type", "ann_input_type")
     parsed = kernel_fields(pl.col("name"))
-    out = comm.with_columns(**parsed).with_columns(
+    out = found.with_columns(**parsed).with_columns(
         collective=_first_known(
             normalize_collective(pl.col("arg_collective")),
             normalize_collective(pl.col("rpc_collective")),
@@ -150,7 +151,7 @@ def build_collectives(
     )
     if process_groups is not None and process_groups.height:
         out = out.join(
-            process_groups.select(
+            process_groups.lazy().select(
                 pl.col("pg_name").alias("process_group"),
                 pl.col("ranks_text").alias("_pg_ranks"),
                 pl.col("pg_size").alias("_pg_size"),
@@ -185,7 +186,7 @@ def build_collectives(
             pl.col("process_group").fill_null("?"), "collective"
         )
     )
-    return out.select(COLLECTIVE_COLUMNS)
+    return collect(out.select(COLLECTIVE_COLUMNS))
 
 
 def _empty_schema() -> dict[str, pl.DataType]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.overlap import subtract_intervals
+from kineto_comm.lazy import collect
 from kineto_comm.load.decode import RawTrace, parse_int
 from kineto_comm.model.names import comm_kernel_expr
 
@@ -60,8 +61,9 @@ def _launches(runtime: pl.DataFrame, correlation: pl.Series) -> list[pl.Series]:
     Found by binary search in the runtime calls sorted by correlation: no hash join, and
     the (wide) kernel table is not copied.
     """
-    calls = (
-        runtime.select("correlation", launch_ns="start_ns", launch_tid="tid")
+    calls = collect(
+        runtime.lazy()
+        .select("correlation", launch_ns="start_ns", launch_tid="tid")
         .drop_nulls("correlation")
         .sort("correlation", maintain_order=True)
     )
@@ -74,10 +76,9 @@ def _launches(runtime: pl.DataFrame, correlation: pl.Series) -> list[pl.Series]:
     at = calls["correlation"].search_sorted(correlation, side="left")
     where = at.clip(upper_bound=calls.height - 1)
     found = (calls["correlation"].gather(where) == correlation).fill_null(False)
-    return [
-        pl.select(pl.when(found).then(calls[c].gather(where))).to_series().alias(c)
-        for c in ("launch_ns", "launch_tid")
-    ]
+    return pl.select(
+        pl.when(found).then(calls[c].gather(where)).alias(c) for c in ("launch_ns", "launch_tid")
+    ).get_columns()
 
 
 def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ()) -> pl.DataFrame:
@@ -98,7 +99,7 @@ def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ())
         .then(pl.lit("communication"))
         .otherwise(pl.lit("compute"))
     )
-    return gpu.select(
+    query = gpu.lazy().select(
         pl.lit(rank, dtype=pl.Int64).alias("rank"),
         pl.coalesce(pl.col("device"), parse_int(pl.col("pid"))).alias("device"),
         pl.coalesce(pl.col("stream"), parse_int(pl.col("tid"))).alias("stream"),
@@ -113,7 +114,8 @@ def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ())
         *[pl.col(c).alias(f"arg_{c}") for c in ARG_COLUMNS],
         pl.lit(None, dtype=pl.String).alias("arg_input_dims"),
         pl.lit(None, dtype=pl.String).alias("arg_input_type"),
-    ).sort("start_ns")
+    )
+    return collect(query.sort("start_ns"))
 
 
 def host_timeline(raw: RawTrace, rank: int) -> pl.DataFrame:
@@ -129,27 +131,35 @@ def host_timeline(raw: RawTrace, rank: int) -> pl.DataFrame:
         )
     # Compute is the CPU work of the training threads: not the backend's own worker threads
     # (e.g. `pt_gloo_runloop`), and not the c10d wrappers that wait on communication.
-    workers = raw.threads.filter(
-        (pl.col("kind") == "thread_name") & pl.col("label").str.contains("(?i)gloo|ucc|mpi")
-    ).select("pid", "tid")
-    ops = raw.host.join(workers, on=["pid", "tid"], how="anti").filter(
-        ~pl.col("name").str.starts_with("c10d::") & (pl.col("name") != "record_param_comms")
+    workers = (
+        raw.threads.lazy()
+        .filter(
+            (pl.col("kind") == "thread_name") & pl.col("label").str.contains("(?i)gloo|ucc|mpi")
+        )
+        .select("pid", "tid")
+    )
+    ops = (
+        raw.host.lazy()
+        .join(workers, on=["pid", "tid"], how="anti")
+        .filter(
+            ~pl.col("name").str.starts_with("c10d::") & (pl.col("name") != "record_param_comms")
+        )
     )
     # A thread blocked in a communication span is not computing, whatever op encloses it.
-    compute = subtract_intervals(ops, comm, ["pid", "tid"])
+    compute = subtract_intervals(ops, comm.lazy(), ["pid", "tid"])
     args = [*ARG_COLUMNS, "input_dims", "input_type"]
     rows = pl.concat(
         [
-            comm.select("tid", "name", "start_ns", "end_ns", *args).with_columns(
-                kind=pl.lit("communication")
-            ),
+            comm.lazy()
+            .select("tid", "name", "start_ns", "end_ns", *args)
+            .with_columns(kind=pl.lit("communication")),
             compute.select("tid", "start_ns", "end_ns").with_columns(
                 name=pl.lit("cpu_op"), kind=pl.lit("compute")
             ),
         ],
         how="diagonal",
     )
-    return rows.select(
+    query = rows.select(
         pl.lit(rank, dtype=pl.Int64).alias("rank"),
         pl.lit(-1, dtype=pl.Int64).alias("device"),
         parse_int(pl.col("tid")).alias("stream"),
@@ -162,4 +172,5 @@ def host_timeline(raw: RawTrace, rank: int) -> pl.DataFrame:
         pl.lit(None, dtype=pl.Int64).alias("launch_ns"),
         pl.col("tid").alias("launch_tid"),
         *[pl.col(c).alias(f"arg_{c}") for c in args],
-    ).sort("start_ns")
+    )
+    return collect(query.sort("start_ns"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kineto_comm.lazy import collect
 from kineto_comm.load.decode import RawTrace
 
 NO_STEP = -1
@@ -31,8 +32,8 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
 
 def cpu_steps(raw: RawTrace, rank: int) -> pl.DataFrame:
     """The ProfilerStep#N annotations of one rank: rank, step, cpu_start_ns, cpu_end_ns."""
-    marks = raw.ops.filter(pl.col("name").str.starts_with("ProfilerStep#"))
-    return (
+    marks = raw.ops.lazy().filter(pl.col("name").str.starts_with("ProfilerStep#"))
+    return collect(
         marks.select(
             step=pl.col("name").str.extract(r"^ProfilerStep#(\d+)", 1).cast(pl.Int64),
             cpu_start_ns=pl.col("start_ns"),
@@ -88,14 +89,17 @@ def device_windows(kernels: pl.DataFrame, steps: pl.DataFrame, rank: int) -> pl.
             schema=STEP_SCHEMA,
         )
     spans = (
-        kernels.filter(pl.col("step") != NO_STEP)
+        kernels.lazy()
+        .filter(pl.col("step") != NO_STEP)
         .group_by("step")
         .agg(first=pl.col("start_ns").min(), last=pl.col("end_ns").max())
     )
-    table = steps.join(spans, on="step", how="left").sort("cpu_start_ns")
+    table = steps.lazy().join(spans, on="step", how="left").sort("cpu_start_ns")
     start = pl.coalesce("first", "cpu_start_ns")
     next_start = start.shift(-1)
     end = pl.coalesce(next_start, pl.col("last"), pl.col("cpu_end_ns"))
-    return table.with_columns(start_ns=start, end_ns=pl.max_horizontal(end, start)).select(
-        list(STEP_SCHEMA)
+    return collect(
+        table.with_columns(start_ns=start, end_ns=pl.max_horizontal(end, start)).select(
+            list(STEP_SCHEMA)
+        )
     )
