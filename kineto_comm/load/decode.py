@@ -308,15 +308,24 @@ class RawTrace:
 # ---------------------------------------------------------------------------- bytes
 
 
-def _read_blocks(path: Path) -> Iterator[bytes]:
-    """Yield the file's (decompressed) bytes in blocks; a truncated gzip stream just ends."""
+def _read_blocks(path: Path, block_bytes: int = _READ_BYTES) -> Iterator[bytes | bytearray]:
+    """Yield the file's (decompressed) bytes in blocks; a truncated gzip stream just ends.
+    Plain files come in bytearrays of up to `block_bytes`, read straight into place (the
+    reader adopts the first one as its buffer: no copy)."""
     with open(path, "rb") as fh:
         head = fh.read(2)
         fh.seek(0)
         if head != b"\x1f\x8b":
-            while block := fh.read(_READ_BYTES):
+            size = max(1, min(block_bytes, os.fstat(fh.fileno()).st_size + 1))
+            while True:
+                block = bytearray(size)
+                got = fh.readinto(block)
+                if got < size:  # the end of the file
+                    del block[got:]
+                    if got:
+                        yield block
+                    return
                 yield block
-            return
         inflater = _zlib.decompressobj(31)
         data = b""
         while True:
@@ -394,9 +403,12 @@ class _Reader:
         self.notes = _Annotations()
         self.cut = False  # whether a piece has been decoded off the front
 
-    def feed(self, block: bytes) -> Iterator[list[Event]]:
+    def feed(self, block: bytes | bytearray) -> Iterator[list[Event]]:
         self._compact()
-        self.buf += block
+        if not self.buf and isinstance(block, bytearray):
+            self.buf = block  # the reader's own block: adopt it rather than copy it
+        else:
+            self.buf += block
         self.nbytes += len(block)
         if self.pos < 0 and not self._find_start():
             return
@@ -784,6 +796,8 @@ _CAT_OF = pl.Series("cat", [None] * 64, dtype=_STR).scatter(list(_CODE.values())
 # CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
 _OP_NAME = _COMM_OP | pl.col("name").str.starts_with("ProfilerStep#").fill_null(False)
 _IS_OP = (pl.col("cat") == "user_annotation") | _OP_NAME
+# Tests of an event's name alone, evaluated per distinct name of a scanned piece (Scanned).
+_NAME_TESTS = {"_comm_kernel": _COMM_KERNEL, "_op_name": _OP_NAME, "_comm_op": _COMM_OP}
 
 
 # The roles tabulated alike (code // 16, table, schema, which rows carry collective details);
@@ -922,10 +936,9 @@ class Scanned:
     names: pl.Series  # the distinct names; the table's name_id indexes them
 
     def by_name(self, rows: pl.DataFrame, test: pl.Expr) -> pl.Series:
-        """`test` (an expression of `name` alone) for these rows, evaluated once per
-        distinct name (a few hundred per piece, not one per row)."""
-        per_name = pl.DataFrame([self.names]).select(test.fill_null(False)).to_series()
-        return per_name.gather(rows["name_id"]).fill_null(False)
+        """`test` (one of _NAME_TESTS) for these rows: a column of the table, evaluated once
+        per distinct name (a few hundred per piece, not one per row) when it was scanned."""
+        return rows.get_column(next(c for c, t in _NAME_TESTS.items() if t is test))
 
     def decode(self, rows: pl.DataFrame) -> list[Any]:
         """The events of these rows (of `table`), decoded with msgspec from their spans."""
@@ -954,10 +967,16 @@ def _scan_piece(data: bytes | bytearray, start: int, stop: int) -> tuple[Scanned
         return None  # msgspec reports it
     table = pl.DataFrame([pl.Series(_Arrow(schema, array)) for _, schema, array in columns])
     uniques = pl.Series("name", names, dtype=_STR)
+    tests = pl.DataFrame([uniques]).select(
+        t.fill_null(False).alias(c) for c, t in _NAME_TESTS.items()
+    )
+    name_id = pl.col("name")
     table = table.with_columns(
-        name_id=table["name"],
-        name=uniques.gather(table["name"]),
-        ph=_PH_OF.gather(table["ph"]),
+        *[pl.lit(tests[c]).gather(name_id).fill_null(False).alias(c) for c in _NAME_TESTS],
+        name_id=name_id,
+        name=pl.lit(uniques).gather(name_id),
+        ph=pl.lit(_PH_OF).gather(pl.col("ph")),
+        role=pl.col("code") // 16,
     )
     return Scanned(table, data, uniques), end
 
@@ -966,18 +985,23 @@ def _scanned_columns(
     piece_: Scanned, notes: _Annotations | None, host: bool, piece: int
 ) -> dict[str, pl.DataFrame]:
     """_columns for a piece read by the scanner: the same tables, from its columns."""
-    table = piece_.table
-    role = pl.col("code") // 16
+    # One pass splits the rows by role (rows keep their order within a role).
+    parts = piece_.table.partition_by("role", as_dict=True, maintain_order=True)
+    none = piece_.table.clear()
+
+    def of_role(role: int) -> pl.DataFrame:
+        return parts.get((role,), none)
+
     out: dict[str, pl.DataFrame] = {}
     for code, key, schema, detail in _DEVICE_ROLES:
-        rows = table.filter(role == code)
+        rows = of_role(code)
         if rows.height:
             out[key], details = _scanned_frame(piece_, rows, schema, detail, piece)
             if details is not None:
                 out[f"{key}_details"] = details
         else:
             out[key] = pl.DataFrame(schema=schema)
-    cpu = table.filter(role == 2)
+    cpu = of_role(2)
     is_op = (cpu["code"] == _CODE["user_annotation"]) | piece_.by_name(cpu, _OP_NAME)
     if not host:
         cpu, is_op = cpu.filter(is_op), None
@@ -989,7 +1013,7 @@ def _scanned_columns(
     out["ops"] = frame if is_op is None else frame.filter(is_op)
     out["host"] = frame.clear() if is_op is None else frame.filter(~is_op)
     out["host"] = out["host"].select(list(HOST_SCHEMA))
-    out["threads"] = _threads(piece_.decode(table.filter(role == 3)))
+    out["threads"] = _threads(piece_.decode(of_role(3)))
     return out
 
 
@@ -1050,7 +1074,7 @@ def _decode_file(path: Path, host: bool | None, piece_bytes: int | None) -> RawT
         parts.append(_columns(events, reader.notes, host, len(parts)))
 
     try:
-        for block in _read_blocks(path):
+        for block in _read_blocks(path, max(_READ_BYTES, reader.piece_bytes)):
             for events in reader.feed(block):
                 tabulate(events)
                 del events
