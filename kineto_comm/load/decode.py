@@ -308,24 +308,23 @@ class RawTrace:
 # ---------------------------------------------------------------------------- bytes
 
 
-def _read_blocks(path: Path, block_bytes: int = _READ_BYTES) -> Iterator[bytes | bytearray]:
+def _read_blocks(path: Path, whole_below: int = _READ_BYTES) -> Iterator[bytes | bytearray]:
     """Yield the file's (decompressed) bytes in blocks; a truncated gzip stream just ends.
-    Plain files come in bytearrays of up to `block_bytes`, read straight into place (the
-    reader adopts the first one as its buffer: no copy)."""
+    A plain file of at most `whole_below` bytes comes whole, in a bytearray read straight
+    into place (the reader adopts it as its buffer: no copy); bigger ones in blocks."""
     with open(path, "rb") as fh:
         head = fh.read(2)
         fh.seek(0)
         if head != b"\x1f\x8b":
-            size = max(1, min(block_bytes, os.fstat(fh.fileno()).st_size + 1))
-            while True:
-                block = bytearray(size)
-                got = fh.readinto(block)
-                if got < size:  # the end of the file
-                    del block[got:]
-                    if got:
-                        yield block
-                    return
+            size = os.fstat(fh.fileno()).st_size
+            if 0 < size <= whole_below:
+                whole = bytearray(size)
+                got = fh.readinto(whole)
+                del whole[got:]
+                yield whole
+            while block := fh.read(_READ_BYTES):  # the rest (all of a bigger file)
                 yield block
+            return
         inflater = _zlib.decompressobj(31)
         data = b""
         while True:
@@ -1074,7 +1073,7 @@ def _decode_file(path: Path, host: bool | None, piece_bytes: int | None) -> RawT
         parts.append(_columns(events, reader.notes, host, len(parts)))
 
     try:
-        for block in _read_blocks(path, max(_READ_BYTES, reader.piece_bytes)):
+        for block in _read_blocks(path, reader.piece_bytes):
             for events in reader.feed(block):
                 tabulate(events)
                 del events
