@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,6 +197,14 @@ class Tables(Mapping[str, pl.DataFrame]):
                 value = None
         return _normal(value)
 
+    def once(self, key: Hashable, compute: Callable[[], pl.DataFrame]) -> pl.DataFrame:
+        """`compute()`, run the first time `key` is asked for in this rules run and remembered
+        after: how rules share a table that is costly to build (e.g. one that reads every
+        rank's kernels). Keys should name their owner (("mypackage", "what", ...))."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
     def rank_batches(self, name: str, columns: Sequence[str] = ()) -> Iterator[pl.DataFrame]:
         """The table in DataFrames of whole ranks (every row of a rank in the same one),
         with only `columns` (those the table has) when given.
@@ -367,10 +375,9 @@ def collective_exposure(tables: Tables, transfer_only: bool = True) -> pl.DataFr
     """collective_waits() plus `exposed_ns`: the part of each call with no compute kernel
     running on its rank. With `transfer_only`, only the call's last `transfer_ns` count (the
     time it moved data, not the time it sat waiting for late ranks)."""
-    key = ("collective_exposure", transfer_only)
-    if key not in tables._memo:
-        tables._memo[key] = _exposure(tables, transfer_only)
-    return tables._memo[key]
+    return tables.once(
+        ("collective_exposure", transfer_only), lambda: _exposure(tables, transfer_only)
+    )
 
 
 def _exposure(tables: Tables, transfer_only: bool) -> pl.DataFrame:

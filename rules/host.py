@@ -28,8 +28,13 @@ OPTIONS = (
 
 
 def _timeline(tables: Tables) -> pl.DataFrame:
-    """Communication kernels per rank in start order, with what ran before and after each
-    (read a few ranks at a time: the kernels of a big job never all at once)."""
+    """Communication kernels per rank in start order, with what ran before and after each;
+    built once per rules run for both rules of this module."""
+    return tables.once(("builtin", "host", "timeline"), lambda: _build_timeline(tables))
+
+
+def _build_timeline(tables: Tables) -> pl.DataFrame:
+    """_timeline, read a few ranks at a time (the kernels of a big job never all at once)."""
     found = []
     need = ("rank", "step", "kind", "name", "start_ns", "end_ns", "launch_ns")
     for k in tables.rank_batches("kernels", need):

@@ -390,3 +390,32 @@ def test_inline_sql_rule_and_options_by_name_in_config(tmp_path: Path) -> None:
     ]
     resolved = rules_engine.resolve_options(registry(config=cfg), cfg.options)
     assert resolved["NET102"]["ranks_per_host"] == 4
+
+
+def test_a_rules_run_reads_every_rank_s_kernels_once_per_shared_table(monkeypatch):
+    """The kernels are read a rank batch at a time and are the costly input: the exposure
+    (COMM101/102) and the host timeline (SYNC102/103) are each built once per run, however
+    many rules use them, and a new run builds them again."""
+    from kineto_comm import analyze
+
+    from .conftest import SAMPLES
+
+    report = analyze(SAMPLES / "ddp-4", jobs=1)
+    reads: list[str] = []
+    original = Tables.rank_batches
+
+    def counting(self, name, columns=()):
+        reads.append(name)
+        return original(self, name, columns)
+
+    monkeypatch.setattr(Tables, "rank_batches", counting)
+    run_rules(report, select=["COMM101", "COMM102", "SYNC102", "SYNC103"])
+    assert reads == ["kernels", "kernels"]
+    run_rules(report, select=["SYNC102", "SYNC103"])
+    assert reads == ["kernels"] * 3
+
+    tables = Tables({})
+    built = []
+    first = tables.once(("test", "x"), lambda: built.append(1) or pl.DataFrame({"a": [1]}))
+    again = tables.once(("test", "x"), lambda: built.append(2) or pl.DataFrame())
+    assert again is first and built == [1]
