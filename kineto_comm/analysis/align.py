@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from kineto_comm.lazy import collect
+
 OFFSET_COLUMNS = ("rank", "offset_ns", "estimate_ns", "residual_ns", "matched", "method")
 _ROUNDS = 12
 # An estimate is applied only when it clearly exceeds its own misfit: ranks on one host
@@ -32,10 +34,12 @@ def estimate_offsets(keyed: pl.DataFrame, ranks: list[int]) -> pl.DataFrame:
     # do not: a send ends when the data is handed off, a ring all-reduce ends on each rank
     # at its own last hop (tens of us apart, consistently), which would pass for an offset.
     usable = pl.col("instance").is_not_null() & (pl.col("device") != -1)
-    ends = keyed.filter(usable).group_by("instance", "rank").agg(pl.col("end_ns").max())
-    shared = ends.group_by("instance").agg(pl.len().alias("n")).filter(pl.col("n") > 1)
-    ends = ends.join(shared.select("instance"), on="instance", how="semi").with_columns(
-        pl.col("end_ns").cast(pl.Float64)
+    calls = keyed.lazy().filter(usable).group_by("instance", "rank").agg(pl.col("end_ns").max())
+    shared = calls.group_by("instance").agg(pl.len().alias("n")).filter(pl.col("n") > 1)
+    ends = collect(
+        calls.join(shared.select("instance"), on="instance", how="semi").with_columns(
+            pl.col("end_ns").cast(pl.Float64)
+        )
     )
     base = pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int64})
     if ends.height == 0 or not ranks:

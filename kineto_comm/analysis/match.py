@@ -20,6 +20,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.bandwidth import algbw_gbps, busbw_gbps
+from kineto_comm.lazy import collect
 
 P2P = ("send", "recv", "send_recv")
 INSTANCE_COLUMNS = (
@@ -135,7 +136,8 @@ def instances(keyed: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=_instance_schema())
     p2p = pl.col("key_kind") == "p2p"
     table = (
-        keyed.sort("start_ns")
+        keyed.lazy()
+        .sort("start_ns")
         .group_by("instance")
         .agg(
             process_group=pl.col("process_group").first(),
@@ -162,7 +164,7 @@ def instances(keyed: pl.DataFrame) -> pl.DataFrame:
         .then(2)
         .otherwise(pl.coalesce("group_size", "ranks_seen"))
     )
-    return (
+    return collect(
         table.with_columns(
             arrival_skew_ns=pl.col("last_start_ns") - pl.col("first_start_ns"),
             algbw_gbps=algbw_gbps(pl.col("bytes"), pl.col("transfer_ns")),
@@ -179,9 +181,10 @@ def waits(keyed: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(
             schema={c: pl.Int64 for c in WAIT_COLUMNS} | {"arrived_last": pl.Boolean}
         )
-    last = table.select("instance", "last_start_ns", "last_rank", "ranks_seen")
-    return (
-        keyed.join(last, on="instance", how="left")
+    last = table.lazy().select("instance", "last_start_ns", "last_rank", "ranks_seen")
+    return collect(
+        keyed.lazy()
+        .join(last, on="instance", how="left")
         .with_columns(
             wait_ns=pl.col("last_start_ns") - pl.col("start_ns"),
             arrived_last=(pl.col("rank") == pl.col("last_rank")) & (pl.col("ranks_seen") > 1),

@@ -49,6 +49,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP, group_key, is_p2p
+from kineto_comm.lazy import collect
 
 ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "fsdp", "unknown")
 PROCESS_GROUP_SCHEMA: dict[str, pl.DataType] = {
@@ -92,10 +93,12 @@ def _human_bytes(x: pl.Expr) -> pl.Expr:
     )
 
 
-def _calls(collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def _calls(collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.LazyFrame:
     """Calls with their position in the step window and their per-step weight."""
-    windows = steps.filter(pl.col("step") >= 0).select(
-        "rank", "step", _s0=pl.col("start_ns"), _s1=pl.col("end_ns")
+    windows = (
+        steps.lazy()
+        .filter(pl.col("step") >= 0)
+        .select("rank", "step", _s0=pl.col("start_ns"), _s1=pl.col("end_ns"))
     )
     per_rank = windows.group_by("rank").agg(_nsteps=pl.col("step").n_unique())
     span = pl.col("_s1") - pl.col("_s0")
@@ -110,7 +113,8 @@ def _calls(collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     )
     used = ["rank", "step", "start_ns", "collective", "bytes", "group_size", "pg_desc", "pg_ranks"]
     return (
-        collectives.select(group_key(), *used)
+        collectives.lazy()
+        .select(group_key(), *used)
         .join(windows, on=["rank", "step"], how="left")
         .join(per_rank, on="rank", how="left")
         .with_columns(
@@ -122,7 +126,7 @@ def _calls(collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _features(calls: pl.DataFrame, world: int) -> pl.DataFrame:
+def _features(calls: pl.LazyFrame, world: int) -> pl.LazyFrame:
     """One row per group with the numbers the decision and the evidence use."""
     coll, pos, size = pl.col("collective"), pl.col("_pos"), pl.col("bytes")
     placed = pos.is_not_null()
@@ -210,7 +214,7 @@ def _features(calls: pl.DataFrame, world: int) -> pl.DataFrame:
     )
 
 
-def _decide(feats: pl.DataFrame) -> pl.DataFrame:
+def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
     """Apply the rules of the module docstring; adds role and evidence."""
     c = pl.col
     ag_vs_rs = c("_ag_bytes") / c("_rs_bytes")
@@ -349,7 +353,7 @@ def process_groups(
     if ranks.height and "world_size" in ranks.columns:
         world = max(world, int(ranks["world_size"].max() or 0))
     feats = _features(_calls(collectives, steps), world)
-    return (
+    return collect(
         _decide(feats)
         .sort(pl.col("process_group").str.len_chars(), "process_group")
         .select(list(PROCESS_GROUP_SCHEMA))

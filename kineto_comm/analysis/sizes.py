@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kineto_comm.lazy import collect
 from kineto_comm.model.names import POINT_TO_POINT
 
 SMALL_BYTES = 64 * 1024  # below this a call is latency-bound on any interconnect
@@ -75,8 +76,9 @@ def message_sizes(collectives: pl.DataFrame) -> pl.DataFrame:
     if collectives.height == 0:
         return pl.DataFrame(schema=MESSAGE_SIZES_SCHEMA)
     bucket = log2_bucket(pl.col("bytes"))
-    return (
-        collectives.select(
+    return collect(
+        collectives.lazy()
+        .select(
             group_key(),
             "collective",
             pl.col("bytes").cast(pl.Int64),
@@ -120,8 +122,9 @@ def message_size_summary(collectives: pl.DataFrame) -> pl.DataFrame:
             .alias(f"time_lt_{tag}_share"),
         ]
 
-    return (
-        collectives.select(group_key(), "collective", "bytes", "duration_ns")
+    return collect(
+        collectives.lazy()
+        .select(group_key(), "collective", "bytes", "duration_ns")
         .group_by("process_group", "collective")
         .agg(
             pl.len().cast(pl.Int64).alias("calls"),

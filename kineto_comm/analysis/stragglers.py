@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from kineto_comm.lazy import collect
+
 STRAGGLER_COLUMNS = (
     "rank",
     "instances",
@@ -44,15 +46,18 @@ def stragglers(
     shared = instances.filter(pl.col("ranks_seen") > 1).select(
         "instance", "step", "last_rank", "arrival_skew_ns"
     )
+    n_steps = max(shared["step"].n_unique(), 1)
+    calls = waits.lazy()
     second = (
-        waits.join(shared.select("instance"), on="instance", how="semi")
+        calls.join(shared.lazy().select("instance"), on="instance", how="semi")
         .group_by("instance")
         .agg(second_ns=pl.col("start_ns").sort(descending=True).get(1))
     )
     late = (
-        shared.join(second, on="instance")
+        shared.lazy()
+        .join(second, on="instance")
         .join(
-            waits.select("instance", "rank", "start_ns"),
+            calls.select("instance", "rank", "start_ns"),
             left_on=["instance", "last_rank"],
             right_on=["instance", "rank"],
         )
@@ -60,13 +65,12 @@ def stragglers(
         .filter(pl.col("arrival_skew_ns") >= noise_ns)
     )
     caused = (
-        waits.join(late.select("instance", "last_rank"), on="instance")
+        calls.join(late.select("instance", "last_rank"), on="instance")
         .filter(pl.col("rank") != pl.col("last_rank"))
         .group_by("last_rank")
         .agg(caused_wait_ns=pl.col("wait_ns").sum())
         .rename({"last_rank": "rank"})
     )
-    n_steps = max(shared["step"].n_unique(), 1)
     per_step = late.group_by("last_rank", "step").agg(
         step_late_ns=pl.col("lateness_ns").max(), total_late_ns=pl.col("lateness_ns").sum()
     )
@@ -75,13 +79,17 @@ def stragglers(
         .group_by("step")
         .agg(winner=pl.col("last_rank").first())
     )
-    all_late = late["lateness_ns"].sum() or 1
+    # Summed over the ranks, the ranks' lateness is all the lateness (1 when there is none).
+    rank_late = pl.col("_late")
+    all_late = pl.when(rank_late.sum() == 0).then(1).otherwise(rank_late.sum())
     by_rank = (
         per_step.group_by("last_rank")
         .agg(
             delay_ns=(pl.col("step_late_ns").sum() / n_steps).round().cast(pl.Int64),
-            late_share=pl.col("total_late_ns").sum() / all_late,
+            _late=pl.col("total_late_ns").sum(),
         )
+        .with_columns(late_share=rank_late / all_late)
+        .drop("_late")
         .join(
             winners.group_by("winner").agg(won=pl.len()),
             left_on="last_rank",
@@ -91,7 +99,7 @@ def stragglers(
         .rename({"last_rank": "rank"})
     )
     is_shared = pl.col("instance").is_in(shared["instance"].implode())
-    counts = waits.group_by("rank").agg(instances=is_shared.sum().cast(pl.Int64))
+    counts = calls.group_by("rank").agg(instances=is_shared.sum().cast(pl.Int64))
     lasts = (
         late.group_by("last_rank")
         .agg(times_last=pl.len().cast(pl.Int64))
@@ -116,7 +124,7 @@ def stragglers(
             & (pl.col("delay_ns") >= min_delay_ns),
         )
     )
-    return table.select(STRAGGLER_COLUMNS).sort("rank")
+    return collect(table.select(STRAGGLER_COLUMNS).sort("rank"))
 
 
 def _schema() -> dict[str, pl.DataType]:
