@@ -925,7 +925,8 @@ _PH_OF = pl.Series("ph", [None] * 128, dtype=_STR).scatter(
 @dataclass
 class Scanned:
     """A piece read by the compiled scanner: one row per kept event (device, runtime, CPU
-    and metadata events) with columns code (category code, see _CODE), ph, name, pid, tid,
+    and metadata events) with columns code (category code, see _CODE) and role (code // 16),
+    ph, name (and name_id, its index in `names`), the _NAME_TESTS of the name, pid, tid,
     ts_us, dur_us, external_id, external_id_old, correlation, stream, device and the event's
     byte span in `data` (span_start, span_end), from which the few rows that need more
     fields (metadata, collectives) are decoded again with msgspec."""
