@@ -789,7 +789,7 @@ _CODES = (
     + [(META_CAT, 3)]
 )
 _CODE = {cat: role * 16 + i for i, (cat, role) in enumerate(_CODES)}
-_CAT_OF = pl.Series("cat", [None] * 64, dtype=_STR).scatter(list(_CODE.values()), list(_CODE))
+_CAT_OF = pl.Series("cat", [next((c for c, k in _CODE.items() if k == i), None) for i in range(64)])
 
 
 # CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
@@ -917,9 +917,7 @@ class _Arrow:
 # The scanner's category codes: the same as _CODE, metadata under b"".
 _SCAN_CODES = {(b"" if cat == META_CAT else cat.encode()): code for cat, code in _CODE.items()}
 _CATEGORY = pl.lit(_CAT_OF).gather(pl.col("code")).alias("cat")
-_PH_OF = pl.Series("ph", [None] * 128, dtype=_STR).scatter(
-    [ord(p) for p in "XBEM"], ["X", "B", "E", "M"]
-)
+_PH_OF = pl.Series("ph", [chr(i) if chr(i) in "XBEM" else None for i in range(128)], dtype=_STR)
 
 
 @dataclass
