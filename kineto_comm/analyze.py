@@ -81,6 +81,21 @@ def _spill_folder() -> SpillFolder | None:
         return None
 
 
+def _tables_or_errors(
+    files: list[Path], outcome: list[Outcome], errors: list[tuple[str, str]]
+) -> list[RankTables]:
+    """The tables of the files that were analysed; the others' problems go to `errors`.
+    `outcome` is emptied: from here on only the returned list refers to the tables."""
+    results: list[RankTables] = []
+    for file, (status, payload) in zip(files, outcome, strict=True):
+        if status == "ok":
+            results.append(payload)
+        else:
+            errors.append((str(file), payload))
+    outcome.clear()
+    return results
+
+
 def _contiguous(frames: list[pl.DataFrame]) -> pl.DataFrame:
     """The frames stacked into one table of contiguous columns; `frames` is emptied.
 
@@ -137,18 +152,14 @@ def analyze(
         limit = budget.parse_size(limit)
     budgeted = budget.plan(files, limit or budget.default_limit(), workers)
     workers = budgeted.jobs
-    results: list[RankTables] = []
     cache_arg = None if cache_dir is None else str(cache_dir)
     folder = _spill_folder() if budgeted.spill else None
     settings = Settings(
         patterns, cache_arg, budgeted.piece_bytes, None if folder is None else str(folder.path)
     )
-    outcome = _run(files, settings, workers, dask_scheduler, progress, budgeted.threads)
-    for file, (status, payload) in zip(files, outcome, strict=True):
-        if status == "ok":
-            results.append(payload)
-        else:
-            errors.append((str(file), payload))
+    results = _tables_or_errors(
+        files, _run(files, settings, workers, dask_scheduler, progress, budgeted.threads), errors
+    )
     assignment = assign_ranks([RankClaim(r.file, r.rank, r.world_size) for r in results])
     errors.extend((e.file, e.problem) for e in assignment.rejected)
     kept = [r.with_rank(assignment.ranks[r.file]) for r in results if r.file in assignment.ranks]
@@ -183,8 +194,6 @@ def analyze(
     small = [name for name in TABLES if name != "kernels"]
     pieces = {name: [getattr(r, name) for r in kept] for name in small}
     results.clear()
-    outcome.clear()
-    payload = None  # the loop variable above: the last rank's tables
     kept = [replace(r, **{name: pl.DataFrame() for name in small}) for r in kept]
     merged: dict[str, Any] = {name: _contiguous(pieces[name]) for name in small}
     merged["ranks"] = ranks

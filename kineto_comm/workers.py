@@ -2,16 +2,18 @@
 files from one shared counter, so whoever is free takes the next file. Small jobs
 (budget.THREADS_BELOW) use threads of this process instead (`run_threads`): a worker
 process takes longer to start than such a job takes, while the compiled scanner and Polars
-run without the GIL, so threads overlap most of the work.
+run without the GIL, so threads overlap part of the work (two threads run 8 x 10 MB ~1.4x
+faster than one: bench/README.md).
 
 Why this process works too: starting a worker costs ~0.7 s here (a fresh interpreter that
 imports Polars), and files analysed in this process need no Arrow IPC round trip. On big
 jobs (kernels kept in files, budget.SPILL_ABOVE) it does not: the start-up is then
-negligible, and the parent's memory stays the merged tables, without a trace's working
-set. Why a shared counter and not tasks handed out up front: a worker still starting up would sit on
-files this process could already be working on (a small job is done before a worker is up).
-A worker that dies (killed, out of memory) costs only the file it was on, reported as an
-error for that file.
+negligible, and the parent's memory stays the merged tables, without a trace's working set.
+
+Why a shared counter and not tasks handed out up front: a worker still starting up would
+sit on files this process could already be working on (a small job is done before a worker
+is up). A worker that dies (killed, out of memory) costs only the file it was on, reported
+as an error for that file.
 """
 
 from __future__ import annotations
