@@ -22,6 +22,8 @@ from kineto_comm.model.kernels import KERNEL_COLUMNS, build_kernels
 from kineto_comm.model.steps import assign_steps, cpu_steps, device_windows
 
 TABLES = ("kernels", "collectives", "steps", "totals")
+# Host-side spans of a collective call (as record_function names them: nccl:all_reduce, ...).
+_COLLECTIVE_CALL = r"^(nccl|gloo|ucc|mpi|xccl):"
 
 
 @dataclass
@@ -129,6 +131,14 @@ def process_file(
     totals = totals.drop("window")
     timeline = "device" if on_device else ("host" if kernels.height else "none")
     warnings = list(raw.warnings)
+    if raw.world_size == 1 and collectives.height == 0:
+        calls = int(raw.ops["name"].str.contains(_COLLECTIVE_CALL).sum())
+        if calls:
+            warnings.append(
+                f"{raw.file}: world size 1: its {calls} collective calls moved no data between"
+                " ranks (with one rank NCCL runs them as local copies, not kernels), so there"
+                " is no communication to analyse"
+            )
     if timeline == "none":
         warnings.append(
             f"{raw.file}: no GPU kernels and no host communication spans"

@@ -12,6 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 SAMPLES = REPO / "sample_traces"
+# Real CUDA captures made for this project (tests/data/h100-nccl/README.md).
+H100_TRACES = sorted((REPO / "tests" / "data" / "h100-nccl").rglob("*.pt.trace.json.gz"))
 
 
 def shared(rel: str) -> Path:
@@ -29,6 +31,12 @@ def all_shared_traces() -> list[Path]:
     files = sorted(p for p in SHARED_TRACES.rglob("*") if p.name.endswith((".json", ".json.gz")))
     assert len(files) >= 30, f"expected the shared trace set, found {len(files)} files"
     return files
+
+
+def all_real_traces() -> list[Path]:
+    """The shared real traces and this project's own GPU captures."""
+    assert len(H100_TRACES) == 2, H100_TRACES
+    return all_shared_traces() + H100_TRACES
 
 
 def kernel(

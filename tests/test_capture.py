@@ -270,3 +270,40 @@ def test_capture_cli(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(out / f"rank-{r}.pt.trace.json.gz") for r in range(2)]
     check_capture_dir(out, 2, {"gloo:all_reduce", "c10d::allreduce_"})
+
+
+# ------------------------------------------------------------------ real H100 captures
+
+
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+def test_h100_world_size_one_capture(layout: str) -> None:
+    """A real NCCL capture on one GPU: device time is all there, nothing is communication,
+    and the report says why rather than showing an empty table without a reason."""
+    import polars as pl
+
+    from kineto_comm import analyze
+
+    path = REPO / "tests" / "data" / "h100-nccl" / layout
+    trace = load_trace(path / "rank-0.pt.trace.json.gz")
+    device_events = [
+        e for e in complete_events(trace) if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
+    report = analyze(path, jobs=1)
+    assert report.errors == ()
+    assert report.ranks.row(0, named=True)["device"] == "NVIDIA H100 80GB HBM3"
+    assert report.ranks["world_size"].to_list() == [1]
+    assert report.kernels.height == len(device_events)
+    assert report.collectives.height == 0
+    assert report.totals["comm_ns"].to_list() == [0]
+    # DDP still calls all_reduce on one rank; FSDP2 calls no collective at all.
+    calls = sum(1 for e in complete_events(trace) if e["name"].startswith("nccl:"))
+    assert (calls > 0) == (layout == "ddp")
+    said = [w for w in report.warnings if "world size 1" in w]
+    expected = f"world size 1: its {calls} collective calls moved no data between ranks"
+    assert [expected in w for w in said] == ([True] if calls else [])
+    # Sub-microsecond memsets keep their exact length (HTA reads them as -1 us).
+    memsets = sorted(
+        round(e["dur"] * 1000) for e in complete_events(trace) if e.get("cat") == "gpu_memset"
+    )
+    ours = report.kernels.filter(pl.col("kind") == "memset")
+    assert sorted((ours["end_ns"] - ours["start_ns"]).to_list()) == memsets

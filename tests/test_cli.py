@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from kineto_comm import analyze
 from kineto_comm.cli import app
 
-from .conftest import SAMPLES, all_shared_traces, kernel, shared, write_trace
+from .conftest import SAMPLES, all_real_traces, kernel, shared, write_trace
 
 CLI = [sys.executable, "-m", "kineto_comm.cli"]
 
@@ -29,7 +29,7 @@ def assert_no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
 
 
-@pytest.mark.parametrize("path", all_shared_traces(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_real_trace_reports_in_text_and_json(path):
     text = run("report", path)
     assert_no_traceback(text)
@@ -194,7 +194,7 @@ def test_worker_processes_give_the_same_report_as_one_process():
         assert getattr(one, name).equals(getattr(two, name)), name
 
 
-@pytest.mark.parametrize("path", all_shared_traces(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_real_trace_renders_in_every_format(path):
     import dataclasses
 

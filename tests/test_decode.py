@@ -13,10 +13,10 @@ from kineto_comm.errors import TraceError
 from kineto_comm.load import decode
 from kineto_comm.load.decode import decode_file
 
-from .conftest import all_shared_traces, cpu, kernel, launch, shared, write_trace
+from .conftest import all_real_traces, cpu, kernel, launch, shared, write_trace
 
 
-@pytest.mark.parametrize("path", all_shared_traces(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_real_trace_decodes_with_the_same_event_counts_as_json(path):
     raw = decode_file(path)
     opener = gzip.open if path.name.endswith(".gz") else open

@@ -1,8 +1,10 @@
-"""Our compute/communication overlap against HTA's get_comm_comp_overlap on real traces.
+"""Our time breakdowns against HTA's on real traces: get_comm_comp_overlap and
+get_temporal_breakdown.
 
 HTA keeps kernels whose launching CPU op starts before the last ProfilerStep starts (or,
 with include_last_profiler_step=True, before it ends); the same window is applied to our
-kernels table, and the overlap shares must agree within 1 percentage point.
+kernels table, and the shares must agree within 1 percentage point (HTA keeps whole
+microseconds, we keep nanoseconds).
 """
 
 from __future__ import annotations
@@ -29,20 +31,23 @@ TRACES = [
 ]
 
 
-def _hta_overlap(path, tmp_path, include_last: bool) -> float:
+def _hta(path, tmp_path, include_last: bool = False):
     hta = pytest.importorskip("hta.trace_analysis", reason="HTA is a test dependency")
     logging.disable(logging.CRITICAL)
     try:
         shutil.copy(path, tmp_path / path.name)
-        analysis = hta.TraceAnalysis(
-            trace_dir=str(tmp_path), include_last_profiler_step=include_last
-        )
-        return float(analysis.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"][0])
+        return hta.TraceAnalysis(trace_dir=str(tmp_path), include_last_profiler_step=include_last)
     finally:
         logging.disable(logging.NOTSET)
 
 
-def _our_overlap(report, include_last: bool) -> float:
+def _hta_overlap(path, tmp_path, include_last: bool) -> float:
+    analysis = _hta(path, tmp_path, include_last)
+    return float(analysis.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"][0])
+
+
+def _our_whole(report, include_last: bool) -> dict:
+    """Our metrics over HTA's window: kernels launched before the last step starts (ends)."""
     steps = report.steps
     cutoff = steps["cpu_end_ns"].max() if include_last else steps["cpu_start_ns"].max()
     inside = (pl.col("launch_ns") <= cutoff) if include_last else (pl.col("launch_ns") < cutoff)
@@ -55,7 +60,13 @@ def _our_overlap(report, include_last: bool) -> float:
             "end_ns": [kernels["end_ns"].max()],
         }
     )
-    row = breakdown(kernels.with_columns(rank=pl.lit(0, dtype=pl.Int64)), window).row(0, named=True)
+    return breakdown(kernels.with_columns(rank=pl.lit(0, dtype=pl.Int64)), window).row(
+        0, named=True
+    )
+
+
+def _our_overlap(report, include_last: bool) -> float:
+    row = _our_whole(report, include_last)
     return 100.0 * row["overlap_ns"] / row["comm_ns"] if row["comm_ns"] else 0.0
 
 
@@ -67,3 +78,21 @@ def test_overlap_share_agrees_with_hta(rel, include_last, tmp_path):
     ours = _our_overlap(report, include_last)
     theirs = _hta_overlap(path, tmp_path, include_last)
     assert ours == pytest.approx(theirs, abs=1.0), f"ours {ours:.2f}% vs HTA {theirs:.2f}%"
+
+
+@pytest.mark.parametrize("rel", TRACES, ids=lambda r: r.split("/")[1])
+def test_temporal_breakdown_agrees_with_hta(rel, tmp_path):
+    """Idle, compute and non-compute shares of the span from the first kernel's start to
+    the last one's end (HTA's kernel_time), over the same kernels as HTA."""
+    path = shared(rel)
+    row = _our_whole(analyze(path, jobs=1), include_last=False)
+    theirs = _hta(path, tmp_path).get_temporal_breakdown(visualize=False).iloc[0]
+    assert row["wall_ns"] / 1e3 == pytest.approx(theirs["kernel_time(us)"], abs=2.0)
+    ours = {
+        "idle_time_pctg": row["idle_ns"],
+        "compute_time_pctg": row["compute_ns"],
+        "non_compute_time_pctg": row["busy_ns"] - row["compute_ns"],
+    }
+    for key, ns in ours.items():
+        share = 100.0 * ns / row["wall_ns"]
+        assert share == pytest.approx(theirs[key], abs=1.0), f"{key}: ours {share:.2f}% vs HTA"
