@@ -97,6 +97,9 @@ def breakdown(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
 def breakdowns(kernels: pl.DataFrame, window_sets: list[pl.DataFrame]) -> list[pl.DataFrame]:
     """breakdown() for several sets of windows (e.g. the steps and the whole trace), sharing
     the sweep: windows of different sets may overlap."""
+    # One rank (the per-rank stage): the rank needs no sorting and no matching.
+    ranks = {*kernels.get_column("rank").unique(), *(r for w in window_sets for r in w["rank"])}
+    one_rank = len(ranks) <= 1
     wins = [
         w.lazy()
         .select(pl.col("rank").cast(pl.Int64), "window", "start_ns", "end_ns")
@@ -134,11 +137,10 @@ def breakdowns(kernels: pl.DataFrame, window_sets: list[pl.DataFrame]) -> list[p
         (pl.col(n).cum_sum() > 0).cast(pl.Int64) * bit
         for n, bit in zip(counts, BITS.values(), strict=True)
     )
-    same_rank = pl.col("rank").shift(-1) == pl.col("rank")
+    same_rank = pl.lit(True) if one_rank else pl.col("rank").shift(-1) == pl.col("rank")
+    ordered = events.sort("t") if one_rank else events.sort("t").sort("rank", maintain_order=True)
     segments = (
-        events.sort("t")
-        .sort("rank", maintain_order=True)
-        .select(
+        ordered.select(
             "rank",
             "t",
             state=state,
@@ -146,16 +148,17 @@ def breakdowns(kernels: pl.DataFrame, window_sets: list[pl.DataFrame]) -> list[p
         )
         .filter(pl.col("dur") > 0)
     )
-    return collect_all([_per_window(segments, w) for w in wins])
+    return collect_all([_per_window(segments, w, one_rank) for w in wins])
 
 
-def _per_window(segments: pl.LazyFrame, win: pl.LazyFrame) -> pl.LazyFrame:
+def _per_window(segments: pl.LazyFrame, win: pl.LazyFrame, one_rank: bool) -> pl.LazyFrame:
     """Sum the sweep's segments into the (non-overlapping) windows that hold them."""
+    starts = win.sort("start_ns").rename({"start_ns": "w_start", "end_ns": "w_end"})
     placed = segments.join_asof(
-        win.sort("start_ns").rename({"start_ns": "w_start", "end_ns": "w_end"}),
+        starts.drop("rank") if one_rank else starts,
         left_on="t",
         right_on="w_start",
-        by="rank",
+        by=None if one_rank else "rank",
         strategy="backward",
         check_sortedness=False,
     ).filter(pl.col("window").is_not_null() & (pl.col("t") < pl.col("w_end")))

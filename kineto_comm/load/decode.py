@@ -751,27 +751,18 @@ def _with_shapes(
     return frame
 
 
-def _finish(frames: list[pl.DataFrame], details: list[pl.DataFrame]) -> pl.DataFrame:
-    """A role's pieces as one table, the details put back on their rows (columns are cast to
-    the role's schema afterwards, in `_timed`)."""
+def _finish(
+    frames: list[pl.DataFrame], details: list[pl.DataFrame]
+) -> tuple[pl.DataFrame, pl.LazyFrame]:
+    """A role's pieces as one table, and a query giving its rows with the details put back
+    (by `_seq`; columns are cast to the role's schema afterwards, in `_timed`, in the same
+    query)."""
     frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
     if not details:
-        return frame
+        return frame, frame.lazy()
     found = pl.concat(details, how="vertical") if len(details) > 1 else details[0]
-    # `_seq` ascends through the table: find each detail's row by binary search and
-    # scatter its values into otherwise-null columns (no join, no copy of the table).
-    # Series methods only: each costs microseconds where a query costs ~0.3 ms.
-    at = frame["_seq"].search_sorted(found["_seq"], side="left")
-    hit = at < frame.height
-    at, found = at.filter(hit), found.filter(hit)
-    keep = frame["_seq"].gather(at) == found["_seq"]
-    at, found = at.filter(keep), found.filter(keep)
-    frame = frame.drop([c for c in found.columns[1:] if c in frame.columns])
-    extra: list[pl.Series] = []
-    for column in found.columns[1:]:
-        full = pl.Series(column, [None], dtype=found[column].dtype).new_from_index(0, frame.height)
-        extra.append(full.scatter(at, found[column]) if at.len() else full)
-    return frame.hstack(extra)
+    rows = frame.lazy().drop([c for c in found.columns[1:] if c in frame.columns])
+    return frame, rows.join(found.lazy(), on="_seq", how="left", maintain_order="left")
 
 
 _COMM_KERNEL = pl.col("name").str.contains(r"(?i)^(nccl|rccl)").fill_null(False)
@@ -820,14 +811,23 @@ class _Annotations:
 def _needs_shapes(cpu: pl.DataFrame, details: pl.DataFrame | None, notes: _Annotations) -> bool:
     """Whether annotation sizes add anything: host-backend spans (gloo, ...) always need
     them; NCCL annotations only when fewer record_param_comms carry collective args."""
-    names = cpu.get_column("name")
-    if names.str.contains(r"^(gloo|ucc|mpi):").any():
-        return True
-    annotations = int(names.str.contains(r"^(nccl|xccl):").sum())
-    described = 0
+    name = pl.col("name")
+    described = pl.lit(0, dtype=pl.UInt32)
     if details is not None:
-        rpc = cpu.select("_seq", "name").filter(pl.col("name") == "record_param_comms")
-        described = details.join(rpc, on="_seq", how="semi")["collective"].count()
+        with_args = details["_seq"].filter(details["collective"].is_not_null())
+        described = pl.col("_seq").filter(name == "record_param_comms").is_in(with_args).sum()
+    host, annotations, described = (
+        collect(
+            cpu.lazy().select(
+                name.str.contains(r"^(gloo|ucc|mpi):").any(),
+                name.str.contains(r"^(nccl|xccl):").sum().alias("annotations"),
+                described.alias("described"),
+            )
+        )
+        .row(0)
+    )
+    if host:
+        return True
     available = described + notes.spare
     notes.spare = min(described, max(0, available - annotations))
     return annotations > available
@@ -1038,7 +1038,8 @@ def _scanned_frame(
             cols.append(pl.col(key).cast(_STR) if key in _INT_LIKE else pl.col(key))
     frame = rows.select(*cols, "ph")
     idx = [] if detail is None else piece_.by_name(rows, detail).arg_true().to_list()
-    details = _details(frame, schema, idx, lambda idx: _args_of(piece_.decode(rows[idx])))
+    spans = rows.select("span_start", "span_end")
+    details = _details(frame, schema, idx, lambda idx: _args_of(piece_.decode(spans[idx])))
     return _with_shapes(frame, details, notes), details
 
 
@@ -1187,18 +1188,24 @@ def _pair_begin_end(events: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([events.filter(pl.col("ph") == "X"), paired], how="vertical")
 
 
-def _timed(events: pl.DataFrame, schema: dict[str, pl.DataType], base_ns: int) -> pl.DataFrame:
-    """`events` as `schema`'s columns, B/E pairs made complete events, times in nanoseconds
-    (see _to_ns): one query where the trace has no B/E events (the usual case)."""
-    typed = events.lazy().select(
-        pl.col(k).cast(t) if k in events.columns else pl.lit(None, dtype=t).alias(k)
+def _timed(
+    finished: tuple[pl.DataFrame, pl.LazyFrame], schema: dict[str, pl.DataType], base_ns: int
+) -> pl.DataFrame:
+    """A role's rows (`_finish`) as `schema`'s columns, B/E pairs made complete events,
+    times in nanoseconds (see _to_ns): one query where the trace has no B/E events (the usual
+    case)."""
+    events, rows = finished
+    present = rows.collect_schema()
+    typed = rows.select(
+        pl.col(k).cast(t) if k in present else pl.lit(None, dtype=t).alias(k)
         for k, t in schema.items()
     )
     if "ph" in events.columns and not (events["ph"] == "X").all():
         typed = _pair_begin_end(collect(typed)).lazy()
     ts = events.get_column("ts_us") if "ts_us" in events.columns else None
     clean = ts is not None and ts.dtype == _F64 and not ts.null_count() and isfinite(ts.sum())
-    return collect(_to_ns(typed, base_ns, clean))
+    query = _to_ns(typed, base_ns, clean)
+    return collect(query) if events.height else pl.DataFrame(schema=query.collect_schema())
 
 
 def _to_ns(events: pl.LazyFrame, base_ns: int, clean: bool) -> pl.LazyFrame:

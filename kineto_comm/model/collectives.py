@@ -102,6 +102,63 @@ def _first_known(*exprs: pl.Expr) -> pl.Expr:
     return pl.coalesce(*cleaned).fill_null("unknown")
 
 
+# The table's derived columns, built once (building Polars expressions costs milliseconds
+# of Python per rank; they do not depend on the data).
+_HOST = pl.col("device") == -1
+_ANN_NAME = pl.when(_HOST).then(pl.col("name")).otherwise(pl.col("ann_name"))
+_ANN_DIMS = pl.coalesce("arg_input_dims", "ann_input_dims")
+_ANN_TYPE = pl.coalesce("arg_input_type", "ann_input_type")
+_PARSED = kernel_fields(pl.col("name"))
+_FIELDS = {
+    "collective": _first_known(
+        normalize_collective(pl.col("arg_collective")),
+        normalize_collective(pl.col("rpc_collective")),
+        normalize_collective(_ANN_NAME),
+        pl.col("kernel_collective"),
+    ),
+    "dtype": pl.coalesce(
+        normalize_dtype(pl.col("arg_dtype")),
+        normalize_dtype(pl.col("rpc_dtype")),
+        normalize_dtype(first_input_type(_ANN_TYPE)),
+        pl.col("kernel_dtype"),
+    ),
+    "in_nelems": pl.coalesce("arg_in_nelems", "rpc_in_nelems", first_tensor_numel(_ANN_DIMS)),
+    "out_nelems": pl.coalesce("arg_out_nelems", "rpc_out_nelems"),
+    "group_size": pl.coalesce("arg_group_size", "rpc_group_size"),
+    "process_group": pl.coalesce("arg_pg_name", "rpc_pg_name"),
+    "pg_desc": pl.coalesce("arg_pg_desc", "rpc_pg_desc"),
+    "pg_ranks": pl.coalesce("arg_pg_ranks", "rpc_pg_ranks"),
+    "seq": pl.coalesce("arg_seq", "rpc_seq"),
+    "_src": pl.coalesce("arg_src_rank", "rpc_src_rank"),
+    "_dst": pl.coalesce("arg_dst_rank", "rpc_dst_rank"),
+    "source": pl.when(pl.col("arg_collective").is_not_null())
+    .then(pl.lit("kernel_args"))
+    .when(pl.col("rpc_collective").is_not_null())
+    .then(pl.lit("record_param_comms"))
+    .when(_ANN_NAME.is_not_null())
+    .then(pl.lit("annotation"))
+    .otherwise(pl.lit("kernel_name")),
+}
+# The other end of a point-to-point transfer: the destination of a send, the source of a
+# recv (as global ranks, as PyTorch records them).
+_PEER = (
+    pl.when(pl.col("collective") == "send")
+    .then(pl.col("_dst"))
+    .when(pl.col("collective") == "recv")
+    .then(pl.col("_src"))
+    .otherwise(pl.coalesce("_dst", "_src"))
+)
+_SIZES = {
+    "in_bytes": pl.col("in_nelems") * dtype_bytes(pl.col("dtype")),
+    "out_bytes": pl.col("out_nelems") * dtype_bytes(pl.col("dtype")),
+    "duration_ns": pl.col("end_ns") - pl.col("start_ns"),
+}
+_BYTES = pl.max_horizontal("in_bytes", "out_bytes")
+_CALL_INDEX = pl.int_range(pl.len(), dtype=pl.Int64).over(
+    pl.col("process_group").fill_null("?"), "collective"
+)
+
+
 def build_collectives(
     kernels: pl.DataFrame, raw: RawTrace, process_groups: pl.DataFrame | None = None
 ) -> pl.DataFrame:
@@ -114,41 +171,7 @@ def build_collectives(
     ann = ops.filter(pl.col("name").str.contains(r"^(nccl|gloo|ucc|mpi|xccl):"))
     found = _enclosing(comm.lazy(), rpc, [*_RPC, *_RPC_MORE], "rpc_")
     found = _enclosing(found, ann, ["name", "input_dims", "input_type"], "ann_")
-    host = pl.col("device") == -1
-    ann_name = pl.when(host).then(pl.col("name")).otherwise(pl.col("ann_name"))
-    ann_dims = pl.coalesce("arg_input_dims", "ann_input_dims")
-    ann_type = pl.coalesce("arg_input_type", "ann_input_type")
-    parsed = kernel_fields(pl.col("name"))
-    out = found.with_columns(**parsed).with_columns(
-        collective=_first_known(
-            normalize_collective(pl.col("arg_collective")),
-            normalize_collective(pl.col("rpc_collective")),
-            normalize_collective(ann_name),
-            pl.col("kernel_collective"),
-        ),
-        dtype=pl.coalesce(
-            normalize_dtype(pl.col("arg_dtype")),
-            normalize_dtype(pl.col("rpc_dtype")),
-            normalize_dtype(first_input_type(ann_type)),
-            pl.col("kernel_dtype"),
-        ),
-        in_nelems=pl.coalesce("arg_in_nelems", "rpc_in_nelems", first_tensor_numel(ann_dims)),
-        out_nelems=pl.coalesce("arg_out_nelems", "rpc_out_nelems"),
-        group_size=pl.coalesce("arg_group_size", "rpc_group_size"),
-        process_group=pl.coalesce("arg_pg_name", "rpc_pg_name"),
-        pg_desc=pl.coalesce("arg_pg_desc", "rpc_pg_desc"),
-        pg_ranks=pl.coalesce("arg_pg_ranks", "rpc_pg_ranks"),
-        seq=pl.coalesce("arg_seq", "rpc_seq"),
-        _src=pl.coalesce("arg_src_rank", "rpc_src_rank"),
-        _dst=pl.coalesce("arg_dst_rank", "rpc_dst_rank"),
-        source=pl.when(pl.col("arg_collective").is_not_null())
-        .then(pl.lit("kernel_args"))
-        .when(pl.col("rpc_collective").is_not_null())
-        .then(pl.lit("record_param_comms"))
-        .when(ann_name.is_not_null())
-        .then(pl.lit("annotation"))
-        .otherwise(pl.lit("kernel_name")),
-    )
+    out = found.with_columns(**_PARSED).with_columns(**_FIELDS)
     if process_groups is not None and process_groups.height:
         out = out.join(
             process_groups.lazy().select(
@@ -164,28 +187,8 @@ def build_collectives(
             group_size=pl.coalesce("group_size", "_pg_size"),
             pg_desc=pl.coalesce("pg_desc", "_pg_desc"),
         )
-    # The other end of a point-to-point transfer: the destination of a send, the source of
-    # a recv (as global ranks, as PyTorch records them).
-    out = out.with_columns(
-        peer=pl.when(pl.col("collective") == "send")
-        .then(pl.col("_dst"))
-        .when(pl.col("collective") == "recv")
-        .then(pl.col("_src"))
-        .otherwise(pl.coalesce("_dst", "_src"))
-    )
-    size = dtype_bytes(pl.col("dtype"))
-    out = out.with_columns(
-        in_bytes=pl.col("in_nelems") * size,
-        out_bytes=pl.col("out_nelems") * size,
-        duration_ns=pl.col("end_ns") - pl.col("start_ns"),
-    ).with_columns(
-        bytes=pl.max_horizontal("in_bytes", "out_bytes"),
-    )
-    out = out.sort("start_ns").with_columns(
-        call_index=pl.int_range(pl.len(), dtype=pl.Int64).over(
-            pl.col("process_group").fill_null("?"), "collective"
-        )
-    )
+    out = out.with_columns(peer=_PEER).with_columns(**_SIZES).with_columns(bytes=_BYTES)
+    out = out.sort("start_ns").with_columns(call_index=_CALL_INDEX)
     return collect(out.select(COLLECTIVE_COLUMNS))
 
 
