@@ -69,6 +69,8 @@ class RankTables:
 
     def with_rank(self, rank: int) -> RankTables:
         """The same tables with the final rank written into every `rank` column."""
+        if rank == self.rank:  # the columns hold the rank the file claims: already final
+            return self
         relabel = {
             name: getattr(self, name).with_columns(rank=pl.lit(rank, dtype=pl.Int64))
             for name in TABLES
