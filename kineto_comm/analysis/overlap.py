@@ -139,15 +139,12 @@ def breakdowns(kernels: pl.DataFrame, window_sets: list[pl.DataFrame]) -> list[p
     )
     same_rank = pl.lit(True) if one_rank else pl.col("rank").shift(-1) == pl.col("rank")
     ordered = events.sort("t") if one_rank else events.sort("t").sort("rank", maintain_order=True)
-    segments = (
-        ordered.select(
-            "rank",
-            "t",
-            state=state,
-            dur=pl.when(same_rank).then(pl.col("t").shift(-1) - pl.col("t")).otherwise(0),
-        )
-        .filter(pl.col("dur") > 0)
-    )
+    segments = ordered.select(
+        "rank",
+        "t",
+        state=state,
+        dur=pl.when(same_rank).then(pl.col("t").shift(-1) - pl.col("t")).otherwise(0),
+    ).filter(pl.col("dur") > 0)
     return collect_all([_per_window(segments, w, one_rank) for w in wins])
 
 

@@ -816,16 +816,13 @@ def _needs_shapes(cpu: pl.DataFrame, details: pl.DataFrame | None, notes: _Annot
     if details is not None:
         with_args = details["_seq"].filter(details["collective"].is_not_null())
         described = pl.col("_seq").filter(name == "record_param_comms").is_in(with_args).sum()
-    host, annotations, described = (
-        collect(
-            cpu.lazy().select(
-                name.str.contains(r"^(gloo|ucc|mpi):").any(),
-                name.str.contains(r"^(nccl|xccl):").sum().alias("annotations"),
-                described.alias("described"),
-            )
+    host, annotations, described = collect(
+        cpu.lazy().select(
+            name.str.contains(r"^(gloo|ucc|mpi):").any(),
+            name.str.contains(r"^(nccl|xccl):").sum().alias("annotations"),
+            described.alias("described"),
         )
-        .row(0)
-    )
+    ).row(0)
     if host:
         return True
     available = described + notes.spare
