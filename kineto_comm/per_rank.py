@@ -16,14 +16,12 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.analysis.overlap import breakdowns
-from kineto_comm.load.decode import RawTrace, decode_file
+from kineto_comm.load.decode import COLLECTIVE_SPAN, RawTrace, decode_file
 from kineto_comm.model.collectives import build_collectives
 from kineto_comm.model.kernels import KERNEL_COLUMNS, build_kernels
 from kineto_comm.model.steps import assign_steps, cpu_steps, device_windows
 
 TABLES = ("kernels", "collectives", "steps", "totals")
-# Host-side spans of a collective call (as record_function names them: nccl:all_reduce, ...).
-_COLLECTIVE_CALL = r"^(nccl|gloo|ucc|mpi|xccl):"
 
 
 @dataclass
@@ -134,7 +132,7 @@ def process_file(
     timeline = "device" if on_device else ("host" if kernels.height else "none")
     warnings = list(raw.warnings)
     if raw.world_size == 1 and collectives.height == 0:
-        calls = int(raw.ops["name"].str.contains(_COLLECTIVE_CALL).sum())
+        calls = int(raw.ops["name"].str.contains(COLLECTIVE_SPAN).sum())
         if calls:
             warnings.append(
                 f"{raw.file}: world size 1: its {calls} collective calls moved no data between"

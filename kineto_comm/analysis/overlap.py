@@ -98,7 +98,7 @@ def breakdowns(kernels: pl.DataFrame, window_sets: list[pl.DataFrame]) -> list[p
     """breakdown() for several sets of windows (e.g. the steps and the whole trace), sharing
     the sweep: windows of different sets may overlap."""
     # One rank (the per-rank stage): the rank needs no sorting and no matching.
-    ranks = {*kernels.get_column("rank").unique(), *(r for w in window_sets for r in w["rank"])}
+    ranks = {r for f in (kernels, *window_sets) for r in f.get_column("rank").unique()}
     one_rank = len(ranks) <= 1
     wins = [
         w.lazy()

@@ -765,10 +765,13 @@ def _finish(
     return frame, rows.join(found.lazy(), on="_seq", how="left", maintain_order="left")
 
 
+# The host-side span of a collective call, as record_function names it (nccl:all_reduce,
+# gloo:broadcast, ...).
+COLLECTIVE_SPAN = r"^(nccl|gloo|ucc|mpi|xccl):"
 _COMM_KERNEL = pl.col("name").str.contains(r"(?i)^(nccl|rccl)").fill_null(False)
 _COMM_OP = (
     pl.col("name").str.starts_with("record_param_comms")
-    | pl.col("name").str.contains(r"^(nccl|gloo|ucc|mpi|xccl):")
+    | pl.col("name").str.contains(COLLECTIVE_SPAN)
 ).fill_null(False)
 # Each kept category has a code, role * 16 + its index here; code // 16 is the role: 0 device,
 # 1 runtime calls, 2 CPU ops, 3 metadata. Roles and the `cat` column come from these codes,

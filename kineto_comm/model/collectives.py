@@ -27,7 +27,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.lazy import collect
-from kineto_comm.load.decode import RawTrace
+from kineto_comm.load.decode import COLLECTIVE_SPAN, RawTrace
 from kineto_comm.model.names import (
     dtype_bytes,
     first_input_type,
@@ -168,7 +168,7 @@ def build_collectives(
         return pl.DataFrame(schema=_empty_schema())
     ops = raw.ops.lazy()
     rpc = ops.filter(pl.col("name") == "record_param_comms")
-    ann = ops.filter(pl.col("name").str.contains(r"^(nccl|gloo|ucc|mpi|xccl):"))
+    ann = ops.filter(pl.col("name").str.contains(COLLECTIVE_SPAN))
     found = _enclosing(comm.lazy(), rpc, [*_RPC, *_RPC_MORE], "rpc_")
     found = _enclosing(found, ann, ["name", "input_dims", "input_type"], "ann_")
     out = found.with_columns(**_PARSED).with_columns(**_FIELDS)
