@@ -165,6 +165,9 @@ def analyze(
     kept = [r.with_rank(assignment.ranks[r.file]) for r in results if r.file in assignment.ranks]
     warnings = [*budgeted.warnings] + [w for r in kept for w in r.warnings]
     warnings += assignment.warnings
+    # Merged tables are in rank order (then each rank's own order): matching reads the calls
+    # in that order and need not sort a copy of them all (the parent's largest transient).
+    kept.sort(key=lambda r: r.rank)
     ranks = pl.DataFrame(
         [
             {

@@ -165,3 +165,77 @@ def test_ordinal_is_the_position_within_each_key_in_frame_order() -> None:
     window = rows.select(pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "_pg", "seq"))
     assert _ordinal(rows, "rank", "_pg", "seq").to_list() == window.to_series().to_list()
     assert _ordinal(rows.head(1), "rank").to_list() == [0]
+
+
+def _reference_instances(rows: pl.DataFrame) -> list[int]:
+    """Instance numbers computed row by row in Python, as docs/tables.md defines them: the
+    key of each call (by kind), numbered in (process_group, key_kind, key) order."""
+    rows = rows.sort("rank", "start_ns", maintain_order=True)
+    data = rows.to_dicts()
+    seq_groups = {}
+    for r in data:
+        pg = r["process_group"] or "?"
+        if not (r["collective"] in ("send", "recv", "send_recv") and r["peer"] is not None):
+            seq_groups[pg] = seq_groups.get(pg, True) and r["seq"] is not None
+    counts: dict[tuple, int] = {}
+    keys = []
+    for r in data:
+        pg = r["process_group"] or "?"
+        is_p2p = r["collective"] in ("send", "recv", "send_recv")
+        recv = r["collective"] == "recv"
+        sender, receiver = (r["peer"], r["rank"]) if recv else (r["rank"], r["peer"])
+        by_direction = ("d", r["rank"], pg, sender, receiver)
+        by_number = ("n", r["rank"], pg, r["seq"])
+        for k in (by_direction, by_number):
+            counts[k] = counts.get(k, -1) + 1
+        if is_p2p and r["peer"] is not None:
+            key = ("p2p", f"{sender}>{receiver}#{counts[by_direction]}")
+        elif is_p2p:
+            key = ("unpaired", f"r{r['rank']}:{r['collective']}#{r['call_index']}")
+        elif seq_groups[pg]:
+            key = ("seq", f"{r['seq']}.{counts[by_number]}")
+        else:
+            key = ("order", f"{r['collective']}#{r['call_index']}")
+        keys.append((pg, *key))
+    number = {k: i for i, k in enumerate(sorted(set(keys)))}
+    return [number[k] for k in keys]
+
+
+def test_match_keys_agree_with_a_row_by_row_reference_in_any_row_order(jobs):
+    """Every key kind at once (sequence numbers, call order, paired and unpaired transfers),
+    from rows in call order (no sort) and shuffled (sorted first): the same instances."""
+    folder, _ = jobs["pp"]
+    coll = analyze(folder, jobs=1).collectives
+    collective = coll.filter(~pl.col("collective").is_in(["send", "recv"]))
+    first_group = collective["process_group"].drop_nulls()[0]
+    lose_peer = (pl.col("collective") == "send") & (pl.col("rank") == 0)
+    coll = coll.with_columns(
+        # One group without sequence numbers (matched by call order) ...
+        seq=pl.when(pl.col("process_group") == first_group).then(None).otherwise("seq"),
+        # ... and rank 0's sends without a peer (gloo records none: unpaired).
+        peer=pl.when(lose_peer).then(None).otherwise("peer"),
+    )
+    cols = ["rank", "start_ns", "instance", "key_kind", "key"]
+    ordered = match_keys(coll).select(cols)
+    assert set(ordered["key_kind"]) == {"seq", "order", "p2p", "unpaired"}
+    assert ordered["instance"].to_list() == _reference_instances(coll)
+    shuffled = match_keys(coll.sample(fraction=1.0, shuffle=True, seed=3)).select(cols)
+    # (Calls of one rank that start together, such as a send and a recv, may swap places.)
+    assert shuffled.sort(cols).equals(ordered.sort(cols))
+
+
+def test_merged_tables_are_in_rank_order_whatever_the_file_names(tmp_path):
+    """Files whose names sort against their ranks (rank 3 first): the merged tables still
+    run rank by rank, with each rank's rows in its own order."""
+    import shutil
+
+    for i, name in enumerate(["d", "c", "b", "a"]):
+        shutil.copy(SAMPLES / "pp-4" / f"rank-{i}.pt.trace.json.gz", tmp_path / f"{name}.json.gz")
+    renamed = analyze(tmp_path, jobs=1)
+    original = analyze(SAMPLES / "pp-4", jobs=1)
+    assert renamed.ranks["file"].to_list()[0].endswith("d.json.gz")
+    for name in ("collectives", "steps", "totals"):
+        table = getattr(renamed, name)
+        assert table["rank"].is_sorted(), name
+        assert table.equals(getattr(original, name)), name
+    assert renamed.collective_instances.equals(original.collective_instances)

@@ -63,8 +63,8 @@ def match_keys(collectives: pl.DataFrame) -> pl.DataFrame:
             key_kind=pl.lit(None, dtype=pl.String),
             key=pl.lit(None, dtype=pl.String),
         )
+    rows = collectives if _in_call_order(collectives) else collectives.sort("rank", "start_ns")
     pg = pl.col("process_group").fill_null("?")
-    rows = collectives.with_columns(_pg=pg).sort("rank", "start_ns")
     is_p2p = pl.col("collective").is_in(P2P)
     p2p = is_p2p & pl.col("peer").is_not_null()
     sender = pl.when(pl.col("collective") == "recv").then(pl.col("peer")).otherwise(pl.col("rank"))
@@ -72,44 +72,93 @@ def match_keys(collectives: pl.DataFrame) -> pl.DataFrame:
         pl.when(pl.col("collective") == "recv").then(pl.col("rank")).otherwise(pl.col("peer"))
     )
     # A group uses sequence numbers only if every one of its rows has one.
-    seq_groups = (
-        rows.filter(~p2p)
-        .group_by("_pg")
+    seq_groups = collect(
+        rows.lazy()
+        .filter(~p2p)
+        .group_by(_pg=pg)
         .agg(_all_seq=pl.col("seq").is_not_null().all())
         .filter(pl.col("_all_seq"))
-        .get_column("_pg")
-    )
-    with_kind = rows.with_columns(
-        key_kind=pl.when(p2p)
+        .select("_pg")
+    ).get_column("_pg")
+    kind = (
+        pl.when(p2p)
         .then(pl.lit("p2p"))
         .when(is_p2p)
         .then(pl.lit("unpaired"))
-        .when(pl.col("_pg").is_in(seq_groups.implode()))
+        .when(pg.is_in(seq_groups.implode()))
         .then(pl.lit("seq"))
-        .otherwise(pl.lit("order")),
+        .otherwise(pl.lit("order"))
+    )
+    # Only the columns a key is made of (the rows themselves are not copied).
+    parts = rows.select(
+        "rank",
+        "collective",
+        "seq",
+        "call_index",
+        _pg=pg,
+        key_kind=kind,
         _sender=sender,
         _receiver=receiver,
     )
-    with_kind = with_kind.with_columns(
-        _p2p_ordinal=_ordinal(with_kind, "rank", "_pg", "_sender", "_receiver"),
-        _seq_ordinal=_ordinal(with_kind, "rank", "_pg", "seq"),
+    # Positions among the rank's calls with the same direction or number, where some key
+    # needs them (most jobs have no point-to-point transfers).
+    kinds = set(parts.get_column("key_kind").unique())
+    parts = parts.with_columns(
+        _p2p_ordinal=_ordinal(parts, "rank", "_pg", "_sender", "_receiver")
+        if "p2p" in kinds
+        else pl.lit(None, dtype=pl.Int64),
+        _seq_ordinal=_ordinal(parts, "rank", "_pg", "seq")
+        if "seq" in kinds
+        else pl.lit(None, dtype=pl.Int64),
     )
+    # What identifies a call across ranks, by kind (the rank only for unpaired transfers).
+    k = pl.col("key_kind")
+    parts = parts.select(
+        "_pg",
+        "key_kind",
+        _a=pl.when(k == "p2p")
+        .then(pl.col("_sender"))
+        .when(k == "seq")
+        .then(pl.col("seq"))
+        .when(k == "unpaired")
+        .then(pl.col("rank"))
+        .otherwise(pl.col("call_index")),
+        _b=pl.when(k == "p2p")
+        .then(pl.col("_receiver"))
+        .when(k == "seq")
+        .then(pl.col("_seq_ordinal"))
+        .when(k == "unpaired")
+        .then(pl.col("call_index")),
+        _c=pl.when(k == "p2p").then(pl.col("_p2p_ordinal")),
+        _coll=pl.when(k.is_in(["unpaired", "order"])).then(pl.col("collective")),
+    )
+    ids = ["_pg", "key_kind", "_a", "_b", "_c", "_coll"]
+    # Keys and instance numbers are made once per distinct call, not once per row.
     key = (
-        pl.when(pl.col("key_kind") == "p2p")
-        .then(pl.format("{}>{}#{}", pl.col("_sender"), pl.col("_receiver"), pl.col("_p2p_ordinal")))
-        .when(pl.col("key_kind") == "seq")
-        .then(pl.format("{}.{}", pl.col("seq"), pl.col("_seq_ordinal")))
-        .when(pl.col("key_kind") == "unpaired")
-        .then(pl.format("r{}:{}#{}", pl.col("rank"), pl.col("collective"), pl.col("call_index")))
-        .otherwise(pl.format("{}#{}", pl.col("collective"), pl.col("call_index")))
+        pl.when(k == "p2p")
+        .then(pl.format("{}>{}#{}", pl.col("_a"), pl.col("_b"), pl.col("_c")))
+        .when(k == "seq")
+        .then(pl.format("{}.{}", pl.col("_a"), pl.col("_b")))
+        .when(k == "unpaired")
+        .then(pl.format("r{}:{}#{}", pl.col("_a"), pl.col("_coll"), pl.col("_b")))
+        .otherwise(pl.format("{}#{}", pl.col("_coll"), pl.col("_a")))
     )
-    # Instances are numbered in (group, kind, key) order: a dense rank, not a join.
-    instance = pl.struct("_pg", "key_kind", "key").rank("dense").cast(pl.Int64) - 1
-    return (
-        with_kind.with_columns(key=key)
-        .with_columns(instance=instance)
-        .drop("_pg", "_sender", "_receiver", "_p2p_ordinal", "_seq_ordinal")
+    # Instances are numbered in (group, kind, key) order, a dense rank over the distinct
+    # calls; each row finds its call's number by the parts of its key.
+    calls = (
+        parts.unique(ids)
+        .with_columns(key=key)
+        .with_columns(instance=pl.struct("_pg", "key_kind", "key").rank("dense").cast(pl.Int64) - 1)
     )
+    found = parts.join(calls, on=ids, how="left", maintain_order="left", nulls_equal=True)
+    return rows.with_columns(found.select("key_kind", "key", "instance"))
+
+
+def _in_call_order(rows: pl.DataFrame) -> bool:
+    """Whether the rows are already sorted by rank, then start time."""
+    rank, start = pl.col("rank"), pl.col("start_ns")
+    later = (rank > rank.shift(1)) | ((rank == rank.shift(1)) & (start >= start.shift(1)))
+    return bool(rows.select(later.slice(1).all(ignore_nulls=False).fill_null(False)).item())
 
 
 def _ordinal(rows: pl.DataFrame, *keys: str) -> pl.Series:
