@@ -393,11 +393,15 @@ def _exposure(tables: Tables, transfer_only: bool) -> pl.DataFrame:
             continue
         compute = kernels.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns")
         ranks = kernels["rank"].unique()
-        calls = iv.filter(pl.col("rank").is_in(ranks.cast(iv.schema["rank"])))
+        calls = iv.filter(pl.col("rank").is_in(ranks.cast(iv.schema["rank"]).implode()))
         exposed.append(calls.select("_row", exposed_ns=uncovered_ns(calls, compute, ["rank"])))
         seen.append(ranks)
     # Calls on ranks without kernels: nothing covers them.
-    rest = iv.filter(~pl.col("rank").is_in(pl.concat(seen).cast(iv.schema["rank"]))) if seen else iv
+    rest = (
+        iv.filter(~pl.col("rank").is_in(pl.concat(seen).cast(iv.schema["rank"]).implode()))
+        if seen
+        else iv
+    )
     exposed.append(rest.select("_row", exposed_ns=uncovered_ns(rest, rest.clear(), ["rank"])))
     found = pl.concat(exposed).sort("_row")["exposed_ns"]
     return waits.with_columns(exposed_ns=found)

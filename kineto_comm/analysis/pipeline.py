@@ -375,7 +375,9 @@ def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame
         pl.col("start_ns").cast(pl.Int64),
         pl.col("end_ns").cast(pl.Int64),
     )
-    windows = windows.filter(pl.col("rank").is_in(kernels["rank"].unique().cast(pl.Int64)))
+    windows = windows.filter(
+        pl.col("rank").is_in(kernels["rank"].unique().cast(pl.Int64).implode())
+    )
     metrics = breakdown(compute, windows.rename({"step": "window"})).select(
         "rank", step="window", busy_ns="compute_ns"
     )

@@ -818,7 +818,9 @@ def _needs_shapes(cpu: pl.DataFrame, details: pl.DataFrame | None, notes: _Annot
     described = pl.lit(0, dtype=pl.UInt32)
     if details is not None:
         with_args = details["_seq"].filter(details["collective"].is_not_null())
-        described = pl.col("_seq").filter(name == "record_param_comms").is_in(with_args).sum()
+        described = (
+            pl.col("_seq").filter(name == "record_param_comms").is_in(with_args.implode()).sum()
+        )
     host, annotations, described = collect(
         cpu.lazy().select(
             name.str.contains(r"^(gloo|ucc|mpi):").any(),
