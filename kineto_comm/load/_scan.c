@@ -328,6 +328,13 @@ typedef struct {
 
 static inline void skip_ws(Cur *c) {
     const uint8_t *p = c->p, *end = c->end;
+    /* Most calls meet a token at once, or after one space (`"key": value`, `item, item`):
+     * every byte above ' ' is a token's, so those take no loop. */
+    if (p < end && *p > ' ') return;
+    if (end - p >= 2 && p[0] == ' ' && p[1] > ' ') {
+        c->p = p + 1;
+        return;
+    }
     for (;;) {
         /* Pretty-printed traces indent with runs of spaces. */
         while (SWAR && end - p >= 8) {
