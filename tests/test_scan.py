@@ -156,6 +156,13 @@ META = b'{"ph":"M","name":"thread_name","pid":1,"tid":2,"args":{"name":"main"}}'
         (b"[" + KERNEL + b"," + OP + b"," + META + b"]", True),
         (b"[]", True),
         (b"[ \n" + OP + b" ,\t" + OP + b" \r\n]", True),
+        # Whitespace of every kind and length around every token (one space is a fast path).
+        (
+            b'[\t{ "ph" :  "X",\n\t"cat":\r\n"cpu_op" , "name": "a",  "pid":1 ,"tid" :2,'
+            b' "ts": 1,"dur":\t2, "args": { "External id" :\n 5 } } ,  ' + OP + b"\n \t]",
+            True,
+        ),
+        (b'[{"ph": "X","cat": "cpu_op","name":\x0b"a","ts":1}]', False),
         (b'[{"ph":"s","id":1,"pid":"x","ts":"odd","cat":"ac2g"},' + OP + b"]", True),
         (b'[{"ph":"X","cat":"python_function","name":"f","pid":"Spans","tid":"t"}]', True),
         (
