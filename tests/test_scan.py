@@ -163,6 +163,13 @@ META = b'{"ph":"M","name":"thread_name","pid":1,"tid":2,"args":{"name":"main"}}'
             True,
         ),
         (b'[{"ph": "X","cat": "cpu_op","name":\x0b"a","ts":1}]', False),
+        # Mantissas of 19, 20 and 26 digits: past 19 the value comes from strtod.
+        (
+            b'[{"ph":"X","cat":"kernel","name":"k","ts":1234567890.123456789,'
+            b'"dur":12345678901.23456789},{"ph":"X","cat":"kernel","name":"k",'
+            b'"ts":0.0000000000000000000001234,"dur":9223372036854775807}]',
+            True,
+        ),
         (b'[{"ph":"s","id":1,"pid":"x","ts":"odd","cat":"ac2g"},' + OP + b"]", True),
         (b'[{"ph":"X","cat":"python_function","name":"f","pid":"Spans","tid":"t"}]', True),
         (

@@ -471,21 +471,18 @@ static const double POW10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
  * anything with a fraction or exponent V_FLOAT (correctly rounded) or V_HUGE. */
 static void parse_number(Cur *c, Value *v) {
     const uint8_t *start = c->p, *p = c->p, *end = c->end;
-    int neg = 0, digits = 0, frac_digits = 0, is_float = 0;
+    int neg = 0, frac_digits = 0, is_float = 0;
     uint64_t m = 0;
-    int overflow = 0;
+    int digits = 0; /* into m, fraction included: 19 always fit, more may not */
     if (p < end && *p == '-') neg = 1, p++;
     if (p >= end) goto bad;
     if (*p == '0') {
         p++;
         digits = 1;
     } else if (*p >= '1' && *p <= '9') {
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (m > (UINT64_MAX - 9) / 10) overflow = 1;
-            else m = m * 10 + (*p - '0');
-            p++;
-            digits++;
-        }
+        const uint8_t *first = p;
+        while (p < end && (unsigned)(*p - '0') <= 9) m = m * 10 + (unsigned)(*p++ - '0');
+        digits = (int)(p - first);
     } else {
         goto bad;
     }
@@ -493,12 +490,14 @@ static void parse_number(Cur *c, Value *v) {
         is_float = 1;
         p++;
         if (p >= end || *p < '0' || *p > '9') goto bad;
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (m > (UINT64_MAX - 9) / 10) overflow = 1;
-            else m = m * 10 + (*p - '0'), frac_digits++;
-            p++;
-        }
+        const uint8_t *first = p;
+        while (p < end && (unsigned)(*p - '0') <= 9) m = m * 10 + (unsigned)(*p++ - '0');
+        frac_digits = (int)(p - first);
+        digits += frac_digits;
     }
+    /* Beyond 19 digits m may have wrapped: such a number is out of int64's range when it is
+     * an integer, and goes to strtod when it is not. */
+    int overflow = digits > 19;
     int exp10 = 0;
     if (p < end && (*p == 'e' || *p == 'E')) {
         is_float = 1;
