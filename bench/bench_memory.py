@@ -28,19 +28,14 @@ import kineto_comm  # noqa: E402,F401  (the package, so that its analyze module 
 from kineto_comm.analysis import crossrank  # noqa: E402
 
 ANALYZE = sys.modules["kineto_comm.analyze"]
-STEPS = (
-    "match_keys",
-    "estimate_offsets",
-    "shift",
-    "instances",
-    "waits",
-    "stragglers",
-    "message_sizes",
-    "message_size_summary",
-    "process_groups",
-    "pipeline",
-    "storms",
-)
+# The cross-rank steps: the analysis functions cross_rank() calls by name.
+STEPS = [
+    name
+    for name, value in vars(crossrank).items()
+    if callable(value)
+    and getattr(value, "__module__", "").startswith("kineto_comm.analysis.")
+    and name != "cross_rank"
+]
 
 
 def main() -> None:
