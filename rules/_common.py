@@ -62,9 +62,11 @@ def exposure_by_cause(tables: Tables, exclude_last: bool = True) -> pl.DataFrame
             bytes_per_call=pl.lit(None, dtype=pl.Float64),
         )
     storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
-    exp = exp.filter(~pl.col("collective").is_in(P2P)).with_columns(
-        pl.col("process_group").cast(pl.String)
-    )
+    # Only the columns used below: a filter or join copies every column it is given, and this
+    # table has one row per call on every rank.
+    used = ("rank", "step", "process_group", "collective", "end_ns", "bytes", "exposed_ns")
+    exp = exp.select(used).filter(~pl.col("collective").is_in(P2P))
+    exp = exp.with_columns(pl.col("process_group").cast(pl.String))
     exp = exp.join(storms, on=["process_group", "collective"], how="anti")
     if exclude_last:
         last = pl.col("end_ns") == pl.col("end_ns").max().over("rank", "step")

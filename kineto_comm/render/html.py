@@ -186,7 +186,8 @@ def size_histograms(report: Report) -> pl.DataFrame:
     if coll.height == 0:
         return pl.DataFrame()
     return (
-        coll.filter(pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
+        coll.select("collective", "process_group", "bytes")  # a filter copies what it is given
+        .filter(pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
         .with_columns(log2_bucket=pl.col("bytes").cast(pl.Float64).log(2).floor().cast(pl.Int64))
         .group_by("collective", "process_group", "log2_bucket")
         .agg(calls=pl.len().cast(pl.Int64))
@@ -287,8 +288,11 @@ def svg_skew_heatmap(report: Report) -> str:
     ranks = sorted(waits["rank"].unique().to_list())
     per_row = math.ceil(len(ranks) / MAX_HEAT_ROWS)
     row_of = {r: i // per_row for i, r in enumerate(ranks)}
+    # Narrow rows through the join and the sort (one per call and rank); a cell's names are
+    # looked up once it is chosen.
     cells = (
-        waits.join(cols.select("instance", "col", "collective", "process_group"), on="instance")
+        waits.select("instance", "rank", "wait_ns")
+        .join(cols.select("instance", "col"), on="instance")
         .with_columns(row=pl.col("rank").replace_strict(row_of, return_dtype=pl.Int64))
         # Each cell names the rank and call that waited longest (ties: lowest rank, first call).
         .sort(
@@ -299,10 +303,15 @@ def svg_skew_heatmap(report: Report) -> str:
         .agg(
             wait_ns=pl.col("wait_ns").max(),
             rank=pl.col("rank").first(),
-            collective=pl.col("collective").first(),
-            process_group=pl.col("process_group").first(),
             instance=pl.col("instance").first(),
         )
+        .join(
+            cols.select("instance", "collective", "process_group"),
+            on="instance",
+            how="left",
+            maintain_order="left",
+        )
+        .select("row", "col", "wait_ns", "rank", "collective", "process_group", "instance")
     )
     ncols = int(cols["col"].max()) + 1  # type: ignore[arg-type]
     nrows = max(row_of.values()) + 1
