@@ -163,6 +163,14 @@ META = b'{"ph":"M","name":"thread_name","pid":1,"tid":2,"args":{"name":"main"}}'
             True,
         ),
         (b'[{"ph": "X","cat": "cpu_op","name":\x0b"a","ts":1}]', False),
+        # Strings of 0, 7 and 8 bytes (seven or fewer are read from one word), and short ones
+        # with an escape, a control character or a non-ASCII byte (those are not).
+        (
+            b'[{"ph":"X","cat":"cpu_op","name":"","pid":1,"tid":2,"ts":1,"dur":2,"args":'
+            b'{"ab":"a\\"b","1234567":"12345678","\xc3\xa9":"a\\u0041","x":"\\n","y":""}}]',
+            True,
+        ),
+        (b'[{"ph":"X","cat":"cpu_op","name":"a\tb","ts":1}]', False),
         # Mantissas of 19, 20 and 26 digits: past 19 the value comes from strtod.
         (
             b'[{"ph":"X","cat":"kernel","name":"k","ts":1234567890.123456789,'

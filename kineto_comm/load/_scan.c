@@ -403,6 +403,28 @@ static int utf8_ok(const uint8_t *p, size_t n) {
     return 1;
 }
 
+/* A string of at most seven plain bytes (no escape, control or non-ASCII byte: keys such as
+ * "ph" or "cat", values such as "X"), read from one eight-byte word; 0 when it is not one,
+ * and parse_string reads it instead. The lowest flagged byte of each test is a true hit, so
+ * a flag below the closing quote is a real bad byte. */
+static inline int short_string(Cur *c, Value *v) {
+    const uint8_t *p = c->p + 1;
+    if (!SWAR || c->end - p < 8) return 0;
+    uint64_t w;
+    memcpy(&w, p, 8);
+    uint64_t quote = HAS_BYTE(w, '"');
+    if (!quote) return 0;
+    int n = FIRST_HIT(quote);
+    uint64_t bad = HAS_BYTE(w, '\\') | HAS_LESS(w, 0x20) | (w & HIGHS);
+    if (n > 0 && (bad & ((1ull << (8 * n)) - 1))) return 0;
+    v->kind = V_STR;
+    v->s = p;
+    v->n = (size_t)n;
+    v->flags = 0;
+    c->p = p + n + 1;
+    return 1;
+}
+
 /* A string at c->p (which is at its opening quote): checked as msgspec checks strings
  * (escapes, control characters, surrogate pairs), contents and flags into v. */
 static void parse_string(Cur *c, Value *v) {
@@ -580,7 +602,7 @@ static inline void walk_object(Cur *c, int plain_keys,
     do {
         Value key;
         if (c->p >= c->end || *c->p != '"') goto bad;
-        parse_string(c, &key);
+        if (!short_string(c, &key)) parse_string(c, &key);
         if (c->bad) return;
         if (plain_keys && (key.flags & S_ESC)) goto bad;
         skip_ws(c);
@@ -616,7 +638,7 @@ static int skip_value(Cur *c, Value *v, int depth) {
     }
     switch (*c->p) {
     case '"':
-        parse_string(c, v);
+        if (!short_string(c, v)) parse_string(c, v);
         break;
     case '{':
         v->kind = V_OBJ;
