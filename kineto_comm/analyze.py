@@ -165,8 +165,9 @@ def analyze(
     kept = [r.with_rank(assignment.ranks[r.file]) for r in results if r.file in assignment.ranks]
     warnings = [*budgeted.warnings] + [w for r in kept for w in r.warnings]
     warnings += assignment.warnings
-    # Merged tables are in rank order (then each rank's own order): matching reads the calls
-    # in that order and need not sort a copy of them all (the parent's largest transient).
+    # The ranks table and the merged ones are in rank order (then each rank's own order):
+    # matching reads the calls in that order and need not sort a copy of them all (the
+    # parent's largest transient).
     kept.sort(key=lambda r: r.rank)
     ranks = pl.DataFrame(
         [
@@ -192,7 +193,7 @@ def analyze(
             "timeline": pl.String,
             "bytes": pl.Int64,
         },
-    ).sort("rank")
+    )
     # The per-rank tables become merged ones: only `merged` refers to them from here on.
     small = [name for name in TABLES if name != "kernels"]
     pieces = {name: [getattr(r, name) for r in kept] for name in small}

@@ -311,7 +311,6 @@ def svg_skew_heatmap(report: Report) -> str:
             how="left",
             maintain_order="left",
         )
-        .select("row", "col", "wait_ns", "rank", "collective", "process_group", "instance")
     )
     ncols = int(cols["col"].max()) + 1  # type: ignore[arg-type]
     nrows = max(row_of.values()) + 1
