@@ -22,33 +22,40 @@ from kineto_comm.kernel_store import Part, RankKernels, SpillFolder
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
 from kineto_comm.per_rank import TABLES, RankTables, spill
 from kineto_comm.report import Report
-from kineto_comm.workers import Outcome, Settings, run_local, run_threads, unwire, work
+from kineto_comm.workers import (
+    DIED,
+    Outcome,
+    Settings,
+    run_here,
+    run_local,
+    run_threads,
+    unwire,
+    work,
+)
 
 
 def _run(
     files: list[Path],
+    plan: budget.Plan,
     settings: Settings,
-    jobs: int,
     dask_scheduler: str | None,
     progress: Callable[[int, int], None] | None = None,
-    threads: bool = False,
 ) -> list[Outcome]:
-    """Per-rank work: in this process (one thread, or several for a small job), with local
-    worker processes, or on a Dask cluster."""
+    """Per-rank work, batch by batch (budget.batches): in this process (one thread, or
+    several for a small job), with local worker processes, or on a Dask cluster."""
     names = [str(f) for f in files]
+    batches = [list(b) for b in plan.batches]
     if dask_scheduler:
-        return _run_dask(names, settings, dask_scheduler)
-    if jobs > 1 and len(names) > 1:
-        return (run_threads if threads else run_local)(names, jobs, settings, progress)
-    results = []
-    for name in names:
-        results.append(work(name, settings, False))
-        if progress is not None:
-            progress(len(results), len(names))
-    return results
+        return _run_dask(names, batches, settings, dask_scheduler)
+    if plan.jobs > 1 and len(batches) > 1:
+        runner = run_threads if plan.threads else run_local
+        return runner(names, batches, plan.jobs, settings, progress)
+    return run_here(names, batches, settings, progress)
 
 
-def _run_dask(names: list[str], settings: Settings, address: str) -> list[Outcome]:
+def _run_dask(
+    names: list[str], batches: list[list[int]], settings: Settings, address: str
+) -> list[Outcome]:
     """Send per-rank work to an existing Dask cluster (files must be on shared storage).
     The workers may not see this machine's disk: kernels to keep in files are written here."""
     try:
@@ -61,16 +68,20 @@ def _run_dask(names: list[str], settings: Settings, address: str) -> list[Outcom
         client = Client(address, timeout="30s")
     except OSError as exc:
         raise UsageError(f"cannot reach the Dask scheduler at {address} ({exc})") from exc
+    results: list[Outcome] = [("error", DIED)] * len(names)
     with client:
         remote = replace(settings, spill_dir=None)
-        futures = client.map(work, names, [remote] * len(names), pure=False)
-        results = []
-        for future in futures:  # one at a time: never all ranks' IPC bytes at once
-            status, payload = unwire(future.result())
+        paths = [[names[i] for i in batch] for batch in batches]
+        futures = client.map(work, paths, [remote] * len(paths), pure=False)
+        for batch, future in zip(batches, futures, strict=True):
+            # One batch at a time: never all ranks' IPC bytes at once.
+            outcomes = future.result()
             future.release()
-            if status == "ok" and settings.spill_dir is not None:
-                payload = spill(payload, settings.spill_dir)
-            results.append((status, payload))
+            for i, outcome in zip(batch, outcomes, strict=True):
+                status, payload = unwire(outcome)
+                if status == "ok" and settings.spill_dir is not None:
+                    payload = spill(payload, settings.spill_dir)
+                results[i] = (status, payload)
         return results
 
 
@@ -125,9 +136,10 @@ def analyze(
 
     comm_patterns: extra regular expressions for kernel names that are communication
         (e.g. DeepEP `dispatch|combine`), added to the NCCL/RCCL defaults.
-    jobs: rank files analysed at once (default: the number of cores, at most one per file;
-        1 runs everything in this process): threads of this process for a small job,
-        else worker processes (kineto_comm.workers, budget.THREADS_BELOW).
+    jobs: batches of rank files analysed at once (default: the number of cores, at most
+        one per file; 1 runs everything in this process): threads of this process for a
+        small job, else worker processes (kineto_comm.workers, budget.THREADS_BELOW,
+        budget.batches).
     align: estimate per-rank clock offsets from matched collectives and put all times on
         rank 0's clock (docs/tables.md `offsets`); False keeps each trace's own clock.
     cache_dir: keep per-rank tables there (Parquet, keyed by file content and tool version)
@@ -158,7 +170,7 @@ def analyze(
         patterns, cache_arg, budgeted.piece_bytes, None if folder is None else str(folder.path)
     )
     results = _tables_or_errors(
-        files, _run(files, settings, workers, dask_scheduler, progress, budgeted.threads), errors
+        files, _run(files, budgeted, settings, dask_scheduler, progress), errors
     )
     assignment = assign_ranks([RankClaim(r.file, r.rank, r.world_size) for r in results])
     errors.extend((e.file, e.problem) for e in assignment.rejected)

@@ -28,6 +28,7 @@ PARENT_SHARE = 0.1
 SPILLED_SHARE = 0.015
 SPILL_ABOVE = 1 * GiB
 THREADS_BELOW = 256 * MiB  # a job this small runs in threads (kineto_comm.workers)
+BATCH_BYTES = 64 * MiB  # rank files are modelled together up to this much JSON (batches)
 MIN_PIECE = 1 * MiB
 ENV = "KINETO_COMM_MEMORY_LIMIT"
 
@@ -74,7 +75,8 @@ class Plan:
     """What a memory limit allows: `jobs` processes at once (this one included: it analyses
     files too, on top of the tables it holds), decoding `piece_bytes` at a time; with
     `spill`, every rank's kernels are kept in files rather than in the parent's memory; with
-    `threads`, the jobs are threads of this process rather than processes."""
+    `threads`, the jobs are threads of this process rather than processes. `batches` groups
+    the files (by position) into the units of work (see `batches`)."""
 
     limit: int
     jobs: int
@@ -82,6 +84,7 @@ class Plan:
     spill: bool = False
     threads: bool = False
     warnings: tuple[str, ...] = ()
+    batches: tuple[tuple[int, ...], ...] = ()
 
 
 def plan(files: list[Path], limit: int, jobs: int) -> Plan:
@@ -101,4 +104,31 @@ def plan(files: list[Path], limit: int, jobs: int) -> Plan:
             f" the memory limit of {limit / GiB:.1f} GiB; going ahead with one worker"
         )
     jobs = max(1, min(jobs, fits))
-    return Plan(limit, jobs, piece, spill, total <= THREADS_BELOW, tuple(warnings))
+    # A batch may hold what one worker's share of the limit holds, up to BATCH_BYTES.
+    room = int(((limit - parent) // jobs - WORKER_BASE) / WORKER_SHARE)
+    grouped = batches([sizes[f] for f in files], jobs, min(BATCH_BYTES, room))
+    return Plan(limit, jobs, piece, spill, total <= THREADS_BELOW, tuple(warnings), grouped)
+
+
+def batches(sizes: list[int], jobs: int, cap: int = BATCH_BYTES) -> tuple[tuple[int, ...], ...]:
+    """Files (by position, consecutive ones) grouped into batches of about `cap` bytes of
+    JSON at most, each batch decoded file by file and modelled in one set of queries
+    (per_rank.tabulate): most of a query's cost on a small rank file is fixed, so a batch of
+    small files costs little more than one. A file of half `cap` or more is a batch of its
+    own. Batches are about equal in size and, where the files allow, as many as the workers
+    or a multiple of them, so that the workers finish together."""
+    if cap <= 0:
+        return tuple((i,) for i in range(len(sizes)))
+    total = sum(sizes)
+    count = max(-(-total // cap), min(jobs, len(sizes)), 1)
+    target = total / min(len(sizes) or 1, -(-count // jobs) * jobs)
+    out: list[list[int]] = []
+    slot, start, alone = -1, 0, False
+    for i, s in enumerate(sizes):
+        at = int((start + s / 2) // target) if target else 0  # where its middle falls
+        big = 2 * s >= cap
+        if not out or at != slot or big or alone:
+            out.append([])
+        out[-1].append(i)
+        slot, start, alone = at, start + s, big
+    return tuple(tuple(b) for b in out)

@@ -1,8 +1,9 @@
 """Everything that needs only one rank's file: decode, model, and time breakdown.
 
-`process_file` is self-contained and returns compact tables, so it can run in a worker
-process (the tables travel back as Arrow IPC, see `to_wire`) or on another machine. Ranks
-are provisional here (what the file says); the merge step assigns final ones.
+`process_file` (one file) and `tabulate` (several decoded files, modelled together) are
+self-contained and return compact tables per file, so they can run in a worker process (the
+tables travel back as Arrow IPC, see `to_wire`) or on another machine. Ranks are
+provisional here (what the file says); the merge step assigns final ones.
 """
 
 from __future__ import annotations
@@ -76,18 +77,21 @@ class RankTables:
         return replace(self, rank=rank, **relabel)
 
 
-def _process_groups(raw: RawTrace) -> pl.DataFrame:
+def _process_groups(raws: list[RawTrace]) -> pl.DataFrame:
     rows = [
         {
+            "rank": i,
             "pg_name": g["pg_name"],
             "pg_desc": g["pg_desc"],
             "pg_size": g["pg_size"],
             "ranks_text": str(g["ranks"]),
         }
+        for i, raw in enumerate(raws)
         for g in raw.process_groups
         if g["pg_name"] is not None
     ]
     schema = {
+        "rank": pl.Int64,
         "pg_name": pl.String,
         "pg_desc": pl.String,
         "pg_size": pl.Int64,
@@ -96,49 +100,145 @@ def _process_groups(raw: RawTrace) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
+_ROLES = ("gpu", "runtime", "ops", "host", "threads")
+
+
+def stack(raws: list[RawTrace]) -> RawTrace:
+    """The files' event tables one above the other, each row with a `rank` column holding
+    its file's position in `raws` (the model's tables are keyed by it)."""
+    tables = {
+        role: pl.concat(
+            [
+                getattr(raw, role).with_columns(rank=pl.lit(i, dtype=pl.Int64))
+                for i, raw in enumerate(raws)
+            ],
+            how="vertical",
+            rechunk=False,
+        )
+        for role in _ROLES
+    }
+    return replace(raws[0], file="", **tables)
+
+
 def process_file(
     path: str | Path, comm_patterns: tuple[str, ...] = (), piece_bytes: int | None = None
 ) -> RankTables:
     """Decode one trace and build its kernels, collectives, steps and totals tables
     (`piece_bytes`: see decode_file)."""
-    raw = decode_file(path, piece_bytes)
-    rank = raw.rank if raw.rank is not None else -1
-    marks = cpu_steps(raw, rank)
-    on_device = raw.gpu.height > 0
-    rows = assign_steps(build_kernels(raw, rank, comm_patterns), marks)
+    return tabulate([decode_file(path, piece_bytes)], comm_patterns)[0]
+
+
+def tabulate(raws: list[RawTrace], comm_patterns: tuple[str, ...] = ()) -> list[RankTables]:
+    """The kernels, collectives, steps and totals tables of decoded files, in their order.
+
+    Files with device activity are modelled together, as are those without (host
+    timelines): each query runs once over all of them, keyed by file, rather than once per
+    file. Most of a query's cost on a rank of a few MB is fixed (planning, thread hand-offs),
+    so small rank files cost a fraction of what they would one by one. `raws` is emptied:
+    the event tables are freed as soon as they are done with.
+    """
+    out: list[RankTables | None] = [None] * len(raws)
+    groups = [
+        [i for i, raw in enumerate(raws) if (raw.gpu.height > 0) == on_device]
+        for on_device in (True, False)
+    ]
+    batches = [[raws[i] for i in group] for group in groups]
+    raws.clear()
+    for group, members in zip(groups, batches, strict=True):
+        if group:
+            for i, tables in zip(group, _model(members, comm_patterns), strict=True):
+                out[i] = tables
+    return [t for t in out if t is not None]
+
+
+def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTables]:
+    """tabulate() for files that all have device activity, or all have none. `raws` keeps
+    only their metadata: their tables are now the stacked ones."""
+    on_device = raws[0].gpu.height > 0
+    stacked = stack(raws)
+    raws[:] = [replace(r, **{role: pl.DataFrame() for role in _ROLES}) for r in raws]
+    groups = _process_groups(raws)
+    marks = cpu_steps(stacked)
+    marked = set(marks["rank"].to_list())
+    rows = assign_steps(build_kernels(stacked, comm_patterns), marks)
     # The event tables are done with: free them before the rest (peak memory).
-    raw = replace(raw, gpu=raw.gpu.clear(), runtime=raw.runtime.clear(), host=raw.host.clear())
+    stacked = replace(
+        stacked,
+        gpu=stacked.gpu.clear(),
+        runtime=stacked.runtime.clear(),
+        host=stacked.host.clear(),
+        threads=stacked.threads.clear(),
+    )
     kernels = rows.select(KERNEL_COLUMNS)
-    collectives = build_collectives(rows, raw, _process_groups(raw))
+    collectives = build_collectives(rows, stacked, groups)
     del rows
-    windows = device_windows(kernels, marks, rank)
+    windows = device_windows(kernels, marks)
     # Per step and over all device activity (inside steps or not), in one sweep.
-    whole = pl.DataFrame(
-        {
-            "rank": [rank],
-            "window": [0],
-            "start_ns": [kernels["start_ns"].min()],
-            "end_ns": [kernels["end_ns"].max()],
-        },
-        schema={"rank": pl.Int64, "window": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64},
+    whole = kernels.group_by("rank").agg(
+        window=pl.lit(0, dtype=pl.Int64),
+        start_ns=pl.col("start_ns").min(),
+        end_ns=pl.col("end_ns").max(),
     )
     step_metrics, totals = breakdowns(kernels, [windows.rename({"step": "window"}), whole])
     steps = windows.join(
         step_metrics.drop("start_ns", "end_ns").rename({"window": "step"}),
         on=["rank", "step"],
         how="left",
-    ).sort("start_ns")
+    ).sort("rank", "start_ns", maintain_order=True)
     totals = totals.drop("window")
+    parts = {
+        name: _by_file(frame, len(raws))
+        for name, frame in (
+            ("kernels", kernels),
+            ("collectives", collectives),
+            ("steps", steps),
+            ("totals", totals),
+        )
+    }
+    calls = _collective_spans(stacked.ops, raws)
+    return [
+        _rank_tables(
+            raw, {name: parts[name][i] for name in parts}, on_device, i in marked, calls[i]
+        )
+        for i, raw in enumerate(raws)
+    ]
+
+
+def _by_file(frame: pl.DataFrame, n: int) -> list[pl.DataFrame]:
+    """A model table split by file (its `rank` column: the file's position)."""
+    if n == 1:
+        return [frame]
+    found = frame.partition_by("rank", as_dict=True, maintain_order=True)
+    empty = frame.clear()
+    return [found.get((i,), empty) for i in range(n)]
+
+
+def _collective_spans(ops: pl.DataFrame, raws: list[RawTrace]) -> list[int]:
+    """Per file, its collective calls on the host (only counted for world-size-1 files,
+    whose warning quotes it)."""
+    if not any(raw.world_size == 1 for raw in raws):
+        return [0] * len(raws)
+    counts = ops.group_by("rank").agg(pl.col("name").str.contains(COLLECTIVE_SPAN).sum())
+    found = dict(zip(counts["rank"].to_list(), counts["name"].to_list(), strict=True))
+    return [int(found.get(i) or 0) for i in range(len(raws))]
+
+
+def _rank_tables(
+    raw: RawTrace, frames: dict[str, pl.DataFrame], on_device: bool, marked: bool, calls: int
+) -> RankTables:
+    """One file's RankTables from its part of the model's tables (rank: what the file says,
+    -1 when it does not)."""
+    rank = raw.rank if raw.rank is not None else -1
+    frames = {k: f.with_columns(rank=pl.lit(rank, dtype=pl.Int64)) for k, f in frames.items()}
+    kernels, collectives = frames["kernels"], frames["collectives"]
     timeline = "device" if on_device else ("host" if kernels.height else "none")
     warnings = list(raw.warnings)
-    if raw.world_size == 1 and collectives.height == 0:
-        calls = int(raw.ops["name"].str.contains(COLLECTIVE_SPAN).sum())
-        if calls:
-            warnings.append(
-                f"{raw.file}: world size 1: its {calls} collective calls moved no data between"
-                " ranks (with one rank NCCL runs them as local copies, not kernels), so there"
-                " is no communication to analyse"
-            )
+    if raw.world_size == 1 and collectives.height == 0 and calls:
+        warnings.append(
+            f"{raw.file}: world size 1: its {calls} collective calls moved no data between"
+            " ranks (with one rank NCCL runs them as local copies, not kernels), so there"
+            " is no communication to analyse"
+        )
     if timeline == "none":
         warnings.append(
             f"{raw.file}: no GPU kernels and no host communication spans"
@@ -151,18 +251,15 @@ def process_file(
         "base_time_ns": raw.base_time_ns,
         "bytes": raw.nbytes,
         "process_groups": raw.process_groups,
-        "has_step_markers": bool(marks.height),
+        "has_step_markers": marked,
     }
     return RankTables(
         file=raw.file,
         rank=raw.rank,
         world_size=raw.world_size,
         meta=meta,
-        kernels=kernels,
-        collectives=collectives,
-        steps=steps,
-        totals=totals,
         warnings=warnings,
+        **frames,
     )
 
 

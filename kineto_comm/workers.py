@@ -1,9 +1,10 @@
-"""Per-rank work on local processes: this process and `jobs - 1` spawned workers pull rank
-files from one shared counter, so whoever is free takes the next file. Small jobs
-(budget.THREADS_BELOW) use threads of this process instead (`run_threads`): a worker
-process takes longer to start than such a job takes, while the compiled scanner and Polars
-run without the GIL, so threads overlap much of the work (two threads ran 8 x 10 MB rank
-files 1.4x faster than one in the seventh session, 1.9x in the eighth: bench/README.md).
+"""Per-rank work on local processes: this process and `jobs - 1` spawned workers pull
+batches of rank files (budget.batches) from one shared counter, so whoever is free takes the
+next batch. Small jobs (budget.THREADS_BELOW) use threads of this process instead
+(`run_threads`): a worker process takes longer to start than such a job takes, while the
+compiled scanner and Polars run without the GIL, so threads overlap much of the work (two
+threads ran 8 x 10 MB rank files 1.4x faster than one in the seventh session, 1.9x in the
+eighth: bench/README.md).
 
 Why this process works too: starting a worker costs ~0.7 s here (a fresh interpreter that
 imports Polars), and files analysed in this process need no Arrow IPC round trip. On big
@@ -12,8 +13,8 @@ negligible, and the parent's memory stays the merged tables, without a trace's w
 
 Why a shared counter and not tasks handed out up front: a worker still starting up would
 sit on files this process could already be working on (a small job is done before a worker
-is up). A worker that dies (killed, out of memory) costs only the file it was on, reported
-as an error for that file.
+is up). A worker that dies (killed, out of memory) costs only the batch it was on, reported
+as an error for each of its files.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from typing import Any
 
 from kineto_comm import cache
 from kineto_comm.errors import TraceError
-from kineto_comm.per_rank import RankTables, from_wire, process_file, spill, to_wire
+from kineto_comm.load.decode import RawTrace, decode_file
+from kineto_comm.per_rank import RankTables, from_wire, process_file, spill, tabulate, to_wire
 
 Outcome = tuple[str, Any]  # ('ok', RankTables or its wire form) or ('error', message)
 DIED = "the worker process analysing this file stopped unexpectedly (out of memory?)"
@@ -50,33 +52,72 @@ class Settings:
     spill_dir: str | None = None
 
 
-def work(path: str, settings: Settings, wire: bool = True) -> Outcome:
-    """One rank file's tables; never raises. They travel as Arrow IPC (`to_wire`) unless
-    they stay in this process (`wire=False`)."""
+def work(paths: list[str], settings: Settings, wire: bool = True) -> list[Outcome]:
+    """The tables of a batch of rank files (see budget.batches), one outcome per file; never
+    raises. The files are decoded one by one and modelled together (per_rank.tabulate); a
+    file that fails costs only itself. Tables travel as Arrow IPC (`to_wire`) unless they
+    stay in this process (`wire=False`)."""
+    found: dict[int, RankTables] = {}
+    keys: dict[int, str] = {}
+    decoded: dict[int, RawTrace] = {}
+    outcomes: dict[int, Outcome] = {}
+    for i, path in enumerate(paths):
+        try:
+            if settings.cache_dir is not None:
+                keys[i] = cache.cache_key(path, settings.comm_patterns)
+                hit = cache.load(Path(settings.cache_dir), keys[i])
+                if hit is not None:
+                    hit.file = path
+                    found[i] = hit
+                    continue
+            decoded[i] = decode_file(path, settings.piece_bytes)
+        except Exception as exc:
+            outcomes[i] = _failed(exc)
+    parsed = set(decoded)
+    found.update(_model(decoded, paths, settings, outcomes))
+    for i, tables in found.items():
+        try:
+            if settings.cache_dir is not None and i in parsed:
+                cache.store(Path(settings.cache_dir), keys[i], tables)
+            if settings.spill_dir is not None:
+                tables = spill(tables, settings.spill_dir)
+            outcomes[i] = "ok", to_wire(tables) if wire else tables
+        except Exception as exc:
+            outcomes[i] = _failed(exc)
+    return [outcomes[i] for i in range(len(paths))]
+
+
+def _model(
+    decoded: dict[int, RawTrace], paths: list[str], settings: Settings, outcomes: dict[int, Outcome]
+) -> dict[int, RankTables]:
+    """The decoded files modelled together (`decoded` is emptied: tabulate frees the event
+    tables as it goes). Should that fail, each file is analysed again on its own, so that a
+    file that breaks the model costs only itself (its outcome goes to `outcomes`)."""
+    order = list(decoded)
+    raws = [decoded.pop(i) for i in order]
     try:
-        tables = _tables(path, settings)
-        if settings.spill_dir is not None:
-            tables = spill(tables, settings.spill_dir)
-        return "ok", to_wire(tables) if wire else tables
-    except TraceError as exc:
+        return dict(zip(order, tabulate(raws, settings.comm_patterns), strict=True))
+    except Exception as exc:
+        if len(order) == 1:
+            outcomes[order[0]] = _failed(exc)
+            return {}
+    done = {}
+    for i in order:
+        try:
+            done[i] = process_file(paths[i], settings.comm_patterns, settings.piece_bytes)
+        except Exception as exc:
+            outcomes[i] = _failed(exc)
+    return done
+
+
+def _failed(exc: Exception) -> Outcome:
+    """The outcome of a file whose analysis raised `exc`."""
+    if isinstance(exc, TraceError):
         return "error", exc.problem
-    except MemoryError:
+    if isinstance(exc, MemoryError):
         return "error", "out of memory while analysing this file"
-    except Exception as exc:  # a bug must not lose the other ranks' report
-        return "error", f"internal error while analysing ({type(exc).__name__}: {exc})"
-
-
-def _tables(path: str, settings: Settings) -> RankTables:
-    patterns, piece_bytes = settings.comm_patterns, settings.piece_bytes
-    if settings.cache_dir is None:
-        return process_file(path, patterns, piece_bytes)
-    key = cache.cache_key(path, patterns)
-    tables = cache.load(Path(settings.cache_dir), key)
-    if tables is None:
-        tables = process_file(path, patterns, piece_bytes)
-        cache.store(Path(settings.cache_dir), key, tables)
-    tables.file = path
-    return tables
+    # A bug must not lose the other ranks' report.
+    return "error", f"internal error while analysing ({type(exc).__name__}: {exc})"
 
 
 def unwire(outcome: Outcome) -> Outcome:
@@ -86,8 +127,11 @@ def unwire(outcome: Outcome) -> Outcome:
     return (status, from_wire(payload)) if status == "ok" else outcome
 
 
+Batches = list[list[int]]  # indices into the file names: the files analysed together
+
+
 def _take(counter: Any, n: int) -> int | None:
-    """The next file index nobody has taken yet, or None when all are taken."""
+    """The next batch nobody has taken yet, or None when all are taken."""
     with counter.get_lock():
         i = counter.value
         if i >= n:
@@ -96,53 +140,92 @@ def _take(counter: Any, n: int) -> int | None:
         return i
 
 
-def _pull(names: list[str], counter: Any, out: Connection, settings: Settings) -> None:
-    """Worker process: take files until none are left, sending each outcome when done."""
-    while (i := _take(counter, len(names))) is not None:
-        out.send(("start", i, None))
-        out.send(("done", i, work(names[i], settings)))
+def _paths(names: list[str], batch: list[int]) -> list[str]:
+    return [names[i] for i in batch]
+
+
+def _pull(
+    names: list[str], batches: Batches, counter: Any, out: Connection, settings: Settings
+) -> None:
+    """Worker process: take batches until none are left, sending each one's outcomes when
+    done."""
+    while (b := _take(counter, len(batches))) is not None:
+        out.send(("start", b, None))
+        out.send(("done", b, work(_paths(names, batches[b]), settings)))
     out.close()
+
+
+class _Results:
+    """Outcomes per file as batches finish, with progress counted in files."""
+
+    def __init__(
+        self, names: list[str], batches: Batches, progress: Callable[[int, int], None] | None
+    ) -> None:
+        self.batches = batches
+        self.outcomes: list[Outcome | None] = [None] * len(names)
+        self.progress = progress
+        self.done = 0
+        self.lock = threading.Lock()
+
+    def store(self, b: int, outcomes: list[Outcome]) -> None:
+        with self.lock:
+            for i, outcome in zip(self.batches[b], outcomes, strict=True):
+                self.outcomes[i] = outcome
+            self.done += len(outcomes)
+            if self.progress is not None:
+                self.progress(self.done, len(self.outcomes))
+
+    def died(self, b: int) -> None:
+        self.store(b, [("error", DIED)] * len(self.batches[b]))
+
+    def all(self) -> list[Outcome]:
+        return [r if r is not None else ("error", DIED) for r in self.outcomes]
+
+
+def run_here(
+    names: list[str],
+    batches: Batches,
+    settings: Settings,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Outcome]:
+    """Every file's outcome, in the order of `names`, one batch after the other in this
+    thread."""
+    results = _Results(names, batches, progress)
+    for b, batch in enumerate(batches):
+        results.store(b, work(_paths(names, batch), settings, False))
+    return results.all()
 
 
 def run_threads(
     names: list[str],
+    batches: Batches,
     jobs: int,
     settings: Settings,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Outcome]:
     """Every file's outcome, in the order of `names`, using up to `jobs` threads of this
     process."""
-    n = len(names)
-    results: list[Outcome | None] = [None] * n
-    with ThreadPoolExecutor(max_workers=min(jobs, n)) as pool:
-        futures = {pool.submit(work, name, settings, False): i for i, name in enumerate(names)}
-        for done, future in enumerate(as_completed(futures), 1):
-            results[futures[future]] = future.result()
-            if progress is not None:
-                progress(done, n)
-    return [r if r is not None else ("error", DIED) for r in results]
+    results = _Results(names, batches, progress)
+    with ThreadPoolExecutor(max_workers=min(jobs, len(batches))) as pool:
+        futures = {
+            pool.submit(work, _paths(names, batch), settings, False): b
+            for b, batch in enumerate(batches)
+        }
+        for future in as_completed(futures):
+            results.store(futures[future], future.result())
+    return results.all()
 
 
 def run_local(
     names: list[str],
+    batches: Batches,
     jobs: int,
     settings: Settings,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Outcome]:
     """Every file's outcome, in the order of `names`, using up to `jobs` processes."""
-    n = len(names)
-    results: list[Outcome | None] = [None] * n
-    lock = threading.Lock()
-    done = 0
-
-    def store(i: int, outcome: Outcome) -> None:
-        nonlocal done
-        with lock:
-            results[i] = outcome
-            done += 1
-            if progress is not None:
-                progress(done, n)
-
+    n = len(batches)
+    results = _Results(names, batches, progress)
     ctx = get_context("spawn")
     counter = ctx.Value("q", 0)
     procs, conns = [], []
@@ -151,26 +234,28 @@ def run_local(
     merge_only = settings.spill_dir is not None
     for _ in range(min(jobs, n) - (0 if merge_only else 1)):
         receive, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_pull, args=(names, counter, send, settings), daemon=True)
+        proc = ctx.Process(
+            target=_pull, args=(names, batches, counter, send, settings), daemon=True
+        )
         proc.start()
         send.close()
         procs.append(proc)
         conns.append(receive)
-    collector = threading.Thread(target=_collect, args=(conns, store), daemon=True)
+    collector = threading.Thread(target=_collect, args=(conns, results), daemon=True)
     collector.start()
     try:
-        while not merge_only and (i := _take(counter, n)) is not None:
-            store(i, work(names[i], settings, False))
+        while not merge_only and (b := _take(counter, n)) is not None:
+            results.store(b, work(_paths(names, batches[b]), settings, False))
         collector.join()
     finally:
         for proc in procs:
             if proc.is_alive() and collector.is_alive():  # interrupted: stop the workers
                 proc.terminate()
             proc.join()
-    return [r if r is not None else ("error", DIED) for r in results]
+    return results.all()
 
 
-def _collect(conns: list[Connection], store: Callable[[int, Outcome], None]) -> None:
+def _collect(conns: list[Connection], results: _Results) -> None:
     """Receive the workers' outcomes until every worker has closed its pipe."""
     current: dict[Connection, int | None] = {c: None for c in conns}
     live = list(conns)
@@ -178,14 +263,14 @@ def _collect(conns: list[Connection], store: Callable[[int, Outcome], None]) -> 
         for conn in wait(live):
             assert isinstance(conn, Connection)
             try:
-                kind, i, outcome = conn.recv()
+                kind, b, outcomes = conn.recv()
             except (EOFError, OSError):  # the worker is gone
                 live.remove(conn)
                 if current[conn] is not None:
-                    store(current[conn], ("error", DIED))
+                    results.died(current[conn])
                 continue
             if kind == "start":
-                current[conn] = i
+                current[conn] = b
             else:
                 current[conn] = None
-                store(i, unwire(outcome))
+                results.store(b, [unwire(o) for o in outcomes])

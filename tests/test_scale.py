@@ -38,7 +38,7 @@ def test_cache_reuses_tables_and_misses_on_changed_content(tmp_path, monkeypatch
         raise AssertionError("parsed although cached")
 
     module = sys.modules["kineto_comm.workers"]
-    monkeypatch.setattr(module, "process_file", no_parsing)
+    monkeypatch.setattr(module, "decode_file", no_parsing)
     second = analyze(traces, jobs=1, cache_dir=cache)
     _same(first, second)
     assert second.ranks["file"].to_list() == first.ranks["file"].to_list()
@@ -47,13 +47,13 @@ def test_cache_reuses_tables_and_misses_on_changed_content(tmp_path, monkeypatch
     victim = sorted(traces.iterdir())[1]
     victim.write_bytes(victim.read_bytes() + b"\n")
     calls = []
-    real = per_rank.process_file
+    real = decode.decode_file
 
-    def counting(path, patterns=(), piece_bytes=None):
+    def counting(path, piece_bytes=None):
         calls.append(path)
-        return real(path, patterns, piece_bytes)
+        return real(path, piece_bytes)
 
-    monkeypatch.setattr(module, "process_file", counting)
+    monkeypatch.setattr(module, "decode_file", counting)
     analyze(traces, jobs=1, cache_dir=cache)
     assert calls == [str(victim)]
 
@@ -153,18 +153,106 @@ def test_workers_share_the_files_and_report_progress(tmp_path, concurrency):
     report = analyze(traces, jobs=2, progress=lambda done, total: seen.append((done, total)))
     assert report.ranks.height == 4
     assert [e[0] for e in report.errors] == [str(traces / "rank-9.json")]
-    assert sorted(seen) == [(i, 5) for i in range(1, 6)]
+    # Counted in files, as each batch of files is done.
+    assert seen == sorted(seen) and seen[-1] == (5, 5) and len(seen) == 2
 
 
-def test_a_worker_that_dies_costs_only_the_file_it_was_on():
+def test_a_worker_that_dies_costs_only_the_batch_it_was_on():
     receive, send = get_context("spawn").Pipe(duplex=False)
     send.send(("start", 0, None))
-    send.send(("done", 0, ("error", "bad file")))
+    send.send(("done", 0, [("error", "bad file"), ("error", "worse file")]))
     send.send(("start", 2, None))
-    send.close()  # gone without a word about file 2
-    stored = {}
-    workers._collect([receive], stored.__setitem__)
-    assert stored == {0: ("error", "bad file"), 2: ("error", workers.DIED)}
+    send.close()  # gone without a word about batch 2
+    results = workers._Results(["a", "b", "c", "d", "e"], [[0, 1], [2], [3, 4]], None)
+    workers._collect([receive], results)
+    assert results.all() == [
+        ("error", "bad file"),
+        ("error", "worse file"),
+        ("error", workers.DIED),  # batch 1 never started: no outcome came for it
+        ("error", workers.DIED),
+        ("error", workers.DIED),
+    ]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_batches_cover_the_files_in_order_within_the_cap(seed):
+    import random
+
+    rng = random.Random(seed)
+    cap = budget.BATCH_BYTES
+    sizes = [
+        rng.choice([0, 1 << 10, 3 << 20, 10 << 20, 40 << 20, 300 << 20])
+        for _ in range(rng.randint(0, 60))
+    ]
+    jobs = rng.randint(1, 8)
+    got = budget.batches(sizes, jobs)
+    assert [i for b in got for i in b] == list(range(len(sizes)))
+    assert all(b for b in got)
+    for b in got:
+        held = [sizes[i] for i in b]
+        # A batch holds at most about `cap` (the last file may cross it), or one big file.
+        assert len(b) == 1 or (sum(held[:-1]) < cap and all(2 * s < cap for s in held))
+    # Files of one size: at least one batch per worker, where there are enough files.
+    same = budget.batches([rng.randint(1, cap)] * len(sizes), jobs)
+    assert len(same) >= min(jobs, len(sizes))
+    assert budget.batches(sizes, jobs, cap=0) == tuple((i,) for i in range(len(sizes)))
+
+
+def test_equal_small_files_make_one_batch_per_worker():
+    assert budget.batches([10 << 20] * 8, 2) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert [len(b) for b in budget.batches([5 << 20] * 7, 2)] == [3, 4]
+    many = budget.batches([10 << 20] * 256, 2)
+    assert {len(b) for b in many} <= {6, 7} and 36 <= len(many) <= 44
+    assert all(len(b) == 1 for b in budget.batches([50 << 20] * 8, 2))
+
+
+def _batch_inputs():
+    """Real traces of every kind: old and new schemas, AMD, MTIA, CPU-only, gloo host
+    timelines, world size 1, with and without step markers."""
+    from .conftest import H100_TRACES, all_shared_traces
+
+    files = all_shared_traces() + H100_TRACES
+    files += sorted((SAMPLES / "pp-4").iterdir()) + sorted((SAMPLES / "tp-2").iterdir())
+    return [f for f in files if f.name.endswith((".json", ".gz"))]
+
+
+def test_files_modelled_together_get_the_tables_they_get_alone():
+    raws = []
+    for f in _batch_inputs():
+        try:
+            raws.append(decode.decode_file(f))
+        except Exception:  # files with nothing usable: reported elsewhere
+            continue
+    assert len(raws) > 30
+    assert {r.gpu.height > 0 for r in raws} == {True, False}  # device and host timelines
+    together = per_rank.tabulate(list(raws))
+    alone = [per_rank.tabulate([raw])[0] for raw in raws]
+    assert len(together) == len(alone) == len(raws)
+    for a, b in zip(together, alone, strict=True):
+        assert a.header() == b.header(), a.file
+        for name in per_rank.TABLES:
+            assert getattr(a, name).equals(getattr(b, name)), (a.file, name)
+    assert sum(t.collectives.height for t in together) > 0
+
+
+def test_a_file_that_breaks_a_batch_costs_only_itself(monkeypatch):
+    files = [str(f) for f in sorted((SAMPLES / "ddp-4").iterdir())]
+    good = workers.work(files, workers.Settings(), wire=False)
+    victim = files[2]
+    model = per_rank._model
+
+    def fragile(raws, patterns):
+        if any(r.file == victim for r in raws):
+            raise RuntimeError("boom")
+        return model(raws, patterns)
+
+    monkeypatch.setattr(per_rank, "_model", fragile)
+    got = workers.work(files, workers.Settings(), wire=False)
+    assert got[2] == ("error", "internal error while analysing (RuntimeError: boom)")
+    for i in (0, 1, 3):
+        assert got[i][0] == "ok"
+        for name in per_rank.TABLES:
+            assert getattr(got[i][1], name).equals(getattr(good[i][1], name))
 
 
 @pytest.fixture(scope="module")

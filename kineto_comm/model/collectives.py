@@ -73,8 +73,10 @@ _RPC_MORE = ("pg_ranks", "seq", "src_rank", "dst_rank")
 def _enclosing(
     rows: pl.LazyFrame, ops: pl.LazyFrame, columns: list[str], prefix: str
 ) -> pl.LazyFrame:
-    """Add `prefix`+column of the innermost op (on the launching thread) around each launch."""
+    """Add `prefix`+column of the innermost op (on the rank's launching thread) around each
+    launch."""
     cand = ops.select(
+        "rank",
         pl.col("tid").alias("launch_tid"),
         pl.col("start_ns").alias(f"{prefix}start"),
         pl.col("end_ns").alias(f"{prefix}end"),
@@ -85,7 +87,7 @@ def _enclosing(
         cand,
         left_on="_at",
         right_on=f"{prefix}start",
-        by="launch_tid",
+        by=["rank", "launch_tid"],
         strategy="backward",
         check_sortedness=False,
     )
@@ -155,14 +157,15 @@ _SIZES = {
 }
 _BYTES = pl.max_horizontal("in_bytes", "out_bytes")
 _CALL_INDEX = pl.int_range(pl.len(), dtype=pl.Int64).over(
-    pl.col("process_group").fill_null("?"), "collective"
+    "rank", pl.col("process_group").fill_null("?"), "collective"
 )
 
 
 def build_collectives(
     kernels: pl.DataFrame, raw: RawTrace, process_groups: pl.DataFrame | None = None
 ) -> pl.DataFrame:
-    """The collectives table of one rank from its kernel rows (with `arg_*` columns)."""
+    """The collectives table of the ranks in `kernels` from their kernel rows (with `arg_*`
+    columns), in (rank, start) order; `raw` and `process_groups` carry a `rank` column too."""
     comm = kernels.filter(pl.col("kind") == "communication")
     if comm.height == 0:
         return pl.DataFrame(schema=_empty_schema())
@@ -175,12 +178,13 @@ def build_collectives(
     if process_groups is not None and process_groups.height:
         out = out.join(
             process_groups.lazy().select(
+                "rank",
                 pl.col("pg_name").alias("process_group"),
                 pl.col("ranks_text").alias("_pg_ranks"),
                 pl.col("pg_size").alias("_pg_size"),
                 pl.col("pg_desc").alias("_pg_desc"),
             ),
-            on="process_group",
+            on=["rank", "process_group"],
             how="left",
         ).with_columns(
             pg_ranks=pl.coalesce("pg_ranks", "_pg_ranks"),
@@ -188,7 +192,7 @@ def build_collectives(
             pg_desc=pl.coalesce("pg_desc", "_pg_desc"),
         )
     out = out.with_columns(peer=_PEER).with_columns(**_SIZES).with_columns(bytes=_BYTES)
-    out = out.sort("start_ns").with_columns(call_index=_CALL_INDEX)
+    out = out.sort("rank", "start_ns", maintain_order=True).with_columns(call_index=_CALL_INDEX)
     return collect(out.select(COLLECTIVE_COLUMNS))
 
 

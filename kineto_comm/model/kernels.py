@@ -55,41 +55,32 @@ ARG_COLUMNS = (
 HOST_COMM_PREFIXES = ("gloo:", "ucc:", "mpi:")
 
 
-def _launches(runtime: pl.DataFrame, correlation: pl.Series) -> list[pl.Series]:
-    """launch_ns and launch_tid of the first runtime call with each row's correlation id.
-
-    Found by binary search in the runtime calls sorted by correlation: no hash join, and
-    the (wide) kernel table is not copied.
-    """
-    calls = collect(
+def _launches(runtime: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
+    """launch_ns and launch_tid of the first runtime call with each row's (rank,
+    correlation), in the rows' order. Only the two key columns of the (wide) kernel table
+    take part in the join: the table itself is not copied."""
+    calls = (
         runtime.lazy()
-        .select("correlation", launch_ns="start_ns", launch_tid="tid")
+        .select("rank", "correlation", launch_ns="start_ns", launch_tid="tid")
         .drop_nulls("correlation")
-        .sort("correlation", maintain_order=True)
+        .unique(["rank", "correlation"], keep="first", maintain_order=True)
     )
-    if calls.height == 0:
-        n = correlation.len()
-        return [
-            pl.repeat(None, n, dtype=pl.Int64, eager=True).alias("launch_ns"),
-            pl.repeat(None, n, dtype=pl.String, eager=True).alias("launch_tid"),
-        ]
-    at = calls["correlation"].search_sorted(correlation, side="left")
-    where = at.clip(upper_bound=calls.height - 1)
-    found = (calls["correlation"].gather(where) == correlation).fill_null(False)
-    return pl.select(
-        pl.when(found).then(calls[c].gather(where)).alias(c) for c in ("launch_ns", "launch_tid")
-    ).get_columns()
+    keys = gpu.lazy().select("rank", "correlation")
+    joined = keys.join(calls, on=["rank", "correlation"], how="left", maintain_order="left")
+    return collect(joined.select("launch_ns", "launch_tid"))
 
 
-def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ()) -> pl.DataFrame:
-    """Device activity of one rank (or its host timeline when it has no device activity).
+def build_kernels(raw: RawTrace, comm_patterns: tuple[str, ...] = ()) -> pl.DataFrame:
+    """Device activity of the ranks in `raw` (their host timelines when it has no device
+    activity), in (rank, start) order.
 
-    The result has KERNEL_SCHEMA's columns plus `arg_*` columns (collective metadata found on
-    the event itself) used by the collectives table.
+    `raw`'s tables carry a `rank` column (per_rank.stack: several files are modelled in one
+    set of queries). The result has KERNEL_SCHEMA's columns plus `arg_*` columns (collective
+    metadata found on the event itself) used by the collectives table.
     """
     if raw.gpu.height == 0:
-        return host_timeline(raw, rank)
-    gpu = raw.gpu.hstack(_launches(raw.runtime, raw.gpu["correlation"]))
+        return host_timeline(raw)
+    gpu = raw.gpu.hstack(_launches(raw.runtime, raw.gpu).get_columns())
     kind = (
         pl.when(pl.col("cat").is_in(["gpu_memcpy", "Memcpy"]))
         .then(pl.lit("memcpy"))
@@ -100,7 +91,7 @@ def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ())
         .otherwise(pl.lit("compute"))
     )
     query = gpu.lazy().select(
-        pl.lit(rank, dtype=pl.Int64).alias("rank"),
+        "rank",
         pl.coalesce(pl.col("device"), parse_int(pl.col("pid"))).alias("device"),
         pl.coalesce(pl.col("stream"), parse_int(pl.col("tid"))).alias("stream"),
         pl.col("name").fill_null(""),
@@ -115,10 +106,10 @@ def build_kernels(raw: RawTrace, rank: int, comm_patterns: tuple[str, ...] = ())
         pl.lit(None, dtype=pl.String).alias("arg_input_dims"),
         pl.lit(None, dtype=pl.String).alias("arg_input_type"),
     )
-    return collect(query.sort("start_ns"))
+    return collect(query.sort("rank", "start_ns", maintain_order=True))
 
 
-def host_timeline(raw: RawTrace, rank: int) -> pl.DataFrame:
+def host_timeline(raw: RawTrace) -> pl.DataFrame:
     """Host-side communication spans and the CPU work beside them, as kernel-like rows."""
     comm = raw.ops.filter(pl.col("name").str.starts_with(HOST_COMM_PREFIXES[0]))
     for prefix in HOST_COMM_PREFIXES[1:]:
@@ -136,31 +127,32 @@ def host_timeline(raw: RawTrace, rank: int) -> pl.DataFrame:
         .filter(
             (pl.col("kind") == "thread_name") & pl.col("label").str.contains("(?i)gloo|ucc|mpi")
         )
-        .select("pid", "tid")
+        .select("rank", "pid", "tid")
     )
     ops = (
         raw.host.lazy()
-        .join(workers, on=["pid", "tid"], how="anti")
+        .join(comm.lazy().select("rank").unique(), on="rank", how="semi")  # ranks with comm
+        .join(workers, on=["rank", "pid", "tid"], how="anti")
         .filter(
             ~pl.col("name").str.starts_with("c10d::") & (pl.col("name") != "record_param_comms")
         )
     )
     # A thread blocked in a communication span is not computing, whatever op encloses it.
-    compute = subtract_intervals(ops, comm.lazy(), ["pid", "tid"])
+    compute = subtract_intervals(ops, comm.lazy(), ["rank", "pid", "tid"])
     args = [*ARG_COLUMNS, "input_dims", "input_type"]
     rows = pl.concat(
         [
             comm.lazy()
-            .select("tid", "name", "start_ns", "end_ns", *args)
+            .select("rank", "tid", "name", "start_ns", "end_ns", *args)
             .with_columns(kind=pl.lit("communication")),
-            compute.select("tid", "start_ns", "end_ns").with_columns(
+            compute.select("rank", "tid", "start_ns", "end_ns").with_columns(
                 name=pl.lit("cpu_op"), kind=pl.lit("compute")
             ),
         ],
         how="diagonal",
     )
     query = rows.select(
-        pl.lit(rank, dtype=pl.Int64).alias("rank"),
+        "rank",
         pl.lit(-1, dtype=pl.Int64).alias("device"),
         parse_int(pl.col("tid")).alias("stream"),
         "name",
@@ -173,4 +165,4 @@ def host_timeline(raw: RawTrace, rank: int) -> pl.DataFrame:
         pl.col("tid").alias("launch_tid"),
         *[pl.col(c).alias(f"arg_{c}") for c in args],
     )
-    return collect(query.sort("start_ns"))
+    return collect(query.sort("rank", "start_ns", maintain_order=True))

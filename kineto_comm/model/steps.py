@@ -30,76 +30,81 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def cpu_steps(raw: RawTrace, rank: int) -> pl.DataFrame:
-    """The ProfilerStep#N annotations of one rank: rank, step, cpu_start_ns, cpu_end_ns."""
+def cpu_steps(raw: RawTrace) -> pl.DataFrame:
+    """The ProfilerStep#N annotations of the ranks in `raw` (its tables carry a `rank`
+    column): rank, step, cpu_start_ns, cpu_end_ns, in (rank, start) order."""
     marks = raw.ops.lazy().filter(pl.col("name").str.starts_with("ProfilerStep#"))
     return collect(
         marks.select(
+            "rank",
             step=pl.col("name").str.extract(r"^ProfilerStep#(\d+)", 1).cast(pl.Int64),
             cpu_start_ns=pl.col("start_ns"),
             cpu_end_ns=pl.col("end_ns"),
         )
         .drop_nulls("step")
-        .group_by("step")
+        .group_by("rank", "step")
         .agg(pl.col("cpu_start_ns").min(), pl.col("cpu_end_ns").max())
-        .with_columns(rank=pl.lit(rank, dtype=pl.Int64))
         .select("rank", "step", "cpu_start_ns", "cpu_end_ns")
-        .sort("cpu_start_ns")
+        .sort("rank", "cpu_start_ns")
     )
 
 
 def assign_steps(kernels: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """Add a `step` column: the step whose CPU window holds the launch (or start) of each row.
+    """Add a `step` column: the step of the row's rank whose CPU window holds the launch (or
+    start) of each row.
 
-    The windows are looked up by binary search over their sorted starts, so the (wide)
-    kernel table is neither sorted nor copied.
+    Only the rows' rank and time are sorted to look the windows up: the (wide) kernel table
+    is neither sorted nor copied.
     """
     if steps.height == 0 or kernels.height == 0:
         return kernels.with_columns(step=pl.lit(NO_STEP, dtype=pl.Int64))
-    marks = steps.select("step", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns")
-    at = kernels.select(pl.coalesce("launch_ns", "start_ns")).to_series()
-    # The last window starting at or before each row's time (-1: before every window).
-    found = marks["cpu_start_ns"].search_sorted(at, side="right").cast(pl.Int64) - 1
-    where = found.clip(lower_bound=0)
-    inside = (found >= 0) & (at <= marks["cpu_end_ns"].gather(where))
-    step = (
-        pl.select(
-            pl.when(inside).then(marks["step"].gather(where)).otherwise(NO_STEP).fill_null(NO_STEP)
-        )
-        .to_series()
-        .alias("step")
+    marks = steps.lazy().select("rank", "step", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns")
+    at = kernels.lazy().select(
+        "rank", _t=pl.coalesce("launch_ns", "start_ns"), _row=pl.int_range(pl.len())
     )
-    return kernels.with_columns(step)
+    # The last window of the rank starting at or before each row's time.
+    found = at.sort("_t").join_asof(
+        marks,
+        left_on="_t",
+        right_on="cpu_start_ns",
+        by="rank",
+        strategy="backward",
+        check_sortedness=False,
+    )
+    inside = pl.col("_t") <= pl.col("cpu_end_ns")
+    step = found.sort("_row").select(
+        step=pl.when(inside).then(pl.col("step")).otherwise(NO_STEP).fill_null(NO_STEP)
+    )
+    return kernels.hstack(collect(step).get_columns())
 
 
-def device_windows(kernels: pl.DataFrame, steps: pl.DataFrame, rank: int) -> pl.DataFrame:
-    """The steps table of one rank: CPU windows plus the device windows they tile."""
-    if steps.height == 0:
-        if kernels.height == 0:
-            return pl.DataFrame(schema=STEP_SCHEMA)
-        return pl.DataFrame(
-            {
-                "rank": [rank],
-                "step": [NO_STEP],
-                "cpu_start_ns": [None],
-                "cpu_end_ns": [None],
-                "start_ns": [kernels["start_ns"].min()],
-                "end_ns": [kernels["end_ns"].max()],
-            },
-            schema=STEP_SCHEMA,
+def device_windows(kernels: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """The steps table of the ranks in `kernels`: CPU windows plus the device windows they
+    tile, in (rank, CPU start) order; a rank without step markers has one window, step -1,
+    over all its device activity."""
+    lazy = kernels.lazy()
+    unmarked = (
+        lazy.join(steps.lazy(), on="rank", how="anti")
+        .group_by("rank")
+        .agg(
+            step=pl.lit(NO_STEP, dtype=pl.Int64),
+            cpu_start_ns=pl.lit(None, dtype=pl.Int64),
+            cpu_end_ns=pl.lit(None, dtype=pl.Int64),
+            start_ns=pl.col("start_ns").min(),
+            end_ns=pl.col("end_ns").max(),
         )
+    )
     spans = (
-        kernels.lazy()
-        .filter(pl.col("step") != NO_STEP)
-        .group_by("step")
+        lazy.filter(pl.col("step") != NO_STEP)
+        .group_by("rank", "step")
         .agg(first=pl.col("start_ns").min(), last=pl.col("end_ns").max())
     )
-    table = steps.lazy().join(spans, on="step", how="left").sort("cpu_start_ns")
+    table = steps.lazy().join(spans, on=["rank", "step"], how="left").sort("rank", "cpu_start_ns")
     start = pl.coalesce("first", "cpu_start_ns")
-    next_start = start.shift(-1)
+    next_start = start.shift(-1).over("rank")
     end = pl.coalesce(next_start, pl.col("last"), pl.col("cpu_end_ns"))
-    return collect(
-        table.with_columns(start_ns=start, end_ns=pl.max_horizontal(end, start)).select(
-            list(STEP_SCHEMA)
-        )
+    marked = table.with_columns(start_ns=start, end_ns=pl.max_horizontal(end, start))
+    windows = pl.concat(
+        [marked.select(list(STEP_SCHEMA)), unmarked.select(list(STEP_SCHEMA))], how="vertical"
     )
+    return collect(windows.sort("rank", maintain_order=True))
