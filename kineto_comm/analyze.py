@@ -29,8 +29,8 @@ from kineto_comm.workers import (
     run_here,
     run_local,
     run_threads,
-    unwire,
-    work,
+    unpack,
+    work_packed,
 )
 
 
@@ -72,13 +72,12 @@ def _run_dask(
     with client:
         remote = replace(settings, spill_dir=None)
         paths = [[names[i] for i in batch] for batch in batches]
-        futures = client.map(work, paths, [remote] * len(paths), pure=False)
+        futures = client.map(work_packed, paths, [remote] * len(paths), pure=False)
         for batch, future in zip(batches, futures, strict=True):
             # One batch at a time: never all ranks' IPC bytes at once.
-            outcomes = future.result()
+            outcomes = unpack(future.result())
             future.release()
-            for i, outcome in zip(batch, outcomes, strict=True):
-                status, payload = unwire(outcome)
+            for i, (status, payload) in zip(batch, outcomes, strict=True):
                 if status == "ok" and settings.spill_dir is not None:
                     payload = spill(payload, settings.spill_dir)
                 results[i] = (status, payload)

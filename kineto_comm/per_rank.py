@@ -294,19 +294,33 @@ def read_frame(source: bytes | str | Path, columns: list[str] | None = None) -> 
     return _shared_text(frame)
 
 
-def to_wire(tables: RankTables) -> dict[str, Any]:
-    """A picklable form whose DataFrames are Arrow IPC bytes (cheap to send between processes)."""
-    out: dict[str, Any] = tables.header()
+def to_wire(batch: list[RankTables]) -> dict[str, Any]:
+    """A picklable form of several files' tables, cheap to send between processes: their
+    headers, and per table one Arrow IPC stream of every file's rows, one file after the
+    other (one stream per batch: reading it back has a fixed cost, see from_wire)."""
+    out: dict[str, Any] = {"headers": [t.header() for t in batch], "rows": {}, "ipc": {}}
     for name in TABLES:
+        frames = [getattr(t, name) for t in batch]
+        out["rows"][name] = [f.height for f in frames]
         buf = io.BytesIO()
-        _ipc(getattr(tables, name), buf)
-        out[name] = buf.getvalue()
+        _ipc(pl.concat(frames, how="vertical") if frames else pl.DataFrame(), buf)
+        out["ipc"][name] = buf.getvalue()
     return out
 
 
-def from_wire(wire: dict[str, Any]) -> RankTables:
-    """Inverse of `to_wire`."""
-    return RankTables.from_parts(wire, {name: read_frame(wire[name]) for name in TABLES})
+def from_wire(wire: dict[str, Any]) -> list[RankTables]:
+    """Inverse of `to_wire`: each file's tables are slices of the batch's (no copy)."""
+    frames = {name: read_frame(wire["ipc"][name]) for name in TABLES}
+    start = dict.fromkeys(TABLES, 0)
+    out = []
+    for i, header in enumerate(wire["headers"]):
+        parts = {}
+        for name in TABLES:
+            rows = wire["rows"][name][i]
+            parts[name] = frames[name].slice(start[name], rows)
+            start[name] += rows
+        out.append(RankTables.from_parts(header, parts))
+    return out
 
 
 def _shared_text(frame: pl.DataFrame) -> pl.DataFrame:

@@ -33,7 +33,7 @@ from kineto_comm.errors import TraceError
 from kineto_comm.load.decode import RawTrace, decode_file
 from kineto_comm.per_rank import RankTables, from_wire, process_file, spill, tabulate, to_wire
 
-Outcome = tuple[str, Any]  # ('ok', RankTables or its wire form) or ('error', message)
+Outcome = tuple[str, Any]  # ('ok', RankTables) or ('error', message)
 DIED = "the worker process analysing this file stopped unexpectedly (out of memory?)"
 
 
@@ -52,11 +52,10 @@ class Settings:
     spill_dir: str | None = None
 
 
-def work(paths: list[str], settings: Settings, wire: bool = True) -> list[Outcome]:
+def work(paths: list[str], settings: Settings) -> list[Outcome]:
     """The tables of a batch of rank files (see budget.batches), one outcome per file; never
     raises. The files are decoded one by one and modelled together (per_rank.tabulate); a
-    file that fails costs only itself. Tables travel as Arrow IPC (`to_wire`) unless they
-    stay in this process (`wire=False`)."""
+    file that fails costs only itself."""
     found: dict[int, RankTables] = {}
     keys: dict[int, str] = {}
     decoded: dict[int, RawTrace] = {}
@@ -81,7 +80,7 @@ def work(paths: list[str], settings: Settings, wire: bool = True) -> list[Outcom
                 cache.store(Path(settings.cache_dir), keys[i], tables)
             if settings.spill_dir is not None:
                 tables = spill(tables, settings.spill_dir)
-            outcomes[i] = "ok", to_wire(tables) if wire else tables
+            outcomes[i] = "ok", tables
         except Exception as exc:
             outcomes[i] = _failed(exc)
     return [outcomes[i] for i in range(len(paths))]
@@ -120,11 +119,23 @@ def _failed(exc: Exception) -> Outcome:
     return "error", f"internal error while analysing ({type(exc).__name__}: {exc})"
 
 
-def unwire(outcome: Outcome) -> Outcome:
-    """A worker's outcome with its tables decoded as soon as it arrives (the IPC bytes are
-    then dropped: holding every rank's bytes until the end would double the memory)."""
-    status, payload = outcome
-    return (status, from_wire(payload)) if status == "ok" else outcome
+Packed = tuple[list[str | None], dict[str, Any]]
+
+
+def work_packed(paths: list[str], settings: Settings) -> Packed:
+    """work() in the form that travels between processes: per file its problem (None when
+    it was analysed), and the analysed files' tables as Arrow IPC (per_rank.to_wire)."""
+    outcomes = work(paths, settings)
+    problems = [None if status == "ok" else payload for status, payload in outcomes]
+    return problems, to_wire([payload for status, payload in outcomes if status == "ok"])
+
+
+def unpack(packed: Packed) -> list[Outcome]:
+    """A batch's outcomes from `work_packed`, decoded as soon as they arrive (the IPC bytes
+    are then dropped: holding every batch's bytes until the end would double the memory)."""
+    problems, wire = packed
+    tables = iter(from_wire(wire))
+    return [("ok", next(tables)) if p is None else ("error", p) for p in problems]
 
 
 Batches = list[list[int]]  # indices into the file names: the files analysed together
@@ -151,7 +162,7 @@ def _pull(
     done."""
     while (b := _take(counter, len(batches))) is not None:
         out.send(("start", b, None))
-        out.send(("done", b, work(_paths(names, batches[b]), settings)))
+        out.send(("done", b, work_packed(_paths(names, batches[b]), settings)))
     out.close()
 
 
@@ -192,7 +203,7 @@ def run_here(
     thread."""
     results = _Results(names, batches, progress)
     for b, batch in enumerate(batches):
-        results.store(b, work(_paths(names, batch), settings, False))
+        results.store(b, work(_paths(names, batch), settings))
     return results.all()
 
 
@@ -208,8 +219,7 @@ def run_threads(
     results = _Results(names, batches, progress)
     with ThreadPoolExecutor(max_workers=min(jobs, len(batches))) as pool:
         futures = {
-            pool.submit(work, _paths(names, batch), settings, False): b
-            for b, batch in enumerate(batches)
+            pool.submit(work, _paths(names, batch), settings): b for b, batch in enumerate(batches)
         }
         for future in as_completed(futures):
             results.store(futures[future], future.result())
@@ -245,7 +255,7 @@ def run_local(
     collector.start()
     try:
         while not merge_only and (b := _take(counter, n)) is not None:
-            results.store(b, work(_paths(names, batches[b]), settings, False))
+            results.store(b, work(_paths(names, batches[b]), settings))
         collector.join()
     finally:
         for proc in procs:
@@ -263,7 +273,7 @@ def _collect(conns: list[Connection], results: _Results) -> None:
         for conn in wait(live):
             assert isinstance(conn, Connection)
             try:
-                kind, b, outcomes = conn.recv()
+                kind, b, packed = conn.recv()
             except (EOFError, OSError):  # the worker is gone
                 live.remove(conn)
                 if current[conn] is not None:
@@ -273,4 +283,4 @@ def _collect(conns: list[Connection], results: _Results) -> None:
                 current[conn] = b
             else:
                 current[conn] = None
-                results.store(b, [unwire(o) for o in outcomes])
+                results.store(b, unpack(packed))

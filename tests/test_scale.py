@@ -160,7 +160,7 @@ def test_workers_share_the_files_and_report_progress(tmp_path, concurrency):
 def test_a_worker_that_dies_costs_only_the_batch_it_was_on():
     receive, send = get_context("spawn").Pipe(duplex=False)
     send.send(("start", 0, None))
-    send.send(("done", 0, [("error", "bad file"), ("error", "worse file")]))
+    send.send(("done", 0, (["bad file", "worse file"], per_rank.to_wire([]))))
     send.send(("start", 2, None))
     send.close()  # gone without a word about batch 2
     results = workers._Results(["a", "b", "c", "d", "e"], [[0, 1], [2], [3, 4]], None)
@@ -237,7 +237,7 @@ def test_files_modelled_together_get_the_tables_they_get_alone():
 
 def test_a_file_that_breaks_a_batch_costs_only_itself(monkeypatch):
     files = [str(f) for f in sorted((SAMPLES / "ddp-4").iterdir())]
-    good = workers.work(files, workers.Settings(), wire=False)
+    good = workers.work(files, workers.Settings())
     victim = files[2]
     model = per_rank._model
 
@@ -247,7 +247,7 @@ def test_a_file_that_breaks_a_batch_costs_only_itself(monkeypatch):
         return model(raws, patterns)
 
     monkeypatch.setattr(per_rank, "_model", fragile)
-    got = workers.work(files, workers.Settings(), wire=False)
+    got = workers.work(files, workers.Settings())
     assert got[2] == ("error", "internal error while analysing (RuntimeError: boom)")
     for i in (0, 1, 3):
         assert got[i][0] == "ok"
