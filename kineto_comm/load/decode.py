@@ -1067,11 +1067,13 @@ def _decode_file(path: Path, host: bool | None, piece_bytes: int | None) -> RawT
     reader = _Reader(name, piece_bytes)
     parts: list[dict[str, pl.DataFrame]] = []
     trailer: Top | None = None
+    objects = False  # whether msgspec decoded a piece into Python objects
 
     def tabulate(events: list[Event]) -> None:
-        nonlocal host
+        nonlocal host, objects
         if host is None:  # the header (read before the first piece) decides
             host = reader.header is None or not reader.header.deviceProperties
+        objects = objects or not isinstance(events, Scanned)
         parts.append(_columns(events, reader.notes, host, len(parts)))
 
     try:
@@ -1100,7 +1102,12 @@ def _decode_file(path: Path, host: bool | None, piece_bytes: int | None) -> RawT
         raise TraceError(name, "no trace events found")
     tops = [t for t in (reader.header, trailer) if t is not None]
     del reader.buf
-    release_free_memory()  # the decoded objects' heap, before the Polars work below
+    if objects or reader.cut:
+        # The decoded objects' heap, or the pieces' buffers, before the Polars work below.
+        # Not after a file read whole by the scanner: its buffer is what the next file
+        # reuses, and handing it back makes every file fault its pages in again (a quarter
+        # of a 10 MB file's decode here).
+        release_free_memory()
     raw = _assemble(name, parts, tops, reader.nbytes, reader.warnings)
     raw.host_skipped = host is False
     return raw
