@@ -31,7 +31,7 @@ import msgspec
 import polars as pl
 
 from kineto_comm.errors import TraceError
-from kineto_comm.lazy import collect
+from kineto_comm.lazy import collect, collect_all
 from kineto_comm.memory import release_free_memory
 
 try:  # the compiled scanner (_scan.c): the same tables without Python objects; optional.
@@ -1131,12 +1131,15 @@ def _assemble(
     base = next((t.baseTimeNanoseconds for t in tops if t.baseTimeNanoseconds), None) or 0
     devices = next((t.deviceProperties for t in tops if t.deviceProperties), None) or []
 
-    def table(key: str, schema: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
+    def timed(key: str, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
         frames = [p[key] for p in parts]
-        if schema is None:
-            return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
         details = [p[f"{key}_details"] for p in parts if f"{key}_details" in p]
         return _timed(_finish(frames, details), schema, int(base))
+
+    # The four roles' queries run together: one plan, on the pool's threads at once.
+    roles = {"gpu": GPU_SCHEMA, "runtime": RUNTIME_SCHEMA, "ops": OPS_SCHEMA, "host": HOST_SCHEMA}
+    tables = dict(zip(roles, collect_all([timed(k, t) for k, t in roles.items()]), strict=True))
+    threads = [p["threads"] for p in parts]
 
     groups = []
     if info is not None and info.pg_config:
@@ -1155,11 +1158,8 @@ def _assemble(
             )
     return RawTrace(
         file=name,
-        gpu=table("gpu", GPU_SCHEMA),
-        runtime=table("runtime", RUNTIME_SCHEMA),
-        ops=table("ops", OPS_SCHEMA),
-        host=table("host", HOST_SCHEMA),
-        threads=table("threads"),
+        **tables,
+        threads=pl.concat(threads, how="vertical") if len(threads) > 1 else threads[0],
         rank=None if info is None else info.rank,
         world_size=None if info is None else info.world_size,
         backend=None if info is None else info.backend,
@@ -1199,10 +1199,10 @@ def _pair_begin_end(events: pl.DataFrame) -> pl.DataFrame:
 
 def _timed(
     finished: tuple[pl.DataFrame, pl.LazyFrame], schema: dict[str, pl.DataType], base_ns: int
-) -> pl.DataFrame:
-    """A role's rows (`_finish`) as `schema`'s columns, B/E pairs made complete events,
-    times in nanoseconds (see _to_ns): one query where the trace has no B/E events (the usual
-    case)."""
+) -> pl.LazyFrame:
+    """The query for a role's rows (`_finish`) as `schema`'s columns, B/E pairs made complete
+    events, times in nanoseconds (see _to_ns): nothing is computed before it runs where the
+    trace has no B/E events (the usual case)."""
     events, rows = finished
     present = rows.collect_schema()
     typed = rows.select(
@@ -1214,7 +1214,7 @@ def _timed(
     ts = events.get_column("ts_us") if "ts_us" in events.columns else None
     clean = ts is not None and ts.dtype == _F64 and not ts.null_count() and isfinite(ts.sum())
     query = _to_ns(typed, base_ns, clean)
-    return collect(query) if events.height else pl.DataFrame(schema=query.collect_schema())
+    return query if events.height else pl.LazyFrame(schema=query.collect_schema())
 
 
 def _to_ns(events: pl.LazyFrame, base_ns: int, clean: bool) -> pl.LazyFrame:
