@@ -73,7 +73,7 @@ def work(paths: list[str], settings: Settings) -> list[Outcome]:
         except Exception as exc:
             outcomes[i] = _failed(exc)
     parsed = set(decoded)
-    found.update(_model(decoded, paths, settings, outcomes))
+    found.update(_modelled(decoded, paths, settings, outcomes))
     for i, tables in found.items():
         try:
             if settings.cache_dir is not None and i in parsed:
@@ -86,7 +86,7 @@ def work(paths: list[str], settings: Settings) -> list[Outcome]:
     return [outcomes[i] for i in range(len(paths))]
 
 
-def _model(
+def _modelled(
     decoded: dict[int, RawTrace], paths: list[str], settings: Settings, outcomes: dict[int, Outcome]
 ) -> dict[int, RankTables]:
     """The decoded files modelled together (`decoded` is emptied: tabulate frees the event
