@@ -102,14 +102,18 @@ def test_plan_fits_workers_and_pieces_to_the_limit(tmp_path):
         files.append(path)
     roomy = budget.plan(files, 64 << 30, jobs=4)
     assert (roomy.jobs, roomy.piece_bytes, roomy.warnings) == (4, decode.PIECE_BYTES, ())
-    # Room for the parent and exactly two workers.
+    assert roomy.batches == ((0,), (1,), (2,), (3,))  # one per worker
+    assert budget.plan(files, 64 << 30, jobs=2).batches == ((0, 1), (2, 3))
+    # Room for the parent and exactly two workers, each with one file at a time.
     need = budget.WORKER_BASE + int(budget.WORKER_SHARE * 1_000_000)
     parent = budget.PARENT_BASE + int(budget.PARENT_SHARE * 4_000_000)
     two = budget.plan(files, parent + 2 * need + 1, jobs=4)
     assert two.jobs == 2 and not two.warnings
+    assert two.batches == ((0,), (1,), (2,), (3,))
     tight = budget.plan(files, 64 << 20, jobs=4)
     assert tight.jobs == 1 and tight.piece_bytes == budget.MIN_PIECE
     assert tight.warnings and "memory limit" in tight.warnings[0]
+    assert tight.batches == ((0,), (1,), (2,), (3,))
 
 
 def test_gzip_trailer_gives_the_uncompressed_size(tmp_path):
