@@ -142,9 +142,9 @@ def tabulate(raws: list[RawTrace], comm_patterns: tuple[str, ...] = ()) -> list[
         [i for i, raw in enumerate(raws) if (raw.gpu.height > 0) == on_device]
         for on_device in (True, False)
     ]
-    batches = [[raws[i] for i in group] for group in groups]
+    kept = [[raws[i] for i in group] for group in groups]
     raws.clear()
-    for group, members in zip(groups, batches, strict=True):
+    for group, members in zip(groups, kept, strict=True):
         if group:
             for i, tables in zip(group, _model(members, comm_patterns), strict=True):
                 out[i] = tables

@@ -97,7 +97,7 @@ def breakdown(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
 def breakdowns(kernels: pl.DataFrame, window_sets: list[pl.DataFrame]) -> list[pl.DataFrame]:
     """breakdown() for several sets of windows (e.g. the steps and the whole trace), sharing
     the sweep: windows of different sets may overlap."""
-    # One rank (the per-rank stage): the rank needs no sorting and no matching.
+    # One rank (a file modelled alone): the rank needs no sorting and no matching.
     ranks = {r for f in (kernels, *window_sets) for r in f.get_column("rank").unique()}
     one_rank = len(ranks) <= 1
     wins = [
