@@ -30,7 +30,7 @@ from typing import Any
 
 from kineto_comm import cache
 from kineto_comm.errors import TraceError
-from kineto_comm.load.decode import RawTrace, decode_file
+from kineto_comm.load.decode import RawTrace, decode_files
 from kineto_comm.per_rank import RankTables, from_wire, process_file, spill, tabulate, to_wire
 
 Outcome = tuple[str, Any]  # ('ok', RankTables) or ('error', message)
@@ -54,12 +54,13 @@ class Settings:
 
 def work(paths: list[str], settings: Settings) -> list[Outcome]:
     """The tables of a batch of rank files (see budget.batches), one outcome per file; never
-    raises. The files are decoded one by one and modelled together (per_rank.tabulate); a
-    file that fails costs only itself."""
+    raises. The files are decoded together (decode_files) and modelled together
+    (per_rank.tabulate); a file that fails costs only itself."""
     found: dict[int, RankTables] = {}
     keys: dict[int, str] = {}
     decoded: dict[int, RawTrace] = {}
     outcomes: dict[int, Outcome] = {}
+    todo: list[int] = []
     for i, path in enumerate(paths):
         try:
             if settings.cache_dir is not None:
@@ -69,9 +70,16 @@ def work(paths: list[str], settings: Settings) -> list[Outcome]:
                     hit.file = path
                     found[i] = hit
                     continue
-            decoded[i] = decode_file(path, settings.piece_bytes)
+            todo.append(i)
         except Exception as exc:
             outcomes[i] = _failed(exc)
+    got = decode_files([paths[i] for i in todo], settings.piece_bytes)
+    for i, raw in zip(todo, got, strict=True):
+        if isinstance(raw, Exception):
+            outcomes[i] = _failed(raw)
+        else:
+            decoded[i] = raw
+    del got
     parsed = set(decoded)
     found.update(_modelled(decoded, paths, settings, outcomes))
     for i, tables in found.items():

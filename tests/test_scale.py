@@ -34,11 +34,12 @@ def test_cache_reuses_tables_and_misses_on_changed_content(tmp_path, monkeypatch
     assert len(entries) == 2
     assert all((e / "kernels.parquet").exists() and (e / "meta.json").exists() for e in entries)
 
-    def no_parsing(*args, **kwargs):
-        raise AssertionError("parsed although cached")
+    def no_parsing(paths, piece_bytes=None):
+        assert not paths, "parsed although cached"
+        return []
 
     module = sys.modules["kineto_comm.workers"]
-    monkeypatch.setattr(module, "decode_file", no_parsing)
+    monkeypatch.setattr(module, "decode_files", no_parsing)
     second = analyze(traces, jobs=1, cache_dir=cache)
     _same(first, second)
     assert second.ranks["file"].to_list() == first.ranks["file"].to_list()
@@ -47,13 +48,13 @@ def test_cache_reuses_tables_and_misses_on_changed_content(tmp_path, monkeypatch
     victim = sorted(traces.iterdir())[1]
     victim.write_bytes(victim.read_bytes() + b"\n")
     calls = []
-    real = decode.decode_file
+    real = decode.decode_files
 
-    def counting(path, piece_bytes=None):
-        calls.append(path)
-        return real(path, piece_bytes)
+    def counting(paths, piece_bytes=None):
+        calls.extend(paths)
+        return real(paths, piece_bytes)
 
-    monkeypatch.setattr(module, "decode_file", counting)
+    monkeypatch.setattr(module, "decode_files", counting)
     analyze(traces, jobs=1, cache_dir=cache)
     assert calls == [str(victim)]
 
@@ -237,6 +238,88 @@ def test_files_modelled_together_get_the_tables_they_get_alone():
         for name in per_rank.TABLES:
             assert getattr(a, name).equals(getattr(b, name)), (a.file, name)
     assert sum(t.collectives.height for t in together) > 0
+
+
+def _edge_traces(folder) -> list:
+    """Files a batch must keep apart: B/E pairs on the thread ids of another file's pairs,
+    kernels without device/stream args (their host coordinates stand in) beside kernels
+    with them, a header listing devices but no device activity (read again with its host
+    table), gloo annotations (sizes read from the bytes), and a file with nothing usable."""
+    from .conftest import cpu, kernel, launch, write_trace
+
+    def pairs(at: float) -> list:
+        return [
+            {"ph": "B", "cat": "cpu_op", "name": "outer", "pid": 1, "tid": 5, "ts": at},
+            {"ph": "B", "cat": "cpu_op", "name": "inner", "pid": 1, "tid": 5, "ts": at + 2},
+            {"ph": "E", "cat": "cpu_op", "pid": 1, "tid": 5, "ts": at + 5},
+            {"ph": "E", "cat": "cpu_op", "pid": 1, "tid": 5, "ts": at + 20},
+        ]
+
+    bare = {"ph": "X", "cat": "kernel", "name": "k", "pid": 3, "tid": 9, "ts": 4, "dur": 2}
+    gloo = cpu("gloo:all_reduce", 1, 5, **{"Input Dims": [[4, 4]], "Input type": ["float"]})
+    files = [
+        write_trace(folder / "pairs-a.json", pairs(10)),
+        write_trace(folder / "pairs-b.json", pairs(11), rank=1),  # nested in time
+        write_trace(folder / "bare.json", [bare, {**bare, "args": {}}, launch(1, 1)]),
+        write_trace(folder / "args.json", [kernel("k", 1, 2, corr=1), launch(0, 1)]),
+        write_trace(
+            folder / "listed.json",
+            [cpu("aten::mm", 1, 2), gloo],
+            deviceProperties=[{"id": 0, "name": "G"}],
+        ),
+        write_trace(folder / "gloo.json", [cpu("aten::mm", 1, 2), gloo]),
+    ]
+    (folder / "bad.json").write_bytes(b"hello world")
+    return [*files, folder / "bad.json"]
+
+
+@pytest.mark.parametrize("piece", [None, 1 << 20])
+def test_files_decoded_together_get_the_tables_they_get_alone(tmp_path, piece, monkeypatch):
+    files = [*_batch_inputs()[:12], *_edge_traces(tmp_path), *_batch_inputs()[12:]]
+    built = []
+    batch = decode._scanned_batch
+
+    def counting(pending):
+        built.extend(p.about.name for p in pending)
+        return batch(pending)
+
+    monkeypatch.setattr(decode, "_scanned_batch", counting)
+    together = decode.decode_files(files, piece)
+    assert len(together) == len(files)
+    assert len(built) > 25  # most files were built in the batch
+    if piece:
+        assert len(built) < len(files) - 8  # the bigger ones were read in pieces
+    for f, got in zip(files, together, strict=True):
+        try:
+            alone = decode.decode_file(f, piece)
+        except Exception as exc:
+            assert type(got) is type(exc) and str(got) == str(exc), f
+            continue
+        assert isinstance(got, decode.RawTrace), (f, got)
+        for field in dataclasses.fields(decode.RawTrace):
+            a, b = getattr(got, field.name), getattr(alone, field.name)
+            assert a.equals(b) if hasattr(a, "equals") else a == b, (f, field.name)
+    paired = {str(f): r for f, r in zip(files, together, strict=True)}
+    assert paired[str(tmp_path / "pairs-b.json")].host["name"].to_list() == ["inner", "outer"]
+    assert paired[str(tmp_path / "listed.json")].host.height == 1  # read again: aten::mm
+    dims = paired[str(tmp_path / "gloo.json")].ops["input_dims"].to_list()  # raw JSON text
+    assert [d.split() for d in dims] == [["[", "[", "4,", "4", "]", "]"]]
+    assert isinstance(paired[str(tmp_path / "bad.json")], decode.TraceError)
+
+
+def test_a_batch_that_cannot_be_built_is_decoded_file_by_file(monkeypatch):
+    files = sorted((SAMPLES / "ddp-4").iterdir())
+    good = decode.decode_files(files)
+
+    def broken(pending):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(decode, "_scanned_batch", broken)
+    again = decode.decode_files(files)
+    for a, b in zip(good, again, strict=True):
+        assert a.ops.height > 0
+        for role in ("gpu", "runtime", "ops", "host", "threads"):
+            assert getattr(a, role).equals(getattr(b, role)), role
 
 
 def test_a_file_that_breaks_a_batch_costs_only_itself(monkeypatch):

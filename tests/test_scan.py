@@ -133,9 +133,12 @@ def _check(events_json: bytes) -> bool:
     if fast is None:
         return False
     assert fast.keys() == pure.keys(), events_json
-    for key in pure:
+    for key in pure:  # the scanner's tables also carry the batch key (`_file`, here 0)
+        scanned = fast[key]
+        if "_file" in scanned.columns:
+            assert (scanned["_file"] == 0).all()
         assert_frame_equal(
-            fast[key].drop("_seq", strict=False), pure[key].drop("_seq", strict=False)
+            scanned.drop("_seq", "_file", strict=False), pure[key].drop("_seq", strict=False)
         )
     return True
 

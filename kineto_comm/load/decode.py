@@ -13,6 +13,10 @@ Where the compiled scanner (_scan.c) is built, it reads each piece first, straig
 columns with no Python object per event (`Scanned`); a piece it hands back (invalid JSON, or
 a shape it leaves alone, such as text thread ids) is decoded with msgspec as described above.
 Both paths give the same tables (tests/test_scan.py).
+
+`decode_files` decodes a batch of rank files: those the scanner reads whole (the usual rank
+file) wait, without their bytes, and their tables are then built by one set of queries over
+all of them, keyed by file; most of that work is fixed cost per query, not per row.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 from math import isfinite
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Union, cast
 
 import msgspec
 import polars as pl
@@ -221,6 +225,8 @@ _EMPTY_ARGS = Args()
 
 # Columns of each per-role table (see RawTrace), with their types.
 _STR = pl.String()
+# The column telling whose a row is in a batch of files decoded together (decode_files).
+_FILE = frozenset({"_file"})
 _I64 = pl.Int64()
 _F64 = pl.Float64()
 _COMMON = {"ph": _STR, "pid": _STR, "tid": _STR, "ts_us": _F64, "dur_us": _F64}
@@ -712,7 +718,7 @@ def _frame(
 
     idx = [] if detail is None else frame.select(pl.arg_where(detail)).to_series().to_list()
     details = _details(frame, schema, idx, args_at)
-    frame = _with_shapes(frame, details, notes)
+    frame = _with_shapes(frame, details, None if notes is None else [notes])
     if phs is not None and phs.count("X") != n:  # only complete events and B/E pairs last
         frame = frame.filter(pl.col("ph").is_in(list(_DURATION_PH)))
     return frame, details
@@ -739,15 +745,22 @@ def _details(
 
 
 def _with_shapes(
-    frame: pl.DataFrame, details: pl.DataFrame | None, notes: _Annotations | None
+    frame: pl.DataFrame, details: pl.DataFrame | None, notes: list[_Annotations] | None
 ) -> pl.DataFrame:
-    """The CPU ops with the Input Dims / Input type of their annotations, where needed."""
-    if notes is not None and _needs_shapes(frame, details, notes):
-        found = notes.find()
-        if found.height:
-            frame = frame.join(
-                found, on=["name", "tid", "ts_us"], how="left", maintain_order="left"
-            )
+    """The CPU ops with the Input Dims / Input type of their annotations, where needed
+    (`notes`: per file, the frame's `_file` column telling whose a row is)."""
+    if notes is None:
+        return frame
+    batch = "_file" in frame.columns
+    found = []
+    for f in _needs_shapes(frame, details, notes):
+        shapes = notes[f].find()
+        if shapes.height:
+            found.append(shapes.with_columns(_file=pl.lit(f, dtype=pl.Int64)) if batch else shapes)
+    if found:
+        keys = [*_FILE.intersection(frame.columns), "name", "tid", "ts_us"]
+        shapes = pl.concat(found, how="vertical") if len(found) > 1 else found[0]
+        frame = frame.join(shapes, on=keys, how="left", maintain_order="left")
     return frame
 
 
@@ -811,9 +824,12 @@ class _Annotations:
     spare: int = 0
 
 
-def _needs_shapes(cpu: pl.DataFrame, details: pl.DataFrame | None, notes: _Annotations) -> bool:
-    """Whether annotation sizes add anything: host-backend spans (gloo, ...) always need
-    them; NCCL annotations only when fewer record_param_comms carry collective args."""
+def _needs_shapes(
+    cpu: pl.DataFrame, details: pl.DataFrame | None, notes: list[_Annotations]
+) -> list[int]:
+    """The files (positions in `notes`) whose ops gain from annotation sizes: host-backend
+    spans (gloo, ...) always do; NCCL annotations only when fewer record_param_comms carry
+    collective args."""
     name = pl.col("name")
     described = pl.lit(0, dtype=pl.UInt32)
     if details is not None:
@@ -821,18 +837,25 @@ def _needs_shapes(cpu: pl.DataFrame, details: pl.DataFrame | None, notes: _Annot
         described = (
             pl.col("_seq").filter(name == "record_param_comms").is_in(with_args.implode()).sum()
         )
-    host, annotations, described = collect(
-        cpu.lazy().select(
-            name.str.contains(r"^(gloo|ucc|mpi):").any(),
-            name.str.contains(r"^(nccl|xccl):").sum().alias("annotations"),
-            described.alias("described"),
-        )
-    ).row(0)
-    if host:
-        return True
-    available = described + notes.spare
-    notes.spare = min(described, max(0, available - annotations))
-    return annotations > available
+    counts = [
+        name.str.contains(r"^(gloo|ucc|mpi):").any().alias("host"),
+        name.str.contains(r"^(nccl|xccl):").sum().alias("annotations"),
+        described.alias("described"),
+    ]
+    if len(notes) > 1:
+        rows = collect(cpu.lazy().group_by("_file").agg(counts).sort("_file")).rows()
+    else:
+        rows = [(0, *collect(cpu.lazy().select(counts)).row(0))]
+    need = []
+    for f, host, annotated, described_ in rows:
+        if host:
+            need.append(f)
+            continue
+        available = described_ + notes[f].spare
+        notes[f].spare = min(described_, max(0, available - annotated))
+        if annotated > available:
+            need.append(f)
+    return need
 
 
 def _columns(
@@ -846,7 +869,7 @@ def _columns(
     are needed. Without `host`, the CPU ops that are neither communication nor annotations are
     left out. Collective details come separately as `gpu_details` / `ops_details`."""
     if isinstance(events, Scanned):
-        return _scanned_columns(events, notes, host, piece)
+        return _scanned_columns(events, None if notes is None else [notes], [host], piece)
     cats = _values(events, "cat")
     tagged = not (events and isinstance(events[0], Event))
     if not tagged:  # the permissive fallback: M has no class
@@ -924,16 +947,19 @@ _PH_OF = pl.Series("ph", [chr(i) if chr(i) in "XBEM" else None for i in range(12
 
 @dataclass
 class Scanned:
-    """A piece read by the compiled scanner: one row per kept event (device, runtime, CPU
-    and metadata events) with columns code (category code, see _CODE) and role (code // 16),
-    ph, name (and name_id, its index in `names`), the _NAME_TESTS of the name, pid, tid,
-    ts_us, dur_us, external_id, external_id_old, correlation, stream, device and the event's
-    byte span in `data` (span_start, span_end), from which the few rows that need more
-    fields (metadata, collectives) are decoded again with msgspec."""
+    """A piece read by the compiled scanner (or the whole files of a batch, one above the
+    other: _scanned_batch): one row per kept event (device, runtime, CPU and metadata
+    events) with columns code (category code, see _CODE) and role (code // 16), ph, name,
+    the _NAME_TESTS of the name, pid, tid, ts_us, dur_us, external_id, external_id_old,
+    correlation, stream, device, _file (the file's position in the batch; 0 for a piece)
+    and the event's byte span in its file's `data` (span_start, span_end), from which the
+    few rows that need more fields (metadata, collectives) are decoded again with msgspec."""
 
     table: pl.DataFrame
-    data: bytes | bytearray
-    names: pl.Series  # the distinct names; the table's name_id indexes them
+    data: bytes | bytearray | None
+    # Once `data` is let go (a file waiting for its batch, see _settle): the events of the
+    # rows that need more fields, decoded beforehand; the table's `_obj` indexes them.
+    decoded: list[Any] = field(default_factory=list)
 
     def by_name(self, rows: pl.DataFrame, test: pl.Expr) -> pl.Series:
         """`test` (one of _NAME_TESTS) for these rows: a column of the table, evaluated once
@@ -942,10 +968,51 @@ class Scanned:
 
     def decode(self, rows: pl.DataFrame) -> list[Any]:
         """The events of these rows (of `table`), decoded with msgspec from their spans."""
+        if self.data is None:
+            return _take(self.decoded, rows["_obj"].to_list())
         view = memoryview(self.data)
         spans = zip(rows["span_start"].to_list(), rows["span_end"].to_list(), strict=True)
         text = b",".join(view[a:b] for a, b in spans)
         return _EVENTS.decode(b"[" + text + b"]")
+
+
+# The rows of a scanned piece whose events are decoded again for more fields: metadata
+# (thread names), communication kernels and communication CPU ops (collective details).
+_NEEDS_EVENT = (pl.col("role") == 3) | (
+    ((pl.col("role") == 0) & pl.col("_comm_kernel")) | ((pl.col("role") == 2) & pl.col("_comm_op"))
+)
+
+
+def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
+    """A file read whole by the scanner, made to wait for its batch without its bytes: the
+    events that _scanned_columns will decode again are decoded now (in table order: the
+    batch numbers them, see _scanned_batch), and its annotation sizes are read now if
+    _needs_shapes will want them (the same test). The caller lets go of the bytes, so the
+    next file reuses their memory."""
+    rows = piece_.table.filter(_NEEDS_EVENT)
+    events = piece_.decode(rows)
+    # What _needs_shapes counts: all of it is in communication CPU ops, so among `rows`.
+    host = annotations = described = 0
+    cpu = [role == 2 for role in rows["role"].to_list()]
+    for is_cpu, name, event in zip(cpu, rows["name"].to_list(), events, strict=True):
+        if not is_cpu:
+            continue
+        if name.startswith(("gloo:", "ucc:", "mpi:")):
+            host += 1
+        elif name.startswith(("nccl:", "xccl:")):
+            annotations += 1
+        elif name == "record_param_comms":
+            args = event.args
+            described += args is not None and args.collective is not None
+    shapes = notes.find() if host or annotations > described else None
+
+    def find() -> pl.DataFrame:
+        if shapes is None:
+            raise AssertionError("annotation sizes wanted, but not read while the file was")
+        return shapes
+
+    notes.find = find
+    return Scanned(piece_.table, None, events)
 
 
 def _scan_piece(data: bytes | bytearray, start: int, stop: int) -> tuple[Scanned, int] | None:
@@ -973,18 +1040,22 @@ def _scan_piece(data: bytes | bytearray, start: int, stop: int) -> tuple[Scanned
     name_id = pl.col("name")
     table = table.with_columns(
         *[pl.lit(tests[c]).gather(name_id).fill_null(False).alias(c) for c in _NAME_TESTS],
-        name_id=name_id,
         name=pl.lit(uniques).gather(name_id),
         ph=pl.lit(_PH_OF).gather(pl.col("ph")),
         role=pl.col("code") // 16,
+        _file=pl.lit(0, dtype=pl.Int64),
     )
-    return Scanned(table, data, uniques), end
+    return Scanned(table, data), end
 
 
 def _scanned_columns(
-    piece_: Scanned, notes: _Annotations | None, host: bool, piece: int
+    piece_: Scanned,
+    notes: list[_Annotations] | None,
+    host: list[bool],
+    piece: int,
 ) -> dict[str, pl.DataFrame]:
-    """_columns for a piece read by the scanner: the same tables, from its columns."""
+    """_columns for a piece read by the scanner (or a batch of whole files: `notes` and
+    `host` per file): the same tables, from its columns, with the `_file` column."""
     # One pass splits the rows by role (rows keep their order within a role).
     parts = piece_.table.partition_by("role", as_dict=True, maintain_order=True)
     none = piece_.table.clear()
@@ -1003,8 +1074,12 @@ def _scanned_columns(
             out[key] = pl.DataFrame(schema=schema)
     cpu = of_role(2)
     is_op = (cpu["code"] == _CODE["user_annotation"]) | piece_.by_name(cpu, _OP_NAME)
-    if not host:
+    if not any(host):
         cpu, is_op = cpu.filter(is_op), None
+    elif not all(host):  # only the files that keep all CPU ops keep the others
+        keep_all = pl.lit(pl.Series(host, dtype=pl.Boolean)).gather(pl.col("_file"))
+        cpu = cpu.filter(is_op | keep_all)
+        is_op = (cpu["code"] == _CODE["user_annotation"]) | piece_.by_name(cpu, _OP_NAME)
     frame = pl.DataFrame(schema=OPS_SCHEMA)
     if cpu.height:
         frame, details = _scanned_frame(piece_, cpu, OPS_SCHEMA, _COMM_OP, piece, notes)
@@ -1012,8 +1087,9 @@ def _scanned_columns(
             out["ops_details"] = details
     out["ops"] = frame if is_op is None else frame.filter(is_op)
     out["host"] = frame.clear() if is_op is None else frame.filter(~is_op)
-    out["host"] = out["host"].select(list(HOST_SCHEMA))
-    out["threads"] = _threads(piece_.decode(of_role(3)))
+    out["host"] = out["host"].select(*HOST_SCHEMA, *_FILE.intersection(frame.columns))
+    meta = of_role(3)
+    out["threads"] = _threads(piece_.decode(meta)).with_columns(meta["_file"])
     return out
 
 
@@ -1023,9 +1099,9 @@ def _scanned_frame(
     schema: dict[str, pl.DataType],
     detail: pl.Expr | None,
     piece: int,
-    notes: _Annotations | None = None,
+    notes: list[_Annotations] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """_frame for one role's rows of a scanned piece."""
+    """_frame for one role's rows of a scanned piece (or batch)."""
     cols = [pl.int_range(pl.len(), dtype=pl.Int64).alias("_seq") + (piece << 32)]
     if "cat" in schema:
         cols.append(_CATEGORY)
@@ -1036,11 +1112,17 @@ def _scanned_frame(
         if key not in schema:
             continue
         fallback_for = _FALLBACK.get(key) if "device" in schema else None
-        if fallback_for is None or rows[fallback_for].null_count():
-            cols.append(pl.col(key).cast(_STR) if key in _INT_LIKE else pl.col(key))
-    frame = rows.select(*cols, "ph")
+        if fallback_for is not None and not rows[fallback_for].null_count():
+            continue
+        col = pl.col(key).cast(_STR) if key in _INT_LIKE else pl.col(key)
+        if fallback_for is not None and piece_.data is None:
+            # Only the files that lack some device/stream carry their host coordinates.
+            needed = pl.col(fallback_for).is_null().any().over("_file")
+            col = pl.when(needed).then(col).alias(key)
+        cols.append(col)
+    frame = rows.select(*cols, "ph", "_file")
     idx = [] if detail is None else piece_.by_name(rows, detail).arg_true().to_list()
-    spans = rows.select("span_start", "span_end")
+    spans = rows.select(c for c in ("span_start", "span_end", "_obj") if c in rows.columns)
     details = _details(frame, schema, idx, lambda idx: _args_of(piece_.decode(spans[idx])))
     return _with_shapes(frame, details, notes), details
 
@@ -1055,19 +1137,97 @@ def decode_file(path: str | Path, piece_bytes: int | None = None) -> RawTrace:
     whose header lists devices is first read without it, and read again with it in the rare
     case that no device activity turns up after all.
     """
-    raw = _decode_file(Path(path), None, piece_bytes)
+    raw = _decode_file(Path(path), None, piece_bytes, defer=False)
+    assert isinstance(raw, RawTrace)
+    return _with_host(raw, piece_bytes)
+
+
+def decode_files(
+    paths: list[str] | list[Path], piece_bytes: int | None = None
+) -> list[RawTrace | Exception]:
+    """decode_file for each file, in order; the exception it raised in place of a file that
+    cannot be used (a file that fails costs only itself).
+
+    A file read whole by the scanner (a rank file of up to `piece_bytes`, the usual case)
+    has its tables built together with the other such files: one set of queries for all of
+    them, each row keyed by its file, rather than one set per file. Most of that work's cost
+    on a file of a few MB is fixed, so a batch of small files costs little more than one.
+    The tables are the same as decode_file's.
+    """
+    out: list[RawTrace | Exception | None] = [None] * len(paths)
+    waiting: list[tuple[int, _Pending]] = []
+    for i, path in enumerate(paths):
+        try:
+            got = _decode_file(Path(path), None, piece_bytes, defer=True)
+            if isinstance(got, _Pending):
+                waiting.append((i, got))
+            else:
+                out[i] = _with_host(got, piece_bytes)
+        except Exception as exc:
+            out[i] = exc
+    if waiting:
+        order = [i for i, _ in waiting]
+        built: list[RawTrace | None]
+        try:
+            built = list(_scanned_batch([pending for _, pending in waiting]))
+        except Exception:  # a bug must cost no file: each is decoded again on its own
+            built = [None] * len(order)
+        waiting.clear()
+        for i, raw in zip(order, built, strict=True):
+            try:
+                if raw is None:
+                    out[i] = decode_file(paths[i], piece_bytes)
+                else:
+                    out[i] = _with_host(raw, piece_bytes)
+            except Exception as exc:
+                out[i] = exc
+    return cast(list[RawTrace | Exception], out)
+
+
+def _with_host(raw: RawTrace, piece_bytes: int | None) -> RawTrace:
+    """`raw`, or the file read again with its host table when it was left out but no device
+    activity turned up (see decode_file)."""
     if raw.gpu.height == 0 and raw.host_skipped:
-        raw = _decode_file(Path(path), True, piece_bytes)
+        got = _decode_file(Path(raw.file), True, piece_bytes, defer=False)
+        assert isinstance(got, RawTrace)
+        return got
     return raw
 
 
-def _decode_file(path: Path, host: bool | None, piece_bytes: int | None) -> RawTrace:
-    """Decode one file; `host=None` keeps the host table unless the header lists devices."""
+@dataclass
+class _About:
+    """What a file says besides its events: header and trailer, size, decoding warnings,
+    and whether its host table was left out."""
+
+    name: str
+    tops: list[Top]
+    nbytes: int
+    warnings: list[str]
+    host_skipped: bool
+
+
+@dataclass
+class _Pending:
+    """A file read whole by the scanner, its tables not built yet (decode_files builds a
+    batch's together). `notes`: its annotations; `host`: whether it keeps all CPU ops."""
+
+    about: _About
+    scanned: Scanned
+    notes: _Annotations
+    host: bool
+
+
+def _decode_file(
+    path: Path, host: bool | None, piece_bytes: int | None, defer: bool
+) -> RawTrace | _Pending:
+    """Decode one file; `host=None` keeps the host table unless the header lists devices.
+    With `defer`, a file read whole by the scanner comes back as a _Pending."""
     name = str(path)
     reader = _Reader(name, piece_bytes)
     parts: list[dict[str, pl.DataFrame]] = []
     trailer: Top | None = None
     objects = False  # whether msgspec decoded a piece into Python objects
+    whole: Scanned | None = None
 
     def tabulate(events: list[Event]) -> None:
         nonlocal host, objects
@@ -1083,7 +1243,12 @@ def _decode_file(path: Path, host: bool | None, piece_bytes: int | None) -> RawT
                 del events
         try:
             events, trailer = reader.finish()
-            tabulate(events)
+            if defer and not parts and isinstance(events, Scanned):
+                whole = _settle(events, reader.notes)
+                if host is None:
+                    host = reader.header is None or not reader.header.deviceProperties
+            else:
+                tabulate(events)
             del events
         except _Unsalvageable as exc:
             if not parts:
@@ -1097,20 +1262,46 @@ def _decode_file(path: Path, host: bool | None, piece_bytes: int | None) -> RawT
         raise TraceError(name, f"cannot read file ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise TraceError(name, "not a JSON trace (binary data)") from None
-    empty = all(sum(frame.height for frame in p.values()) == 0 for p in parts)
+    if whole is not None:
+        empty = whole.table.height == 0
+    else:
+        empty = all(sum(frame.height for frame in p.values()) == 0 for p in parts)
     if empty and reader.header is None and trailer is None:
         raise TraceError(name, "no trace events found")
     tops = [t for t in (reader.header, trailer) if t is not None]
     del reader.buf
+    about = _About(name, tops, reader.nbytes, reader.warnings, host is False)
+    if whole is not None:
+        return _Pending(about, whole, reader.notes, bool(host))
     if objects or reader.cut:
         # The decoded objects' heap, or the pieces' buffers, before the Polars work below.
         # Not after a file read whole by the scanner: its buffer is what the next file
         # reuses, and handing it back makes every file fault its pages in again (a quarter
         # of a 10 MB file's decode here).
         release_free_memory()
-    raw = _assemble(name, parts, tops, reader.nbytes, reader.warnings)
-    raw.host_skipped = host is False
-    return raw
+    return _assemble([about], parts)[0]
+
+
+def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
+    """The RawTraces of files read whole by the scanner, built by one set of queries over
+    their rows one above the other (each row's `_file`: its file's position here)."""
+    tables = [p.scanned.table for p in pending]
+    if len(pending) > 1:
+        tables = [t.with_columns(_file=pl.lit(i, dtype=pl.Int64)) for i, t in enumerate(tables)]
+    table = pl.concat(tables, how="vertical") if len(tables) > 1 else tables[0]
+    # The settled events, numbered in table order (as each file's were decoded).
+    number = pl.when(_NEEDS_EVENT).then(_NEEDS_EVENT.cum_sum().cast(pl.Int64) - 1)
+    both = Scanned(
+        table.select(pl.all().exclude("span_start", "span_end"), _obj=number),
+        None,
+        [e for p in pending for e in p.scanned.decoded],
+    )
+    del tables, table
+    for p in pending:
+        p.scanned = Scanned(p.scanned.table.clear(), None)
+    part = _scanned_columns(both, [p.notes for p in pending], [p.host for p in pending], 0)
+    del both
+    return _assemble([p.about for p in pending], [part])
 
 
 def _describe(exc: Exception) -> str:
@@ -1120,27 +1311,48 @@ def _describe(exc: Exception) -> str:
     return f"invalid JSON trace ({text})"
 
 
-def _assemble(
-    name: str,
-    parts: list[dict[str, pl.DataFrame]],
-    tops: list[Top],
-    nbytes: int,
-    warnings: list[str],
-) -> RawTrace:
-    info = next((t.distributedInfo for t in tops if t.distributedInfo is not None), None)
-    base = next((t.baseTimeNanoseconds for t in tops if t.baseTimeNanoseconds), None) or 0
-    devices = next((t.deviceProperties for t in tops if t.deviceProperties), None) or []
+def _assemble(files: list[_About], parts: list[dict[str, pl.DataFrame]]) -> list[RawTrace]:
+    """The files' RawTraces from their pieces' tables: one file's pieces, or one piece
+    holding several files (rows keyed by `_file`, their position in `files`)."""
+    many = len(files) > 1
+    bases = [_base_ns(about.tops) for about in files]
+    base = pl.lit(pl.Series(bases, dtype=pl.Int64)).gather("_file") if many else pl.lit(bases[0])
 
     def timed(key: str, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
         frames = [p[key] for p in parts]
         details = [p[f"{key}_details"] for p in parts if f"{key}_details" in p]
-        return _timed(_finish(frames, details), schema, int(base))
+        return _timed(_finish(frames, details), schema, base, many)
 
     # The four roles' queries run together: one plan, on the pool's threads at once.
     roles = {"gpu": GPU_SCHEMA, "runtime": RUNTIME_SCHEMA, "ops": OPS_SCHEMA, "host": HOST_SCHEMA}
     tables = dict(zip(roles, collect_all([timed(k, t) for k, t in roles.items()]), strict=True))
-    threads = [p["threads"] for p in parts]
+    threads = [p["threads"] if many else p["threads"].drop("_file", strict=False) for p in parts]
+    tables["threads"] = pl.concat(threads, how="vertical") if len(threads) > 1 else threads[0]
+    split = {key: _per_file(frame, len(files)) for key, frame in tables.items()}
+    return [_raw(about, {key: split[key][i] for key in split}) for i, about in enumerate(files)]
 
+
+def _per_file(frame: pl.DataFrame, n: int) -> list[pl.DataFrame]:
+    """A table's rows per file (by `_file`), without that column."""
+    if "_file" not in frame.columns:
+        return [frame] if n == 1 else [frame.clear()] * n  # no rows: nothing to split
+    if n == 1:
+        return [frame.drop("_file")]
+    found = frame.partition_by("_file", as_dict=True, maintain_order=True, include_key=False)
+    empty = frame.clear().drop("_file")
+    return [found.get((i,), empty) for i in range(n)]
+
+
+def _base_ns(tops: list[Top]) -> int:
+    """The file's baseTimeNanoseconds (0 without one)."""
+    return int(next((t.baseTimeNanoseconds for t in tops if t.baseTimeNanoseconds), None) or 0)
+
+
+def _raw(about: _About, tables: dict[str, pl.DataFrame]) -> RawTrace:
+    """One file's RawTrace: its tables and what its header and trailer say."""
+    tops = about.tops
+    info = next((t.distributedInfo for t in tops if t.distributedInfo is not None), None)
+    devices = next((t.deviceProperties for t in tops if t.deviceProperties), None) or []
     groups = []
     if info is not None and info.pg_config:
         for pg in info.pg_config:
@@ -1157,25 +1369,26 @@ def _assemble(
                 }
             )
     return RawTrace(
-        file=name,
+        file=about.name,
         **tables,
-        threads=pl.concat(threads, how="vertical") if len(threads) > 1 else threads[0],
         rank=None if info is None else info.rank,
         world_size=None if info is None else info.world_size,
         backend=None if info is None else info.backend,
         process_groups=groups,
         device_names=[d.name or "?" for d in devices],
-        base_time_ns=int(base),
-        nbytes=nbytes,
-        warnings=warnings,
+        base_time_ns=_base_ns(tops),
+        nbytes=about.nbytes,
+        warnings=about.warnings,
+        host_skipped=about.host_skipped,
     )
 
 
 def _pair_begin_end(events: pl.DataFrame) -> pl.DataFrame:
-    """Turn matching B/E pairs (per pid, tid, nesting level) into X events with a duration."""
+    """Turn matching B/E pairs (per file, pid, tid, nesting level) into X events with a
+    duration."""
     if events.height == 0 or (events["ph"] == "X").all():
         return events
-    where = [c for c in ("pid", "tid") if c in events.columns]
+    where = [c for c in ("_file", "pid", "tid") if c in events.columns]
     be = events.filter(pl.col("ph").is_in(["B", "E"])).with_row_index("_i")
     be = be.sort([*where, "ts_us", "_i"]).with_columns(
         _d=pl.when(pl.col("ph") == "B").then(1).otherwise(-1)
@@ -1198,16 +1411,22 @@ def _pair_begin_end(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def _timed(
-    finished: tuple[pl.DataFrame, pl.LazyFrame], schema: dict[str, pl.DataType], base_ns: int
+    finished: tuple[pl.DataFrame, pl.LazyFrame],
+    schema: dict[str, pl.DataType],
+    base_ns: pl.Expr,
+    many: bool = False,
 ) -> pl.LazyFrame:
-    """The query for a role's rows (`_finish`) as `schema`'s columns, B/E pairs made complete
-    events, times in nanoseconds (see _to_ns): nothing is computed before it runs where the
-    trace has no B/E events (the usual case)."""
+    """The query for a role's rows (`_finish`) as `schema`'s columns (and `_file` for
+    `many` files), B/E pairs made complete events, times in nanoseconds (see _to_ns):
+    nothing is computed before it runs where the trace has no B/E events (the usual case)."""
     events, rows = finished
     present = rows.collect_schema()
     typed = rows.select(
-        pl.col(k).cast(t) if k in present else pl.lit(None, dtype=t).alias(k)
-        for k, t in schema.items()
+        *[
+            pl.col(k).cast(t) if k in present else pl.lit(None, dtype=t).alias(k)
+            for k, t in schema.items()
+        ],
+        *(["_file"] if many and "_file" in present else []),
     )
     if "ph" in events.columns and not (events["ph"] == "X").all():
         typed = _pair_begin_end(collect(typed)).lazy()
@@ -1217,15 +1436,13 @@ def _timed(
     return query if events.height else pl.LazyFrame(schema=query.collect_schema())
 
 
-def _to_ns(events: pl.LazyFrame, base_ns: int, clean: bool) -> pl.LazyFrame:
+def _to_ns(events: pl.LazyFrame, base_ns: pl.Expr, clean: bool) -> pl.LazyFrame:
     """Exact integer-nanosecond start/end columns (absolute when the trace gives a base) in
     place of the microsecond ones and the phase (every row is a complete event by now);
     rows without a finite time are dropped unless `clean` says there are none."""
     ts = pl.col("ts_us")
     whole = ts.floor()
-    start = (
-        whole.cast(pl.Int64) * 1000 + ((ts - whole) * 1000).round().cast(pl.Int64) + pl.lit(base_ns)
-    )
+    start = whole.cast(pl.Int64) * 1000 + ((ts - whole) * 1000).round().cast(pl.Int64) + base_ns
     if not clean:
         events = events.filter(ts.is_not_null() & ts.is_finite())
     if "dur_us" not in events.collect_schema():  # launches: only their start matters
