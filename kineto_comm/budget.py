@@ -113,10 +113,10 @@ def plan(files: list[Path], limit: int, jobs: int) -> Plan:
 def batches(sizes: list[int], jobs: int, cap: int = BATCH_BYTES) -> tuple[tuple[int, ...], ...]:
     """Files (by position, consecutive ones) grouped into batches of about `cap` bytes of
     JSON at most, each batch's tables built (decode.decode_files) and modelled
-    (per_rank.tabulate) by one set of queries: most of a query's cost on a small rank file is
-    fixed, so a batch of small files costs little more than one. A file of half `cap` or more is a batch of its
-    own. Batches are about equal in size and, where the files allow, as many as the workers
-    or a multiple of them, so that the workers finish together."""
+    (per_rank.tabulate) by one set of queries: most of a query's cost on a small rank file
+    is fixed, so a batch of small files costs little more than one. A file of half `cap` or
+    more is a batch of its own. Batches are about equal in size and, where the files allow,
+    as many as the workers or a multiple of them, so that the workers finish together."""
     if cap <= 0:
         return tuple((i,) for i in range(len(sizes)))
     total = sum(sizes)

@@ -9,7 +9,14 @@ import polars as pl
 import pytest
 
 from kineto_comm import analyze
-from kineto_comm.analysis.overlap import breakdown, breakdowns, merge_intervals, subtract_intervals
+from kineto_comm.analysis.overlap import (
+    _rank_time_order,
+    breakdown,
+    breakdowns,
+    merge_intervals,
+    subtract_intervals,
+)
+from kineto_comm.model.kernels import _launches
 from kineto_comm.model.names import kernel_fields, normalize_collective
 
 from .conftest import SAMPLES, cpu, kernel, launch, shared, write_trace
@@ -197,6 +204,35 @@ def test_trace_without_step_markers_is_one_window(tmp_path):
     assert report.steps["wall_ns"].to_list() == [30_000]
 
 
+def test_sweep_orders_events_by_rank_then_time_whatever_the_clocks():
+    # Rank 1's times straddle where one (rank, time) integer key would wrap around.
+    times = [(1, (1 << 62) + 1), (0, 1), (1, (1 << 62) - 10), (0, 0), (1, 5)]
+    events = pl.DataFrame(times, schema=["rank", "t"], orient="row")
+    assert _rank_time_order(events).rows() == sorted(times)
+    assert _rank_time_order(events.head(0)).height == 0
+
+
+@pytest.mark.parametrize("base", [0, 1 << 45, -(1 << 45)])
+def test_kernels_get_the_first_runtime_call_with_their_rank_and_correlation(base):
+    runtime = pl.DataFrame(
+        {
+            "rank": [0, 0, 1, 1, 0],
+            "correlation": [base + 1, base + 2, base + 1, None, base + 1],
+            "start_ns": [10, 20, 30, 40, 50],
+            "tid": ["a", "b", "c", "d", "e"],
+        }
+    )
+    # The last: rank 0's id one key width above rank 1's call (no such call on rank 0).
+    gpu = pl.DataFrame(
+        {
+            "rank": [1, 0, 0, 1, 0],
+            "correlation": [base + 1, base + 1, base + 3, None, base + 1 + (1 << 40)],
+        }
+    )
+    got = _launches(runtime, gpu)
+    assert got.rows() == [(30, "c"), (10, "a"), (None, None), (None, None), (None, None)]
+
+
 def test_extra_comm_patterns_mark_kernels_as_communication(tmp_path):
     path = write_trace(
         tmp_path / "t.json", [kernel("deep_ep::dispatch<8>", 0, 10), kernel("gemm", 0, 10)]
@@ -242,9 +278,11 @@ def test_gloo_capture_uses_the_host_timeline():
     assert (report.totals["compute_ns"] > 0).all()
 
 
-def test_breakdowns_equal_a_nanosecond_by_nanosecond_count():
+@pytest.mark.parametrize("apart", [0, 1 << 61])
+def test_breakdowns_equal_a_nanosecond_by_nanosecond_count(apart):
     """Random timelines (several ranks, overlapping and zero-length kernels, kinds outside
-    the four, two sets of windows): every metric equals counting each nanosecond."""
+    the four, two sets of windows): every metric equals counting each nanosecond. `apart`
+    puts each rank's clock that far from the previous one's (too far for one sort key)."""
     rng = random.Random(7)
     metrics = {
         "compute_ns": lambda k: "compute" in k,
@@ -259,7 +297,7 @@ def test_breakdowns_equal_a_nanosecond_by_nanosecond_count():
         rows = []
         for rank in range(rng.randint(1, 3)):
             for _ in range(rng.randint(0, 25)):
-                start = rng.randint(0, 300)
+                start = rng.randint(0, 300) + rank * apart
                 kind = rng.choice(["compute", "communication", "memcpy", "memset", "other"])
                 rows.append((rank, kind, start, start + rng.choice([0, 1, 7, 40, 120])))
         kernels = pl.DataFrame(
@@ -269,7 +307,7 @@ def test_breakdowns_equal_a_nanosecond_by_nanosecond_count():
         for _ in range(2):
             wins = []
             for rank in range(3):
-                edges = sorted(rng.sample(range(400), rng.randint(2, 5)))
+                edges = sorted(e + rank * apart for e in rng.sample(range(400), rng.randint(2, 5)))
                 wins += [(rank, i, a, b) for i, (a, b) in enumerate(itertools.pairwise(edges))]
             window_sets.append(
                 pl.DataFrame(wins, schema=["rank", "window", "start_ns", "end_ns"], orient="row")
