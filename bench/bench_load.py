@@ -25,6 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+# This checkout's package, for generating traces here (the timed children run in REPO).
+sys.path.insert(0, str(REPO))
 
 KINETO = """
 import sys, time
