@@ -241,7 +241,12 @@ def run_local(
     settings: Settings,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Outcome]:
-    """Every file's outcome, in the order of `names`, using up to `jobs` processes."""
+    """Every file's outcome, in the order of `names`, using up to `jobs` processes.
+
+    Batches that no worker took (the workers could not start: e.g. a script that calls
+    analyze() without an `if __name__ == "__main__":` guard, whose workers fail on
+    re-importing it) are analysed in this process once the workers are gone, rather than
+    lost."""
     n = len(batches)
     results = _Results(names, batches, progress)
     ctx = get_context("spawn")
@@ -265,6 +270,8 @@ def run_local(
         while not merge_only and (b := _take(counter, n)) is not None:
             results.store(b, work(_paths(names, batches[b]), settings))
         collector.join()
+        while (b := _take(counter, n)) is not None:  # left by workers that never ran
+            results.store(b, work(_paths(names, batches[b]), settings))
     finally:
         for proc in procs:
             if proc.is_alive() and collector.is_alive():  # interrupted: stop the workers

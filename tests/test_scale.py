@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import os
 import shutil
+import subprocess
 import sys
 from multiprocessing import get_context
 
@@ -160,6 +162,25 @@ def test_workers_share_the_files_and_report_progress(tmp_path, concurrency):
     assert [e[0] for e in report.errors] == [str(traces / "rank-9.json")]
     # Counted in files, as each batch of files is done.
     assert seen == sorted(seen) and seen[-1] == (5, 5) and len(seen) == 2
+
+
+def test_a_script_without_a_main_guard_still_gets_every_rank(tmp_path):
+    # Spawned workers re-import such a script and fail before taking any batch; here the
+    # kernels go to files, so this process would only have merged.
+    script = tmp_path / "check.py"
+    script.write_text(
+        "from kineto_comm import analyze, budget\n"
+        "budget.THREADS_BELOW = -1\n"
+        "budget.SPILL_ABOVE = 0\n"
+        f"report = analyze({str(SAMPLES / 'ddp-4')!r}, jobs=2)\n"
+        "print(report.ranks.height, len(report.errors))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SAMPLES.parent)}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["4", "0"]
 
 
 def test_a_worker_that_dies_costs_only_the_batch_it_was_on():
