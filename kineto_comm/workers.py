@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from multiprocessing import get_context
+from multiprocessing import current_process, get_context
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -247,6 +247,15 @@ def run_local(
     analyze() without an `if __name__ == "__main__":` guard, whose workers fail on
     re-importing it) are analysed in this process once the workers are gone, rather than
     lost."""
+    if getattr(current_process(), "_inheriting", False):
+        # This is a worker starting up, re-importing a script that runs analyze() at its
+        # top level: it cannot start workers of its own. It stops with one line, and the
+        # process that started it analyses the files.
+        raise SystemExit(
+            "kineto-comm: a worker process stopped while starting: the script calls"
+            ' analyze() outside `if __name__ == "__main__":`, so the main process analyses'
+            " the files alone"
+        )
     n = len(batches)
     results = _Results(names, batches, progress)
     ctx = get_context("spawn")

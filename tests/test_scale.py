@@ -181,6 +181,9 @@ def test_a_script_without_a_main_guard_still_gets_every_rank(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["4", "0"]
+    # Each worker says why it stopped, in one line, with no traceback.
+    assert "Traceback" not in done.stderr
+    assert 'outside `if __name__ == "__main__":`' in done.stderr
 
 
 def test_a_worker_that_dies_costs_only_the_batch_it_was_on():
