@@ -824,12 +824,26 @@ class _Annotations:
     spare: int = 0
 
 
+# CPU spans of collectives: host-backend ones (gloo, ...), and NCCL annotations.
+_HOST_SPANS = ("gloo:", "ucc:", "mpi:")
+_NCCL_SPANS = ("nccl:", "xccl:")
+
+
+def _wants_shapes(host: bool, annotated: int, described: int, spare: int) -> tuple[bool, int]:
+    """Whether a piece's ops gain from annotation sizes, from its counts of host-backend
+    spans, NCCL annotations and record_param_comms with collective args (`spare`: those of
+    the previous piece beyond its annotations); and the spare this piece leaves. Host-backend
+    spans always do; NCCL annotations only when fewer record_param_comms carry args."""
+    if host:
+        return True, spare
+    available = described + spare
+    return annotated > available, min(described, max(0, available - annotated))
+
+
 def _needs_shapes(
     cpu: pl.DataFrame, details: pl.DataFrame | None, notes: list[_Annotations]
 ) -> list[int]:
-    """The files (positions in `notes`) whose ops gain from annotation sizes: host-backend
-    spans (gloo, ...) always do; NCCL annotations only when fewer record_param_comms carry
-    collective args."""
+    """The files (positions in `notes`) whose ops gain from annotation sizes (_wants_shapes)."""
     name = pl.col("name")
     described = pl.lit(0, dtype=pl.UInt32)
     if details is not None:
@@ -838,8 +852,8 @@ def _needs_shapes(
             pl.col("_seq").filter(name == "record_param_comms").is_in(with_args.implode()).sum()
         )
     counts = [
-        name.str.contains(r"^(gloo|ucc|mpi):").any().alias("host"),
-        name.str.contains(r"^(nccl|xccl):").sum().alias("annotations"),
+        pl.any_horizontal(name.str.starts_with(p) for p in _HOST_SPANS).any().alias("host"),
+        pl.any_horizontal(name.str.starts_with(p) for p in _NCCL_SPANS).sum().alias("annotated"),
         described.alias("described"),
     ]
     if len(notes) > 1:
@@ -848,12 +862,8 @@ def _needs_shapes(
         rows = [(0, *collect(cpu.lazy().select(counts)).row(0))]
     need = []
     for f, host, annotated, described_ in rows:
-        if host:
-            need.append(f)
-            continue
-        available = described_ + notes[f].spare
-        notes[f].spare = min(described_, max(0, available - annotated))
-        if annotated > available:
+        want, notes[f].spare = _wants_shapes(host, annotated, described_, notes[f].spare)
+        if want:
             need.append(f)
     return need
 
@@ -992,19 +1002,20 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
     rows = piece_.table.filter(_NEEDS_EVENT)
     events = piece_.decode(rows)
     # What _needs_shapes counts: all of it is in communication CPU ops, so among `rows`.
-    host = annotations = described = 0
-    cpu = [role == 2 for role in rows["role"].to_list()]
-    for is_cpu, name, event in zip(cpu, rows["name"].to_list(), events, strict=True):
-        if not is_cpu:
+    host = annotated = described = 0
+    roles, names = rows["role"].to_list(), rows["name"].to_list()
+    for role, name, event in zip(roles, names, events, strict=True):
+        if role != 2:
             continue
-        if name.startswith(("gloo:", "ucc:", "mpi:")):
+        if name.startswith(_HOST_SPANS):
             host += 1
-        elif name.startswith(("nccl:", "xccl:")):
-            annotations += 1
+        elif name.startswith(_NCCL_SPANS):
+            annotated += 1
         elif name == "record_param_comms":
             args = event.args
             described += args is not None and args.collective is not None
-    shapes = notes.find() if host or annotations > described else None
+    wanted, _ = _wants_shapes(host > 0, annotated, described, notes.spare)
+    shapes = notes.find() if wanted else None
 
     def find() -> pl.DataFrame:
         if shapes is None:

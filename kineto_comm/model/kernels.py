@@ -72,21 +72,22 @@ def _launches(runtime: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     correlation), in the rows' order. Only the key columns of the (wide) kernel table take
     part in the join: the table itself is not copied. Where they fit, rank and correlation
     are one integer key: an order-keeping join on two keys took twice as long."""
-    key: list[str | pl.Expr] = ["rank", "correlation"]
+    on = ["rank", "correlation"]
+    key = [pl.col(c) for c in on]
     if all(
         _fits(f["rank"], 62 - _KEY_BITS) and _fits(f["correlation"], _KEY_BITS)
         for f in (runtime, gpu)
     ):
+        on = ["_key"]
         key = [(pl.col("rank") * (1 << _KEY_BITS) + pl.col("correlation")).alias("_key")]
-    names = [k if isinstance(k, str) else k.meta.output_name() for k in key]
     calls = (
         runtime.lazy()
         .select(*key, launch_ns="start_ns", launch_tid="tid")
-        .drop_nulls(names)
-        .unique(names, keep="first", maintain_order=True)
+        .drop_nulls(on)
+        .unique(on, keep="first", maintain_order=True)
     )
     keys = gpu.lazy().select(*key)
-    joined = keys.join(calls, on=names, how="left", maintain_order="left")
+    joined = keys.join(calls, on=on, how="left", maintain_order="left")
     return collect(joined.select("launch_ns", "launch_tid"))
 
 
