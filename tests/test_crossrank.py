@@ -239,3 +239,44 @@ def test_merged_tables_are_in_rank_order_whatever_the_file_names(tmp_path):
         assert table["rank"].is_sorted(), name
         assert table.equals(getattr(original, name)), name
     assert renamed.collective_instances.equals(original.collective_instances)
+
+
+@pytest.mark.parametrize("instance_base", [0, 2**61])
+@pytest.mark.parametrize("repeated", [False, True])
+def test_latest_end_per_call_and_rank_with_and_without_repeats(instance_base, repeated):
+    """estimate_offsets reads one end per (instance, rank): the rows as they are when no pair
+    repeats, the latest end of a pair that does, also where instance and rank cannot share
+    one integer (ids near 2**61)."""
+    from kineto_comm.analysis.align import _one_per_call
+
+    rows = pl.DataFrame(
+        {
+            "instance": [instance_base + i for i in (0, 0, 1, 1, 2)],
+            "rank": [0, 1, 0, 1, 1],
+            "end_ns": [100, 130, 200, 260, 300],
+        }
+    )
+    if repeated:  # rank 1 ran instance 1 twice (e.g. a kernel split in two)
+        rows = pl.concat(
+            [rows, pl.DataFrame({"instance": [instance_base + 1], "rank": [1], "end_ns": [250]})]
+        )
+    want = rows.group_by("instance", "rank").agg(pl.col("end_ns").max()).sort("instance", "rank")
+    got = _one_per_call(rows.lazy(), rows).collect().sort("instance", "rank")
+    assert got.to_dicts() == want.to_dicts()
+    assert got.filter(instance=instance_base + 1, rank=1)["end_ns"].item() == 260
+
+
+def test_offsets_the_same_when_a_call_repeats_on_a_rank(jobs):
+    """A rank's call seen twice (the same instance on two rows, the second ending earlier)
+    leaves the estimated offsets as they were."""
+    from kineto_comm.analysis.align import estimate_offsets
+
+    folder, _ = jobs["skew"]
+    report = analyze(folder, jobs=1)
+    keyed = match_keys(report.collectives)
+    ranks = report.ranks["rank"].to_list()
+    base = estimate_offsets(keyed, ranks)
+    extra = keyed.filter(pl.col("instance").is_not_null()).head(3)
+    twice = pl.concat([keyed, extra.with_columns(pl.col("end_ns") - 1)])
+    assert twice.select(pl.struct("instance", "rank").is_duplicated().any()).item()
+    assert estimate_offsets(twice, ranks).equals(base)
