@@ -1,0 +1,109 @@
+"""The parent's memory as the rank count grows, past the jobs this disk can hold.
+
+    python bench/bench_parent.py bench/out/scale-dp-64r-250mb --ranks 64 256 1024
+
+The parent of a job holds the merged per-rank tables (collectives, steps, totals: kernels stay
+in files, kineto_comm.kernel_store) and runs the cross-rank analysis on them, so its memory
+follows the number of collective calls over all ranks, not the bytes of JSON. To measure it at
+rank counts whose traces would not fit on this disk, the per-rank tables of a real job (made by
+bench_scale.py) are built once by `workers.work`, kernels in files, and kept under
+bench/out/<job>-tables/. Each measurement then runs, in a fresh process, `analyze()` with its
+per-rank work replaced by copies of those tables: rank r of copy k becomes rank 64k + r of a
+world of R ranks, and every copy is read back from the workers' Arrow IPC bytes, as the parent
+reads a worker's result (its own buffers, nothing shared between copies). The copies keep
+their process groups, so each data-parallel call is matched over all R ranks.
+
+Printed per rank count: collective rows, wall time of `analyze()`, the parent's peak RSS
+(ru_maxrss), and its growth over the start per collective row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from bench_load import run_child  # noqa: E402
+
+CHILD = """
+import pickle, resource, sys, time
+from dataclasses import replace
+from pathlib import Path
+import kineto_comm
+from kineto_comm.per_rank import from_wire
+A = sys.modules["kineto_comm.analyze"]
+source, ranks, placeholders = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+wires = sorted(source.glob("wire-*.pickle"), key=lambda p: int(p.stem.removeprefix("wire-")))
+files = sorted(placeholders.iterdir(), key=lambda p: int(p.stem.removeprefix("rank")))
+
+def run(names, plan, settings, dask_scheduler, progress=None):
+    out = [None] * ranks
+    for copy in range((ranks + len(wires) - 1) // len(wires)):
+        for path in wires:
+            for t in from_wire(pickle.loads(path.read_bytes())):
+                rank = copy * len(wires) + t.rank
+                if rank < ranks:
+                    t = replace(t.with_rank(rank), file=str(files[rank]), world_size=ranks)
+                    out[rank] = ("ok", t)
+    return out
+
+A._run = run
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+r = kineto_comm.analyze(placeholders, jobs=1)
+wall = time.perf_counter() - t
+assert not r.errors, r.errors[:3]
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(r.ranks.height, r.collectives.height, r.collective_instances.height, wall, base, peak)
+"""
+
+
+def tables(job: Path) -> Path:
+    """The job's per-rank tables (kernels in files), built once."""
+    out = job.parent / f"{job.name}-tables"
+    if (out / "done").exists():
+        return out
+    from kineto_comm.per_rank import to_wire
+    from kineto_comm.workers import Settings, work
+
+    (out / "kernels").mkdir(parents=True, exist_ok=True)
+    files = sorted(str(p) for p in job.glob("*.json") if p.name != "truth.json")
+    settings = Settings(spill_dir=str(out / "kernels"))
+    for i, f in enumerate(files):
+        [(status, payload)] = work([f], settings)
+        assert status == "ok", payload
+        (out / f"wire-{i}.pickle").write_bytes(pickle.dumps(to_wire([payload])))
+        print(f"  tables of {Path(f).name}", flush=True)
+    (out / "done").write_text("")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("job", type=Path, help="a job's trace folder (bench_scale.py makes them)")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 1024])
+    args = ap.parse_args()
+    source = tables(args.job)
+    for ranks in args.ranks:
+        with tempfile.TemporaryDirectory(prefix="kineto-comm-parent-") as tmp:
+            for r in range(ranks):
+                (Path(tmp) / f"rank{r}.json").write_text("{}")
+            out, _, _ = run_child(CHILD, [str(source), str(ranks), tmp])
+        n, rows, calls, wall, base, peak = out.split()[-6:]
+        grown = (int(peak) - int(base)) * 1024
+        print(
+            f"{int(n):5d} ranks: {int(rows):>9,} collective rows ({int(calls):,} calls),"
+            f" analyze {float(wall):5.1f} s, parent peak RSS {int(peak) / 2**20:5.2f} GiB"
+            f" ({grown / max(int(rows), 1):.0f} B per row over the start)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
