@@ -105,9 +105,9 @@ def _one_per_call(rows: pl.LazyFrame, keyed: pl.DataFrame) -> pl.LazyFrame:
     """Per (instance, rank), the latest end (`rows`: instance, rank, end_ns).
 
     Nearly always each rank has one row per call already; the rows are then taken as they
-    are. A group-by on the two columns would build a table of every call on every rank (87
-    bytes a row, the parent's peak at 256 ranks, bench/bench_parent.py); telling whether
-    any pair repeats needs only one integer per row, where instance and rank fit in one."""
+    are. A group-by on the two columns builds a table of every call on every rank (it made
+    the parent's peak at 256 ranks: bench/README.md, twelfth session); telling whether any
+    pair repeats needs only one integer per row, where instance and rank fit in one."""
     bounds = keyed.select(
         pl.col("instance").min().alias("i0"),
         pl.col("instance").max().alias("i1"),
@@ -116,7 +116,7 @@ def _one_per_call(rows: pl.LazyFrame, keyed: pl.DataFrame) -> pl.LazyFrame:
     ).row(0)
     i0, i1, r0, r1 = (0 if b is None else int(b) for b in bounds)
     span = r1 - r0 + 1
-    if i0 >= 0 and r0 >= 0 and (i1 + 1) * span < 2**62:
+    if i0 >= 0 and (i1 + 1) * span < 2**62:
         pair = pl.col("instance") * span + (pl.col("rank") - r0)
         if not collect(rows.select(pair.is_duplicated().any())).item():
             return rows
