@@ -246,12 +246,12 @@ def test_merged_tables_are_in_rank_order_whatever_the_file_names(tmp_path):
 def test_latest_end_per_call_and_rank_with_and_without_repeats(instance_base, repeated):
     """estimate_offsets reads one end per (instance, rank): the rows as they are when no pair
     repeats, the latest end of a pair that does, also where instance and rank cannot share
-    one integer (ids near 2**61)."""
+    one integer (ids from 0 to near 2**61)."""
     from kineto_comm.analysis.align import _one_per_call
 
     rows = pl.DataFrame(
         {
-            "instance": [instance_base + i for i in (0, 0, 1, 1, 2)],
+            "instance": [0, 0, instance_base + 1, instance_base + 1, instance_base + 2],
             "rank": [0, 1, 0, 1, 1],
             "end_ns": [100, 130, 200, 260, 300],
         }

@@ -322,3 +322,21 @@ def test_breakdowns_equal_a_nanosecond_by_nanosecond_count(apart):
                         expected[name] += holds(running)
                 assert {name: row[name] for name in metrics} == expected, row
                 assert row["idle_ns"] == row["wall_ns"] - expected["busy_ns"]
+
+
+@pytest.mark.parametrize("low", [0, -(1 << 40), (1 << 61)])
+def test_pair_key_orders_and_tells_apart_pairs_as_the_two_columns_do(low):
+    from kineto_comm.keys import pair_key
+
+    pairs = [(3, low + 7), (-2, low), (3, low), (0, None), (-2, low + 7), (3, low + 7)]
+    frame = pl.DataFrame(pairs, schema=["a", "b"], orient="row")
+    key = pair_key([frame, frame.head(2)], "a", "b")
+    assert key is not None
+    got = frame.with_columns(k=key)
+    assert got.drop_nulls().sort("k")["k"].n_unique() == 4
+    assert got.drop_nulls().sort("k").select("a", "b").rows() == sorted(
+        p for p in pairs if p[1] is not None
+    )
+    assert got.filter(pl.col("b").is_null())["k"].to_list() == [None]
+    wide = pl.DataFrame({"a": [0, 1 << 31], "b": [0, 1 << 31]})
+    assert pair_key([wide], "a", "b") is None

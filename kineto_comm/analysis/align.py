@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kineto_comm.keys import pair_key
 from kineto_comm.lazy import collect
 
 OFFSET_COLUMNS = ("rank", "offset_ns", "estimate_ns", "residual_ns", "matched", "method")
@@ -107,19 +108,11 @@ def _one_per_call(rows: pl.LazyFrame, keyed: pl.DataFrame) -> pl.LazyFrame:
     Nearly always each rank has one row per call already; the rows are then taken as they
     are. A group-by on the two columns builds a table of every call on every rank (it made
     the parent's peak at 256 ranks: bench/README.md, twelfth session); telling whether any
-    pair repeats needs only one integer per row, where instance and rank fit in one."""
-    bounds = keyed.select(
-        pl.col("instance").min().alias("i0"),
-        pl.col("instance").max().alias("i1"),
-        pl.col("rank").min().alias("r0"),
-        pl.col("rank").max().alias("r1"),
-    ).row(0)
-    i0, i1, r0, r1 = (0 if b is None else int(b) for b in bounds)
-    span = r1 - r0 + 1
-    if i0 >= 0 and (i1 + 1) * span < 2**62:
-        pair = pl.col("instance") * span + (pl.col("rank") - r0)
-        if not collect(rows.select(pair.is_duplicated().any())).item():
-            return rows
+    pair repeats needs only one integer per row, where the pair fits in one
+    (kineto_comm.keys)."""
+    pair = pair_key([keyed], "instance", "rank")
+    if pair is not None and not collect(rows.select(pair.is_duplicated().any())).item():
+        return rows
     return rows.group_by("instance", "rank").agg(pl.col("end_ns").max())
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.overlap import subtract_intervals
+from kineto_comm.keys import pair_key
 from kineto_comm.lazy import collect
 from kineto_comm.load.decode import RawTrace, parse_int
 from kineto_comm.model.names import comm_kernel_expr
@@ -55,31 +56,15 @@ ARG_COLUMNS = (
 HOST_COMM_PREFIXES = ("gloo:", "ucc:", "mpi:")
 
 
-# Ranks (a batch's file positions) and correlation ids this small share one join key.
-_KEY_BITS = 40
-
-
-def _fits(values: pl.Series, bits: int) -> bool:
-    """Whether every value is null or in [0, 2**bits)."""
-    if values.null_count() == values.len():
-        return True
-    low, high = values.min(), values.max()
-    return low is not None and high is not None and low >= 0 and high < 1 << bits
-
-
 def _launches(runtime: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
     """launch_ns and launch_tid of the first runtime call with each row's (rank,
     correlation), in the rows' order. Only the key columns of the (wide) kernel table take
     part in the join: the table itself is not copied. Where they fit, rank and correlation
-    are one integer key: an order-keeping join on two keys took twice as long."""
-    on = ["rank", "correlation"]
-    key = [pl.col(c) for c in on]
-    if all(
-        _fits(f["rank"], 62 - _KEY_BITS) and _fits(f["correlation"], _KEY_BITS)
-        for f in (runtime, gpu)
-    ):
-        on = ["_key"]
-        key = [(pl.col("rank") * (1 << _KEY_BITS) + pl.col("correlation")).alias("_key")]
+    are one integer key (kineto_comm.keys): an order-keeping join on two keys took twice as
+    long."""
+    pair = pair_key([runtime, gpu], "rank", "correlation")
+    on = ["rank", "correlation"] if pair is None else ["_key"]
+    key = [pl.col(c) for c in on] if pair is None else [pair.alias("_key")]
     calls = (
         runtime.lazy()
         .select(*key, launch_ns="start_ns", launch_tid="tid")
