@@ -275,12 +275,16 @@ def run_local(
         conns.append(receive)
     collector = threading.Thread(target=_collect, args=(conns, results), daemon=True)
     collector.start()
+
+    def pull_here() -> None:
+        while (b := _take(counter, n)) is not None:
+            results.store(b, work(_paths(names, batches[b]), settings))
+
     try:
-        while not merge_only and (b := _take(counter, n)) is not None:
-            results.store(b, work(_paths(names, batches[b]), settings))
+        if not merge_only:
+            pull_here()
         collector.join()
-        while (b := _take(counter, n)) is not None:  # left by workers that never ran
-            results.store(b, work(_paths(names, batches[b]), settings))
+        pull_here()  # batches left by workers that never ran
     finally:
         for proc in procs:
             if proc.is_alive() and collector.is_alive():  # interrupted: stop the workers
