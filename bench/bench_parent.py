@@ -14,7 +14,9 @@ reads a worker's result (its own buffers, nothing shared between copies). The co
 their process groups, so each data-parallel call is matched over all R ranks.
 
 Printed per rank count: collective rows, wall time of `analyze()`, the parent's peak RSS
-(ru_maxrss), and its growth over the start per collective row.
+(ru_maxrss), its growth over the start per collective row, and a lower bound on what the
+returned Report's tables hold (8 bytes per number, 16 per text value: the view, not the text
+its rows share; kernels are in files): the part of the peak no transient can explain.
 """
 
 from __future__ import annotations
@@ -60,7 +62,14 @@ r = kineto_comm.analyze(placeholders, jobs=1)
 wall = time.perf_counter() - t
 assert not r.errors, r.errors[:3]
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(r.ranks.height, r.collectives.height, r.collective_instances.height, wall, base, peak)
+import polars as pl
+def width(dtype):  # bytes per value, at least: a number, a bit, or a text view (16 B)
+    return 1 / 8 if dtype == pl.Boolean else 16 if dtype in (pl.String, pl.Categorical) else 8
+held = sum(
+    v.height * sum(width(d) for d in v.dtypes)
+    for v in vars(r).values() if isinstance(v, pl.DataFrame)
+)
+print(r.ranks.height, r.collectives.height, r.collective_instances.height, wall, base, peak, held)
 """
 
 
@@ -95,12 +104,13 @@ def main() -> None:
             for r in range(ranks):
                 (Path(tmp) / f"rank{r}.json").write_text("{}")
             out, _, _ = run_child(CHILD, [str(source), str(ranks), tmp])
-        n, rows, calls, wall, base, peak = out.split()[-6:]
+        n, rows, calls, wall, base, peak, held = out.split()[-7:]
         grown = (int(peak) - int(base)) * 1024
         print(
             f"{int(n):5d} ranks: {int(rows):>9,} collective rows ({int(calls):,} calls),"
             f" analyze {float(wall):5.1f} s, parent peak RSS {int(peak) / 2**20:5.2f} GiB"
-            f" ({grown / max(int(rows), 1):.0f} B per row over the start)",
+            f" ({grown / max(int(rows), 1):.0f} B per row over the start);"
+            f" the report's tables hold at least {float(held) / 2**30:.2f} GiB",
             flush=True,
         )
 
