@@ -63,10 +63,11 @@ wall = time.perf_counter() - t
 assert not r.errors, r.errors[:3]
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 import polars as pl
-def width(dtype):  # bytes per value, at least: a number, a bit, or a text view (16 B)
-    return 1 / 8 if dtype == pl.Boolean else 16 if dtype in (pl.String, pl.Categorical) else 8
+# Bytes per value, at least (a text value is its view; other types count nothing).
+WIDTH = {pl.Boolean: 1 / 8, pl.String: 16, pl.Categorical: 4, pl.Int32: 4, pl.UInt32: 4,
+         pl.Float32: 4, pl.Int64: 8, pl.UInt64: 8, pl.Float64: 8}
 held = sum(
-    v.height * sum(width(d) for d in v.dtypes)
+    v.height * sum(WIDTH.get(d.base_type(), 0) for d in v.dtypes)
     for v in vars(r).values() if isinstance(v, pl.DataFrame)
 )
 print(r.ranks.height, r.collectives.height, r.collective_instances.height, wall, base, peak, held)
