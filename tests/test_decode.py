@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import mmap
 from pathlib import Path
 
 import polars as pl
@@ -115,32 +114,6 @@ def test_large_file_is_decoded_in_pieces_with_identical_results(tmp_path, monkey
     assert pieces.gpu.equals(whole.gpu)
     assert pieces.runtime.equals(whole.runtime)
     assert pieces.base_time_ns == 5 and pieces.rank == 0
-
-
-@pytest.mark.parametrize("mapped", ["head", "half", "none"])
-def test_mapped_read_matches_a_read_into_memory(tmp_path, monkeypatch, mapped):
-    # A file read whole is mapped; where it cannot be (None) it is read into a bytearray,
-    # and where it grew after being mapped (the map ends before the event array, "head", or
-    # mid-event, "half") the rest is read after the mapped part. All must decode as the
-    # plain read does.
-    events = [kernel(f"k{i}", 10.0 * i, 5.0, corr=i) for i in range(3000)]
-    events += [launch(10.0 * i - 3, i) for i in range(3000)]
-    path = write_trace(tmp_path / "t.json", events, baseTimeNanoseconds=5)
-    whole = decode_file(path)
-    size = path.stat().st_size
-
-    def partial(fh):
-        if mapped == "none":
-            return None
-        length = 10 if mapped == "head" else size // 2 + 7
-        return mmap.mmap(fh.fileno(), length, access=mmap.ACCESS_READ)
-
-    monkeypatch.setattr(decode, "_mapped", partial)
-    monkeypatch.setattr(decode, "_READ_BYTES", 16_384)
-    other = decode_file(path)
-    assert other.gpu.height == 3000
-    assert other.gpu.equals(whole.gpu)
-    assert other.runtime.equals(whole.runtime)
 
 
 def test_nested_object_lists_in_args_survive_piece_cuts(tmp_path, monkeypatch):

@@ -21,7 +21,6 @@ all of them, keyed by file; most of that work is fixed cost per query, not per r
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import zlib
@@ -53,7 +52,6 @@ except ImportError:  # pragma: no cover - depends on the platform
 
 PIECE_BYTES = 16 * 1024 * 1024
 _READ_BYTES = 4 * 1024 * 1024
-Buffer = bytes | bytearray | mmap.mmap  # what the raw JSON of a file or piece is held in
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 # Categories kept from the event stream. Everything else (flows, instant events, python
@@ -318,27 +316,17 @@ class RawTrace:
 
 def _read_blocks(path: Path, whole_below: int = _READ_BYTES) -> Iterator[bytes | bytearray]:
     """Yield the file's (decompressed) bytes in blocks; a truncated gzip stream just ends.
-    A plain file of at most `whole_below` bytes comes whole (the reader adopts it as its
-    buffer: no copy), mapped read-only where the system allows, else read into a bytearray;
-    bigger ones in blocks.
-
-    Why mapped: in a fresh process every page of a new buffer faults on its first touch,
-    and reading 40 MB into new bytearrays cost ~60 ms here against ~8 ms to map the same
-    files from the page cache (bench/README.md). The cost: a file that another program
-    truncates while it is being read stops the process (SIGBUS), as with other tools that
-    map their input."""
+    A plain file of at most `whole_below` bytes comes whole, in a bytearray read straight
+    into place (the reader adopts it as its buffer: no copy); bigger ones in blocks."""
     with open(path, "rb") as fh:
         head = fh.read(2)
         fh.seek(0)
         if head != b"\x1f\x8b":
             size = os.fstat(fh.fileno()).st_size
             if 0 < size <= whole_below:
-                whole = _mapped(fh)
-                if whole is None:
-                    whole = bytearray(size)
-                    got = fh.readinto(whole)
-                    del whole[got:]
-                fh.seek(len(whole))
+                whole = bytearray(size)
+                got = fh.readinto(whole)
+                del whole[got:]
                 yield whole
             while block := fh.read(_READ_BYTES):  # the rest (all of a bigger file)
                 yield block
@@ -367,15 +355,6 @@ def _read_blocks(path: Path, whole_below: int = _READ_BYTES) -> Iterator[bytes |
         tail = inflater.flush()
         if tail:
             yield tail
-
-
-def _mapped(fh: Any) -> mmap.mmap | None:
-    """The open file mapped read-only, or None where it cannot be mapped (a pipe, some
-    network or virtual file systems)."""
-    try:
-        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        return None
 
 
 class _Corrupt(Exception):
@@ -418,7 +397,7 @@ class _Reader:
     def __init__(self, name: str, piece_bytes: int | None = None) -> None:
         self.name = name
         self.piece_bytes = piece_bytes or PIECE_BYTES
-        self.buf: bytearray | mmap.mmap = bytearray()
+        self.buf = bytearray()
         self.pos = -1
         self.header: Top | None = None
         self.bare_list = False
@@ -431,11 +410,9 @@ class _Reader:
 
     def feed(self, block: bytes | bytearray) -> Iterator[list[Event]]:
         self._compact()
-        if not self.buf and isinstance(block, (bytearray, mmap.mmap)):
+        if not self.buf and isinstance(block, bytearray):
             self.buf = block  # the reader's own block: adopt it rather than copy it
         else:
-            if not isinstance(self.buf, bytearray):  # a mapped file that grew as it was read
-                self.buf = bytearray(self.buf)
             self.buf += block
         self.nbytes += len(block)
         if self.pos < 0 and not self._find_start():
@@ -454,7 +431,7 @@ class _Reader:
             return
         try:
             del self.buf[: self.pos]
-        except (BufferError, TypeError):  # a view is alive somewhere, or a mapped file
+        except BufferError:  # a view is still alive somewhere: copy instead
             self.buf = bytearray(self.buf[self.pos :])
         self.pos = 0
 
@@ -464,7 +441,7 @@ class _Reader:
             return False
         if head[:1] == b"[":
             self.bare_list = True
-            self.pos = self.buf.find(b"[")
+            self.pos = self.buf.index(b"[")
             return True
         if head[:1] != b"{":
             raise TraceError(self.name, "not a JSON trace (does not start with '{' or '[')")
@@ -484,7 +461,7 @@ class _Reader:
             m = _BOUNDARY.search(self.buf, search_from)
             if m is None:
                 return None
-            comma = self.buf.find(b",", m.start())
+            comma = self.buf.index(b",", m.start())
             scanned = _scan_piece(self.buf, self.pos, comma)
             if scanned is not None:
                 events: Any = scanned[0]
@@ -642,7 +619,7 @@ _FALLBACK = {"pid": "device", "tid": "stream"}
 _SHAPE_COLUMNS = ("input_dims", "input_type")
 
 
-def _shapes(buf: Buffer, start: int, end: int) -> pl.DataFrame:
+def _shapes(buf: bytearray | bytes, start: int, end: int) -> pl.DataFrame:
     """`Input Dims` / `Input type` of the communication annotations in buf[start:end].
 
     Each annotation is found by its name; its event runs from the last `{` before the name
@@ -679,12 +656,12 @@ def _shapes(buf: Buffer, start: int, end: int) -> pl.DataFrame:
     ).unique(subset=["name", "tid", "ts_us"], keep="first")
 
 
-def _lazy_shapes(buf: Buffer, start: int, end: int) -> Callable[[], pl.DataFrame]:
+def _lazy_shapes(buf: bytearray | bytes, start: int, end: int) -> Callable[[], pl.DataFrame]:
     """_shapes(buf, start, end), deferred until a piece turns out to need it."""
     return lambda: _shapes(buf, start, end)
 
 
-def _annotation_names(buf: Buffer, start: int, end: int) -> list[int]:
+def _annotation_names(buf: bytearray | bytes, start: int, end: int) -> list[int]:
     """Positions of `"name": "<backend>:...` values in buf[start:end] (found with bytes.find)."""
     found: list[int] = []
     for prefix in _ANNOTATION_PREFIXES:
