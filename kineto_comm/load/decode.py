@@ -825,7 +825,7 @@ class _Annotations:
 
 
 # CPU spans of collectives: host-backend ones (gloo, ...), and NCCL annotations.
-_HOST_SPANS = ("gloo:", "ucc:", "mpi:")
+HOST_SPANS = ("gloo:", "ucc:", "mpi:")
 _NCCL_SPANS = ("nccl:", "xccl:")
 
 
@@ -852,7 +852,7 @@ def _needs_shapes(
             pl.col("_seq").filter(name == "record_param_comms").is_in(with_args.implode()).sum()
         )
     counts = [
-        pl.any_horizontal(name.str.starts_with(p) for p in _HOST_SPANS).any().alias("host"),
+        pl.any_horizontal(name.str.starts_with(p) for p in HOST_SPANS).any().alias("host"),
         pl.any_horizontal(name.str.starts_with(p) for p in _NCCL_SPANS).sum().alias("annotated"),
         described.alias("described"),
     ]
@@ -1007,7 +1007,7 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
     for role, name, event in zip(roles, names, events, strict=True):
         if role != 2:
             continue
-        if name.startswith(_HOST_SPANS):
+        if name.startswith(HOST_SPANS):
             host += 1
         elif name.startswith(_NCCL_SPANS):
             annotated += 1

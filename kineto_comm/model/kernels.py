@@ -21,7 +21,7 @@ import polars as pl
 from kineto_comm.analysis.overlap import subtract_intervals
 from kineto_comm.keys import pair_key
 from kineto_comm.lazy import collect
-from kineto_comm.load.decode import RawTrace, parse_int
+from kineto_comm.load.decode import HOST_SPANS, RawTrace, parse_int
 from kineto_comm.model.names import comm_kernel_expr
 
 KERNEL_SCHEMA: dict[str, pl.DataType] = {
@@ -53,7 +53,6 @@ ARG_COLUMNS = (
     "src_rank",
     "dst_rank",
 )
-HOST_COMM_PREFIXES = ("gloo:", "ucc:", "mpi:")
 
 
 def _launches(runtime: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
@@ -117,8 +116,8 @@ def build_kernels(raw: RawTrace, comm_patterns: tuple[str, ...] = ()) -> pl.Data
 
 def host_timeline(raw: RawTrace) -> pl.DataFrame:
     """Host-side communication spans and the CPU work beside them, as kernel-like rows."""
-    comm = raw.ops.filter(pl.col("name").str.starts_with(HOST_COMM_PREFIXES[0]))
-    for prefix in HOST_COMM_PREFIXES[1:]:
+    comm = raw.ops.filter(pl.col("name").str.starts_with(HOST_SPANS[0]))
+    for prefix in HOST_SPANS[1:]:
         comm = pl.concat([comm, raw.ops.filter(pl.col("name").str.starts_with(prefix))])
     if comm.height == 0:
         return pl.DataFrame(schema=KERNEL_SCHEMA).with_columns(
