@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 
 import kineto_comm
+from kineto_comm import lazy
 from kineto_comm.analysis.roles import PROCESS_GROUP_SCHEMA, process_groups
 from kineto_comm.analysis.sizes import (
     MESSAGE_SIZES_SCHEMA,
@@ -182,6 +183,20 @@ def test_roles_match_synthetic_truth(baselines: dict[str, Job], layout: str) -> 
         assert row["calls_per_step"] == pytest.approx(calls)
         assert row["bytes_per_step"] == pytest.approx(size)
         assert "per step" in row["evidence"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_roles_on_the_streaming_engine_equal_the_in_memory_ones(
+    baselines: dict[str, Job], samples: dict[str, Report], layout: str, monkeypatch: Any
+) -> None:
+    # Big jobs run the features' passes on the streaming engine (lazy.STREAMING_ROWS): the
+    # same groups, roles, evidence and per-step means, to the last digit.
+    reports = [baselines[layout][0], samples["fsdp-2"]]
+    in_memory = [_roles(rep) for rep in reports]
+    monkeypatch.setattr(lazy, "STREAMING_ROWS", 0)
+    for rep, expected in zip(reports, in_memory, strict=True):
+        assert expected.height > 0
+        assert _roles(rep).equals(expected)
 
 
 def test_role_evidence_gives_the_numbers(baselines: dict[str, Job]) -> None:

@@ -49,7 +49,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP, group_key, is_p2p
-from kineto_comm.lazy import collect
+from kineto_comm.lazy import collect, collect_all
 
 ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "fsdp", "unknown")
 PROCESS_GROUP_SCHEMA: dict[str, pl.DataType] = {
@@ -126,8 +126,15 @@ def _calls(collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.LazyFrame:
     )
 
 
-def _features(calls: pl.LazyFrame, world: int) -> pl.LazyFrame:
-    """One row per group with the numbers the decision and the evidence use."""
+def _features(calls: pl.LazyFrame, world: int, rows: int) -> pl.LazyFrame:
+    """One row per group with the numbers the decision and the evidence use (`rows`: how
+    many calls there are).
+
+    Every pass over the calls aggregates them into few groups (per group, or per group and
+    value): on a big job the streaming engine runs such a pass in bounded memory, where
+    modes, distinct ranks and medians over every call would each hold a copy of millions of
+    rows (this step made the parent's peak at 1024 ranks, bench/README.md). The modes, the
+    distinct ranks and the median then come from those small tables."""
     coll, pos, size = pl.col("collective"), pl.col("_pos"), pl.col("bytes")
     placed = pos.is_not_null()
 
@@ -137,42 +144,96 @@ def _features(calls: pl.LazyFrame, world: int) -> pl.LazyFrame:
 
     def early(mask: pl.Expr) -> pl.Expr:
         """Share of the placed calls where mask holds that start in the first half of a step."""
-        return (pos < 0.5).filter(mask & placed).mean()
+        held = mask & placed
+        return pl.when(held.sum() > 0).then(((pos < 0.5) & held).sum() / held.sum())
 
-    feats = calls.group_by("process_group").agg(
-        pg_desc=pl.col("pg_desc").drop_nulls().mode().sort().first(),
-        _pg_ranks=pl.col("pg_ranks").drop_nulls().mode().sort().first(),
-        _seen=pl.col("rank").unique().sort(),
-        _nranks=pl.col("rank").n_unique(),
-        _gsize=pl.col("group_size").drop_nulls().mode().sort().first(),
-        _calls=pl.len(),
-        calls_per_step=pl.col("_w").sum(),
-        bytes_per_step=(pl.col("_w") * size.fill_null(0)).sum(),
-        _mean_bytes=size.mean(),
-        _top_size=(size == size.drop_nulls().mode().min()).mean(),
-        _early=early(pl.lit(True)),
-        _ar_early=early(coll == "all_reduce"),
-        _rs_early=early(coll == "reduce_scatter"),
-        _other=share(coll.is_in(list(_OTHER))),
-        _p2p=share(is_p2p(coll)),
-        _a2a=share(coll == "all_to_all"),
-        _ag=share(coll == "all_gather"),
-        _rs=share(coll == "reduce_scatter"),
-        _ar=share(coll == "all_reduce"),
-        _ag_bytes=size.filter(coll == "all_gather").sum(),
-        _rs_bytes=size.filter(coll == "reduce_scatter").sum(),
-        _ar_bytes=size.filter(coll == "all_reduce").sum(),
+    def volume(mask: pl.Expr) -> pl.Expr:
+        return pl.when(mask).then(size).sum()
+
+    def counts(column: str) -> pl.LazyFrame:
+        """Calls per (group, value of `column`), nulls left out."""
+        return (
+            calls.filter(pl.col(column).is_not_null())
+            .group_by("process_group", column)
+            .agg(_n=pl.len())
+        )
+
+    def mode(found: pl.DataFrame, column: str, name: str) -> pl.LazyFrame:
+        """Per group, the smallest of the most frequent values of `column` (as `name`) and
+        its count."""
+        return (
+            found.lazy()
+            .filter(pl.col("_n") == pl.col("_n").max().over("process_group"))
+            .group_by("process_group")
+            .agg(pl.col(column).min().alias(name), pl.col("_n").first())
+        )
+
+    totals, sizes, descs, rank_lists, group_sizes, seen, firsts, mixes = collect_all(
+        [
+            calls.group_by("process_group").agg(
+                _calls=pl.len(),
+                _mean_bytes=size.mean(),
+                _early=early(pl.lit(True)),
+                _ar_early=early(coll == "all_reduce"),
+                _rs_early=early(coll == "reduce_scatter"),
+                _other=share(coll.is_in(list(_OTHER))),
+                _p2p=share(is_p2p(coll)),
+                _a2a=share(coll == "all_to_all"),
+                _ag=share(coll == "all_gather"),
+                _rs=share(coll == "reduce_scatter"),
+                _ar=share(coll == "all_reduce"),
+                _ag_bytes=volume(coll == "all_gather"),
+                _rs_bytes=volume(coll == "reduce_scatter"),
+                _ar_bytes=volume(coll == "all_reduce"),
+            ),
+            counts("bytes"),
+            counts("pg_desc"),
+            counts("pg_ranks"),
+            counts("group_size"),
+            # Per rank, its calls and bytes that count towards the per-step means, and their
+            # weight (the same for all of them): exact integer sums, weighted once per rank,
+            # so the means do not depend on the order the engine adds the calls in.
+            calls.group_by("process_group", "rank").agg(
+                _counted=(pl.col("_w") > 0).sum(),
+                _counted_bytes=pl.when(pl.col("_w") > 0).then(size.fill_null(0)).sum(),
+                _weight=pl.col("_w").max(),
+            ),
+            calls.filter(placed).group_by("process_group", "rank", "step").agg(_f=pos.min()),
+            calls.group_by("process_group", "collective").agg(_n=pl.len(), _cw=pl.col("_w").sum()),
+        ],
+        rows,
     )
-    first = (
-        calls.filter(placed)
-        .group_by("process_group", "rank", "step")
-        .agg(_f=pos.min())
-        .group_by("process_group")
-        .agg(_first=pl.col("_f").median())
+    # The share of calls with the most common size, among the calls that have a size.
+    top_size = mode(sizes, "bytes", "_top").join(
+        sizes.lazy().group_by("process_group").agg(_sized=pl.col("_n").sum()), on="process_group"
     )
+    feats = (
+        totals.lazy()
+        .join(
+            seen.lazy()
+            .sort("process_group", "rank")
+            .group_by("process_group", maintain_order=True)
+            .agg(
+                _seen=pl.col("rank"),
+                _nranks=pl.len(),
+                calls_per_step=(pl.col("_counted") * pl.col("_weight")).sum(),
+                bytes_per_step=(pl.col("_counted_bytes") * pl.col("_weight")).sum(),
+            ),
+            on="process_group",
+            how="left",
+        )
+        .join(mode(descs, "pg_desc", "pg_desc").drop("_n"), on="process_group", how="left")
+        .join(mode(rank_lists, "pg_ranks", "_pg_ranks").drop("_n"), on="process_group", how="left")
+        .join(mode(group_sizes, "group_size", "_gsize").drop("_n"), on="process_group", how="left")
+        .join(
+            top_size.select("process_group", _top_size=pl.col("_n") / pl.col("_sized")),
+            on="process_group",
+            how="left",
+        )
+    )
+    first = firsts.lazy().group_by("process_group").agg(_first=pl.col("_f").median())
     mix = (
-        calls.group_by("process_group", "collective")
-        .agg(_n=pl.len(), _cw=pl.col("_w").sum())
+        mixes.lazy()
         .join(feats.select("process_group", "_nranks"), on="process_group")
         .sort(["process_group", "_n", "collective"], descending=[False, True, False])
         .group_by("process_group", maintain_order=True)
@@ -352,7 +413,7 @@ def process_groups(
     world = collectives["rank"].n_unique()
     if ranks.height and "world_size" in ranks.columns:
         world = max(world, int(ranks["world_size"].max() or 0))
-    feats = _features(_calls(collectives, steps), world)
+    feats = _features(_calls(collectives, steps), world, collectives.height)
     return collect(
         _decide(feats)
         .sort(pl.col("process_group").str.len_chars(), "process_group")
