@@ -148,6 +148,7 @@ def _features(calls: pl.LazyFrame, world: int, rows: int) -> pl.LazyFrame:
         return pl.when(held.sum() > 0).then(((pos < 0.5) & held).sum() / held.sum())
 
     def volume(mask: pl.Expr) -> pl.Expr:
+        """Bytes of the group's calls where mask holds."""
         return pl.when(mask).then(size).sum()
 
     def counts(column: str) -> pl.LazyFrame:
