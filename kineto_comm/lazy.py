@@ -1,4 +1,5 @@
-"""Running lazy Polars queries on the in-memory engine.
+"""Running Polars work at a low fixed cost: lazy queries on the in-memory engine, and
+splitting a table by key without a query per part.
 
 The per-rank tables are small (thousands to a few hundred thousand rows), so most of a query's
 cost is fixed: planning and materialising each step. The per-rank stage therefore chains its
@@ -35,3 +36,29 @@ def collect_all(queries: list[pl.LazyFrame], rows: int = 0) -> list[pl.DataFrame
     if rows >= STREAMING_ROWS:
         return [collect(query, rows) for query in queries]
     return pl.collect_all(queries, engine=ENGINE)
+
+
+def split(frame: pl.DataFrame, key: str, n: int, keep_key: bool = True) -> list[pl.DataFrame]:
+    """The rows of `frame` for each value 0 .. n-1 of its integer column `key`, each in the
+    table's order (an empty frame for a value without rows); `keep_key=False` leaves the
+    column out.
+
+    One pass and no query per part: `partition_by(as_dict=True)` runs a query per part to
+    read its key, and an eager `drop` is a query too; on a batch of small rank files those
+    fixed costs added up to a tenth of the per-rank time (bench/README.md, sixteenth
+    session)."""
+    parts = [frame] if n == 1 else frame.partition_by(key, maintain_order=True)
+    out = [frame.clear()] * n
+    for part in parts:
+        if part.height:
+            out[part.get_column(key)[0]] = part
+    if keep_key:
+        return out
+    return [_without(part, key) for part in out]
+
+
+def _without(frame: pl.DataFrame, column: str) -> pl.DataFrame:
+    """The frame less one column, without a query (the columns are shared, not copied)."""
+    out = frame.clone()
+    out.drop_in_place(column)
+    return out

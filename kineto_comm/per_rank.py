@@ -17,6 +17,7 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.analysis.overlap import breakdowns
+from kineto_comm.lazy import collect_all, split
 from kineto_comm.load.decode import COLLECTIVE_SPAN, RawTrace, decode_file
 from kineto_comm.model.collectives import build_collectives
 from kineto_comm.model.kernels import KERNEL_COLUMNS, build_kernels
@@ -106,18 +107,18 @@ _ROLES = ("gpu", "runtime", "ops", "host", "threads")
 def stack(raws: list[RawTrace]) -> RawTrace:
     """The files' event tables one above the other, each row with a `rank` column holding
     its file's position in `raws` (the model's tables are keyed by it)."""
-    tables = {
-        role: pl.concat(
+    queries = [
+        pl.concat(
             [
-                getattr(raw, role).with_columns(rank=pl.lit(i, dtype=pl.Int64))
+                getattr(raw, role).lazy().with_columns(rank=pl.lit(i, dtype=pl.Int64))
                 for i, raw in enumerate(raws)
             ],
             how="vertical",
             rechunk=False,
         )
         for role in _ROLES
-    }
-    return replace(raws[0], file="", **tables)
+    ]
+    return replace(raws[0], file="", **dict(zip(_ROLES, collect_all(queries), strict=True)))
 
 
 def process_file(
@@ -186,15 +187,16 @@ def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTab
         how="left",
     ).sort("rank", "start_ns", maintain_order=True)
     totals = totals.drop("window")
+    # Each row's rank: what its file claims; `_file` keeps the file's position to split by.
+    claims = pl.Series([r.rank if r.rank is not None else -1 for r in raws], dtype=pl.Int64)
+    relabel = {"_file": pl.col("rank"), "rank": pl.lit(claims).gather(pl.col("rank"))}
+    frames = {"kernels": kernels, "collectives": collectives, "steps": steps, "totals": totals}
+    labelled = collect_all([frames[name].lazy().with_columns(**relabel) for name in TABLES])
     parts = {
-        name: _by_file(frame, len(raws))
-        for name, frame in (
-            ("kernels", kernels),
-            ("collectives", collectives),
-            ("steps", steps),
-            ("totals", totals),
-        )
+        name: split(frame, "_file", len(raws), keep_key=False)
+        for name, frame in zip(TABLES, labelled, strict=True)
     }
+    del frames, labelled
     calls = _collective_spans(stacked.ops, raws)
     return [
         _rank_tables(
@@ -202,15 +204,6 @@ def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTab
         )
         for i, raw in enumerate(raws)
     ]
-
-
-def _by_file(frame: pl.DataFrame, n: int) -> list[pl.DataFrame]:
-    """A model table split by file (its `rank` column: the file's position)."""
-    if n == 1:
-        return [frame]
-    found = frame.partition_by("rank", as_dict=True, maintain_order=True)
-    empty = frame.clear()
-    return [found.get((i,), empty) for i in range(n)]
 
 
 def _collective_spans(ops: pl.DataFrame, raws: list[RawTrace]) -> list[int]:
@@ -226,10 +219,8 @@ def _collective_spans(ops: pl.DataFrame, raws: list[RawTrace]) -> list[int]:
 def _rank_tables(
     raw: RawTrace, frames: dict[str, pl.DataFrame], on_device: bool, marked: bool, calls: int
 ) -> RankTables:
-    """One file's RankTables from its part of the model's tables (rank: what the file says,
-    -1 when it does not)."""
-    rank = raw.rank if raw.rank is not None else -1
-    frames = {k: f.with_columns(rank=pl.lit(rank, dtype=pl.Int64)) for k, f in frames.items()}
+    """One file's RankTables from its part of the model's tables (their rank: what the file
+    says, -1 when it does not)."""
     kernels, collectives = frames["kernels"], frames["collectives"]
     timeline = "device" if on_device else ("host" if kernels.height else "none")
     warnings = list(raw.warnings)

@@ -35,7 +35,7 @@ import msgspec
 import polars as pl
 
 from kineto_comm.errors import TraceError
-from kineto_comm.lazy import collect, collect_all
+from kineto_comm.lazy import collect, collect_all, split
 from kineto_comm.memory import release_free_memory
 
 try:  # the compiled scanner (_scan.c): the same tables without Python objects; optional.
@@ -1068,11 +1068,10 @@ def _scanned_columns(
     """_columns for a piece read by the scanner (or a batch of whole files: `notes` and
     `host` per file): the same tables, from its columns, with the `_file` column."""
     # One pass splits the rows by role (rows keep their order within a role).
-    parts = piece_.table.partition_by("role", as_dict=True, maintain_order=True)
-    none = piece_.table.clear()
+    parts = split(piece_.table, "role", 4)
 
     def of_role(role: int) -> pl.DataFrame:
-        return parts.get((role,), none)
+        return parts[role]
 
     out: dict[str, pl.DataFrame] = {}
     for code, key, schema, detail in _DEVICE_ROLES:
@@ -1296,14 +1295,14 @@ def _decode_file(
 def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
     """The RawTraces of files read whole by the scanner, built by one set of queries over
     their rows one above the other (each row's `_file`: its file's position here)."""
-    tables = [p.scanned.table for p in pending]
+    tables = [p.scanned.table.lazy() for p in pending]
     if len(pending) > 1:
         tables = [t.with_columns(_file=pl.lit(i, dtype=pl.Int64)) for i, t in enumerate(tables)]
     table = pl.concat(tables, how="vertical") if len(tables) > 1 else tables[0]
     # The settled events, numbered in table order (as each file's were decoded).
     number = pl.when(_NEEDS_EVENT).then(_NEEDS_EVENT.cum_sum().cast(pl.Int64) - 1)
     both = Scanned(
-        table.select(pl.all().exclude("span_start", "span_end"), _obj=number),
+        collect(table.select(pl.all().exclude("span_start", "span_end"), _obj=number)),
         None,
         [e for p in pending for e in p.scanned.decoded],
     )
@@ -1347,11 +1346,7 @@ def _per_file(frame: pl.DataFrame, n: int) -> list[pl.DataFrame]:
     """A table's rows per file (by `_file`), without that column."""
     if "_file" not in frame.columns:
         return [frame] if n == 1 else [frame.clear()] * n  # no rows: nothing to split
-    if n == 1:
-        return [frame.drop("_file")]
-    found = frame.partition_by("_file", as_dict=True, maintain_order=True, include_key=False)
-    empty = frame.clear().drop("_file")
-    return [found.get((i,), empty) for i in range(n)]
+    return split(frame, "_file", n, keep_key=False)
 
 
 def _base_ns(tops: list[Top]) -> int:
