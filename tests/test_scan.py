@@ -228,6 +228,39 @@ def test_scanner_takes_what_it_can_and_agrees_with_msgspec(scanner, events, take
         assert got is taken
 
 
+# What may sit at any byte of a string or of the whitespace between tokens: fine, or
+# something the scanner must stop at (the end of the string, an escape, a byte msgspec
+# rejects there, a non-ASCII character).
+STRING_BYTES = [b"a", b"\x7f", b'\\"', b"\\u00e9", b"\\n", b"\xc3\xa9", b"\x01", b"\t", b'"']
+SPACE_BYTES = [b" ", b"\n", b"\r", b"\t", b"\x0b", b"\x00", b"x"]
+
+
+def _names_agree(scanner: Any, events_json: bytes) -> None:
+    """The scanner takes the piece only where msgspec does, and then reads the same names."""
+    got = scanner.scan(events_json, 0, len(events_json) - 1, decode._SCAN_CODES, "s")
+    try:
+        pure = decode._EVENTS.decode(events_json)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        assert got is None, events_json
+        return
+    if got is not None:
+        names = {msgspec.json.decode(b'"' + raw + b'"') for raw in got[2]}
+        assert names == {e.name for e in pure}, events_json
+
+
+@pytest.mark.parametrize("length", [0, 7, 8, 15, 16, 17, 31, 32, 33])
+def test_strings_and_spaces_of_every_length_agree_with_msgspec(scanner, length):
+    # Strings and whitespace are read 8 or 16 bytes at a time: a byte that ends or spoils
+    # one must count wherever it falls in such a block, and nothing past the end may.
+    for at in range(length + 1):
+        for byte in STRING_BYTES:
+            text = b"a" * at + byte + b"b" * (length - at)
+            _names_agree(scanner, b'[{"ph":"X","cat":"cpu_op","name":"' + text + b'"},' + OP + b"]")
+        for byte in SPACE_BYTES:
+            gap = b" " * at + byte + b"\n" * (length - at)
+            _names_agree(scanner, b'[{"ph":"X",' + gap + b'"cat":"cpu_op","name":"n"},' + OP + b"]")
+
+
 def _random_value(rng: random.Random, depth: int = 0) -> Any:
     kind = rng.randrange(9 if depth < 2 else 6)
     if kind == 0:
