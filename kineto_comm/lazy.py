@@ -47,10 +47,11 @@ def split(frame: pl.DataFrame, key: str, n: int, keep_key: bool = True) -> list[
     read its key, and an eager `drop` is a query too; on a batch of small rank files those
     fixed costs added up to a tenth of the per-rank time (bench/README.md, sixteenth
     session)."""
-    parts = [frame] if n == 1 else frame.partition_by(key, maintain_order=True)
-    out = [frame.clear()] * n
-    for part in parts:
-        if part.height:
+    if n == 1:
+        out = [frame]
+    else:
+        out = [frame.clear()] * n
+        for part in frame.partition_by(key, maintain_order=True):
             out[part.get_column(key)[0]] = part
     if keep_key:
         return out

@@ -347,9 +347,10 @@ static inline void skip_ws(Cur *c) {
     /* Pretty-printed traces put a newline and a run of spaces between tokens. */
     while (end - p >= 16) {
         __m128i v = _mm_loadu_si128((const __m128i *)p);
-        __m128i ws = _mm_or_si128(
-            _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(' ')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\n'))),
-            _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('\r')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\t'))));
+        __m128i sp = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(' ')),
+                                  _mm_cmpeq_epi8(v, _mm_set1_epi8('\n')));
+        __m128i ws = _mm_or_si128(sp, _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('\r')),
+                                                   _mm_cmpeq_epi8(v, _mm_set1_epi8('\t'))));
         unsigned other = ~(unsigned)_mm_movemask_epi8(ws) & 0xFFFFu;
         if (other) {
             c->p = p + __builtin_ctz(other);
@@ -426,14 +427,24 @@ static int utf8_ok(const uint8_t *p, size_t n) {
     return 1;
 }
 
-/* A string of at most seven plain bytes (no escape, control or non-ASCII byte: keys such as
- * "ph" or "cat", values such as "X"), read from one eight-byte word; 0 when it is not one,
- * and parse_string reads it instead. The lowest flagged byte of each test is a true hit, so
- * a flag below the closing quote is a real bad byte. */
+/* The plain string of n bytes at p (after its opening quote) into v; past its closing quote. */
+static inline int plain_string(Cur *c, Value *v, const uint8_t *p, int n) {
+    v->kind = V_STR;
+    v->s = p;
+    v->n = (size_t)n;
+    v->flags = 0;
+    c->p = p + n + 1;
+    return 1;
+}
+
+/* A string of at most fifteen plain bytes (no escape, control or non-ASCII byte: keys such
+ * as "ph" or "External id", values such as "X" or "kernel"), read from one sixteen-byte
+ * block with SSE2, else at most seven from one eight-byte word; 0 when it is not one, and
+ * parse_string reads it instead. The lowest flagged byte of each SWAR test is a true hit,
+ * so a flag below the closing quote is a real bad byte. */
 static inline int short_string(Cur *c, Value *v) {
     const uint8_t *p = c->p + 1;
 #if SSE2
-    /* Up to fifteen bytes: most keys and category values. */
     if (c->end - p >= 16) {
         __m128i w16 = _mm_loadu_si128((const __m128i *)p);
         unsigned quote16 = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(w16, _mm_set1_epi8('"')));
@@ -443,12 +454,7 @@ static inline int short_string(Cur *c, Value *v) {
         unsigned bad16 = (unsigned)_mm_movemask_epi8(_mm_or_si128(
             _mm_cmpeq_epi8(w16, _mm_set1_epi8('\\')), _mm_cmplt_epi8(w16, _mm_set1_epi8(0x20))));
         if (bad16 & ((1u << n16) - 1)) return 0;
-        v->kind = V_STR;
-        v->s = p;
-        v->n = (size_t)n16;
-        v->flags = 0;
-        c->p = p + n16 + 1;
-        return 1;
+        return plain_string(c, v, p, n16);
     }
 #endif
     if (!SWAR || c->end - p < 8) return 0;
@@ -459,12 +465,7 @@ static inline int short_string(Cur *c, Value *v) {
     int n = FIRST_HIT(quote);
     uint64_t bad = HAS_BYTE(w, '\\') | HAS_LESS(w, 0x20) | (w & HIGHS);
     if (n > 0 && (bad & ((1ull << (8 * n)) - 1))) return 0;
-    v->kind = V_STR;
-    v->s = p;
-    v->n = (size_t)n;
-    v->flags = 0;
-    c->p = p + n + 1;
-    return 1;
+    return plain_string(c, v, p, n);
 }
 
 /* A string at c->p (which is at its opening quote): checked as msgspec checks strings

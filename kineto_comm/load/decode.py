@@ -1068,21 +1068,17 @@ def _scanned_columns(
     """_columns for a piece read by the scanner (or a batch of whole files: `notes` and
     `host` per file): the same tables, from its columns, with the `_file` column."""
     # One pass splits the rows by role (rows keep their order within a role).
-    parts = split(piece_.table, "role", 4)
-
-    def of_role(role: int) -> pl.DataFrame:
-        return parts[role]
-
+    by_role = split(piece_.table, "role", 4)
     out: dict[str, pl.DataFrame] = {}
     for code, key, schema, detail in _DEVICE_ROLES:
-        rows = of_role(code)
+        rows = by_role[code]
         if rows.height:
             out[key], details = _scanned_frame(piece_, rows, schema, detail, piece)
             if details is not None:
                 out[f"{key}_details"] = details
         else:
             out[key] = pl.DataFrame(schema=schema)
-    cpu = of_role(2)
+    cpu = by_role[2]
     is_op = (cpu["code"] == _CODE["user_annotation"]) | piece_.by_name(cpu, _OP_NAME)
     if not any(host):
         cpu, is_op = cpu.filter(is_op), None
@@ -1098,7 +1094,7 @@ def _scanned_columns(
     out["ops"] = frame if is_op is None else frame.filter(is_op)
     out["host"] = frame.clear() if is_op is None else frame.filter(~is_op)
     out["host"] = out["host"].select(*HOST_SCHEMA, *_FILE.intersection(frame.columns))
-    meta = of_role(3)
+    meta = by_role[3]
     out["threads"] = _threads(piece_.decode(meta)).with_columns(meta["_file"])
     return out
 
