@@ -1,5 +1,5 @@
 """Running Polars work at a low fixed cost: lazy queries on the in-memory engine, and
-splitting a table by key without a query per part.
+several files' tables stacked into one and split back without a query per file.
 
 The per-rank tables are small (thousands to a few hundred thousand rows), so most of a query's
 cost is fixed: planning and materialising each step. The per-rank stage therefore chains its
@@ -36,6 +36,16 @@ def collect_all(queries: list[pl.LazyFrame], rows: int = 0) -> list[pl.DataFrame
     if rows >= STREAMING_ROWS:
         return [collect(query, rows) for query in queries]
     return pl.collect_all(queries, engine=ENGINE)
+
+
+def stack(frames: list[pl.DataFrame], key: str) -> pl.LazyFrame:
+    """The frames one above the other, each row with `key` (Int64) holding its frame's
+    position in `frames`: one query for all of them (the inverse of `split`)."""
+    return pl.concat(
+        [f.lazy().with_columns(pl.lit(i, dtype=pl.Int64).alias(key)) for i, f in enumerate(frames)],
+        how="vertical",
+        rechunk=False,
+    )
 
 
 def split(frame: pl.DataFrame, key: str, n: int, keep_key: bool = True) -> list[pl.DataFrame]:

@@ -18,6 +18,7 @@ import polars as pl
 
 from kineto_comm.analysis.overlap import breakdowns
 from kineto_comm.lazy import collect_all, split
+from kineto_comm.lazy import stack as stack_frames
 from kineto_comm.load.decode import COLLECTIVE_SPAN, RawTrace, decode_file
 from kineto_comm.model.collectives import build_collectives
 from kineto_comm.model.kernels import KERNEL_COLUMNS, build_kernels
@@ -107,17 +108,7 @@ _ROLES = ("gpu", "runtime", "ops", "host", "threads")
 def stack(raws: list[RawTrace]) -> RawTrace:
     """The files' event tables one above the other, each row with a `rank` column holding
     its file's position in `raws` (the model's tables are keyed by it)."""
-    queries = [
-        pl.concat(
-            [
-                getattr(raw, role).lazy().with_columns(rank=pl.lit(i, dtype=pl.Int64))
-                for i, raw in enumerate(raws)
-            ],
-            how="vertical",
-            rechunk=False,
-        )
-        for role in _ROLES
-    ]
+    queries = [stack_frames([getattr(raw, role) for raw in raws], "rank") for role in _ROLES]
     return replace(raws[0], file="", **dict(zip(_ROLES, collect_all(queries), strict=True)))
 
 

@@ -35,7 +35,7 @@ import msgspec
 import polars as pl
 
 from kineto_comm.errors import TraceError
-from kineto_comm.lazy import collect, collect_all, split
+from kineto_comm.lazy import collect, collect_all, split, stack
 from kineto_comm.memory import release_free_memory
 
 try:  # the compiled scanner (_scan.c): the same tables without Python objects; optional.
@@ -1291,10 +1291,7 @@ def _decode_file(
 def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
     """The RawTraces of files read whole by the scanner, built by one set of queries over
     their rows one above the other (each row's `_file`: its file's position here)."""
-    tables = [p.scanned.table.lazy() for p in pending]
-    if len(pending) > 1:
-        tables = [t.with_columns(_file=pl.lit(i, dtype=pl.Int64)) for i, t in enumerate(tables)]
-    table = pl.concat(tables, how="vertical") if len(tables) > 1 else tables[0]
+    table = stack([p.scanned.table for p in pending], "_file")
     # The settled events, numbered in table order (as each file's were decoded).
     number = pl.when(_NEEDS_EVENT).then(_NEEDS_EVENT.cum_sum().cast(pl.Int64) - 1)
     both = Scanned(
@@ -1302,7 +1299,7 @@ def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
         None,
         [e for p in pending for e in p.scanned.decoded],
     )
-    del tables, table
+    del table
     for p in pending:
         p.scanned = Scanned(p.scanned.table.clear(), None)
     part = _scanned_columns(both, [p.notes for p in pending], [p.host for p in pending], 0)
