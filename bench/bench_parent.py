@@ -2,21 +2,22 @@
 
     python bench/bench_parent.py bench/out/scale-dp-64r-250mb --ranks 64 256 1024
 
-The parent of a job holds the merged per-rank tables (collectives, steps, totals: kernels stay
-in files, kineto_comm.kernel_store) and runs the cross-rank analysis on them, so its memory
-follows the number of collective calls over all ranks, not the bytes of JSON. To measure it at
-rank counts whose traces would not fit on this disk, the per-rank tables of a real job (made by
-bench_scale.py) are built once by `workers.work`, kernels in files, and kept under
-bench/out/<job>-tables/. Each measurement then runs, in a fresh process, `analyze()` with its
-per-rank work replaced by copies of those tables: rank r of copy k becomes rank 64k + r of a
-world of R ranks, and every copy is read back from the workers' Arrow IPC bytes, as the parent
-reads a worker's result (its own buffers, nothing shared between copies). The copies keep
-their process groups, so each data-parallel call is matched over all R ranks.
+The parent of a big job keeps the tables with a row per kernel or call in files, one per rank
+(kineto_comm.rank_store), merges the small per-rank tables (steps, totals) and runs the
+cross-rank analysis over them. To measure its memory at rank counts whose traces would not
+fit on this disk, the per-rank tables of a real job (made by bench_scale.py) are built once by
+`workers.work`, kernels and calls in files, and kept under bench/out/<job>-tables/. Each
+measurement then runs, in a fresh process, `analyze()` as on a big job (budget.SPILL_ABOVE
+passed) with its per-rank work replaced by copies of those tables: rank r of copy k becomes
+rank 64k + r of a world of R ranks, its small tables read back from the workers' Arrow IPC
+bytes and its kernels and calls from the copied rank's files. The copies keep their process
+groups, so each data-parallel call is matched over all R ranks.
 
 Printed per rank count: collective rows, wall time of `analyze()`, the parent's peak RSS
 (ru_maxrss), its growth over the start per collective row, and a lower bound on what the
 returned Report's tables hold (8 bytes per number, 16 per text value: the view, not the text
-its rows share; kernels are in files): the part of the peak no transient can explain.
+its rows share; tables kept in files count nothing): the part of the peak no transient can
+explain.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def run(names, plan, settings, dask_scheduler, progress=None):
     return out
 
 A._run = run
+A.budget.SPILL_ABOVE = -1  # a big job: what workers put in files stays there
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 r = kineto_comm.analyze(placeholders, jobs=1)
@@ -70,12 +72,12 @@ held = sum(
     v.height * sum(WIDTH.get(d.base_type(), 0) for d in v.dtypes)
     for v in vars(r).values() if isinstance(v, pl.DataFrame)
 )
-print(r.ranks.height, r.collectives.height, r.collective_instances.height, wall, base, peak, held)
+print(r.ranks.height, r.rank_collectives.height, r.collective_instances.height, wall, base, peak, held)
 """
 
 
 def tables(job: Path) -> Path:
-    """The job's per-rank tables (kernels in files), built once."""
+    """The job's per-rank tables (kernels and calls in files), built once."""
     out = job.parent / f"{job.name}-tables"
     if (out / "done").exists():
         return out

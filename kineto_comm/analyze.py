@@ -18,9 +18,9 @@ import polars as pl
 from kineto_comm import budget
 from kineto_comm.analysis.crossrank import cross_rank
 from kineto_comm.errors import UsageError
-from kineto_comm.kernel_store import Part, RankKernels, SpillFolder
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
-from kineto_comm.per_rank import TABLES, RankTables, spill
+from kineto_comm.per_rank import SPILLED, TABLES, RankTables, spill
+from kineto_comm.rank_store import Part, RankStore, SpillFolder
 from kineto_comm.report import Report
 from kineto_comm.workers import (
     DIED,
@@ -120,6 +120,21 @@ def _contiguous(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return stacked
 
 
+def _calls(kept: list[RankTables], frames: list[pl.DataFrame], folder: Any) -> RankStore:
+    """Every rank's collective calls (`frames`: each kept file's, emptied here): one
+    contiguous frame, or, where a rank's calls are in a file (a big job), one part per rank."""
+    if not any("collectives" in r.files for r in kept):
+        return RankStore.from_frame(_contiguous(frames))
+    parts = [
+        Part(rows=r.meta["rows"]["collectives"], path=r.files["collectives"], rank=r.rank)
+        if "collectives" in r.files
+        else Part(rows=frame.height, frame=frame, rank=r.rank)
+        for r, frame in zip(kept, frames, strict=True)
+    ]
+    frames.clear()
+    return RankStore(parts, folder=folder)
+
+
 def analyze(
     paths: str | Path | list[str | Path],
     *,
@@ -206,24 +221,31 @@ def analyze(
         },
     )
     # The per-rank tables become merged ones: only `merged` refers to them from here on.
+    # Kernels and calls become stores: one merged frame, or the files of a big job's ranks.
     small = [name for name in TABLES if name != "kernels"]
     pieces = {name: [getattr(r, name) for r in kept] for name in small}
     results.clear()
     kept = [replace(r, **{name: pl.DataFrame() for name in small}) for r in kept]
-    merged: dict[str, Any] = {name: _contiguous(pieces[name]) for name in small}
+    merged: dict[str, Any] = {
+        name: _contiguous(pieces[name]) for name in small if name not in SPILLED
+    }
     merged["ranks"] = ranks
-    merged["kernels"] = RankKernels(
+    merged["kernels"] = RankStore(
         [
-            Part(rows=r.meta["kernel_rows"], path=r.kernels_file, rank=r.rank)
-            if r.kernels_file is not None
+            Part(rows=r.meta["rows"]["kernels"], path=r.files["kernels"], rank=r.rank)
+            if "kernels" in r.files
             else Part(rows=r.kernels.height, frame=r.kernels)
             for r in kept
         ],
         folder=folder,
     )
+    merged["collectives"] = _calls(kept, pieces["collectives"], folder)
     if kept:
-        merged.update(cross_rank(merged, align=align))
+        spilled = folder if merged["collectives"].spilled else None
+        merged.update(cross_rank(merged, align=align, folder=spilled))
     merged["rank_kernels"] = merged.pop("kernels")
+    merged["rank_collectives"] = merged.pop("collectives")
+    merged["rank_waits"] = merged.pop("collective_waits", RankStore())
     return Report(
         errors=tuple(errors),
         warnings=tuple(warnings),

@@ -22,6 +22,9 @@ import polars as pl
 
 ENGINE = "in-memory"
 STREAMING_ROWS = 1_000_000
+# Statistics that need every value at once (medians, quantiles of times) use an evenly
+# spread sample of at most about this many rows on bigger jobs (docs/scale.md).
+SAMPLE_ROWS = 1_000_000
 
 
 def collect(query: pl.LazyFrame, rows: int = 0) -> pl.DataFrame:

@@ -25,6 +25,8 @@ from kineto_comm.model.kernels import KERNEL_COLUMNS, build_kernels
 from kineto_comm.model.steps import assign_steps, cpu_steps, device_windows
 
 TABLES = ("kernels", "collectives", "steps", "totals")
+# The tables with a row per kernel or call: what big jobs keep in files (kineto_comm.rank_store).
+SPILLED = ("kernels", "collectives")
 
 
 @dataclass
@@ -40,9 +42,9 @@ class RankTables:
     steps: pl.DataFrame = field(default_factory=pl.DataFrame)
     totals: pl.DataFrame = field(default_factory=pl.DataFrame)
     warnings: list[str] = field(default_factory=list)
-    # Set when the kernels were written to this Arrow IPC file (`spill`); `kernels` is then
-    # empty and meta["kernel_rows"] says how many rows the file holds.
-    kernels_file: str | None = None
+    # Table name -> the Arrow IPC file its rows were written to (`spill`); the table is then
+    # empty and meta["rows"][name] says how many rows the file holds.
+    files: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_parts(cls, header: dict[str, Any], frames: dict[str, pl.DataFrame]) -> RankTables:
@@ -53,7 +55,7 @@ class RankTables:
             world_size=header["world_size"],
             meta=header["meta"],
             warnings=header["warnings"],
-            kernels_file=header.get("kernels_file"),
+            files=header.get("files") or {},
             **frames,
         )
 
@@ -65,7 +67,7 @@ class RankTables:
             "world_size": self.world_size,
             "meta": self.meta,
             "warnings": self.warnings,
-            "kernels_file": self.kernels_file,
+            "files": self.files,
         }
 
     def with_rank(self, rank: int) -> RankTables:
@@ -246,29 +248,37 @@ def _rank_tables(
 
 
 def spill(tables: RankTables, folder: str | Path) -> RankTables:
-    """The same tables with the kernels moved to an Arrow IPC file in `folder` (see
-    kineto_comm.kernel_store: what keeps the parent's memory bounded on big jobs)."""
-    if tables.kernels_file is not None:
-        return tables
-    path = Path(folder) / f"{uuid.uuid4().hex}.arrow"
-    try:
-        _ipc(tables.kernels, path)
-    except OSError as exc:
-        path.unlink(missing_ok=True)
-        warning = f"{tables.file}: kernels kept in memory, could not write them to {folder} ({exc})"
-        return replace(tables, warnings=[*tables.warnings, warning])
-    meta = {**tables.meta, "kernel_rows": tables.kernels.height}
-    return replace(tables, kernels=tables.kernels.clear(), kernels_file=str(path), meta=meta)
+    """The same tables with the kernels and collectives (SPILLED) moved to Arrow IPC files in
+    `folder` (see kineto_comm.rank_store: what keeps the parent's memory bounded on big
+    jobs); a table that cannot be written stays in memory, with a warning."""
+    files, rows, moved, warnings = dict(tables.files), {}, {}, list(tables.warnings)
+    for name in SPILLED:
+        if name in files:
+            continue
+        frame = getattr(tables, name)
+        path = Path(folder) / f"{uuid.uuid4().hex}.arrow"
+        try:
+            write_frame(frame, path)
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            warnings.append(
+                f"{tables.file}: {name} kept in memory, could not write them to {folder} ({exc})"
+            )
+            continue
+        files[name], rows[name], moved[name] = str(path), frame.height, frame.clear()
+    meta = {**tables.meta, "rows": {**tables.meta.get("rows", {}), **rows}}
+    return replace(tables, files=files, meta=meta, warnings=warnings, **moved)
 
 
-def _ipc(frame: pl.DataFrame, out: io.BytesIO | Path) -> None:
+def write_frame(frame: pl.DataFrame, out: io.BytesIO | Path) -> None:
+    """The frame as Arrow IPC, read back by `read_frame`."""
     # Text is written dictionary-encoded: kernel names repeat, and IPC would otherwise
     # write every row's copy (for a 50 MB trace, 11 MB of kernels instead of ~2 MB).
     frame.with_columns(pl.col(pl.String).cast(pl.Categorical)).write_ipc(out)
 
 
 def read_frame(source: bytes | str | Path, columns: list[str] | None = None) -> pl.DataFrame:
-    """A frame written by `_ipc` (bytes or a file; only `columns` when given), its text
+    """A frame written by `write_frame` (bytes or a file; only `columns` when given), its text
     columns back as strings whose rows share one copy of each distinct value (what keeps the
     parent's memory small)."""
     data = io.BytesIO(source) if isinstance(source, bytes) else source
@@ -285,7 +295,7 @@ def to_wire(batch: list[RankTables]) -> dict[str, Any]:
         frames = [getattr(t, name) for t in batch]
         out["rows"][name] = [f.height for f in frames]
         buf = io.BytesIO()
-        _ipc(pl.concat(frames, how="vertical") if frames else pl.DataFrame(), buf)
+        write_frame(pl.concat(frames, how="vertical") if frames else pl.DataFrame(), buf)
         out["ipc"][name] = buf.getvalue()
     return out
 

@@ -6,9 +6,10 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
                  (timeline: "device" = GPU kernels, "host" = CPU-only gloo spans, "none")
     kernels      see kineto_comm.model.kernels. A property: every rank's rows in one
                  DataFrame, read on each access from `rank_kernels`, which big jobs keep in
-                 files (kineto_comm.kernel_store); `rank_kernels.batches()` reads them a few
-                 ranks at a time.
-    collectives  see kineto_comm.model.collectives
+                 files (kineto_comm.rank_store); `rank_kernels.batches()` reads them a few
+                 ranks at a time, `rank_kernels.lazy()` as one query.
+    collectives  see kineto_comm.model.collectives. A property over `rank_collectives`, as
+                 kernels are over `rank_kernels`; `collective_waits` over `rank_waits`.
     steps        rank, step, cpu_start_ns, cpu_end_ns, start_ns, end_ns and the metrics of
                  kineto_comm.analysis.overlap over each step's device window
     totals       one row per rank: the same metrics over all of the rank's device activity
@@ -25,7 +26,8 @@ import polars as pl
 
 from kineto_comm import __version__
 from kineto_comm.analysis.overlap import METRICS
-from kineto_comm.kernel_store import RankKernels
+from kineto_comm.lazy import collect
+from kineto_comm.rank_store import RankStore
 
 SCHEMA_VERSION = 1
 TABLE_NAMES = (
@@ -46,19 +48,26 @@ TABLE_NAMES = (
     "model_comparison",
 )
 
+# The tables kept per rank (kineto_comm.rank_store), by name -> the Report's field for them.
+STORES = {
+    "kernels": "rank_kernels",
+    "collectives": "rank_collectives",
+    "collective_waits": "rank_waits",
+}
+
 
 @dataclass(frozen=True)
 class Report:
     """Everything `analyze()` found. Treat the tables as read-only."""
 
     ranks: pl.DataFrame
-    collectives: pl.DataFrame
     steps: pl.DataFrame
     totals: pl.DataFrame
-    rank_kernels: RankKernels = field(default_factory=RankKernels)
+    rank_kernels: RankStore = field(default_factory=RankStore)
+    rank_collectives: RankStore = field(default_factory=RankStore)
     offsets: pl.DataFrame = field(default_factory=pl.DataFrame)
     collective_instances: pl.DataFrame = field(default_factory=pl.DataFrame)
-    collective_waits: pl.DataFrame = field(default_factory=pl.DataFrame)
+    rank_waits: RankStore = field(default_factory=RankStore)
     stragglers: pl.DataFrame = field(default_factory=pl.DataFrame)
     message_sizes: pl.DataFrame = field(default_factory=pl.DataFrame)
     message_size_summary: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -77,6 +86,16 @@ class Report:
         """Every rank's kernels (docs/tables.md), on the clock of the other tables."""
         return self.rank_kernels.frame()
 
+    @property
+    def collectives(self) -> pl.DataFrame:
+        """Every rank's collective calls (docs/tables.md), on the clock of the other tables."""
+        return self.rank_collectives.frame()
+
+    @property
+    def collective_waits(self) -> pl.DataFrame:
+        """Every rank's wait in every matched call (docs/tables.md)."""
+        return self.rank_waits.frame()
+
     def table(self, name: str) -> pl.DataFrame:
         """A table by name (see TABLE_NAMES and docs/tables.md)."""
         if name not in TABLE_NAMES:
@@ -86,7 +105,8 @@ class Report:
     def collective_summary(self) -> pl.DataFrame:
         """count, bytes and time per (rank, collective, process_group, dtype)."""
         keys = ["rank", "collective", "process_group", "dtype"]
-        if self.collectives.height == 0:
+        calls = self.rank_collectives
+        if calls.height == 0:
             return pl.DataFrame(
                 schema={
                     "rank": pl.Int64,
@@ -98,14 +118,16 @@ class Report:
                     "total_ns": pl.Int64,
                 }
             )
-        return (
-            self.collectives.group_by(keys)
+        return collect(
+            calls.lazy([*keys, "bytes", "duration_ns"])
+            .group_by(keys)
             .agg(
                 count=pl.len().cast(pl.Int64),
                 bytes=pl.col("bytes").sum(),
                 total_ns=pl.col("duration_ns").sum(),
             )
-            .sort(["rank", "total_ns"], descending=[False, True])
+            .sort(["rank", "total_ns"], descending=[False, True]),
+            calls.height,
         )
 
     def skew_summary(self) -> pl.DataFrame:

@@ -33,7 +33,7 @@ import polars as pl
 from kineto_comm.analysis.bandwidth import busbw_factor
 from kineto_comm.analysis.overlap import merge_intervals
 from kineto_comm.findings import Finding, Severity
-from kineto_comm.kernel_store import RankKernels
+from kineto_comm.rank_store import RankStore
 
 __all__ = [
     "Finding",
@@ -188,7 +188,7 @@ class Tables(Mapping[str, pl.DataFrame]):
         src = self._source
         if isinstance(src, Mapping):
             value = src.get(name)
-            if isinstance(value, RankKernels):
+            if isinstance(value, RankStore):
                 value = value.frame()
         else:
             try:
@@ -209,15 +209,19 @@ class Tables(Mapping[str, pl.DataFrame]):
         """The table in DataFrames of whole ranks (every row of a rank in the same one),
         with only `columns` (those the table has) when given.
 
-        How rules read `kernels`: a big job keeps them in files, one per rank, and reading
-        them a few ranks and columns at a time keeps memory bounded whatever the rank count
-        (kineto_comm.kernel_store). Other tables come as one DataFrame.
+        How rules read `kernels`, `collectives` and `collective_waits`: a big job keeps them
+        in files, one per rank, and reading them a few ranks and columns at a time keeps
+        memory bounded whatever the rank count (kineto_comm.rank_store). Other tables come
+        as one DataFrame.
         """
         src = self._source
-        store = src.get(name) if isinstance(src, Mapping) else None
-        if name == "kernels" and not isinstance(src, Mapping):
-            store = getattr(src, "rank_kernels", None)
-        if isinstance(store, RankKernels):
+        if isinstance(src, Mapping):
+            store = src.get(name)
+        else:
+            from kineto_comm.report import STORES
+
+            store = getattr(src, STORES[name], None) if name in STORES else None
+        if isinstance(store, RankStore):
             for batch in store.batches(columns=list(columns) or None):
                 yield _normal(batch)
         else:

@@ -43,7 +43,7 @@ class Settings:
 
     comm_patterns: extra communication kernel patterns; cache_dir: the per-rank table cache;
     piece_bytes: decode piece size (kineto_comm.budget); spill_dir: where kernels go to
-    files (kineto_comm.kernel_store), None to keep them with the other tables.
+    files (kineto_comm.rank_store), None to keep them with the other tables.
     """
 
     comm_patterns: tuple[str, ...] = ()

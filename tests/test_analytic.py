@@ -23,6 +23,7 @@ from kineto_comm.analytic import (
 )
 from kineto_comm.analytic.compare import comparison_findings
 from kineto_comm.analytic.formulas import busbw_factor, pipeline_bubble
+from kineto_comm.rank_store import RankStore
 from kineto_comm.report import Report
 from kineto_comm.synth import ModelConfig as SynthModel
 from kineto_comm.synth import generate
@@ -289,7 +290,7 @@ def fake_report(calls: list[tuple[int, int, str, str, int, str]], ranks: int, pg
     steps = coll.select("rank", "step").unique()
     return Report(
         ranks=pl.DataFrame({"rank": list(range(ranks))}),
-        collectives=coll,
+        rank_collectives=RankStore.from_frame(coll),
         steps=steps,
         totals=pl.DataFrame(),
         process_groups=pg if pg is not None else pl.DataFrame(),

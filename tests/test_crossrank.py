@@ -243,27 +243,28 @@ def test_merged_tables_are_in_rank_order_whatever_the_file_names(tmp_path):
 
 @pytest.mark.parametrize("instance_base", [0, 2**61])
 @pytest.mark.parametrize("repeated", [False, True])
-def test_latest_end_per_call_and_rank_with_and_without_repeats(instance_base, repeated):
-    """estimate_offsets reads one end per (instance, rank): the rows as they are when no pair
-    repeats, the latest end of a pair that does, also where instance and rank cannot share
-    one integer (ids from 0 to near 2**61)."""
-    from kineto_comm.analysis.align import _one_per_call
+def test_a_call_repeated_on_a_rank_is_found_in_any_batch(instance_base, repeated):
+    """one_row_per_call (what decides whether instances count rows or distinct ranks, and
+    whether offsets take each pair's latest end) finds a rank's repeated call whatever the
+    batches, also where instance and rank cannot share one integer (ids near 2**61)."""
+    from kineto_comm.analysis.match import one_row_per_call
+    from kineto_comm.rank_store import Part, RankStore
 
     rows = pl.DataFrame(
         {
-            "instance": [0, 0, instance_base + 1, instance_base + 1, instance_base + 2],
-            "rank": [0, 1, 0, 1, 1],
-            "end_ns": [100, 130, 200, 260, 300],
+            "instance": [0, 0, instance_base + 1, instance_base + 1, instance_base + 2, None],
+            "rank": [0, 1, 0, 1, 1, 1],
+            "end_ns": [100, 130, 200, 260, 300, 310],
         }
     )
     if repeated:  # rank 1 ran instance 1 twice (e.g. a kernel split in two)
         rows = pl.concat(
             [rows, pl.DataFrame({"instance": [instance_base + 1], "rank": [1], "end_ns": [250]})]
         )
-    want = rows.group_by("instance", "rank").agg(pl.col("end_ns").max()).sort("instance", "rank")
-    got = _one_per_call(rows.lazy(), rows).collect().sort("instance", "rank")
-    assert got.to_dicts() == want.to_dicts()
-    assert got.filter(instance=instance_base + 1, rank=1)["end_ns"].item() == 260
+    rows = rows.with_columns(pl.col("instance").cast(pl.Int64))
+    per_rank = [Part(rows=g.height, frame=g) for _, g in rows.group_by("rank", maintain_order=True)]
+    assert one_row_per_call(RankStore.from_frame(rows)) is not repeated
+    assert one_row_per_call(RankStore(per_rank)) is not repeated  # a batch per rank
 
 
 def test_offsets_the_same_when_a_call_repeats_on_a_rank(jobs):

@@ -14,7 +14,7 @@ import pytest
 
 import kineto_comm
 from kineto_comm.findings import Finding, Severity
-from kineto_comm.kernel_store import RankKernels
+from kineto_comm.rank_store import RankStore
 from kineto_comm.render.html import pipeline_ranks, render_html, size_histograms
 from kineto_comm.report import Report
 from kineto_comm.synth import generate
@@ -76,8 +76,8 @@ def pipeline_report(tmp_path_factory: pytest.TempPathFactory) -> Report:
     )
     return dataclasses.replace(
         report,
-        rank_kernels=RankKernels.from_frame(kernels),
-        collectives=collectives,
+        rank_kernels=RankStore.from_frame(kernels),
+        rank_collectives=RankStore.from_frame(collectives),
         findings=(finding,),
     )
 
@@ -140,7 +140,7 @@ def test_html_without_pipeline_or_matches(tmp_path: Path) -> None:
     page = render_html(report, Severity.error)
     assert "No pipeline ranks" in page and 'id="plot-pipeline"' in page
     assert 'class="cell"' in page  # ddp all-reduces are matched across ranks
-    empty = dataclasses.replace(report, collective_waits=pl.DataFrame())
+    empty = dataclasses.replace(report, rank_waits=RankStore())
     assert "No collective calls matched across ranks." in render_html(empty, Severity.error)
 
 

@@ -377,11 +377,12 @@ def spill_jobs(tmp_path_factory):
 
 @pytest.mark.parametrize("jobs", [1, 2])
 @pytest.mark.parametrize("scenario", ["bubble", "skew", "pp-4", "ddp-4"])
-def test_kernels_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, monkeypatch):
-    """Above budget.SPILL_ABOVE the kernels live in one Arrow file per rank and everything
-    that needs them reads a few ranks at a time: tables, findings and every rendered format
-    must not change (batches of one rank each here, the most splitting there can be)."""
-    from kineto_comm import kernel_store
+def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, monkeypatch):
+    """Above budget.SPILL_ABOVE the kernels and calls live in one Arrow file per rank (the
+    keyed calls and waits in one per batch) and everything that needs them reads a few ranks
+    at a time: tables, findings and every rendered format must not change (batches of one
+    rank each here, the most splitting there can be)."""
+    from kineto_comm import rank_store
     from kineto_comm.render.formats import FORMATS, render
     from kineto_comm.rules_engine import builtin_rules, run_rules
 
@@ -390,11 +391,16 @@ def test_kernels_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, 
     memory = analyze(folder, jobs=jobs)
     assert not memory.rank_kernels.spilled
     monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
-    monkeypatch.setattr(kernel_store, "BATCH_ROWS", 1)
+    monkeypatch.setattr(rank_store, "BATCH_ROWS", 1)
     files = analyze(folder, jobs=jobs)
     assert files.rank_kernels.spilled and files.options["jobs"] == jobs
+    assert files.rank_collectives.spilled and files.rank_waits.spilled
     assert files.kernels.height > 0 and files.kernels.equals(memory.kernels)
-    for name in ("collectives", "steps", "totals", "offsets", "pipeline", "collective_waits"):
+    for name in ("collectives", "steps", "totals", "offsets", "collective_instances"):
+        assert files.table(name).equals(memory.table(name)), name
+    for name in ("collective_waits", "stragglers", "message_sizes", "message_size_summary"):
+        assert files.table(name).equals(memory.table(name)), name
+    for name in ("process_groups", "pipeline", "storms"):
         assert files.table(name).equals(memory.table(name)), name
     # Thresholds at zero: every rule that can say something does (rules reading kernels too).
     zero = {
@@ -419,7 +425,8 @@ def test_kernel_files_go_with_the_report(tmp_path, monkeypatch):
     monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
     report = analyze(SAMPLES / "tp-2", jobs=1)
     folder = report.rank_kernels._folder.path
-    assert len(list(folder.glob("*.arrow"))) == 2
+    # Kernels and calls: a file per rank; waits: one per batch (the keyed calls are gone).
+    assert len(list(folder.glob("*.arrow"))) == 2 * 2 + len(report.rank_waits._parts)
     same = dataclasses.replace(report, findings=())  # shares the files
     del report
     gc.collect()
@@ -432,12 +439,12 @@ def test_kernel_files_go_with_the_report(tmp_path, monkeypatch):
 def test_batches_hold_whole_ranks_on_their_clock():
     import polars as pl
 
-    from kineto_comm.kernel_store import Part, RankKernels
+    from kineto_comm.rank_store import Part, RankStore
 
     frame = analyze(SAMPLES / "ddp-4", jobs=1, align=False).kernels
     parts = [Part(rows=g.height, frame=g) for _, g in frame.group_by("rank", maintain_order=True)]
     offsets = pl.DataFrame({"rank": [0, 1, 2, 3], "offset_ns": [0, 5, None, -7]})
-    store = RankKernels(parts).with_offsets(offsets)
+    store = RankStore(parts).with_offsets(offsets)
     rows = frame.height // 3
     batches = list(store.batches(rows=rows))
     assert 1 < len(batches) < 4

@@ -16,10 +16,14 @@ not used at all, for the same reason: CPU-only jobs keep each trace's own clock.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
 
-from kineto_comm.keys import pair_key
-from kineto_comm.lazy import collect
+from kineto_comm.lazy import SAMPLE_ROWS, collect
+
+if TYPE_CHECKING:
+    from kineto_comm.rank_store import RankStore
 
 OFFSET_COLUMNS = ("rank", "offset_ns", "estimate_ns", "residual_ns", "matched", "method")
 _ROUNDS = 12
@@ -29,19 +33,31 @@ SIGNIFICANCE = 3.0
 MIN_OFFSET_NS = 1_000
 
 
-def estimate_offsets(keyed: pl.DataFrame, ranks: list[int]) -> pl.DataFrame:
-    """Offsets per rank from matched calls (keyed: rank, device, instance, key_kind, end_ns)."""
+def estimate_offsets(keyed: pl.DataFrame | RankStore, ranks: list[int]) -> pl.DataFrame:
+    """Offsets per rank from matched calls (keyed: rank, device, instance, end_ns)."""
+    from kineto_comm.analysis.match import one_row_per_call
+    from kineto_comm.rank_store import as_store
+
+    keyed = as_store(keyed)
     # Only device kernels (NCCL/RCCL) complete together on all ranks. Host-side gloo spans
     # do not: a send ends when the data is handed off, a ring all-reduce ends on each rank
     # at its own last hop (tens of us apart, consistently), which would pass for an offset.
     usable = pl.col("instance").is_not_null() & (pl.col("device") != -1)
-    rows = keyed.lazy().filter(usable).select("instance", "rank", "end_ns")
-    calls = _one_per_call(rows, keyed)
+    calls = keyed.lazy(["instance", "rank", "device", "end_ns"]).filter(usable)
+    # Above SAMPLE_ROWS rows, every k-th call: an evenly spread sample whose medians hold
+    # the same offsets, in bounded memory (docs/scale.md).
+    every = -(-keyed.height // SAMPLE_ROWS)
+    if every > 1:
+        calls = calls.filter(pl.col("instance") % every == 0)
+    calls = calls.select("instance", "rank", "end_ns")
+    if not one_row_per_call(keyed):  # a rank's call seen twice: its latest end
+        calls = calls.group_by("instance", "rank").agg(pl.col("end_ns").max())
     shared = calls.group_by("instance").agg(pl.len().alias("n")).filter(pl.col("n") > 1)
     ends = collect(
         calls.join(shared.select("instance"), on="instance", how="semi").with_columns(
             pl.col("end_ns").cast(pl.Float64)
-        )
+        ),
+        keyed.height,
     )
     base = pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int64})
     if ends.height == 0 or not ranks:
@@ -102,20 +118,6 @@ def estimate_offsets(keyed: pl.DataFrame, ranks: list[int]) -> pl.DataFrame:
     )
 
 
-def _one_per_call(rows: pl.LazyFrame, keyed: pl.DataFrame) -> pl.LazyFrame:
-    """Per (instance, rank), the latest end (`rows`: instance, rank, end_ns).
-
-    Nearly always each rank has one row per call already; the rows are then taken as they
-    are. A group-by on the two columns builds a table of every call on every rank (it made
-    the parent's peak at 256 ranks: bench/README.md, twelfth session); telling whether any
-    pair repeats needs only one integer per row, where the pair fits in one
-    (kineto_comm.keys)."""
-    pair = pair_key([keyed], "instance", "rank")
-    if pair is not None and not collect(rows.select(pair.is_duplicated().any())).item():
-        return rows
-    return rows.group_by("instance", "rank").agg(pl.col("end_ns").max())
-
-
 def no_offsets(ranks: list[int]) -> pl.DataFrame:
     """The offsets table when alignment is turned off."""
     return pl.DataFrame(
@@ -132,13 +134,19 @@ def no_offsets(ranks: list[int]) -> pl.DataFrame:
 
 def shift(table: pl.DataFrame, offsets: pl.DataFrame, columns: list[str]) -> pl.DataFrame:
     """Subtract each row's rank offset from the given time columns."""
-    present = [c for c in columns if c in table.columns]
-    if table.height == 0 or not present or "rank" not in table.columns:
+    if table.height == 0 or "rank" not in table.columns:
         return table
+    moved = shifted(offsets, [c for c in columns if c in table.columns])
+    # Nothing to move: no copy of a table that may hold every kernel.
+    return table.with_columns(moved) if moved else table
+
+
+def shifted(offsets: pl.DataFrame, columns: list[str]) -> list[pl.Expr]:
+    """Expressions for `columns` less each row's rank offset (none when no offset moves)."""
     moved = offsets.filter(pl.col("offset_ns").fill_null(0) != 0)
-    if moved.height == 0:
-        return table  # nothing to move: no copy of a table that may hold every kernel
+    if moved.height == 0 or not columns:
+        return []
     by_rank = pl.col("rank").replace_strict(
         moved["rank"], moved["offset_ns"], default=0, return_dtype=pl.Int64
     )
-    return table.with_columns(pl.col(c) - by_rank for c in present)
+    return [pl.col(c) - by_rank for c in columns]

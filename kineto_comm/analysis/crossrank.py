@@ -10,50 +10,59 @@ from __future__ import annotations
 
 from typing import Any
 
+import polars as pl
+
 from kineto_comm.analysis.align import estimate_offsets, no_offsets, shift
-from kineto_comm.analysis.match import instances, match_keys, waits
+from kineto_comm.analysis.match import P2P, instances, keyed_calls, waits
 from kineto_comm.analysis.pipeline import pipeline
 from kineto_comm.analysis.roles import process_groups
 from kineto_comm.analysis.sizes import message_size_summary, message_sizes
 from kineto_comm.analysis.storms import storms
 from kineto_comm.analysis.stragglers import stragglers
+from kineto_comm.lazy import collect
+from kineto_comm.rank_store import RankStore, SpillFolder
 
 TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
-MATCH_COLUMNS = (
+# What the pipeline step reads of the point-to-point calls.
+PIPELINE_COLUMNS = [
     "rank",
-    "device",
-    "process_group",
-    "collective",
-    "peer",
-    "seq",
-    "call_index",
     "step",
-    "group_size",
-    "bytes",
+    "collective",
     "start_ns",
     "end_ns",
-    "duration_ns",
-)
+    "peer",
+    "pg_ranks",
+    "process_group",
+]
 
 
-def cross_rank(tables: dict[str, Any], *, align: bool = True) -> dict[str, Any]:
-    """Aligned per-rank tables plus the cross-rank tables, from merged per-rank tables
-    (`kernels`: a RankKernels store, shifted as it is read)."""
+def cross_rank(
+    tables: dict[str, Any], *, align: bool = True, folder: SpillFolder | None = None
+) -> dict[str, Any]:
+    """Aligned per-rank tables plus the cross-rank tables, from merged per-rank tables.
+
+    `kernels` and `collectives` are stores (kineto_comm.rank_store), shifted as they are
+    read; the derived tables with a row per call and rank (the keyed calls, the waits) are
+    kept in `folder` when given (a big job), so that the parent holds none of them whole."""
     ranks = tables["ranks"]["rank"].to_list() if tables["ranks"].height else []
-    # Only what matching, offsets, instances and waits read: the keyed copy of every call
-    # is the parent's largest transient on big jobs.
     calls = tables["collectives"]
-    keyed = match_keys(calls.select(c for c in MATCH_COLUMNS if c in calls.columns))
+    keyed = keyed_calls(calls, folder)
     offsets = estimate_offsets(keyed, ranks) if align else no_offsets(ranks)
     out: dict[str, Any] = {
-        name: shift(tables[name], offsets, TIME_COLUMNS)
-        for name in ("collectives", "steps", "totals")
+        name: shift(tables[name], offsets, TIME_COLUMNS) for name in ("steps", "totals")
     }
     out["kernels"] = tables["kernels"].with_offsets(offsets)
-    keyed = shift(keyed, offsets, TIME_COLUMNS)
+    out["collectives"] = collectives = calls.with_offsets(offsets)
+    keyed = keyed.with_offsets(offsets)
     table = instances(keyed)
-    per_rank_waits = waits(keyed, table)
-    collectives = out["collectives"]
+    per_rank_waits = waits(keyed, table, folder)
+    keyed.discard()
+    p2p = collect(
+        collectives.lazy(PIPELINE_COLUMNS, where=_P2P)
+        if _any(collectives, _P2P)
+        else collectives.lazy(PIPELINE_COLUMNS).clear(),
+        collectives.height,
+    )
     out.update(
         offsets=offsets,
         collective_instances=table,
@@ -62,7 +71,16 @@ def cross_rank(tables: dict[str, Any], *, align: bool = True) -> dict[str, Any]:
         message_sizes=message_sizes(collectives),
         message_size_summary=message_size_summary(collectives),
         process_groups=process_groups(collectives, out["steps"], tables["ranks"]),
-        pipeline=pipeline(out["kernels"], collectives, out["steps"]),
+        pipeline=pipeline(out["kernels"], p2p, out["steps"]),
         storms=storms(collectives),
     )
     return out
+
+
+_P2P = pl.col("collective").is_in(P2P)
+
+
+def _any(table: RankStore, where: pl.Expr) -> bool:
+    """Whether some row passes `where` (a count reads one column; the rows themselves, many
+    more)."""
+    return bool(collect(table.lazy(["collective"]).select(where.any()), table.height).item())

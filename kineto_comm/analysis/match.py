@@ -20,9 +20,26 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.bandwidth import algbw_gbps, busbw_gbps
+from kineto_comm.keys import pair_key
 from kineto_comm.lazy import collect
+from kineto_comm.rank_store import RankStore, SpillFolder, as_store, keep
 
 P2P = ("send", "recv", "send_recv")
+MATCH_COLUMNS = (
+    "rank",
+    "device",
+    "process_group",
+    "collective",
+    "peer",
+    "seq",
+    "call_index",
+    "step",
+    "group_size",
+    "bytes",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+)
 INSTANCE_COLUMNS = (
     "instance",
     "process_group",
@@ -57,35 +74,66 @@ WAIT_COLUMNS = (
 
 def match_keys(collectives: pl.DataFrame) -> pl.DataFrame:
     """Per-rank collective rows with `instance` (a match id), `key_kind` and `key` added."""
-    if collectives.height == 0:
-        return collectives.with_columns(
-            instance=pl.lit(None, dtype=pl.Int64),
-            key_kind=pl.lit(None, dtype=pl.String),
-            key=pl.lit(None, dtype=pl.String),
+    return keyed_calls(RankStore.from_frame(collectives)).frame()
+
+
+def keyed_calls(calls: RankStore, folder: SpillFolder | None = None) -> RankStore:
+    """`match_keys` of every rank's calls, a batch of whole ranks at a time (kept in `folder`
+    when given): what identifies a call depends on one rank's rows, and only the distinct
+    calls, one row each, are numbered over all ranks together."""
+    columns = [c for c in MATCH_COLUMNS if c in calls.columns]
+    if calls.height == 0:
+        return RankStore.from_frame(
+            calls.frame(columns=columns or None).with_columns(
+                instance=pl.lit(None, dtype=pl.Int64),
+                key_kind=pl.lit(None, dtype=pl.String),
+                key=pl.lit(None, dtype=pl.String),
+            )
         )
-    rows = collectives if _in_call_order(collectives) else collectives.sort("rank", "start_ns")
-    pg = pl.col("process_group").fill_null("?")
+    # A group uses sequence numbers only if every one of its rows has one.
+    p2p = pl.col("collective").is_in(P2P) & pl.col("peer").is_not_null()
+    seq_groups = collect(
+        calls.lazy(["process_group", "collective", "peer", "seq"])
+        .filter(~p2p)
+        .group_by(_pg=_PG)
+        .agg(_all_seq=pl.col("seq").is_not_null().all())
+        .filter(pl.col("_all_seq"))
+        .select("_pg"),
+        calls.height,
+    ).get_column("_pg")
+    # A small job's batch is held between the passes; a big job's is read again.
+    held = [_parts(b, seq_groups) for b in calls.batches(columns=columns)] if folder is None else []
+    found = held or (_parts(b, seq_groups) for b in calls.batches(columns=columns))
+    distinct = [parts.unique(_IDS) for _, parts in found]
+    numbered = _numbered(distinct[0] if len(distinct) == 1 else pl.concat(distinct).unique(_IDS))
+    found = held or (_parts(b, seq_groups) for b in calls.batches(columns=columns))
+    out = []
+    for rows, parts in found:
+        ids = parts.join(numbered, on=_IDS, how="left", maintain_order="left", nulls_equal=True)
+        out.append(keep(rows.with_columns(ids.select("key_kind", "key", "instance")), folder))
+    held.clear()
+    return RankStore(out, folder=folder)
+
+
+_PG = pl.col("process_group").fill_null("?")
+_IDS = ["_pg", "key_kind", "_a", "_b", "_c", "_coll"]
+
+
+def _parts(rows: pl.DataFrame, seq_groups: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Whole ranks' calls (in call order) and, row for row, the parts of their keys."""
+    rows = rows if _in_call_order(rows) else rows.sort("rank", "start_ns")
     is_p2p = pl.col("collective").is_in(P2P)
     p2p = is_p2p & pl.col("peer").is_not_null()
     sender = pl.when(pl.col("collective") == "recv").then(pl.col("peer")).otherwise(pl.col("rank"))
     receiver = (
         pl.when(pl.col("collective") == "recv").then(pl.col("rank")).otherwise(pl.col("peer"))
     )
-    # A group uses sequence numbers only if every one of its rows has one.
-    seq_groups = collect(
-        rows.lazy()
-        .filter(~p2p)
-        .group_by(_pg=pg)
-        .agg(_all_seq=pl.col("seq").is_not_null().all())
-        .filter(pl.col("_all_seq"))
-        .select("_pg")
-    ).get_column("_pg")
     kind = (
         pl.when(p2p)
         .then(pl.lit("p2p"))
         .when(is_p2p)
         .then(pl.lit("unpaired"))
-        .when(pg.is_in(seq_groups.implode()))
+        .when(_PG.is_in(seq_groups.implode()))
         .then(pl.lit("seq"))
         .otherwise(pl.lit("order"))
     )
@@ -95,7 +143,7 @@ def match_keys(collectives: pl.DataFrame) -> pl.DataFrame:
         "collective",
         "seq",
         "call_index",
-        _pg=pg,
+        _pg=_PG,
         key_kind=kind,
         _sender=sender,
         _receiver=receiver,
@@ -132,8 +180,13 @@ def match_keys(collectives: pl.DataFrame) -> pl.DataFrame:
         _c=pl.when(k == "p2p").then(pl.col("_p2p_ordinal")),
         _coll=pl.when(k.is_in(["unpaired", "order"])).then(pl.col("collective")),
     )
-    ids = ["_pg", "key_kind", "_a", "_b", "_c", "_coll"]
-    # Keys and instance numbers are made once per distinct call, not once per row.
+    return rows, parts
+
+
+def _numbered(calls: pl.DataFrame) -> pl.DataFrame:
+    """The distinct calls (their key parts) with their key and instance number: a dense rank
+    in (group, kind, key) order."""
+    k = pl.col("key_kind")
     key = (
         pl.when(k == "p2p")
         .then(pl.format("{}>{}#{}", pl.col("_a"), pl.col("_b"), pl.col("_c")))
@@ -143,15 +196,21 @@ def match_keys(collectives: pl.DataFrame) -> pl.DataFrame:
         .then(pl.format("r{}:{}#{}", pl.col("_a"), pl.col("_coll"), pl.col("_b")))
         .otherwise(pl.format("{}#{}", pl.col("_coll"), pl.col("_a")))
     )
-    # Instances are numbered in (group, kind, key) order, a dense rank over the distinct
-    # calls; each row finds its call's number by the parts of its key.
-    calls = (
-        parts.unique(ids)
-        .with_columns(key=key)
-        .with_columns(instance=pl.struct("_pg", "key_kind", "key").rank("dense").cast(pl.Int64) - 1)
+    return calls.with_columns(key=key).with_columns(
+        instance=pl.struct("_pg", "key_kind", "key").rank("dense").cast(pl.Int64) - 1
     )
-    found = parts.join(calls, on=ids, how="left", maintain_order="left", nulls_equal=True)
-    return rows.with_columns(found.select("key_kind", "key", "instance"))
+
+
+def one_row_per_call(keyed: RankStore) -> bool:
+    """Whether no rank has two rows for one call (nearly always so). A rank's rows are all
+    in one batch, so each batch is tested alone, with one integer per row where the pair
+    fits in one (kineto_comm.keys)."""
+    for batch in keyed.batches(columns=["instance", "rank"]):
+        pair = pair_key([batch], "instance", "rank")
+        both = pl.struct("instance", "rank") if pair is None else pair
+        if batch.select(both.filter(pl.col("instance").is_not_null()).is_duplicated().any()).item():
+            return False
+    return True
 
 
 def _in_call_order(rows: pl.DataFrame) -> bool:
@@ -179,24 +238,29 @@ def _ordinal(rows: pl.DataFrame, *keys: str) -> pl.Series:
     )
 
 
-def instances(keyed: pl.DataFrame) -> pl.DataFrame:
-    """One row per matched call (see INSTANCE_COLUMNS and docs/tables.md)."""
+def instances(keyed: pl.DataFrame | RankStore) -> pl.DataFrame:
+    """One row per matched call (see INSTANCE_COLUMNS and docs/tables.md).
+
+    Aggregations into one group per call: on a big job the streaming engine runs them in
+    bounded memory over every rank's rows. A call's attributes are those of its earliest
+    row (ties: the lowest rank), its last rank that of its latest (ties: the highest)."""
+    keyed = as_store(keyed)
     if keyed.height == 0:
         return pl.DataFrame(schema=_instance_schema())
     p2p = pl.col("key_kind") == "p2p"
+    # Rows of one rank for one call count once (nearly always each rank has one).
+    seen = pl.len() if one_row_per_call(keyed) else pl.col("rank").n_unique()
+    when = ["start_ns", "rank"]
     table = (
         keyed.lazy()
-        .sort("start_ns")
         .group_by("instance")
         .agg(
             process_group=pl.col("process_group").first(),
-            collective=pl.when(p2p.first())
-            .then(pl.lit("send_recv"))
-            .otherwise(pl.col("collective").first()),
+            collective=pl.col("collective").sort_by(when).first(),
             key_kind=pl.col("key_kind").first(),
             key=pl.col("key").first(),
             step=pl.col("step").min(),
-            ranks_seen=pl.col("rank").n_unique().cast(pl.Int64),
+            ranks_seen=seen.cast(pl.Int64),
             group_size=pl.col("group_size").max(),
             bytes=pl.col("bytes").max(),
             first_start_ns=pl.col("start_ns").min(),
@@ -205,13 +269,17 @@ def instances(keyed: pl.DataFrame) -> pl.DataFrame:
             last_end_ns=pl.col("end_ns").max(),
             transfer_ns=pl.col("duration_ns").min(),
             max_duration_ns=pl.col("duration_ns").max(),
-            last_rank=pl.col("rank").sort_by("start_ns").last(),
+            last_rank=pl.col("rank").sort_by(when).last(),
         )
     )
     n = (
         pl.when(pl.col("collective") == "send_recv")
         .then(2)
         .otherwise(pl.coalesce("group_size", "ranks_seen"))
+    )
+    # A conditional inside the aggregation would hold every row on the streaming engine.
+    table = table.with_columns(
+        collective=pl.when(p2p).then(pl.lit("send_recv")).otherwise(pl.col("collective"))
     )
     return collect(
         table.with_columns(
@@ -220,27 +288,38 @@ def instances(keyed: pl.DataFrame) -> pl.DataFrame:
             busbw_gbps=busbw_gbps(pl.col("bytes"), pl.col("transfer_ns"), pl.col("collective"), n),
         )
         .select(INSTANCE_COLUMNS)
-        .sort("first_start_ns", "instance")
+        .sort("first_start_ns", "instance"),
+        keyed.height,
     )
 
 
-def waits(keyed: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
-    """One row per rank per instance: how long that rank's call waited for the group."""
+def waits(
+    keyed: pl.DataFrame | RankStore, table: pl.DataFrame, folder: SpillFolder | None = None
+) -> RankStore:
+    """One row per rank per instance, in (rank, instance) order: how long that rank's call
+    waited for the group. Made a batch of whole ranks at a time (kept in `folder` when
+    given)."""
+    keyed = as_store(keyed)
     if keyed.height == 0:
-        return pl.DataFrame(
-            schema={c: pl.Int64 for c in WAIT_COLUMNS} | {"arrived_last": pl.Boolean}
+        return RankStore.from_frame(
+            pl.DataFrame(schema={c: pl.Int64 for c in WAIT_COLUMNS} | {"arrived_last": pl.Boolean})
         )
     last = table.lazy().select("instance", "last_start_ns", "last_rank", "ranks_seen")
-    return collect(
-        keyed.lazy()
-        .join(last, on="instance", how="left")
-        .with_columns(
-            wait_ns=pl.col("last_start_ns") - pl.col("start_ns"),
-            arrived_last=(pl.col("rank") == pl.col("last_rank")) & (pl.col("ranks_seen") > 1),
+    columns = ["instance", "rank", "start_ns", "end_ns", "duration_ns"]
+    parts = []
+    for batch in keyed.batches(columns=columns):
+        found = collect(
+            batch.lazy()
+            .join(last, on="instance", how="left")
+            .with_columns(
+                wait_ns=pl.col("last_start_ns") - pl.col("start_ns"),
+                arrived_last=(pl.col("rank") == pl.col("last_rank")) & (pl.col("ranks_seen") > 1),
+            )
+            .select(WAIT_COLUMNS)
+            .sort("rank", "instance")
         )
-        .select(WAIT_COLUMNS)
-        .sort("instance", "rank")
-    )
+        parts.append(keep(found, folder))
+    return RankStore(parts, folder=folder)
 
 
 def _instance_schema() -> dict[str, pl.DataType]:

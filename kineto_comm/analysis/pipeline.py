@@ -58,7 +58,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.overlap import breakdown, merge_intervals
-from kineto_comm.kernel_store import RankKernels
+from kineto_comm.rank_store import RankStore
 
 P2P = ("send", "recv", "send_recv")
 SENDS = ("send", "send_recv")
@@ -91,19 +91,19 @@ def empty_pipeline() -> pl.DataFrame:
 
 
 def pipeline(
-    kernels: pl.DataFrame | RankKernels, collectives: pl.DataFrame, steps: pl.DataFrame
+    kernels: pl.DataFrame | RankStore, collectives: pl.DataFrame, steps: pl.DataFrame
 ) -> pl.DataFrame:
     """The `pipeline` table: per p2p rank and step, stage, p, m and the bubble (module doc).
 
     kernels, collectives, steps: the report tables of those names (all ranks, one clock or
-    each its own: nothing here compares times across ranks); kernels may be a RankKernels
+    each its own: nothing here compares times across ranks); kernels may be a RankStore
     store, read a batch of ranks at a time. Ranks without point-to-point traffic give no
     rows; missing or empty inputs give an empty table.
     """
     if isinstance(kernels, pl.DataFrame):
         if not set(_NEEDS["kernels"]) <= set(kernels.columns):
             return empty_pipeline()
-        kernels = RankKernels.from_frame(kernels)
+        kernels = RankStore.from_frame(kernels)
     tables = {"collectives": collectives, "steps": steps}
     if any(not set(_NEEDS[n]) <= set(t.columns) for n, t in tables.items()):
         return empty_pipeline()
@@ -324,7 +324,7 @@ def _micro_batches(p2p: pl.DataFrame, stages: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _idle(kernels: RankKernels, windows: pl.DataFrame) -> pl.DataFrame:
+def _idle(kernels: RankStore, windows: pl.DataFrame) -> pl.DataFrame:
     """rank, step, wall/busy/idle and its warm-up / steady / cool-down split per window."""
     ranks = windows["rank"].unique().sort().to_list()
     need = list(_NEEDS["kernels"])

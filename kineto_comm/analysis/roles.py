@@ -50,6 +50,7 @@ import polars as pl
 
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP, group_key, is_p2p
 from kineto_comm.lazy import collect, collect_all
+from kineto_comm.rank_store import RankStore, as_store
 
 ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "fsdp", "unknown")
 PROCESS_GROUP_SCHEMA: dict[str, pl.DataType] = {
@@ -93,7 +94,10 @@ def _human_bytes(x: pl.Expr) -> pl.Expr:
     )
 
 
-def _calls(collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.LazyFrame:
+_GROUP_TEXT = ("pg_desc", "pg_ranks")
+
+
+def _calls(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame) -> pl.LazyFrame:
     """Calls with their position in the step window and their per-step weight."""
     windows = (
         steps.lazy()
@@ -112,8 +116,11 @@ def _calls(collectives: pl.DataFrame, steps: pl.DataFrame) -> pl.LazyFrame:
         .otherwise(0.0)
     )
     used = ["rank", "step", "start_ns", "collective", "bytes", "group_size", "pg_desc", "pg_ranks"]
+    # The group's description and rank list only go to counts per value: Categorical until
+    # then, not a copy of a long text on every call.
     return (
-        collectives.lazy()
+        as_store(collectives)
+        .lazy(["process_group", *used], categorical=_GROUP_TEXT)
         .select(group_key(), *used)
         .join(windows, on=["rank", "step"], how="left")
         .join(per_rank, on="rank", how="left")
@@ -153,10 +160,13 @@ def _features(calls: pl.LazyFrame, world: int, rows: int) -> pl.LazyFrame:
 
     def counts(column: str) -> pl.LazyFrame:
         """Calls per (group, value of `column`), nulls left out."""
-        return (
+        found = (
             calls.filter(pl.col(column).is_not_null())
             .group_by("process_group", column)
             .agg(_n=pl.len())
+        )
+        return (
+            found.with_columns(pl.col(column).cast(pl.String)) if column in _GROUP_TEXT else found
         )
 
     def mode(found: pl.DataFrame, column: str, name: str) -> pl.LazyFrame:
@@ -402,7 +412,7 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def process_groups(
-    collectives: pl.DataFrame, steps: pl.DataFrame, ranks: pl.DataFrame
+    collectives: pl.DataFrame | RankStore, steps: pl.DataFrame, ranks: pl.DataFrame
 ) -> pl.DataFrame:
     """One row per process group with its inferred role and the evidence (docs/tables.md)."""
     if collectives.height == 0:
@@ -411,7 +421,9 @@ def process_groups(
         steps = pl.DataFrame(
             schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
         )
-    world = collectives["rank"].n_unique()
+    world = collect(
+        as_store(collectives).lazy(["rank"]).select(pl.col("rank").n_unique()), collectives.height
+    ).item()
     if ranks.height and "world_size" in ranks.columns:
         world = max(world, int(ranks["world_size"].max() or 0))
     feats = _features(_calls(collectives, steps), world, collectives.height)

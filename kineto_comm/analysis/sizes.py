@@ -15,10 +15,15 @@ count in the denominators only. A null process group (traces without `pg_name`) 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
 
 from kineto_comm.lazy import collect
 from kineto_comm.model.names import POINT_TO_POINT
+
+if TYPE_CHECKING:
+    from kineto_comm.rank_store import RankStore
 
 SMALL_BYTES = 64 * 1024  # below this a call is latency-bound on any interconnect
 MEDIUM_BYTES = 1024 * 1024  # at and above this it approaches the link bandwidth
@@ -71,7 +76,7 @@ def log2_bucket(size: pl.Expr) -> pl.Expr:
     return pl.when(size == 0).then(pl.lit(-1, dtype=pl.Int64)).when(size > 0).then(fixed)
 
 
-def message_sizes(collectives: pl.DataFrame) -> pl.DataFrame:
+def message_sizes(collectives: pl.DataFrame | RankStore) -> pl.DataFrame:
     """Log2 histogram of message sizes per (process_group, collective): calls, bytes, time."""
     if collectives.height == 0:
         return pl.DataFrame(schema=MESSAGE_SIZES_SCHEMA)
@@ -100,11 +105,12 @@ def message_sizes(collectives: pl.DataFrame) -> pl.DataFrame:
         )
         .sort("process_group", "collective", "log2_bucket", nulls_last=True)
         .select(list(MESSAGE_SIZES_SCHEMA))
-        .cast(MESSAGE_SIZES_SCHEMA)
+        .cast(MESSAGE_SIZES_SCHEMA),
+        collectives.height,
     )
 
 
-def message_size_summary(collectives: pl.DataFrame) -> pl.DataFrame:
+def message_size_summary(collectives: pl.DataFrame | RankStore) -> pl.DataFrame:
     """Per (process_group, collective): totals and the shares of calls/time below 64 KiB, 1 MiB."""
     if collectives.height == 0:
         return pl.DataFrame(schema=SUMMARY_SCHEMA)
@@ -136,5 +142,6 @@ def message_size_summary(collectives: pl.DataFrame) -> pl.DataFrame:
         .with_columns(p2p=is_p2p(pl.col("collective")))
         .sort("process_group", "collective")
         .select(list(SUMMARY_SCHEMA))
-        .cast(SUMMARY_SCHEMA)
+        .cast(SUMMARY_SCHEMA),
+        collectives.height,
     )

@@ -39,6 +39,8 @@ import polars as pl
 
 from kineto_comm.analysis.bandwidth import busbw_factor, busbw_gbps
 from kineto_comm.analysis.sizes import MEDIUM_BYTES, SMALL_BYTES, group_key
+from kineto_comm.lazy import SAMPLE_ROWS, collect
+from kineto_comm.rank_store import RankStore, as_store
 
 STORM_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),
@@ -57,35 +59,81 @@ STORM_SCHEMA: dict[str, pl.DataType] = {
 _KEY = ["rank", "step", "process_group", "collective"]
 
 
-def reference_busbw(collectives: pl.DataFrame, large_quantile: float = 0.9) -> pl.DataFrame:
-    """Per (process_group, collective): the busbw its large messages reach (see module doc)."""
+def reference_busbw(
+    collectives: pl.DataFrame | RankStore, large_quantile: float = 0.9
+) -> pl.DataFrame:
+    """Per (process_group, collective): the busbw its large messages reach (see module doc).
+
+    Above SAMPLE_ROWS calls, the quantile is taken over every k-th call of each rank (by
+    `call_index`): a quantile holds its values whole, the sample a bounded number of them."""
+    store = as_store(collectives)
     size = pl.col("bytes")
     bw = busbw_gbps(size, pl.col("duration_ns"), pl.col("collective"), pl.col("group_size"))
-    return (
-        collectives.select(group_key(), "collective", "bytes", _bw=bw)
-        .group_by("process_group", "collective")
-        .agg(
-            _large=pl.col("_bw").filter(size >= MEDIUM_BYTES).quantile(large_quantile),
-            _best=pl.col("_bw").filter(size >= SMALL_BYTES).max(),
-        )
-        .select(
-            "process_group",
-            "collective",
-            reference_busbw_gbps=pl.coalesce("_large", "_best").cast(pl.Float64),
-        )
+    keys = ["process_group", "collective"]
+    calls = store.lazy([*keys, "bytes", "duration_ns", "group_size", "call_index"]).select(
+        group_key(), "collective", "bytes", "call_index", _bw=bw
+    )
+    every = -(-store.height // SAMPLE_ROWS)
+    sample = calls if every == 1 else calls.filter(pl.col("call_index") % every == 0)
+    large = (
+        sample.filter(size >= MEDIUM_BYTES)
+        .group_by(keys)
+        .agg(_large=pl.col("_bw").quantile(large_quantile))
+    )
+    best = calls.group_by(keys).agg(_best=pl.col("_bw").filter(size >= SMALL_BYTES).max())
+    return collect(
+        best.join(large, on=keys, how="left").select(
+            *keys, reference_busbw_gbps=pl.coalesce("_large", "_best").cast(pl.Float64)
+        ),
+        store.height,
     )
 
 
 def storms(
-    collectives: pl.DataFrame,
+    collectives: pl.DataFrame | RankStore,
     min_calls: int = 32,
     small_bytes: int = SMALL_BYTES,
     gap_factor: float = 4.0,
     min_gap_ns: int = 20_000,
 ) -> pl.DataFrame:
-    """Runs of >= min_calls small back-to-back calls per rank, step and (group, collective)."""
-    if collectives.height == 0:
+    """Runs of >= min_calls small back-to-back calls per rank, step and (group, collective),
+    found a batch of whole ranks at a time."""
+    store = as_store(collectives)
+    if store.height == 0:
         return pl.DataFrame(schema=STORM_SCHEMA)
+    columns = [*_KEY, "start_ns", "end_ns", "duration_ns", "bytes", "group_size"]
+    found = [
+        _runs(batch, min_calls, small_bytes, gap_factor, min_gap_ns)
+        for batch in store.batches(columns=columns)
+    ]
+    runs = found[0] if len(found) == 1 else pl.concat(found)
+    if runs.height == 0:
+        return pl.DataFrame(schema=STORM_SCHEMA)
+    coll, n = pl.col("collective"), pl.col("_n")
+    ref = pl.col("reference_busbw_gbps")
+    ideal_ns = pl.col("bytes").cast(pl.Float64) * busbw_factor(coll, n) / ref
+    return (
+        runs.join(reference_busbw(store), on=["process_group", "collective"], how="left")
+        .with_columns(
+            busbw_gbps=busbw_gbps(pl.col("bytes"), pl.col("time_ns"), coll, n),
+            latency_bound_share=pl.when((ref > 0) & (pl.col("time_ns") > 0))
+            .then((1.0 - ideal_ns / pl.col("time_ns")).clip(0.0, 1.0))
+            .otherwise(None),
+        )
+        .sort("rank", "step", "start_ns")
+        .select(list(STORM_SCHEMA))
+        .cast(STORM_SCHEMA)
+    )
+
+
+def _runs(
+    collectives: pl.DataFrame,
+    min_calls: int,
+    small_bytes: int,
+    gap_factor: float,
+    min_gap_ns: int,
+) -> pl.DataFrame:
+    """The storms of whole ranks' calls, before their bandwidth is known."""
     # Rows sorted by key and start: the previous call of the same key is the previous row,
     # unless the key changed there (shifts masked at key boundaries; windows over 100,000s of
     # small keys are slow).
@@ -108,7 +156,7 @@ def storms(
         .with_columns(_small=small, _run=starts.cast(pl.Int64).cum_sum())
         .filter(pl.col("_small"))
     )
-    runs = (
+    return (
         calls.group_by([*_KEY, "_run"])
         .agg(
             start_ns=pl.col("start_ns").min(),
@@ -119,21 +167,4 @@ def storms(
         )
         .filter(pl.col("calls") >= min_calls)
         .with_columns(time_ns=pl.col("end_ns") - pl.col("start_ns"))
-    )
-    if runs.height == 0:
-        return pl.DataFrame(schema=STORM_SCHEMA)
-    coll, n = pl.col("collective"), pl.col("_n")
-    ref = pl.col("reference_busbw_gbps")
-    ideal_ns = pl.col("bytes").cast(pl.Float64) * busbw_factor(coll, n) / ref
-    return (
-        runs.join(reference_busbw(collectives), on=["process_group", "collective"], how="left")
-        .with_columns(
-            busbw_gbps=busbw_gbps(pl.col("bytes"), pl.col("time_ns"), coll, n),
-            latency_bound_share=pl.when((ref > 0) & (pl.col("time_ns") > 0))
-            .then((1.0 - ideal_ns / pl.col("time_ns")).clip(0.0, 1.0))
-            .otherwise(None),
-        )
-        .sort("rank", "step", "start_ns")
-        .select(list(STORM_SCHEMA))
-        .cast(STORM_SCHEMA)
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.lazy import collect
+from kineto_comm.rank_store import RankStore, as_store
 
 STRAGGLER_COLUMNS = (
     "rank",
@@ -34,36 +35,56 @@ STRAGGLER_COLUMNS = (
 
 def stragglers(
     instances: pl.DataFrame,
-    waits: pl.DataFrame,
+    waits: pl.DataFrame | RankStore,
     *,
     noise_ns: int = 5_000,
     min_delay_ns: int = 20_000,
     min_confidence: float = 0.5,
 ) -> pl.DataFrame:
-    """One row per rank (docs/tables.md `stragglers`)."""
+    """One row per rank (docs/tables.md `stragglers`).
+
+    Every pass over the waits (a row per call and rank) aggregates into few groups or joins
+    with a table of calls: on a big job the streaming engine runs them in bounded memory."""
+    waits = as_store(waits)
     if waits.height == 0:
         return pl.DataFrame(schema=_schema())
     shared = instances.filter(pl.col("ranks_seen") > 1).select(
-        "instance", "step", "last_rank", "arrival_skew_ns"
+        "instance", "step", "last_rank", "arrival_skew_ns", "last_start_ns"
     )
     n_steps = max(shared["step"].n_unique(), 1)
-    calls = waits.lazy()
+    calls = waits.lazy(["instance", "rank", "start_ns", "wait_ns"])
+    # The second-latest arrival: the latest again if two ranks share it, else the latest
+    # of the earlier ones.
+    start, latest = pl.col("start_ns"), pl.col("last_start_ns")
     second = (
-        calls.join(shared.lazy().select("instance"), on="instance", how="semi")
+        calls.join(shared.lazy().select("instance", "last_start_ns"), on="instance")
         .group_by("instance")
-        .agg(second_ns=pl.col("start_ns").sort(descending=True).get(1))
-    )
-    late = (
-        shared.lazy()
-        .join(second, on="instance")
-        .join(
-            calls.select("instance", "rank", "start_ns"),
-            left_on=["instance", "last_rank"],
-            right_on=["instance", "rank"],
+        .agg(
+            _ties=(start == latest).sum(),
+            _latest=latest.first(),
+            _earlier=start.filter(start < latest).max(),
         )
-        .with_columns(lateness_ns=pl.col("start_ns") - pl.col("second_ns"))
-        .filter(pl.col("arrival_skew_ns") >= noise_ns)
+        .select(
+            "instance",
+            second_ns=pl.when(pl.col("_ties") > 1)
+            .then(pl.col("_latest"))
+            .otherwise(pl.col("_earlier")),
+        )
     )
+    # Per call, its last rank's lateness (the calls, the bigger side, stream through the join).
+    late = collect(
+        calls.select("instance", "rank", "start_ns")
+        .join(
+            shared.lazy().join(second, on="instance"),
+            left_on=["instance", "rank"],
+            right_on=["instance", "last_rank"],
+        )
+        .with_columns(
+            last_rank=pl.col("rank"), lateness_ns=pl.col("start_ns") - pl.col("second_ns")
+        )
+        .filter(pl.col("arrival_skew_ns") >= noise_ns),
+        waits.height,
+    ).lazy()
     caused = (
         calls.join(late.select("instance", "last_rank"), on="instance")
         .filter(pl.col("rank") != pl.col("last_rank"))
@@ -124,7 +145,7 @@ def stragglers(
             & (pl.col("delay_ns") >= min_delay_ns),
         )
     )
-    return collect(table.select(STRAGGLER_COLUMNS).sort("rank"))
+    return collect(table.select(STRAGGLER_COLUMNS).sort("rank"), waits.height)
 
 
 def _schema() -> dict[str, pl.DataType]:

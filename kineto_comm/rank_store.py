@@ -1,0 +1,218 @@
+"""Where the tables with a row per kernel or per call of every rank are kept: in memory for
+small jobs, in Arrow IPC files for big ones.
+
+Kernels (about 100 bytes each, some 0.1 GB per GB of trace JSON), collective calls (about 300
+bytes each) and the calls' waits grow with ranks x steps: merged in the parent, 1024 ranks of
+6,650 calls hold 2.3 GiB of calls alone (docs/scale.md). Big jobs therefore keep each rank's
+rows in its own uncompressed Arrow IPC file (written by the worker that built them, or by the
+cross-rank step that derived them), and the parent reads them in batches of whole ranks
+(`batches`) or as one lazy query for the streaming engine (`lazy`): it holds one batch, or a
+query's bounded state, whatever the rank count. Clock offsets are applied as rows are read,
+so the files never change.
+
+`frame()` still gives every rank's rows as one DataFrame (`Report.kernels`,
+`Report.collectives`) for users who ask: on a big job that costs what a merged table costs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from kineto_comm.analysis.align import shift, shifted
+
+BATCH_ROWS = 100_000  # rows per batch: a few MB for the columns a rule reads
+TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
+
+
+class SpillFolder:
+    """A temporary folder for per-rank files, removed when the last store using it is gone
+    (or at exit)."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="kineto-comm-tables-"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, True)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One source of rows: an in-memory frame (any ranks) or an IPC file (one rank's when
+    `rank` is set, which then replaces the provisional rank the file holds)."""
+
+    rows: int
+    frame: pl.DataFrame | None = None
+    path: str | None = None
+    rank: int | None = None  # the final rank of a file's rows (files hold provisional ones)
+
+    def read(self, columns: list[str] | None = None) -> pl.DataFrame:
+        """The rows (only `columns`, in that order, when given)."""
+        if self.frame is not None:
+            return self.frame if columns is None else self.frame.select(columns)
+        from kineto_comm.per_rank import read_frame
+
+        assert self.path is not None
+        if self.rank is None:
+            return read_frame(self.path, columns)
+        rank = pl.lit(self.rank, dtype=pl.Int64).alias("rank")  # files hold provisional ranks
+        if columns is None:
+            return read_frame(self.path).with_columns(rank)
+        stored = [c for c in columns if c != "rank"] or ["rank"]
+        return read_frame(self.path, stored).with_columns(rank).select(columns)
+
+    def scan(
+        self,
+        columns: list[str] | None = None,
+        where: pl.Expr | None = None,
+        categorical: tuple[str, ...] = (),
+    ) -> pl.LazyFrame:
+        """The rows as a lazy query, the final rank in `rank` (see RankStore.lazy)."""
+        if self.frame is not None:
+            query = self.frame.lazy() if where is None else self.frame.lazy().filter(where)
+            query = query if columns is None else query.select(columns)
+            names = self.frame.columns if columns is None else columns
+            keep = [c for c in categorical if c in names and self.frame.schema[c] == pl.String]
+            return query.with_columns(pl.col(keep).cast(pl.Categorical))
+        assert self.path is not None
+        query = pl.scan_ipc(self.path)
+        schema = query.collect_schema()
+        names = list(schema) if columns is None else columns
+        text = [c for c in names if schema.get(c) == pl.Categorical and c not in categorical]
+        if where is not None:
+            query = query.filter(where)
+        query = query.select(c for c in names if c != "rank" or self.rank is None)
+        if self.rank is not None and "rank" in names:
+            query = query.with_columns(rank=pl.lit(self.rank, dtype=pl.Int64))
+        return query.with_columns(pl.col(text).cast(pl.String)).select(names)
+
+
+class RankStore:
+    """Every rank's rows of one table (kernels: kineto_comm.model.kernels; collectives:
+    kineto_comm.model.collectives; collective_waits), one batch at a time."""
+
+    def __init__(
+        self,
+        parts: Iterable[Part] = (),
+        offsets: pl.DataFrame | None = None,
+        folder: SpillFolder | None = None,
+    ) -> None:
+        self._parts = tuple(parts)
+        self._offsets = offsets  # the offsets table (rank, offset_ns), None: no shift
+        self._folder = folder  # kept alive as long as a store reads its files
+
+    @classmethod
+    def from_frame(cls, frame: pl.DataFrame) -> RankStore:
+        """A store over one in-memory table (small jobs, tests, user-built reports)."""
+        return cls([Part(rows=frame.height, frame=frame)])
+
+    @property
+    def height(self) -> int:
+        return sum(p.rows for p in self._parts)
+
+    @property
+    def columns(self) -> list[str]:
+        """The table's column names (none for a store without parts)."""
+        return list(self._parts[0].scan().collect_schema()) if self._parts else []
+
+    @property
+    def spilled(self) -> bool:
+        """True when some rank's rows live in a file."""
+        return any(p.path is not None for p in self._parts)
+
+    def with_offsets(self, offsets: pl.DataFrame) -> RankStore:
+        """The same rows on another clock: `offset_ns` (per `rank`) is subtracted from
+        every time column when rows are read."""
+        return RankStore(self._parts, offsets, self._folder)
+
+    def batches(
+        self,
+        ranks: Iterable[int] | None = None,
+        columns: list[str] | None = None,
+        rows: int | None = None,
+    ) -> Iterator[pl.DataFrame]:
+        """The rows of `ranks` (default: all; only `columns` when given), in DataFrames of
+        whole ranks holding about `rows` rows each (default BATCH_ROWS; more when one rank
+        has more)."""
+        rows = BATCH_ROWS if rows is None else rows
+        if columns is not None and "rank" not in columns:
+            columns = ["rank", *columns]
+        wanted = None if ranks is None else set(ranks)
+        pending: list[pl.DataFrame] = []
+        held = 0
+        for part in self._parts:
+            if wanted is not None and part.rank is not None and part.rank not in wanted:
+                continue
+            frame = part.read(columns)
+            if self._offsets is not None:
+                frame = shift(frame, self._offsets, TIME_COLUMNS)
+            if wanted is not None and part.rank is None:
+                frame = frame.filter(pl.col("rank").is_in(sorted(wanted)))
+            pending.append(frame)
+            held += frame.height
+            if held >= rows:
+                yield pl.concat(pending, how="vertical_relaxed")
+                pending, held = [], 0
+        if pending:
+            yield pl.concat(pending, how="vertical_relaxed")
+
+    def frame(
+        self, ranks: Iterable[int] | None = None, columns: list[str] | None = None
+    ) -> pl.DataFrame:
+        """The rows of `ranks` (default: all; only `columns` when given) in one DataFrame."""
+        out = list(self.batches(ranks, columns, rows=2**62))
+        return out[0] if out else pl.DataFrame()
+
+    def discard(self) -> None:
+        """Delete the store's files now (a transient table's), not with its folder."""
+        for part in self._parts:
+            if part.path is not None:
+                Path(part.path).unlink(missing_ok=True)
+
+    def lazy(
+        self,
+        columns: list[str] | None = None,
+        *,
+        where: pl.Expr | None = None,
+        categorical: tuple[str, ...] = (),
+    ) -> pl.LazyFrame:
+        """Every rank's rows (only `columns` when given) as one lazy query, offsets applied:
+        on the streaming engine, aggregations over it hold a bounded state whatever the
+        rank count (lazy.collect).
+
+        where: a filter on the stored columns (not `rank` nor times), applied as rows are
+            read, before text is turned into strings.
+        categorical: text columns left Categorical (or made so): a long value repeated on
+            every row (`pg_ranks` lists every rank of a group) would otherwise be copied
+            into each of millions of rows."""
+        parts = [p.scan(columns, where, categorical) for p in self._parts]
+        if not parts:
+            return pl.LazyFrame()
+        query = pl.concat(parts, how="vertical_relaxed") if len(parts) > 1 else parts[0]
+        if self._offsets is None:
+            return query
+        schema = query.collect_schema()
+        moved = shifted(self._offsets, [c for c in TIME_COLUMNS if c in schema])
+        return query.with_columns(moved) if moved else query
+
+
+def as_store(table: pl.DataFrame | RankStore) -> RankStore:
+    """`table` as a store (a DataFrame becomes its one in-memory part)."""
+    return table if isinstance(table, RankStore) else RankStore.from_frame(table)
+
+
+def keep(frame: pl.DataFrame, folder: SpillFolder | None) -> Part:
+    """A part holding `frame`'s rows: the frame itself, or an IPC file in `folder` (rows of
+    any ranks, the final ones) when one is given."""
+    if folder is None:
+        return Part(rows=frame.height, frame=frame)
+    from kineto_comm.per_rank import write_frame
+
+    path = folder.path / f"{uuid.uuid4().hex}.arrow"
+    write_frame(frame, path)
+    return Part(rows=frame.height, path=str(path))
