@@ -72,7 +72,8 @@ held = sum(
     v.height * sum(WIDTH.get(d.base_type(), 0) for d in v.dtypes)
     for v in vars(r).values() if isinstance(v, pl.DataFrame)
 )
-print(r.ranks.height, r.rank_collectives.height, r.collective_instances.height, wall, base, peak, held)
+calls = r.rank_collectives.height  # not r.collectives: that reads every rank's calls
+print(r.ranks.height, calls, r.collective_instances.height, wall, base, peak, held)
 """
 
 

@@ -73,7 +73,8 @@ WAIT_COLUMNS = (
 
 
 def match_keys(collectives: pl.DataFrame) -> pl.DataFrame:
-    """Per-rank collective rows with `instance` (a match id), `key_kind` and `key` added."""
+    """Per-rank collective rows (their MATCH_COLUMNS) with `instance` (a match id),
+    `key_kind` and `key` added."""
     return keyed_calls(RankStore.from_frame(collectives)).frame()
 
 
