@@ -120,17 +120,19 @@ def _contiguous(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return stacked
 
 
+def _part(r: RankTables, name: str, frame: pl.DataFrame) -> Part:
+    """Rank `r`'s rows of table `name`: the file a worker wrote them to, else `frame`."""
+    if name in r.files:
+        return Part(rows=r.meta["rows"][name], path=r.files[name], rank=r.rank)
+    return Part(rows=frame.height, frame=frame, rank=r.rank)
+
+
 def _calls(kept: list[RankTables], frames: list[pl.DataFrame], folder: Any) -> RankStore:
     """Every rank's collective calls (`frames`: each kept file's, emptied here): one
     contiguous frame, or, where a rank's calls are in a file (a big job), one part per rank."""
     if not any("collectives" in r.files for r in kept):
         return RankStore.from_frame(_contiguous(frames))
-    parts = [
-        Part(rows=r.meta["rows"]["collectives"], path=r.files["collectives"], rank=r.rank)
-        if "collectives" in r.files
-        else Part(rows=frame.height, frame=frame, rank=r.rank)
-        for r, frame in zip(kept, frames, strict=True)
-    ]
+    parts = [_part(r, "collectives", f) for r, f in zip(kept, frames, strict=True)]
     frames.clear()
     return RankStore(parts, folder=folder)
 
@@ -230,15 +232,7 @@ def analyze(
         name: _contiguous(pieces[name]) for name in small if name not in SPILLED
     }
     merged["ranks"] = ranks
-    merged["kernels"] = RankStore(
-        [
-            Part(rows=r.meta["rows"]["kernels"], path=r.files["kernels"], rank=r.rank)
-            if "kernels" in r.files
-            else Part(rows=r.kernels.height, frame=r.kernels)
-            for r in kept
-        ],
-        folder=folder,
-    )
+    merged["kernels"] = RankStore([_part(r, "kernels", r.kernels) for r in kept], folder=folder)
     merged["collectives"] = _calls(kept, pieces["collectives"], folder)
     if kept:
         spilled = folder if merged["collectives"].spilled else None

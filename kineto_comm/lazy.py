@@ -27,6 +27,14 @@ STREAMING_ROWS = 1_000_000
 SAMPLE_ROWS = 1_000_000
 
 
+def sample(query: pl.LazyFrame, rows: int, key: str) -> pl.LazyFrame:
+    """The query's rows whose integer `key` is a multiple of k, k the smallest that leaves
+    about SAMPLE_ROWS of `rows` rows: every k-th call when `key` numbers calls (an evenly
+    spread sample); all rows up to SAMPLE_ROWS."""
+    every = -(-rows // SAMPLE_ROWS)
+    return query if every <= 1 else query.filter(pl.col(key) % every == 0)
+
+
 def collect(query: pl.LazyFrame, rows: int = 0) -> pl.DataFrame:
     """The query's result (`rows`: how many rows it reads, when that may be millions)."""
     return query.collect(engine="streaming" if rows >= STREAMING_ROWS else ENGINE)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from kineto_comm.lazy import SAMPLE_ROWS, collect
+from kineto_comm.lazy import collect, sample
 
 if TYPE_CHECKING:
     from kineto_comm.rank_store import RankStore
@@ -46,10 +46,7 @@ def estimate_offsets(keyed: pl.DataFrame | RankStore, ranks: list[int]) -> pl.Da
     calls = keyed.lazy(["instance", "rank", "device", "end_ns"]).filter(usable)
     # Above SAMPLE_ROWS rows, every k-th call: an evenly spread sample whose medians hold
     # the same offsets, in bounded memory (docs/scale.md).
-    every = -(-keyed.height // SAMPLE_ROWS)
-    if every > 1:
-        calls = calls.filter(pl.col("instance") % every == 0)
-    calls = calls.select("instance", "rank", "end_ns")
+    calls = sample(calls, keyed.height, "instance").select("instance", "rank", "end_ns")
     if not one_row_per_call(keyed):  # a rank's call seen twice: its latest end
         calls = calls.group_by("instance", "rank").agg(pl.col("end_ns").max())
     shared = calls.group_by("instance").agg(pl.len().alias("n")).filter(pl.col("n") > 1)

@@ -17,6 +17,8 @@ algbw / busbw by the nccl-tests definitions (see bandwidth.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import polars as pl
 
 from kineto_comm.analysis.bandwidth import algbw_gbps, busbw_gbps
@@ -102,17 +104,19 @@ def keyed_calls(calls: RankStore, folder: SpillFolder | None = None) -> RankStor
         .select("_pg"),
         calls.height,
     ).get_column("_pg")
-    # A small job's batch is held between the passes; a big job's is read again.
-    held = [_parts(b, seq_groups) for b in calls.batches(columns=columns)] if folder is None else []
-    found = held or (_parts(b, seq_groups) for b in calls.batches(columns=columns))
-    distinct = [parts.unique(_IDS) for _, parts in found]
+
+    def batches() -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
+        return (_parts(b, seq_groups) for b in calls.batches(columns=columns))
+
+    # Two passes: number the distinct calls, then give each row its number. A small job's
+    # batches are held between them; a big job's are read again.
+    held = list(batches()) if folder is None else None
+    distinct = [parts.unique(_IDS) for _, parts in held or batches()]
     numbered = _numbered(distinct[0] if len(distinct) == 1 else pl.concat(distinct).unique(_IDS))
-    found = held or (_parts(b, seq_groups) for b in calls.batches(columns=columns))
     out = []
-    for rows, parts in found:
+    for rows, parts in held or batches():
         ids = parts.join(numbered, on=_IDS, how="left", maintain_order="left", nulls_equal=True)
         out.append(keep(rows.with_columns(ids.select("key_kind", "key", "instance")), folder))
-    held.clear()
     return RankStore(out, folder=folder)
 
 

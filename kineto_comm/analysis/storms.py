@@ -39,7 +39,7 @@ import polars as pl
 
 from kineto_comm.analysis.bandwidth import busbw_factor, busbw_gbps
 from kineto_comm.analysis.sizes import MEDIUM_BYTES, SMALL_BYTES, group_key
-from kineto_comm.lazy import SAMPLE_ROWS, collect
+from kineto_comm.lazy import collect, sample
 from kineto_comm.rank_store import RankStore, as_store
 
 STORM_SCHEMA: dict[str, pl.DataType] = {
@@ -73,10 +73,9 @@ def reference_busbw(
     calls = store.lazy([*keys, "bytes", "duration_ns", "group_size", "call_index"]).select(
         group_key(), "collective", "bytes", "call_index", _bw=bw
     )
-    every = -(-store.height // SAMPLE_ROWS)
-    sample = calls if every == 1 else calls.filter(pl.col("call_index") % every == 0)
     large = (
-        sample.filter(size >= MEDIUM_BYTES)
+        sample(calls, store.height, "call_index")
+        .filter(size >= MEDIUM_BYTES)
         .group_by(keys)
         .agg(_large=pl.col("_bw").quantile(large_quantile))
     )
