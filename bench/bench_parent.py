@@ -1,6 +1,6 @@
 """The parent's memory as the rank count grows, past the jobs this disk can hold.
 
-    python bench/bench_parent.py bench/out/scale-dp-64r-250mb --ranks 64 256 1024
+    python bench/bench_parent.py bench/out/scale-dp-64r-250mb --ranks 64 256 1024 [--rules]
 
 The parent of a big job keeps the tables with a row per kernel or call in files, one per rank
 (kineto_comm.rank_store), merges the small per-rank tables (steps, totals) and runs the
@@ -17,7 +17,8 @@ Printed per rank count: collective rows, wall time of `analyze()`, the parent's 
 (ru_maxrss), its growth over the start per collective row, and a lower bound on what the
 returned Report's tables hold (8 bytes per number, 16 per text value: the view, not the text
 its rows share; tables kept in files count nothing): the part of the peak no transient can
-explain.
+explain. With --rules, the child then applies the built-in rules and renders every format,
+as `kineto-comm report` does, and prints their time and the peak after them.
 """
 
 from __future__ import annotations
@@ -73,7 +74,18 @@ held = sum(
     for v in vars(r).values() if isinstance(v, pl.DataFrame)
 )
 calls = r.rank_collectives.height  # not r.collectives: that reads every rank's calls
-print(r.ranks.height, calls, r.collective_instances.height, wall, base, peak, held)
+rules_wall, rules_peak = 0.0, peak
+if sys.argv[4:] == ["rules"]:  # what `kineto-comm report` adds: rules, then every format
+    from kineto_comm.render.formats import FORMATS, render
+    from kineto_comm.rules_engine import apply_rules
+    t = time.perf_counter()
+    r = apply_rules(r, (), (), (), None, ())
+    for fmt in FORMATS:
+        render(r, fmt)
+    rules_wall = time.perf_counter() - t
+    rules_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(r.ranks.height, calls, r.collective_instances.height, wall, base, peak, held,
+      rules_wall, rules_peak)
 """
 
 
@@ -101,20 +113,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("job", type=Path, help="a job's trace folder (bench_scale.py makes them)")
     ap.add_argument("--ranks", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument(
+        "--rules", action="store_true", help="then run the rules and render every format"
+    )
     args = ap.parse_args()
     source = tables(args.job)
     for ranks in args.ranks:
         with tempfile.TemporaryDirectory(prefix="kineto-comm-parent-") as tmp:
             for r in range(ranks):
                 (Path(tmp) / f"rank{r}.json").write_text("{}")
-            out, _, _ = run_child(CHILD, [str(source), str(ranks), tmp])
-        n, rows, calls, wall, base, peak, held = out.split()[-7:]
+            argv = [str(source), str(ranks), tmp] + (["rules"] if args.rules else [])
+            out, _, _ = run_child(CHILD, argv)
+        n, rows, calls, wall, base, peak, held, rules_wall, rules_peak = out.split()[-9:]
         grown = (int(peak) - int(base)) * 1024
         print(
             f"{int(n):5d} ranks: {int(rows):>9,} collective rows ({int(calls):,} calls),"
             f" analyze {float(wall):5.1f} s, parent peak RSS {int(peak) / 2**20:5.2f} GiB"
             f" ({grown / max(int(rows), 1):.0f} B per row over the start);"
-            f" the report's tables hold at least {float(held) / 2**30:.2f} GiB",
+            f" the report's tables hold at least {float(held) / 2**30:.2f} GiB"
+            + (
+                f"; rules and every format {float(rules_wall):5.1f} s, peak RSS after them"
+                f" {int(rules_peak) / 2**20:5.2f} GiB"
+                if args.rules
+                else ""
+            ),
             flush=True,
         )
 

@@ -2,8 +2,10 @@
 
     python bench/bench_scale.py --ranks 8 --size-mb 10            # with HTA
     python bench/bench_scale.py --ranks 64 --size-mb 50 --no-hta  # the 64 x 50 MB target
+    python bench/bench_scale.py --folder bench/out/h100-nccl/ddp-8  # real traces instead
 
-A synthetic data-parallel job is generated under bench/out/ (kept and reused). kineto-comm
+A synthetic data-parallel job is generated under bench/out/ (kept and reused), unless
+--folder names a folder of real trace files (.json) to run on. kineto-comm
 runs `analyze()` with one worker per core in a child process; the child's own peak RSS (the
 parent of the workers: they are not counted) and the wall time are reported. HTA runs
 `TraceAnalysis` load + `get_comm_comp_overlap` + `get_temporal_breakdown` on the same files.
@@ -70,9 +72,10 @@ def main() -> None:
     ap.add_argument("--size-mb", type=float, default=10.0)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-hta", action="store_true")
+    ap.add_argument("--folder", type=Path, help="real traces to run on (no job is generated)")
     args = ap.parse_args()
 
-    folder = job(args.ranks, args.size_mb)
+    folder = args.folder or job(args.ranks, args.size_mb)
     files = sorted(
         p for p in folder.iterdir() if p.name.endswith(".json") and p.name != "truth.json"
     )

@@ -175,7 +175,9 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             continue
         p, m = int(s["p"]), int(s["m"] or 0)
         advice = []
-        if s["theory"] - s["theory_target"] > 0.02:
+        # Micro-batches unknown (e.g. one stage's file alone): no theory to compare with.
+        theory = s["theory"]
+        if theory is not None and theory - s["theory_target"] > 0.02:
             advice.append(
                 f"Raise micro-batches per step from {m} to at least {int(s['mt'])} (same "
                 f"global batch, smaller micro-batch): theory bubble {s['theory']:.0%} -> "
@@ -192,16 +194,18 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "(move layers; Megatron --decoder-first-pipeline-num-layers / "
                 "--decoder-last-pipeline-num-layers; the embedding and loss are heavy)."
             )
-        if s["measured"] - s["theory"] > 0.05 and not advice[-1:]:
+        if theory is not None and s["measured"] - theory > 0.05 and not advice[-1:]:
             advice.append("The measured bubble exceeds theory: check stage balance and p2p.")
         advice.append("Consider a zero-bubble / 1F1B-interleaved schedule.")
         out.append(
             make_finding(
                 pipeline_bubble,
                 sev,
-                f"Pipeline bubble {s['measured']:.0%} of the step ({p} stages, {m} micro-batches)",
-                f"Stages are idle {s['measured']:.0%} of each pipeline step (1F1B theory for "
-                f"p={p}, m={m}: {s['theory']:.0%}); with {int(s['mt'])} micro-batches and "
+                f"Pipeline bubble {s['measured']:.0%} of the step ({p} stages, "
+                + (f"{m} micro-batches)" if theory is not None else "micro-batches unknown)"),
+                f"Stages are idle {s['measured']:.0%} of each pipeline step"
+                + (f" (1F1B theory for p={p}, m={m}: {theory:.0%})" if theory is not None else "")
+                + f"; with {int(s['mt'])} micro-batches and "
                 f"balanced stages about {s['impact'] / 1e6:.2f} ms per step "
                 f"({share:.0%}) would be regained.",
                 impact_ns_per_step=s["impact"],
@@ -211,9 +215,9 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 process_group=s["groups"][0] if len(s["groups"]) == 1 else None,
                 evidence={
                     "stages": p,
-                    "micro_batches": m,
+                    "micro_batches": m if theory is not None else None,
                     "measured_bubble_fraction": round(s["measured"], 4),
-                    "theory_bubble_fraction": round(s["theory"], 4),
+                    "theory_bubble_fraction": round(theory, 4) if theory is not None else None,
                     "target_micro_batches": int(s["mt"]),
                     "target_bubble_fraction": round(s["theory_target"], 4),
                     "stage_imbalance": round(s["imbalance"], 4),

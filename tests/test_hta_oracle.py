@@ -2,13 +2,15 @@
 get_temporal_breakdown.
 
 HTA keeps kernels whose launching CPU op starts before the last ProfilerStep starts (or,
-with include_last_profiler_step=True, before it ends); the same window is applied to our
-kernels table, and the shares must agree within 1 percentage point (HTA keeps whole
-microseconds, we keep nanoseconds).
+with include_last_profiler_step=True, before it ends; it counts GPU-side ProfilerStep
+annotations as steps too); the same window is applied to our kernels table, and the shares
+must agree within 1 percentage point (HTA keeps whole microseconds, we keep nanoseconds).
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import shutil
 
@@ -18,7 +20,7 @@ import pytest
 from kineto_comm import analyze
 from kineto_comm.analysis.overlap import breakdown
 
-from .conftest import shared
+from .conftest import REPO, shared
 
 TRACES = [
     "hta/nccl_parser_config/nccl_data.json.gz",
@@ -28,7 +30,17 @@ TRACES = [
     "hta/negative_queue_length_values_check/rank0.json.gz",
     "hta/trace_filter/sampled_rank-0.json.gz",
     "hta/trace_filter/sampled_rank-1.json.gz",
+    # This project's multi-rank NCCL captures on one H100 (tests/data/h100-nccl/README.md).
+    "h100-nccl/ddp-4/rank-0.pt.trace.json.gz",
+    "h100-nccl/pp-4/rank-0.pt.trace.json.gz",
+    "h100-nccl/tp-2/rank-0.pt.trace.json.gz",
+    "h100-nccl/fsdp-2/rank-0.pt.trace.json.gz",
 ]
+
+
+def _path(rel: str):
+    """A shared real trace (hta/...) or one of this project's captures (h100-nccl/...)."""
+    return REPO / "tests" / "data" / rel if rel.startswith("h100-nccl/") else shared(rel)
 
 
 def _hta(path, tmp_path, include_last: bool = False):
@@ -46,10 +58,31 @@ def _hta_overlap(path, tmp_path, include_last: bool) -> float:
     return float(analysis.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"][0])
 
 
-def _our_whole(report, include_last: bool) -> dict:
+def _hta_step_reach_us(path) -> tuple[float, float]:
+    """How far past our last step's CPU start (and end) HTA's cutoff lies, in microseconds.
+
+    HTA takes the latest start (end) of any event named ProfilerStep#N that is not a GPU
+    kernel. Newer Kineto also writes ProfilerStep#N as GPU user annotations, which run later
+    than the CPU's markers, so HTA's window reaches into the last step."""
+    with gzip.open(path, "rt") if path.name.endswith(".gz") else open(path) as fh:
+        events = json.load(fh)["traceEvents"]
+    marks = [e for e in events if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
+    cpu = [e for e in marks if e.get("cat") == "user_annotation"]
+    last_cpu = max(cpu, key=lambda e: e["ts"])
+    start = max(e["ts"] for e in marks) - last_cpu["ts"]
+    end = max(e["ts"] + e["dur"] for e in marks) - max(e["ts"] + e["dur"] for e in cpu)
+    return start, end
+
+
+def _our_whole(report, include_last: bool, path) -> dict:
     """Our metrics over HTA's window: kernels launched before the last step starts (ends)."""
     steps = report.steps
-    cutoff = steps["cpu_end_ns"].max() if include_last else steps["cpu_start_ns"].max()
+    reach_start, reach_end = _hta_step_reach_us(path)
+    cutoff = (
+        steps["cpu_end_ns"].max() + round(reach_end * 1000)
+        if include_last
+        else steps["cpu_start_ns"].max() + round(reach_start * 1000)
+    )
     inside = (pl.col("launch_ns") <= cutoff) if include_last else (pl.col("launch_ns") < cutoff)
     kernels = report.kernels.filter(inside)
     window = pl.DataFrame(
@@ -65,17 +98,17 @@ def _our_whole(report, include_last: bool) -> dict:
     )
 
 
-def _our_overlap(report, include_last: bool) -> float:
-    row = _our_whole(report, include_last)
+def _our_overlap(report, include_last: bool, path) -> float:
+    row = _our_whole(report, include_last, path)
     return 100.0 * row["overlap_ns"] / row["comm_ns"] if row["comm_ns"] else 0.0
 
 
 @pytest.mark.parametrize("rel", TRACES, ids=lambda r: r.split("/")[1])
 @pytest.mark.parametrize("include_last", [False, True], ids=["hta-default", "with-last-step"])
 def test_overlap_share_agrees_with_hta(rel, include_last, tmp_path):
-    path = shared(rel)
+    path = _path(rel)
     report = analyze(path, jobs=1)
-    ours = _our_overlap(report, include_last)
+    ours = _our_overlap(report, include_last, path)
     theirs = _hta_overlap(path, tmp_path, include_last)
     assert ours == pytest.approx(theirs, abs=1.0), f"ours {ours:.2f}% vs HTA {theirs:.2f}%"
 
@@ -84,8 +117,8 @@ def test_overlap_share_agrees_with_hta(rel, include_last, tmp_path):
 def test_temporal_breakdown_agrees_with_hta(rel, tmp_path):
     """Idle, compute and non-compute shares of the span from the first kernel's start to
     the last one's end (HTA's kernel_time), over the same kernels as HTA."""
-    path = shared(rel)
-    row = _our_whole(analyze(path, jobs=1), include_last=False)
+    path = _path(rel)
+    row = _our_whole(analyze(path, jobs=1), False, path)
     theirs = _hta(path, tmp_path).get_temporal_breakdown(visualize=False).iloc[0]
     assert row["wall_ns"] / 1e3 == pytest.approx(theirs["kernel_time(us)"], abs=2.0)
     ours = {

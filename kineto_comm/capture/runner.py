@@ -187,6 +187,19 @@ def _spawn_entry(rank: int, cfg: CaptureConfig, init_method: str) -> None:
         raise RuntimeError(f"rank {rank}: {exc}\n{traceback.format_exc()}") from exc
 
 
+def _share_gpu(rank: int) -> None:
+    """Let NCCL run several ranks on one GPU (a capture on a one-GPU machine).
+
+    NCCL refuses two ranks of a communicator on the same device of the same host. A host
+    id of its own per rank (``NCCL_HOSTID``) makes each rank a host of its own, so NCCL
+    accepts them and carries their traffic over loopback sockets (``NCCL_SOCKET_IFNAME=lo``).
+    The kernels are real NCCL kernels; their durations include the ranks' time-slicing of
+    the one GPU, so such a trace's bandwidths say nothing about the hardware.
+    """
+    os.environ.setdefault("NCCL_HOSTID", f"kineto-comm-rank-{rank}")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+
+
 def run_worker(rank: int, cfg: CaptureConfig, *, init_method: str) -> Path:
     """Join the process group, run ``wait+warmup+steps`` profiled iterations, export.
 
@@ -205,6 +218,8 @@ def run_worker(rank: int, cfg: CaptureConfig, *, init_method: str) -> Path:
         local = int(os.environ.get("LOCAL_RANK", rank))
         device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
+        if torch.cuda.device_count() < cfg.world_size:
+            _share_gpu(rank)
 
     kwargs: dict[str, Any] = {"backend": cfg.backend, "timeout": timedelta(minutes=5)}
     if init_method == "env://":
