@@ -307,3 +307,61 @@ def test_h100_world_size_one_capture(layout: str) -> None:
     )
     ours = report.kernels.filter(pl.col("kind") == "memset")
     assert sorted((ours["end_ns"] - ours["start_ns"]).to_list()) == memsets
+
+
+# The kernels' own "Collective name" -> our canonical collective.
+_NCCL_NAMES = {
+    "allreduce": "all_reduce",
+    "_allgather_base": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter",
+    "send": "send",
+    "recv": "recv",
+}
+
+
+@pytest.mark.parametrize(
+    ("folder", "role"),
+    [
+        ("ddp-4", "data_parallel"),
+        ("tp-2", "tensor_parallel"),
+        ("fsdp-2", "fsdp"),
+        ("pp-4", "pipeline"),
+    ],
+)
+def test_h100_multi_rank_nccl_capture(folder: str, role: str) -> None:
+    """Real NCCL kernels of several ranks (on one GPU, tests/data/h100-nccl/README.md): every
+    communication kernel in the files is a call, with the collective and size its own args
+    name, matched across all ranks of its group, and the one process group gets the role of
+    the layout that made it.
+
+    DDP's gradient all-reduces start early on the wall clock here (communication takes ~90 %
+    of the step), yet after ~40 % of the step's compute: the role must follow the compute."""
+    import polars as pl
+
+    from kineto_comm import analyze
+
+    path = REPO / "tests" / "data" / "h100-nccl" / folder
+    files = sorted(path.glob("rank-*.pt.trace.json.gz"))
+    report = analyze(path, jobs=1)
+    assert report.errors == ()
+    assert report.ranks["rank"].to_list() == list(range(len(files)))
+    assert set(report.ranks["backend"].to_list()) == {"nccl"}
+    for rank, file in enumerate(files):
+        events = complete_events(load_trace(file))
+        kernels = [
+            e["args"]
+            for e in sorted(events, key=lambda e: e["ts"])
+            if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel_")
+        ]
+        ours = report.collectives.filter(pl.col("rank") == rank).sort("start_ns")
+        assert ours.height == len(kernels) > 0
+        assert ours["in_nelems"].to_list() == [a["In msg nelems"] for a in kernels]
+        named = [_NCCL_NAMES[a["Collective name"]] for a in kernels]
+        assert ours["collective"].to_list() == named
+    instances = report.collective_instances
+    point_to_point = instances["collective"] == "send_recv"
+    assert (instances.filter(~point_to_point)["ranks_seen"] == len(files)).all()
+    assert (instances.filter(point_to_point)["ranks_seen"] == 2).all()
+    groups = report.process_groups
+    assert groups["process_group"].to_list() == ["0"]
+    assert groups["role"].to_list() == [role], groups["evidence"][0]

@@ -267,7 +267,11 @@ def test_tiny_broadcast_group_is_unknown_and_unnamed_group_still_classified(
 
 def test_roles_without_steps_count_the_whole_trace(baselines: dict[str, Job]) -> None:
     rep, truth = baselines["pp-dp"]
-    pgs = process_groups(rep.collectives, rep.steps.clear(), rep.ranks)
+    # A trace without ProfilerStep markers: no step windows, no call in a step.
+    unplaced = rep.collectives.with_columns(
+        step=pl.lit(-1, dtype=pl.Int64), compute_before=pl.lit(None, dtype=pl.Float64)
+    )
+    pgs = process_groups(unplaced, rep.steps.clear(), rep.ranks)
     pipe = pgs.filter(pl.col("role") == "pipeline")
     assert set(pipe["process_group"]) == {"5", "6"}
     assert "no step windows" in pipe["evidence"][0]

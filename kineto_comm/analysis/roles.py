@@ -11,11 +11,16 @@ collectives like any other). Features, over all ranks that report the group:
 
 * the mix of collectives (share of calls) and the volume of all_gather, reduce_scatter and
   all_reduce;
-* where in the step the calls start: each call's position in its rank's step window
-  (steps.start_ns..end_ns) as a fraction; `early` is the share of calls in the first half, and
-  `first call` the median over (rank, step) of the position of the group's first call. A
-  gradient reduction cannot start before backward, i.e. before the whole forward pass (about a
-  third of the compute), while tensor-parallel reductions fire inside the first layer;
+* where in the step's work the calls start: each call's `compute_before` (the share of its
+  step's compute time that started before it; where a step has no compute, its position in
+  the rank's step window, steps.start_ns..end_ns, as a fraction). A call before a third of
+  the step's compute runs in the forward pass (backward takes about twice the forward's
+  compute); `forward` is the share of calls there, and `first call` the median over (rank,
+  step) of the position of the group's first call (of its first all_reduce for the
+  tensor-parallel score). A gradient reduction cannot start before backward, while
+  tensor-parallel reductions fire inside the first layer and half of them in the forward.
+  The compute share, not the wall clock: when communication takes most of the step,
+  backward starts a few percent of the wall time into it;
 * message sizes: the mean and the share of calls with the most common size (activations have
   one shape, gradient buckets vary);
 * the ranks: from `pg_ranks` (text "[0, 2, 4, 6]") when the trace has it, else the ranks that
@@ -27,16 +32,16 @@ Decision, first match wins:
 2. >= 50 % send / recv / send_recv -> pipeline
 3. >= 50 % all_to_all -> expert
 4. all_gather and reduce_scatter both present, together >= 50 % of calls, volumes within 4x ->
-   fsdp; but tensor_parallel (sequence parallelism) when >= 35 % of the reduce_scatters run in
-   the first half of the step (FSDP reduce-scatters only in backward)
+   fsdp; but tensor_parallel (sequence parallelism) when >= 25 % of the reduce_scatters run in
+   the forward (FSDP reduce-scatters only in backward)
 5. all_gather (>= 25 % of calls) with all_reduce and no reduce_scatter, volumes within 4x ->
    fsdp, saying that the all_reduce stands in for the reduce-scatter (gloo runs FSDP's
    reduce-scatter as an all_reduce), so data_parallel with sharded parameters is the reading
 6. all_gather / reduce_scatter alone >= 50 % -> fsdp
 7. >= 50 % all_reduce -> tensor_parallel when the score >= 3, else data_parallel. Score: first
-   call before 15 % of the step: +2; >= 40 % of the all-reduces in the first half: +1; >= 80 %
-   of calls of one size: +1; contiguous ranks forming a proper sub-group of the job: +1;
-   strided ranks: -1
+   all_reduce before 15 % of the step's compute: +2; >= 25 % of the all-reduces in the
+   forward: +1; >= 80 % of calls of one size: +1; contiguous ranks forming a proper sub-group
+   of the job: +1; strided ranks: -1
 8. anything else -> unknown
 
 `calls_per_step` and `bytes_per_step` are means per rank and step: a rank's calls inside
@@ -65,7 +70,9 @@ PROCESS_GROUP_SCHEMA: dict[str, pl.DataType] = {
     "bytes_per_step": pl.Float64(),
 }
 _OTHER = ("broadcast", "barrier", "reduce", "gather", "scatter", "unknown")
-EARLY_FIRST_CALL = 0.15  # first call of the step before this fraction: inside the forward
+EARLY_FIRST_CALL = 0.15  # first all_reduce of the step before this share: in the first layer
+FORWARD = 1 / 3  # calls before this share of the step's compute run in the forward pass
+IN_FORWARD = 0.25  # this share of a group's all-reduces / reduce-scatters in the forward: TP
 
 
 def _pct(x: pl.Expr) -> pl.Expr:
@@ -115,7 +122,17 @@ def _calls(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame) -> pl.Laz
         .then(1.0 / pl.col("_nsteps"))
         .otherwise(0.0)
     )
-    used = ["rank", "step", "start_ns", "collective", "bytes", "group_size", "pg_desc", "pg_ranks"]
+    used = [
+        "rank",
+        "step",
+        "start_ns",
+        "compute_before",
+        "collective",
+        "bytes",
+        "group_size",
+        "pg_desc",
+        "pg_ranks",
+    ]
     # The group's description and rank list only go to counts per value: Categorical until
     # then, not a copy of a long text on every call.
     return (
@@ -125,9 +142,12 @@ def _calls(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame) -> pl.Laz
         .join(windows, on=["rank", "step"], how="left")
         .join(per_rank, on="rank", how="left")
         .with_columns(
-            _pos=pl.when(span > 0)
-            .then(((pl.col("start_ns") - pl.col("_s0")) / span).clip(0.0, 1.0))
-            .otherwise(None),
+            _pos=pl.coalesce(
+                "compute_before",
+                pl.when(span > 0).then(
+                    ((pl.col("start_ns") - pl.col("_s0")) / span).clip(0.0, 1.0)
+                ),
+            ),
             _w=weight,
         )
     )
@@ -149,10 +169,10 @@ def _features(calls: pl.LazyFrame, world: int, rows: int) -> pl.LazyFrame:
         """Share of the group's calls where mask holds."""
         return mask.mean()
 
-    def early(mask: pl.Expr) -> pl.Expr:
-        """Share of the placed calls where mask holds that start in the first half of a step."""
+    def forward(mask: pl.Expr) -> pl.Expr:
+        """Share of the placed calls where mask holds that start in the forward pass."""
         held = mask & placed
-        return pl.when(held.sum() > 0).then(((pos < 0.5) & held).sum() / held.sum())
+        return pl.when(held.sum() > 0).then(((pos < FORWARD) & held).sum() / held.sum())
 
     def volume(mask: pl.Expr) -> pl.Expr:
         """Bytes of the group's calls where mask holds."""
@@ -184,9 +204,9 @@ def _features(calls: pl.LazyFrame, world: int, rows: int) -> pl.LazyFrame:
             calls.group_by("process_group").agg(
                 _calls=pl.len(),
                 _mean_bytes=size.mean(),
-                _early=early(pl.lit(True)),
-                _ar_early=early(coll == "all_reduce"),
-                _rs_early=early(coll == "reduce_scatter"),
+                _forward=forward(pl.lit(True)),
+                _ar_forward=forward(coll == "all_reduce"),
+                _rs_forward=forward(coll == "reduce_scatter"),
                 _other=share(coll.is_in(list(_OTHER))),
                 _p2p=share(is_p2p(coll)),
                 _a2a=share(coll == "all_to_all"),
@@ -209,7 +229,9 @@ def _features(calls: pl.LazyFrame, world: int, rows: int) -> pl.LazyFrame:
                 _counted_bytes=pl.when(pl.col("_w") > 0).then(size.fill_null(0)).sum(),
                 _weight=pl.col("_w").max(),
             ),
-            calls.filter(placed).group_by("process_group", "rank", "step").agg(_f=pos.min()),
+            calls.filter(placed)
+            .group_by("process_group", "rank", "step")
+            .agg(_f=pos.min(), _fa=pos.filter(coll == "all_reduce").min()),
             calls.group_by("process_group", "collective").agg(_n=pl.len(), _cw=pl.col("_w").sum()),
         ],
         rows,
@@ -242,7 +264,11 @@ def _features(calls: pl.LazyFrame, world: int, rows: int) -> pl.LazyFrame:
             how="left",
         )
     )
-    first = firsts.lazy().group_by("process_group").agg(_first=pl.col("_f").median())
+    first = (
+        firsts.lazy()
+        .group_by("process_group")
+        .agg(_first=pl.col("_f").median(), _ar_first=pl.col("_fa").median())
+    )
     mix = (
         mixes.lazy()
         .join(feats.select("process_group", "_nranks"), on="process_group")
@@ -293,8 +319,8 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
     ag_vs_ar = c("_ag_bytes") / c("_ar_bytes")
     comparable_rs = (ag_vs_rs >= 0.25) & (ag_vs_rs <= 4.0)
     comparable_ar = (ag_vs_ar >= 0.25) & (ag_vs_ar <= 4.0)
-    early_first = (c("_first") < EARLY_FIRST_CALL).fill_null(False)
-    spread = (c("_ar_early") >= 0.4).fill_null(False)
+    early_first = (c("_ar_first") < EARLY_FIRST_CALL).fill_null(False)
+    spread = (c("_ar_forward") >= IN_FORWARD).fill_null(False)
     uniform = (c("_top_size") >= 0.8).fill_null(False)
     sub_contig = (c("_layout") == "contiguous") & (c("size") < c("_world"))
     tp_score = (
@@ -305,8 +331,8 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
         - (c("_layout") == "strided").cast(pl.Int64)
     )
     score_text = pl.format(
-        "tensor-parallel score {}/5, 3 needed (first call before 15% of the step: {}, "
-        ">=40% early: {}, >=80% one size: {}, contiguous sub-group: {}, strided: {})",
+        "tensor-parallel score {}/5, 3 needed (first all_reduce before 15% of the compute: {}, "
+        ">=25% in the forward: {}, >=80% one size: {}, contiguous sub-group: {}, strided: {})",
         tp_score,
         early_first,
         spread,
@@ -326,10 +352,9 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
             (c("_ag") > 0) & (c("_rs") > 0) & (c("_ag") + c("_rs") >= 0.5) & comparable_rs,
             "sp",
             pl.format(
-                "all_gather/reduce_scatter volume ratio {}, {} of reduce_scatters in the first "
-                "half",
+                "all_gather/reduce_scatter volume ratio {}, {} of reduce_scatters in the forward",
                 ag_vs_rs.round(2),
-                _pct(c("_rs_early")),
+                _pct(c("_rs_forward")),
             ),
         ),
         (
@@ -357,7 +382,7 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
     for cond, name, text in reversed(rules):
         if name == "sp":
             value = (
-                pl.when((c("_rs_early") >= 0.35).fill_null(False))
+                pl.when((c("_rs_forward") >= IN_FORWARD).fill_null(False))
                 .then(pl.lit("tensor_parallel"))
                 .otherwise(pl.lit("fsdp"))
             )
@@ -372,11 +397,11 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
         role = pl.when(cond.fill_null(False)).then(value).otherwise(role)
         why = pl.when(cond.fill_null(False)).then(text).otherwise(why)
     placement = (
-        pl.when(c("_early").is_not_null())
+        pl.when(c("_forward").is_not_null())
         .then(
             pl.format(
-                "{} in the first half of the step, first call at {} of the step",
-                _pct(c("_early")),
+                "{} in the forward (before a third of the step's compute), first call at {}",
+                _pct(c("_forward")),
                 _pct(c("_first")),
             )
         )

@@ -20,6 +20,10 @@ Columns (`COLLECTIVE_COLUMNS`):
     call_index      0-based order of this call among the rank's calls of the same
                     (process_group, collective): the fallback key for cross-rank matching
     source          where the metadata came from (above)
+    compute_before  share (0..1) of the rank's compute time in the call's step that started
+                    before the call: where in the step's work it runs, whatever share of
+                    the wall time communication takes (null outside steps or when the
+                    step has no compute)
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ COLLECTIVE_COLUMNS = (
     "peer",
     "call_index",
     "source",
+    "compute_before",
 )
 _RPC = ("collective", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc")
 _RPC_MORE = ("pg_ranks", "seq", "src_rank", "dst_rank")
@@ -192,13 +197,53 @@ def build_collectives(
             pg_desc=pl.coalesce("pg_desc", "_pg_desc"),
         )
     out = out.with_columns(peer=_PEER).with_columns(**_SIZES).with_columns(bytes=_BYTES)
-    out = out.sort("rank", "start_ns", maintain_order=True).with_columns(call_index=_CALL_INDEX)
-    return collect(out.select(COLLECTIVE_COLUMNS))
+    # Calls that start together are ordered by launch, end and stream: the joins above keep
+    # no order, and a file must get the same table alone or modelled with others.
+    out = out.sort(
+        "rank", "start_ns", "launch_ns", "end_ns", "stream", nulls_last=True, maintain_order=True
+    ).with_columns(call_index=_CALL_INDEX)
+    return collect(_compute_before(out, kernels.lazy()).select(COLLECTIVE_COLUMNS))
+
+
+def _compute_before(calls: pl.LazyFrame, kernels: pl.LazyFrame) -> pl.LazyFrame:
+    """Add compute_before: the share of the call's step's compute kernel time that started
+    before the call.
+
+    Why: the roles tell a gradient reduction (it cannot start before the forward pass, about
+    a third of the compute) from a tensor-parallel one (inside the first layer) by where the
+    call sits in the step. On the wall clock that breaks when communication takes most of
+    the step (a fast GPU, slow links): backward then starts a few percent into the step."""
+    step = ["rank", "step"]
+    compute = kernels.filter((pl.col("kind") == "compute") & (pl.col("step") >= 0)).select(
+        *step, "start_ns", _d=pl.col("end_ns") - pl.col("start_ns")
+    )
+    done = compute.sort("start_ns").select(
+        *step, "start_ns", _done=pl.col("_d").cum_sum().over(step)
+    )
+    totals = compute.group_by(step).agg(_all=pl.col("_d").sum())
+    at = [*step, "start_ns"]
+    share = (
+        calls.select(at)
+        .unique()
+        .sort("start_ns")
+        .join_asof(done, on="start_ns", by=step, strategy="backward", check_sortedness=False)
+        .join(totals, on=step, how="left")
+        .select(
+            *at,
+            # Rounded: the division's last bit varies with the memory layout (a file alone
+            # or in a batch), and the same file must give the same table.
+            compute_before=pl.when(pl.col("_all") > 0).then(
+                (pl.col("_done").fill_null(0) / pl.col("_all")).round(9)
+            ),
+        )
+    )
+    return calls.join(share, on=at, how="left", nulls_equal=True, maintain_order="left")
 
 
 def _empty_schema() -> dict[str, pl.DataType]:
     s, i = pl.String(), pl.Int64()
-    types = {c: i for c in COLLECTIVE_COLUMNS}
+    types: dict[str, pl.DataType] = {c: i for c in COLLECTIVE_COLUMNS}
+    types["compute_before"] = pl.Float64()
     for c in (
         "name",
         "collective",
