@@ -98,7 +98,7 @@ def main() -> None:
     if not args.no_hta:
         with tempfile.TemporaryDirectory() as tmp:
             for f in files:  # HTA would read truth.json as a trace: give it the traces only
-                os.symlink(f, Path(tmp) / f.name)
+                os.symlink(f.resolve(), Path(tmp) / f.name)
             out, hwall, hrss = run_child(HTA, [tmp])
         hta = float(out.split()[0])
         print(f"HTA:         {hta:7.2f} s ({total / hta:6.1f} MB/s), peak RSS {hrss:.2f} GiB")

@@ -130,6 +130,41 @@ class Report:
             calls.height,
         )
 
+    def collective_totals(self) -> pl.DataFrame:
+        """Per (collective, process_group, dtype) over all ranks: ranks, calls, bytes,
+        mean_bytes, time_ns and algbw_gbps (the bytes over the kernel time of the calls
+        with a size; waiting included), in the renderers' order (most time first).
+
+        One aggregation over the per-rank calls: a big job's calls are not assembled."""
+        keys = ["collective", "process_group", "dtype"]
+        calls = self.rank_collectives
+        if calls.height == 0:
+            return pl.DataFrame(
+                schema={
+                    **dict.fromkeys(keys, pl.String),
+                    **dict.fromkeys(("ranks", "calls", "bytes", "time_ns"), pl.Int64),
+                    "mean_bytes": pl.Float64,
+                    "algbw_gbps": pl.Float64,
+                }
+            )
+        sized = pl.col("bytes").is_not_null()
+        timed = pl.col("duration_ns").filter(sized).sum()
+        return collect(
+            calls.lazy(["rank", *keys, "bytes", "duration_ns"])
+            .group_by(keys)
+            .agg(
+                ranks=pl.col("rank").n_unique().cast(pl.Int64),
+                calls=pl.len().cast(pl.Int64),
+                bytes=pl.col("bytes").sum().cast(pl.Int64),
+                mean_bytes=pl.col("bytes").mean(),
+                time_ns=pl.col("duration_ns").sum().cast(pl.Int64),
+                algbw_gbps=pl.when(timed > 0).then(pl.col("bytes").sum() / timed),
+            )
+            # Ties broken by name: the same report always renders the same document.
+            .sort(["time_ns", *keys], descending=[True, False, False, False], nulls_last=True),
+            calls.height,
+        )
+
     def skew_summary(self) -> pl.DataFrame:
         """Per (process_group, collective): matched calls, arrival skew and bus bandwidth."""
         inst = self.collective_instances

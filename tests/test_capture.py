@@ -365,3 +365,21 @@ def test_h100_multi_rank_nccl_capture(folder: str, role: str) -> None:
     groups = report.process_groups
     assert groups["process_group"].to_list() == ["0"]
     assert groups["role"].to_list() == [role], groups["evidence"][0]
+
+
+def test_ranks_sharing_a_gpu_get_a_nccl_host_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL refuses two ranks on one device of one host: each rank sharing a GPU gets a host
+    id of its own (what made tests/data/h100-nccl/*-N); a user's own NCCL settings stay."""
+    import os
+
+    from kineto_comm.capture.runner import _share_gpu
+
+    monkeypatch.delenv("NCCL_HOSTID", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    _share_gpu(3)
+    assert os.environ["NCCL_HOSTID"] == "kineto-comm-rank-3"
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth0")
+    monkeypatch.setenv("NCCL_HOSTID", "mine")
+    _share_gpu(1)
+    assert (os.environ["NCCL_HOSTID"], os.environ["NCCL_SOCKET_IFNAME"]) == ("mine", "eth0")

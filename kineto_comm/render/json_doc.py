@@ -204,26 +204,9 @@ def collective_totals(report: Report) -> list[dict[str, Any]]:
     algbw is total bytes over total kernel time (waiting included); busbw is the median
     over matched calls from `skew` (None when calls were not matched across ranks).
     """
-    coll = report.collectives
-    if coll.height == 0:
+    agg = report.collective_totals()
+    if agg.height == 0:
         return []
-    agg = (
-        coll.group_by("collective", "process_group", "dtype")
-        .agg(
-            ranks=pl.col("rank").n_unique().cast(pl.Int64),
-            calls=pl.len().cast(pl.Int64),
-            bytes=pl.col("bytes").sum().cast(pl.Int64),
-            mean_bytes=pl.col("bytes").mean(),
-            time_ns=pl.col("duration_ns").sum().cast(pl.Int64),
-            _timed=pl.col("duration_ns").filter(pl.col("bytes").is_not_null()).sum(),
-        )
-        .with_columns(
-            algbw_gbps=pl.when(pl.col("_timed") > 0)
-            .then(pl.col("bytes") / pl.col("_timed"))
-            .otherwise(None)
-        )
-        .drop("_timed")
-    )
     skew = report.skew_summary()
     if skew.height and "median_busbw_gbps" in skew.columns:
         agg = agg.join(

@@ -88,26 +88,8 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
         "communication with no compute kernel running (it adds to step time)."
     )
 
-    if report.collectives.height:
-        coll = (
-            report.collectives.group_by("collective", "process_group", "dtype")
-            .agg(
-                ranks=pl.col("rank").n_unique(),
-                count=pl.len(),
-                bytes=pl.col("bytes").sum(),
-                mean_bytes=pl.col("bytes").mean(),
-                total_ns=pl.col("duration_ns").sum(),
-                algbw=(
-                    pl.col("bytes").sum()
-                    / pl.col("duration_ns").filter(pl.col("bytes").is_not_null()).sum()
-                ),
-            )
-            .sort(
-                ["total_ns", "collective", "process_group", "dtype"],
-                descending=[True, False, False, False],
-                nulls_last=True,
-            )
-        )
+    coll = report.collective_totals()
+    if coll.height:
         ct = Table(title="Collectives (all ranks)")
         for col in (
             "collective",
@@ -129,11 +111,11 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
                 r["process_group"] or "?",
                 r["dtype"] or "?",
                 str(r["ranks"]),
-                str(r["count"]),
+                str(r["calls"]),
                 fmt_bytes(r["mean_bytes"]),
                 fmt_bytes(r["bytes"]),
-                fmt_ns(r["total_ns"]),
-                "-" if r["algbw"] is None else f"{r['algbw']:.2f}",
+                fmt_ns(r["time_ns"]),
+                "-" if r["algbw_gbps"] is None else f"{r['algbw_gbps']:.2f}",
             )
         console.print(ct)
         if coll.height > 25:
