@@ -281,3 +281,38 @@ def test_offsets_the_same_when_a_call_repeats_on_a_rank(jobs):
     twice = pl.concat([keyed, extra.with_columns(pl.col("end_ns") - 1)])
     assert twice.select(pl.struct("instance", "rank").is_duplicated().any()).item()
     assert estimate_offsets(twice, ranks).equals(base)
+
+
+def test_straggler_tie_in_a_step_goes_to_the_lowest_rank_whatever_the_row_order():
+    """Two ranks each last once in the same step, as late as each other: the step's "winner"
+    (what `confidence` counts) is the lower rank, however the rows arrive."""
+    from kineto_comm.analysis.stragglers import stragglers
+
+    inst = pl.DataFrame(
+        {
+            "instance": [0, 1, 2],
+            "step": [0, 0, 1],
+            "ranks_seen": [3, 3, 3],
+            "last_rank": [2, 1, 1],
+            "arrival_skew_ns": [50_000, 50_000, 50_000],
+            "last_start_ns": [150_000, 350_000, 550_000],
+        }
+    )
+    # Each last rank trails the second-latest by 40 us: rank 2 in call 0, rank 1 in 1 and 2.
+    starts = {0: [100_000, 110_000, 150_000], 1: [300_000, 350_000, 310_000]}
+    starts[2] = [500_000, 550_000, 510_000]
+    rows = [
+        (i, r, starts[i][r], 0 if r == inst["last_rank"][i] else 1_000)
+        for i in range(3)
+        for r in range(3)
+    ]
+    waits = pl.DataFrame(rows, schema=["instance", "rank", "start_ns", "wait_ns"], orient="row")
+    seen = set()
+    for seed in range(12):
+        shuffled = waits.sample(fraction=1.0, shuffle=True, seed=seed)
+        table = stragglers(inst, shuffled, noise_ns=0)
+        seen.add(tuple(table["confidence"].round(9)))
+    assert len(seen) == 1, seen
+    conf = dict(zip(table["rank"], table["confidence"], strict=True))
+    # Step 0 is a tie, so rank 1 wins both steps: 2/2 x its 2/3 of the lateness.
+    assert conf[1] > conf[2] and conf[2] == 0.0, conf

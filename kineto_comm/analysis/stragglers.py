@@ -95,10 +95,11 @@ def stragglers(
     per_step = late.group_by("last_rank", "step").agg(
         step_late_ns=pl.col("lateness_ns").max(), total_late_ns=pl.col("lateness_ns").sum()
     )
-    winners = (
-        per_step.sort("total_late_ns", descending=True)
-        .group_by("step")
-        .agg(winner=pl.col("last_rank").first())
+    # Ties (two ranks as late in a step) go to the lowest rank: the same job, the same table.
+    winners = per_step.group_by("step").agg(
+        winner=pl.col("last_rank")
+        .sort_by(["total_late_ns", "last_rank"], descending=[True, False])
+        .first()
     )
     # Summed over the ranks, the ranks' lateness is all the lateness (1 when there is none).
     rank_late = pl.col("_late")
