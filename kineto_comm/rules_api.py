@@ -33,7 +33,8 @@ import polars as pl
 from kineto_comm.analysis.bandwidth import busbw_factor
 from kineto_comm.analysis.overlap import merge_intervals
 from kineto_comm.findings import Finding, Severity
-from kineto_comm.rank_store import RankStore
+from kineto_comm.lazy import collect, sample
+from kineto_comm.rank_store import RankStore, SpillFolder, keep
 
 __all__ = [
     "Finding",
@@ -44,12 +45,15 @@ __all__ = [
     "Tables",
     "busbw_factor",
     "collective_exposure",
+    "collective_exposure_lazy",
     "collective_waits",
+    "collective_waits_lazy",
     "group_roles",
     "hosts_of",
     "impact_per_step",
     "make_finding",
     "mean_step_ns",
+    "median_of_counts",
     "n_steps",
     "parse_ranks",
     "rule",
@@ -176,13 +180,19 @@ class Tables(Mapping[str, pl.DataFrame]):
     DataFrame, so rules test `tables.has(name)` or `.height` rather than catching errors.
     A process group the trace does not name reads as "?" in every table (the analysis
     tables' convention), so joins on `process_group` match across tables.
+
+    `kernels`, `collectives` and `collective_waits` have a row per kernel or call of every
+    rank: a big job keeps them in files, one per rank (kineto_comm.rank_store), and
+    `tables[name]` assembles them. Rules that must stay within memory whatever the rank
+    count read them through `lazy` (aggregations, run by `collect` on the streaming engine)
+    or `rank_batches` (a few whole ranks at a time), as the built-in rules do.
     """
 
     def __init__(self, source: Any) -> None:
         self._source = source
         # Results of the helpers below that several rules ask for (collective_exposure
         # reads every rank's kernels): computed once per Tables, i.e. once per rules run.
-        self._memo: dict[Any, pl.DataFrame] = {}
+        self._memo: dict[Any, Any] = {}
 
     def __getitem__(self, name: str) -> pl.DataFrame:
         src = self._source
@@ -205,15 +215,8 @@ class Tables(Mapping[str, pl.DataFrame]):
             self._memo[key] = compute()
         return self._memo[key]
 
-    def rank_batches(self, name: str, columns: Sequence[str] = ()) -> Iterator[pl.DataFrame]:
-        """The table in DataFrames of whole ranks (every row of a rank in the same one),
-        with only `columns` (those the table has) when given.
-
-        How rules read `kernels`, `collectives` and `collective_waits`: a big job keeps them
-        in files, one per rank, and reading them a few ranks and columns at a time keeps
-        memory bounded whatever the rank count (kineto_comm.rank_store). Other tables come
-        as one DataFrame.
-        """
+    def _store(self, name: str) -> RankStore | None:
+        """The per-rank store holding table `name`, None for other tables."""
         src = self._source
         if isinstance(src, Mapping):
             store = src.get(name)
@@ -221,12 +224,101 @@ class Tables(Mapping[str, pl.DataFrame]):
             from kineto_comm.report import STORES
 
             store = getattr(src, STORES[name], None) if name in STORES else None
-        if isinstance(store, RankStore):
-            for batch in store.batches(columns=list(columns) or None):
+        return store if isinstance(store, RankStore) else None
+
+    def rank_batches(
+        self, name: str, columns: Sequence[str] = (), ranks: Sequence[int] | None = None
+    ) -> Iterator[pl.DataFrame]:
+        """The table in DataFrames of whole ranks (every row of a rank in the same one),
+        with only `columns` (those the table has) when given, only `ranks`' rows when given.
+
+        A big job keeps `kernels`, `collectives` and `collective_waits` in files, one per
+        rank: reading them a few ranks and columns at a time keeps memory bounded whatever
+        the rank count (kineto_comm.rank_store). Other tables come as one DataFrame.
+        """
+        store = self._store(name)
+        if store is not None:
+            for batch in store.batches(ranks, columns=list(columns) or None):
                 yield _normal(batch)
+            return
+        table = self[name]
+        if ranks is not None and "rank" in table.columns:
+            wanted = pl.Series(list(ranks), dtype=table.schema["rank"])
+            table = table.filter(pl.col("rank").is_in(wanted.implode()))
+        yield table.select(c for c in columns if c in table.columns) if columns else table
+
+    def lazy(self, name: str, columns: Sequence[str] = ()) -> pl.LazyFrame:
+        """Table `name` (only `columns`, those it has, when given) as one lazy query over
+        every rank's rows: aggregations and joins with small tables over it run in bounded
+        memory when given to `collect`, however many ranks a big job keeps in files."""
+        store = self._store(name)
+        if store is not None and store.height:
+            names = store.columns
+            query = store.lazy([c for c in columns if c in names] if columns else None)
         else:
             table = self[name]
-            yield table.select(c for c in columns if c in table.columns) if columns else table
+            query = (
+                table.lazy().select(c for c in columns if c in table.columns)
+                if columns
+                else table.lazy()
+            )
+        schema = query.collect_schema()
+        if schema.get("process_group") == pl.String:
+            query = query.with_columns(pl.col("process_group").fill_null("?"))
+        return query
+
+    def collect(self, query: pl.LazyFrame) -> pl.DataFrame:
+        """The query's result: on the streaming engine when the job's per-call tables are
+        big (a bounded state for aggregations whatever the rank count), else in memory."""
+        return collect(query, self._rows())
+
+    def sample(self, query: pl.LazyFrame, key: str = "call_index") -> pl.LazyFrame:
+        """The query's rows whose integer `key` is a multiple of k, k chosen so that about a
+        million of the job's calls are left: an evenly spread sample of every k-th call for
+        statistics that hold every value at once (medians, quantiles). A job below that
+        size keeps every row, so its results are exact."""
+        return sample(query, self._rows(), key)
+
+    def _rows(self) -> int:
+        """Rows of the biggest per-rank table: what a query over them may read."""
+        from kineto_comm.report import STORES
+
+        sizes = [0]
+        for name in STORES:
+            store = self._store(name)
+            if store is not None:
+                sizes.append(store.height)
+            elif isinstance(self._source, Mapping) and name in self._source:
+                sizes.append(self[name].height)
+        return max(sizes)
+
+    def derived(
+        self,
+        key: Hashable,
+        source: str,
+        build: Callable[[pl.DataFrame], pl.DataFrame],
+        columns: Sequence[str] = (),
+    ) -> pl.LazyFrame:
+        """A table with rows per rank built from `source` a few whole ranks at a time:
+        `build(batch)` gets a batch of `source`'s rows (`columns` only, when given) and
+        returns the new table's rows for those ranks. Built the first time `key` is asked
+        for in this rules run and kept like `source`: in files, one batch each, on a big
+        job. Returned as one lazy query (see `lazy`)."""
+        if key not in self._memo:
+            store = self._store(source)
+            folder = SpillFolder() if store is not None and store.spilled else None
+            parts = []
+            for batch in self.rank_batches(source, columns):
+                rows = build(batch)
+                if rows.height or not parts:  # an empty first batch keeps the schema
+                    parts.append(keep(rows, folder))
+            if not parts:  # a source without rows: `build` gives the schema
+                empty = self[source]
+                if columns:
+                    empty = empty.select(c for c in columns if c in empty.columns)
+                parts.append(keep(build(empty), None))
+            self._memo[key] = RankStore(parts, folder=folder)
+        return self._memo[key].lazy()
 
     def __iter__(self) -> Iterator[str]:
         src = self._source
@@ -241,6 +333,9 @@ class Tables(Mapping[str, pl.DataFrame]):
 
     def has(self, name: str, *columns: str) -> bool:
         """True when the table has rows and all the given columns."""
+        store = self._store(name)
+        if store is not None:
+            return store.height > 0 and all(c in store.columns for c in columns)
         df = self[name]
         return df.height > 0 and all(c in df.columns for c in columns)
 
@@ -284,6 +379,34 @@ def n_steps(tables: Tables) -> int:
     """Number of distinct steps (at least 1 when there is any step row)."""
     steps = tables["steps"]
     return max(1, steps["step"].n_unique()) if steps.height else 1
+
+
+def median_of_counts(
+    counts: pl.DataFrame, by: list[str], value: str, count: str, name: str = "median"
+) -> pl.DataFrame:
+    """Per `by` group of `counts` (each row: `count` calls of one `value`), the median of the
+    values, nulls left out, as Polars' median over the calls themselves would give: exact,
+    from a table with a row per distinct value (message sizes repeat) instead of a row per
+    call."""
+    known = pl.col(value).is_not_null()
+    rows = (
+        counts.filter(known)
+        .sort([*by, value], nulls_last=True)
+        .with_columns(_hi=pl.col(count).cum_sum().over(by), _n=pl.col(count).sum().over(by))
+        .with_columns(_lo=pl.col("_hi") - pl.col(count))
+    )
+
+    def at(position: pl.Expr, alias: str) -> pl.DataFrame:
+        hit = (pl.col("_lo") <= position) & (position < pl.col("_hi"))
+        return rows.filter(hit).select(*by, pl.col(value).alias(alias))
+
+    lower = at((pl.col("_n") - 1) // 2, "_a")
+    upper = at(pl.col("_n") // 2, "_b")
+    medians = lower.join(upper, on=by, nulls_equal=True).select(
+        *by, ((pl.col("_a") + pl.col("_b")) / 2).alias(name)
+    )
+    groups = counts.select(by).unique(maintain_order=True)
+    return groups.join(medians, on=by, how="left", nulls_equal=True)
 
 
 def parse_ranks(col: str | pl.Expr) -> pl.Expr:
@@ -347,6 +470,8 @@ def uncovered_ns(
 
 
 P2P = ("send", "recv", "send_recv")
+CALL_KEY = ["process_group", "collective", "call_index"]
+WAIT_COLUMNS = ("transfer_ns", "ranks_seen", "wait_ns", "arrived_last")
 
 
 def collective_waits(tables: Tables) -> pl.DataFrame:
@@ -356,59 +481,123 @@ def collective_waits(tables: Tables) -> pl.DataFrame:
     rank that did not wait), `wait_ns = duration_ns - transfer_ns`, `ranks_seen` and
     `arrived_last` (this rank's wait is the group's minimum). Calls are matched by
     (process_group, collective, call_index), which needs no clock alignment; point-to-point
-    calls are their own match (wait 0).
+    calls are their own match (wait 0). Every rank's rows in one DataFrame: rules that must
+    stay within memory on big jobs use `collective_waits_lazy`.
     """
-    coll = tables["collectives"]
-    if coll.height == 0:
-        return coll
-    key = ["process_group", "collective", "call_index"]
+    if not tables.has("collectives"):
+        return tables["collectives"]
+    return tables.collect(collective_waits_lazy(tables))
+
+
+def collective_waits_lazy(tables: Tables) -> pl.LazyFrame:
+    """collective_waits() as a lazy query (see Tables.lazy): the calls stream through a join
+    with one row per matched call."""
+    return _with_waits(tables.lazy("collectives"), _call_durations(tables))
+
+
+def _call_durations(tables: Tables) -> pl.DataFrame:
+    """Per call matched across its group (CALL_KEY, no point-to-point): the shortest
+    duration over its ranks (`_min`) and how many ranks ran it (`_n`)."""
+
+    def compute() -> pl.DataFrame:
+        query = (
+            tables.lazy("collectives", [*CALL_KEY, "duration_ns"])
+            .filter(~pl.col("collective").is_in(P2P))
+            .group_by(CALL_KEY)
+            .agg(_min=pl.col("duration_ns").min(), _n=pl.len())
+        )
+        return tables.collect(query)
+
+    return tables.once(("rules_api", "call_durations"), compute)
+
+
+def _with_waits(calls: pl.LazyFrame, durations: pl.DataFrame) -> pl.LazyFrame:
+    """`calls` (collectives rows) plus WAIT_COLUMNS, from the calls' matched durations.
+
+    The group's smallest wait is 0 (the rank whose duration is the shortest), so a rank
+    arrived last when it did not wait."""
     grouped = pl.col("collective").is_in(P2P).not_()
-    transfer = (
-        pl.when(grouped)
-        .then(pl.col("duration_ns").min().over(key))
-        .otherwise(pl.col("duration_ns"))
+    return (
+        calls.join(
+            durations.lazy(), on=CALL_KEY, how="left", nulls_equal=True, maintain_order="left"
+        )
+        .with_columns(
+            transfer_ns=pl.when(grouped).then(pl.col("_min")).otherwise(pl.col("duration_ns")),
+            ranks_seen=pl.when(grouped).then(pl.col("_n")).otherwise(1).cast(pl.Int64),
+        )
+        .drop("_min", "_n")
+        .with_columns(wait_ns=pl.col("duration_ns") - pl.col("transfer_ns"))
+        .with_columns(arrived_last=pl.col("wait_ns") == 0)
     )
-    out = coll.with_columns(
-        transfer_ns=transfer,
-        ranks_seen=pl.when(grouped).then(pl.len().over(key)).otherwise(1).cast(pl.Int64),
-    ).with_columns(wait_ns=pl.col("duration_ns") - pl.col("transfer_ns"))
-    return out.with_columns(arrived_last=pl.col("wait_ns") == pl.col("wait_ns").min().over(key))
 
 
 def collective_exposure(tables: Tables, transfer_only: bool = True) -> pl.DataFrame:
     """collective_waits() plus `exposed_ns`: the part of each call with no compute kernel
     running on its rank. With `transfer_only`, only the call's last `transfer_ns` count (the
-    time it moved data, not the time it sat waiting for late ranks)."""
-    return tables.once(
-        ("collective_exposure", transfer_only), lambda: _exposure(tables, transfer_only)
+    time it moved data, not the time it sat waiting for late ranks). Every rank's rows in one
+    DataFrame: rules that must stay within memory on big jobs use
+    `collective_exposure_lazy`."""
+    if not tables.has("collectives"):
+        return tables["collectives"].with_columns(exposed_ns=pl.lit(0, dtype=pl.Int64))
+    return tables.collect(collective_exposure_lazy(tables, transfer_only))
+
+
+def collective_exposure_lazy(tables: Tables, transfer_only: bool = True) -> pl.LazyFrame:
+    """collective_exposure() as a lazy query (see Tables.lazy). The exposure is computed a
+    few ranks at a time, once per rules run (both variants at once), and kept in files on a
+    big job."""
+    if not tables.has("collectives"):
+        return collective_exposure(tables, transfer_only).lazy()
+    durations = _call_durations(tables)
+    rows = tables.derived(
+        ("rules_api", "collective_exposure"),
+        "collectives",
+        lambda calls: _exposure(tables, calls, durations),
     )
+    if transfer_only:
+        return rows.drop("exposed_all_ns")
+    return rows.drop("exposed_ns").rename({"exposed_all_ns": "exposed_ns"})
 
 
-def _exposure(tables: Tables, transfer_only: bool) -> pl.DataFrame:
-    waits = collective_waits(tables)
-    if waits.height == 0:
-        return waits.with_columns(exposed_ns=pl.lit(0, dtype=pl.Int64))
-    start = pl.col("end_ns") - pl.col("transfer_ns") if transfer_only else pl.col("start_ns")
-    iv = waits.select("rank", start_ns=start, end_ns=pl.col("end_ns")).with_row_index("_row")
-    exposed, seen = [], []
+def _exposure(tables: Tables, calls: pl.DataFrame, durations: pl.DataFrame) -> pl.DataFrame:
+    """A batch of whole ranks' calls with their waits, `exposed_ns` (of the transfer) and
+    `exposed_all_ns` (of the whole call), against the same ranks' compute kernels, read a
+    few ranks at a time (a rank has many more kernels than calls)."""
+    waits = _with_waits(calls.lazy(), durations).collect().with_row_index("_row")
     need = ("rank", "kind", "start_ns", "end_ns")
-    for kernels in tables.rank_batches("kernels", need):  # a few ranks at a time (big jobs)
+    spans = waits.select(
+        "_row",
+        "rank",
+        "start_ns",
+        "end_ns",
+        _transfer_start=pl.col("end_ns") - pl.col("transfer_ns"),
+    )
+    found, seen = [], []
+    ranks = spans["rank"].unique().sort().to_list()
+    for kernels in tables.rank_batches("kernels", need, ranks):
         if kernels.height == 0 or kernels.width < len(need):
             continue
         compute = kernels.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns")
-        ranks = kernels["rank"].unique()
-        calls = iv.filter(pl.col("rank").is_in(ranks.cast(iv.schema["rank"]).implode()))
-        exposed.append(calls.select("_row", exposed_ns=uncovered_ns(calls, compute, ["rank"])))
-        seen.append(ranks)
+        present = kernels["rank"].unique()
+        found.append(_exposed(spans.filter(pl.col("rank").is_in(present.implode())), compute))
+        seen.append(present)
     # Calls on ranks without kernels: nothing covers them.
-    rest = (
-        iv.filter(~pl.col("rank").is_in(pl.concat(seen).cast(iv.schema["rank"]).implode()))
-        if seen
-        else iv
+    rest = spans.filter(~pl.col("rank").is_in(pl.concat(seen).implode())) if seen else spans
+    found.append(_exposed(rest, rest.clear().select("rank", "start_ns", "end_ns")))
+    exposed = pl.concat(found).sort("_row")
+    return waits.drop("_row").with_columns(
+        exposed_ns=exposed["exposed_ns"], exposed_all_ns=exposed["exposed_all_ns"]
     )
-    exposed.append(rest.select("_row", exposed_ns=uncovered_ns(rest, rest.clear(), ["rank"])))
-    found = pl.concat(exposed).sort("_row")["exposed_ns"]
-    return waits.with_columns(exposed_ns=found)
+
+
+def _exposed(spans: pl.DataFrame, compute: pl.DataFrame) -> pl.DataFrame:
+    """_row, exposed_ns (from _transfer_start) and exposed_all_ns (from start_ns) of `spans`."""
+    transfer = spans.select("rank", start_ns="_transfer_start", end_ns="end_ns")
+    return spans.select(
+        "_row",
+        exposed_ns=uncovered_ns(transfer, compute, ["rank"]),
+        exposed_all_ns=uncovered_ns(spans.select("rank", "start_ns", "end_ns"), compute, ["rank"]),
+    )
 
 
 ROLE_PATTERNS = (
@@ -439,8 +628,7 @@ def group_roles(tables: Tables) -> pl.DataFrame:
         return pgs.select(
             pl.col("process_group").cast(pl.String), "role", size=size.cast(pl.Int64), ranks=ranks
         )
-    coll = tables["collectives"]
-    if coll.height == 0:
+    if not tables.has("collectives"):
         return pl.DataFrame(
             schema={
                 "process_group": pl.String,
@@ -449,12 +637,17 @@ def group_roles(tables: Tables) -> pl.DataFrame:
                 "ranks": pl.List(pl.Int64),
             }
         )
-    per = coll.group_by("process_group").agg(
-        desc=pl.col("pg_desc").drop_nulls().first().fill_null(""),
-        size=pl.col("group_size").max(),
-        ranks=pl.col("pg_ranks").drop_nulls().first(),
-        p2p_only=pl.col("collective").is_in(P2P).all(),
-        sharded=pl.col("collective").is_in(["all_gather", "reduce_scatter"]).any(),
+    cols = ["process_group", "pg_desc", "group_size", "pg_ranks", "collective"]
+    per = tables.collect(
+        tables.lazy("collectives", cols)
+        .group_by("process_group")
+        .agg(
+            desc=pl.col("pg_desc").drop_nulls().first().fill_null(""),
+            size=pl.col("group_size").max(),
+            ranks=pl.col("pg_ranks").drop_nulls().first(),
+            p2p_only=pl.col("collective").is_in(P2P).all(),
+            sharded=pl.col("collective").is_in(["all_gather", "reduce_scatter"]).any(),
+        )
     )
     role = (
         pl.when(pl.col("sharded") & pl.col("_r").is_in(["data_parallel", "unknown"]))
@@ -521,26 +714,36 @@ def make_finding(
 
 
 def impact_per_step(
-    rows: pl.DataFrame, value: str, by: Sequence[str] = (), steps: int | None = None
+    rows: pl.DataFrame | pl.LazyFrame,
+    value: str,
+    by: Sequence[str] = (),
+    steps: int | None = None,
+    tables: Tables | None = None,
 ) -> pl.DataFrame:
     """Step time a cause costs: `value` summed per (by, rank, step), the worst rank taken per
     (by, step) (a synchronous job waits for its slowest rank), averaged over `steps` (default:
     the steps present). Returns by + impact_ns, ranks (list), steps (list) and calls (mean
-    rows per rank and step)."""
+    rows per rank and step).
+
+    `rows` may be a lazy query over every call (collective_exposure_lazy): only its sums per
+    (by, rank, step) are held, collected by `tables.collect` when `tables` is given."""
     by = list(by)
+    lazy = rows.lazy()
+    names = lazy.collect_schema()
     schema = {
-        **{c: rows.schema.get(c, pl.String) for c in by},
+        **{c: names.get(c, pl.String) for c in by},
         "impact_ns": pl.Float64,
         "ranks": pl.List(pl.Int64),
         "steps": pl.List(pl.Int64),
         "calls": pl.Int64,
     }
-    if rows.height == 0:
+    query = lazy.group_by([*by, "rank", "step"]).agg(v=pl.col(value).sum(), calls=pl.len())
+    per_rank = tables.collect(query) if tables is not None else query.collect()
+    if per_rank.height == 0:
         return pl.DataFrame(schema=schema)
-    if (rows["step"] >= 0).any():
-        rows = rows.filter(pl.col("step") >= 0)
-    n = steps or max(1, rows["step"].n_unique())
-    per_rank = rows.group_by([*by, "rank", "step"]).agg(v=pl.col(value).sum(), calls=pl.len())
+    if (per_rank["step"] >= 0).any():
+        per_rank = per_rank.filter(pl.col("step") >= 0)
+    n = steps or max(1, per_rank["step"].n_unique())
     per_step = per_rank.group_by([*by, "step"]).agg(v=pl.col("v").max())
     totals = per_step.group_by(by or pl.lit(0).alias("_all")).agg(impact_ns=pl.col("v").sum() / n)
     members = (

@@ -196,8 +196,9 @@ def sql_rule(spec: Mapping[str, Any], origin: str) -> Rule:
     code = str(spec["code"])
 
     def check(tables: Tables, options: dict[str, Any]) -> list[Finding]:
-        ctx = pl.SQLContext({t: tables[t] for t in tables_used}, eager=True)
-        result = ctx.execute(query.format(**options))
+        # Lazy tables: a query aggregating every call streams them (Tables.collect).
+        ctx = pl.SQLContext({t: tables.lazy(t) for t in tables_used})
+        result = tables.collect(ctx.execute(query.format(**options), eager=False))
         step_ns = mean_step_ns(tables)
         out = []
         for row in result.iter_rows(named=True):

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import polars as pl
 
-from kineto_comm.rules_api import Tables, collective_exposure, group_roles, impact_per_step
+from kineto_comm.rules_api import (
+    Tables,
+    collective_exposure_lazy,
+    group_roles,
+    impact_per_step,
+    median_of_counts,
+)
 
 # A (process group, collective) whose calls are this small and this many per rank and step
 # is a latency-bound storm: COMM201 reports it, the exposure rules leave it out.
@@ -14,12 +20,16 @@ SHARDED = ("all_gather", "reduce_scatter")
 P2P = ("send", "recv", "send_recv")
 
 
-def with_roles(tables: Tables, frame: pl.DataFrame) -> pl.DataFrame:
+def with_roles(tables: Tables, frame: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame | pl.LazyFrame:
     """`frame` (with process_group) plus the group's role (unknown when not known)."""
     roles = group_roles(tables).select("process_group", "role")
     return (
         frame.with_columns(pl.col("process_group").cast(pl.String))
-        .join(roles, on="process_group", how="left")
+        .join(
+            roles.lazy() if isinstance(frame, pl.LazyFrame) else roles,
+            on="process_group",
+            how="left",
+        )
         .with_columns(pl.col("role").fill_null("unknown"))
     )
 
@@ -33,12 +43,18 @@ def storm_keys(tables: Tables, max_bytes: int, min_calls: int) -> pl.DataFrame:
     storms = tables["storms"]
     if tables.has("storms", "process_group", "collective"):
         return storms.select(pl.col("process_group").cast(pl.String), "collective").unique()
-    coll = tables["collectives"]
-    if coll.height == 0:
-        return pl.DataFrame(schema={"process_group": pl.String, "collective": pl.String})
-    steps = max(1, coll.filter(pl.col("step") >= 0)["step"].n_unique())
-    per = coll.group_by("process_group", "collective", "rank").agg(
-        calls=pl.len(), median=pl.col("bytes").median()
+    empty = pl.DataFrame(schema={"process_group": pl.String, "collective": pl.String})
+    if not tables.has("collectives"):
+        return empty
+    coll = tables.lazy("collectives", ["process_group", "collective", "rank", "step", "bytes"])
+    in_steps = coll.filter(pl.col("step") >= 0).select(pl.col("step").n_unique())
+    steps = max(1, tables.collect(in_steps).item())
+    keys = ["process_group", "collective", "rank"]
+    counts = tables.collect(coll.group_by(*keys, "bytes").agg(_n=pl.len()))
+    per = (
+        counts.group_by(keys)
+        .agg(calls=pl.col("_n").sum())
+        .join(median_of_counts(counts, keys, "bytes", "_n"), on=keys, nulls_equal=True)
     )
     return (
         per.group_by("process_group", "collective")
@@ -55,26 +71,43 @@ def exposure_by_cause(tables: Tables, exclude_last: bool = True) -> pl.DataFrame
     last collective of each rank's step when `exclude_last`: nothing is left to hide it
     behind. Storm collectives and point-to-point calls are left to their own rules.
     """
-    exp = collective_exposure(tables, transfer_only=True)
-    if exp.height == 0:
-        return impact_per_step(exp, "exposed_ns", ["role", "collective"]).with_columns(
+    schema = {"role": pl.String, "collective": pl.String, "exposed_ns": pl.Int64}
+    if not tables.has("collectives"):
+        return impact_per_step(
+            pl.DataFrame(schema={**schema, "rank": pl.Int64, "step": pl.Int64}),
+            "exposed_ns",
+            ["role", "collective"],
+        ).with_columns(
             groups=pl.lit(None, dtype=pl.List(pl.String)),
             bytes_per_call=pl.lit(None, dtype=pl.Float64),
         )
     storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
-    # Only the columns used below: a filter or join copies every column it is given, and this
-    # table has one row per call on every rank.
+    # Only the columns used below: the query reads a row per call on every rank.
     used = ("rank", "step", "process_group", "collective", "end_ns", "bytes", "exposed_ns")
-    exp = exp.select(used).filter(~pl.col("collective").is_in(P2P))
+    exp = collective_exposure_lazy(tables, transfer_only=True).select(used)
+    exp = exp.filter(~pl.col("collective").is_in(P2P))
     exp = exp.with_columns(pl.col("process_group").cast(pl.String))
-    exp = exp.join(storms, on=["process_group", "collective"], how="anti")
+    exp = exp.join(storms.lazy(), on=["process_group", "collective"], how="anti")
     if exclude_last:
-        last = pl.col("end_ns") == pl.col("end_ns").max().over("rank", "step")
-        exp = exp.with_columns(exposed_ns=pl.when(last).then(0).otherwise(pl.col("exposed_ns")))
+        # Each rank's step ends with its latest call: a small table, joined back.
+        ends = tables.collect(exp.group_by("rank", "step").agg(_last=pl.col("end_ns").max()))
+        exp = exp.join(ends.lazy(), on=["rank", "step"], how="left", nulls_equal=True)
+        last = pl.col("end_ns") == pl.col("_last")
+        exp = exp.with_columns(
+            exposed_ns=pl.when(last).then(0).otherwise(pl.col("exposed_ns"))
+        ).drop("_last")
     exp = with_roles(tables, exp)
-    impact = impact_per_step(exp, "exposed_ns", ["role", "collective"])
-    extra = exp.group_by("role", "collective").agg(
+    impact = impact_per_step(exp, "exposed_ns", ["role", "collective"], tables=tables)
+    # Per group first (few rows), so the streaming engine never holds a list per row.
+    per_group = tables.collect(
+        exp.group_by("role", "collective", "process_group").agg(
+            _sum=pl.col("bytes").sum(), _count=pl.col("bytes").count()
+        )
+    )
+    extra = per_group.group_by("role", "collective").agg(
         groups=pl.col("process_group").drop_nulls().unique().sort(),
-        bytes_per_call=pl.col("bytes").mean(),
+        bytes_per_call=pl.when(pl.col("_count").sum() > 0).then(
+            pl.col("_sum").sum() / pl.col("_count").sum()
+        ),
     )
     return impact.join(extra, on=["role", "collective"], how="left")

@@ -12,7 +12,7 @@ from kineto_comm.rules_api import (
     Severity,
     Tables,
     busbw_factor,
-    collective_exposure,
+    collective_exposure_lazy,
     impact_per_step,
     make_finding,
     mean_step_ns,
@@ -59,16 +59,17 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     (transport: NVLS/P2P/NET-IB vs SOCKET), NCCL_IB_HCA / NCCL_SOCKET_IFNAME, GPU-NIC
     affinity and PCIe topology (nvidia-smi topo -m), link errors (ibstat, ethtool).
     """
-    exp = collective_exposure(tables, transfer_only=True)
-    if exp.height == 0:
+    if not tables.has("collectives"):
         return []
+    used = ("rank", "step", "process_group", "collective", "call_index", "bytes")
+    exp = collective_exposure_lazy(tables, transfer_only=True).select(
+        *used, "group_size", "ranks_seen", "transfer_ns", "exposed_ns"
+    )
     big = exp.filter(
         (pl.col("bytes") >= options["min_bytes"])
         & (pl.col("transfer_ns") > 0)
         & pl.col("collective").is_in(["send", "recv", "send_recv", "unknown"]).not_()
     )
-    if big.height == 0:
-        return []
     size = pl.col("group_size").fill_null(pl.col("ranks_seen"))
     big = with_roles(
         tables,
@@ -76,9 +77,14 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             busbw=pl.col("bytes") * busbw_factor(pl.col("collective"), size) / pl.col("transfer_ns")
         ),
     )
-    groups = big.group_by("process_group", "collective", "role").agg(
-        median_busbw=pl.col("busbw").median(), calls=pl.len()
+    # Medians hold every value: on a big job, of an evenly spread sample of the calls.
+    groups = tables.collect(
+        tables.sample(big)
+        .group_by("process_group", "collective", "role")
+        .agg(median_busbw=pl.col("busbw").median(), calls=pl.len())
     )
+    if groups.height == 0:
+        return []
     link = float(options["link_busbw_gbps"])
     ref = pl.lit(link) if link > 0 else pl.col("median_busbw").max().over("role", "collective")
     groups = groups.with_columns(reference=ref).with_columns(
@@ -88,12 +94,12 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     if slow.height == 0:
         return []
     rows = big.join(
-        slow.select("process_group", "collective", "ratio"),
+        slow.lazy().select("process_group", "collective", "ratio"),
         on=["process_group", "collective"],
         how="inner",
     )
     rows = rows.with_columns(lost=pl.col("exposed_ns") * (1.0 - pl.col("ratio")))
-    causes = impact_per_step(rows, "lost", ["process_group"]).join(
+    causes = impact_per_step(rows, "lost", ["process_group"], tables=tables).join(
         slow.group_by("process_group").agg(
             pl.col("collective"),
             pl.col("median_busbw").min(),

@@ -27,47 +27,88 @@ OPTIONS = (
 )
 
 
-def _timeline(tables: Tables) -> pl.DataFrame:
-    """Communication kernels per rank in start order, with what ran before and after each;
-    built once per rules run for both rules of this module."""
-    return tables.once(("builtin", "host", "timeline"), lambda: _build_timeline(tables))
+def _timeline(tables: Tables) -> pl.LazyFrame:
+    """Communication kernels per rank in start order, with what ran before and after each
+    and whether the call is part of a message storm; built once per rules run for both
+    rules of this module, a few ranks at a time (kept in files on a big job)."""
+    storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
+    need = ("rank", "step", "kind", "start_ns", "end_ns", "launch_ns")
+    return tables.derived(
+        ("builtin", "host", "timeline"),
+        "kernels",
+        lambda k: _build_timeline(tables, k, storms),
+        need,
+    )
 
 
-def _build_timeline(tables: Tables) -> pl.DataFrame:
-    """_timeline, read a few ranks at a time (the kernels of a big job never all at once)."""
-    found = []
-    need = ("rank", "step", "kind", "name", "start_ns", "end_ns", "launch_ns")
-    for k in tables.rank_batches("kernels", need):
-        if k.height == 0 or k.width < len(need):
-            continue
-        k = k.filter(pl.col("start_ns").is_not_null()).sort("rank", "start_ns")
-        # Neighbours within the rank by plain shifts (rows are sorted by rank): a shift
-        # .over() would copy every row's name, and the rows kept would hold those copies.
-        prev = pl.col("rank").shift(1) == pl.col("rank")
-        after = pl.col("rank").shift(-1) == pl.col("rank")
-        around = k.with_columns(busy_through=pl.col("end_ns").cum_max().over("rank")).with_columns(
+def _build_timeline(tables: Tables, k: pl.DataFrame, storms: pl.DataFrame) -> pl.DataFrame:
+    """_timeline's rows for a batch of whole ranks' kernels."""
+    if k.width < 6:  # kernels without the columns (an empty table)
+        return pl.DataFrame(schema=TIMELINE_SCHEMA)
+    k = k.filter(pl.col("start_ns").is_not_null()).sort("rank", "start_ns")
+    # Neighbours within the rank by plain shifts (rows are sorted by rank).
+    prev = pl.col("rank").shift(1) == pl.col("rank")
+    after = pl.col("rank").shift(-1) == pl.col("rank")
+    around = (
+        k.with_columns(busy_through=pl.col("end_ns").cum_max().over("rank"))
+        .with_columns(
             busy_until=pl.when(prev).then(pl.col("busy_through").shift(1)),
             prev_kind=pl.when(prev).then(pl.col("kind").shift(1)),
             next_start=pl.when(after).then(pl.col("start_ns").shift(-1)),
             next_launch=pl.when(after).then(pl.col("launch_ns").shift(-1)),
-            next_name=pl.when(after).then(pl.col("name").shift(-1)),
         )
-        found.append(around.filter(pl.col("kind") == "communication"))
-    return pl.concat(found) if found else pl.DataFrame()
+        .filter(pl.col("kind") == "communication")
+    )
+    # The calls of a storm, by their kernel's start (the same ranks' calls only).
+    ranks = around["rank"].unique().sort().to_list()
+    cols = ("rank", "start_ns", "process_group", "collective")
+    calls = [c for c in tables.rank_batches("collectives", cols, ranks) if c.width == len(cols)]
+    in_storm = (
+        pl.concat(calls, how="vertical_relaxed")
+        .with_columns(pl.col("process_group").cast(pl.String))
+        .join(storms, on=["process_group", "collective"], how="semi")
+        .select("rank", "start_ns", in_storm=pl.lit(True))
+        .unique(["rank", "start_ns"])
+        if calls and storms.height
+        else pl.DataFrame(schema={"rank": pl.Int64, "start_ns": pl.Int64, "in_storm": pl.Boolean})
+    )
+    return (
+        around.join(in_storm, on=["rank", "start_ns"], how="left", maintain_order="left")
+        .with_columns(pl.col("in_storm").fill_null(False))
+        .select(list(TIMELINE_SCHEMA))
+        .cast(TIMELINE_SCHEMA)
+    )
+
+
+TIMELINE_SCHEMA = {
+    "rank": pl.Int64,
+    "step": pl.Int64,
+    "kind": pl.String,
+    "start_ns": pl.Int64,
+    "end_ns": pl.Int64,
+    "launch_ns": pl.Int64,
+    "busy_through": pl.Int64,
+    "busy_until": pl.Int64,
+    "prev_kind": pl.String,
+    "next_start": pl.Int64,
+    "next_launch": pl.Int64,
+    "in_storm": pl.Boolean,
+}
 
 
 def _report(
     rule_: Any,
     tables: Tables,
-    rows: pl.DataFrame,
+    rows: pl.LazyFrame,
     options: dict[str, Any],
     what: str,
     advice: tuple[str, ...],
 ) -> list[Finding]:
     rows = rows.filter(pl.col("gap") >= options["min_gap_ns"])
-    if rows.height == 0:
+    impact = impact_per_step(rows, "gap", tables=tables)
+    if impact.height == 0:
         return []
-    imp = impact_per_step(rows, "gap").row(0, named=True)
+    imp = impact.row(0, named=True)
     step_ns = mean_step_ns(tables)
     share = imp["impact_ns"] / step_ns if step_ns else 0.0
     sev = severity_for(share, options["warn_share"], options["error_share"])
@@ -75,6 +116,9 @@ def _report(
         sev = Severity.info if share >= 0.01 else None
     if sev is None:
         return []
+    first, last, largest = tables.collect(
+        rows.select(pl.col("start_ns").min(), pl.col("end_ns").max(), pl.col("gap").max())
+    ).row(0)
     return [
         make_finding(
             rule_,
@@ -86,11 +130,11 @@ def _report(
             step_ns=step_ns,
             ranks=imp["ranks"] or [],
             steps=imp["steps"] or [],
-            window_ns=(int(rows["start_ns"].min()), int(rows["end_ns"].max())),
+            window_ns=(int(first), int(last)),
             evidence={
                 "gaps_per_step": imp["calls"],
                 "idle_ns_per_step": int(imp["impact_ns"]),
-                "largest_gap_ns": int(rows["gap"].max()),
+                "largest_gap_ns": int(largest),
                 "step_ns": step_ns,
             },
             advice=advice,
@@ -122,16 +166,18 @@ def host_bound_communication(tables: Tables, options: dict[str, Any]) -> list[Fi
     torch.compile, fewer hooks); pin the process to free cores; enable DDP static_graph and
     avoid find_unused_parameters=True.
     """
-    t = _timeline(tables)
-    if t.height == 0:
-        return []
-    rows = t.filter(
-        (pl.col("kind") == "communication")
-        & pl.col("launch_ns").is_not_null()
-        & pl.col("busy_until").is_not_null()
-        & (pl.col("prev_kind") != "communication")
-    ).with_columns(
-        gap=(pl.min_horizontal("launch_ns", "start_ns") - pl.col("busy_until")).clip(lower_bound=0)
+    rows = (
+        _timeline(tables)
+        .filter(
+            pl.col("launch_ns").is_not_null()
+            & pl.col("busy_until").is_not_null()
+            & (pl.col("prev_kind") != "communication")
+        )
+        .with_columns(
+            gap=(pl.min_horizontal("launch_ns", "start_ns") - pl.col("busy_until")).clip(
+                lower_bound=0
+            )
+        )
     )
     return _report(
         host_bound_communication,
@@ -173,24 +219,18 @@ def blocking_synchronisation(tables: Tables, options: dict[str, Any]) -> list[Fi
     (log every N steps), drop torch.cuda.synchronize() and CUDA_LAUNCH_BLOCKING=1, and let
     NCCL_BLOCKING_WAIT / TORCH_NCCL_BLOCKING_WAIT stay unset in production.
     """
-    t = _timeline(tables)
-    if t.height == 0:
-        return []
-    rows = t.filter(
-        (pl.col("kind") == "communication")
-        & pl.col("next_launch").is_not_null()
-        & (pl.col("busy_through") == pl.col("end_ns"))
-        & (pl.col("next_launch") >= pl.col("end_ns"))
-        & (pl.col("next_start") > pl.col("end_ns"))
-    ).with_columns(gap=pl.col("next_start") - pl.col("end_ns"))
     # In a storm of tiny collectives the CPU trails the GPU anyway: COMM201's time.
-    storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
-    coll = tables["collectives"]
-    if storms.height and coll.height:
-        in_storm = coll.with_columns(pl.col("process_group").cast(pl.String)).join(
-            storms, on=["process_group", "collective"], how="semi"
+    rows = (
+        _timeline(tables)
+        .filter(
+            pl.col("next_launch").is_not_null()
+            & (pl.col("busy_through") == pl.col("end_ns"))
+            & (pl.col("next_launch") >= pl.col("end_ns"))
+            & (pl.col("next_start") > pl.col("end_ns"))
+            & ~pl.col("in_storm")
         )
-        rows = rows.join(in_storm.select("rank", "start_ns"), on=["rank", "start_ns"], how="anti")
+        .with_columns(gap=pl.col("next_start") - pl.col("end_ns"))
+    )
     return _report(
         blocking_synchronisation,
         tables,

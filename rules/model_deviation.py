@@ -11,7 +11,7 @@ from kineto_comm.rules_api import (
     Option,
     Severity,
     Tables,
-    collective_exposure,
+    collective_exposure_lazy,
     impact_per_step,
     make_finding,
     mean_step_ns,
@@ -63,7 +63,10 @@ def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     if flagged.height == 0:
         return []
     step_ns = mean_step_ns(tables)
-    exposure = collective_exposure(tables)
+    calls = tables.has("collectives")
+    exposure = collective_exposure_lazy(tables).select(
+        "rank", "step", "process_group", "collective", "exposed_ns"
+    )
     findings = []
     for row in flagged.iter_rows(named=True):  # one row per role and collective
         groups = [g.strip() for g in (row["process_groups"] or "").split(",") if g.strip()]
@@ -71,12 +74,12 @@ def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         expected = row["expected_bytes_per_step"] or 0.0
         excess = 0.0 if measured <= 0 else max(0.0, 1.0 - expected / measured)
         impact = 0.0
-        if excess > 0 and exposure.height:
+        if excess > 0 and calls:
             rows = exposure.filter(
                 (pl.col("collective") == row["collective"])
                 & pl.col("process_group").fill_null("?").is_in(groups or ["?"])
             )
-            per_step = impact_per_step(rows, "exposed_ns")
+            per_step = impact_per_step(rows, "exposed_ns", tables=tables)
             impact = excess * (per_step["impact_ns"][0] if per_step.height else 0.0)
         dev = row["bytes_dev_pct"]
         what = (

@@ -39,12 +39,12 @@ def _stage_steps(tables: Tables) -> pl.DataFrame:
     if tables.has("pipeline", "rank", "step", "busy_ns", "stages", "micro_batches"):
         per_rank = pipe.select("rank", "step", busy="busy_ns", m="micro_batches", p_stages="stages")
     else:
-        coll = tables["collectives"]
-        sends = (
-            coll.filter(pl.col("collective").is_in(["send", "send_recv"]))
+        sends = tables.collect(
+            tables.lazy("collectives", ["rank", "step", "process_group", "collective"])
+            .filter(pl.col("collective").is_in(["send", "send_recv"]))
             .with_columns(pl.col("process_group").cast(pl.String))
             .join(
-                members.select("pipeline", "rank"),
+                members.lazy().select("pipeline", "rank"),
                 left_on=["process_group", "rank"],
                 right_on=["pipeline", "rank"],
                 how="semi",

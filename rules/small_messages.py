@@ -12,10 +12,11 @@ from kineto_comm.rules_api import (
     Severity,
     Tables,
     busbw_factor,
-    collective_exposure,
+    collective_exposure_lazy,
     impact_per_step,
     make_finding,
     mean_step_ns,
+    median_of_counts,
     rule,
     severity_for,
 )
@@ -67,9 +68,10 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
     storms = storm_keys(tables, options["max_bytes"], options["min_calls"])
     if storms.height == 0:
         return []
-    exp = collective_exposure(tables, transfer_only=False)
+    used = ("rank", "step", "process_group", "collective", "bytes", "group_size", "exposed_ns")
+    exp = collective_exposure_lazy(tables, transfer_only=False).select(used)
     exp = exp.with_columns(pl.col("process_group").cast(pl.String)).join(
-        storms, on=["process_group", "collective"], how="semi"
+        storms.lazy(), on=["process_group", "collective"], how="semi"
     )
     ref = float(options["reference_busbw_gbps"])
     if ref > 0:
@@ -78,9 +80,14 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
             exposed_ns=(pl.col("exposed_ns") - floor.fill_null(0)).clip(lower_bound=0)
         )
     exp = with_roles(tables, exp)
-    causes = impact_per_step(exp, "exposed_ns", ["process_group", "collective"])
-    sizes = exp.group_by("process_group", "collective").agg(
-        median_bytes=pl.col("bytes").median(), role=pl.col("role").first()
+    causes = impact_per_step(exp, "exposed_ns", ["process_group", "collective"], tables=tables)
+    # Message sizes repeat: the median comes from counts per size (exact, a few rows).
+    counts = tables.collect(
+        exp.group_by("process_group", "collective", "role", "bytes").agg(_n=pl.len())
+    )
+    keys = ["process_group", "collective"]
+    sizes = median_of_counts(counts, keys, "bytes", "_n", "median_bytes").join(
+        counts.group_by(keys).agg(role=pl.col("role").first()), on=keys, nulls_equal=True
     )
     causes = causes.join(sizes, on=["process_group", "collective"], how="left")
     step_ns = mean_step_ns(tables)

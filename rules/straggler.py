@@ -11,7 +11,7 @@ from kineto_comm.rules_api import (
     Option,
     Severity,
     Tables,
-    collective_waits,
+    collective_waits_lazy,
     make_finding,
     mean_step_ns,
     n_steps,
@@ -38,21 +38,35 @@ def _lateness(tables: Tables) -> pl.DataFrame:
             "lateness_ns": pl.Float64,
         }
     )
-    waits = collective_waits(tables)
-    if waits.height == 0:
+    if not tables.has("collectives"):
         return empty
     key = ["process_group", "collective", "call_index"]
-    waits = waits.filter(~pl.col("collective").is_in(P2P) & (pl.col("ranks_seen") > 1))
-    if waits.height == 0:
+    waits = (
+        collective_waits_lazy(tables)
+        .filter(~pl.col("collective").is_in(P2P) & (pl.col("ranks_seen") > 1))
+        .select(*key, "rank", "step", "wait_ns")
+    )
+    # Per call: the rank that arrived last (the lowest of those that did not wait) and how
+    # late it was: the wait of the second-latest arrival, i.e. 0 when several ranks did not
+    # wait (they were last together), else the smallest wait.
+    waited = pl.col("wait_ns") > 0
+    calls = tables.collect(
+        waits.group_by(key).agg(
+            _last=pl.col("rank").filter(~waited).min(),
+            _ties=(~waited).sum(),
+            _second=pl.col("wait_ns").filter(waited).min(),
+        )
+    )
+    if calls.height == 0:
         return empty
-    # How late the last rank was: the wait of the second-latest arrival (the smallest
-    # non-minimal wait of the call). Ties (several ranks last together) give 0.
-    second = pl.col("wait_ns").sort().slice(1, 1).first().over(key)
-    marked = waits.with_columns(
-        late=second, last=pl.col("wait_ns").rank("ordinal").over(key) == 1
-    ).with_columns(late=pl.when(pl.col("last")).then(pl.col("late")).otherwise(0))
-    per_step = marked.group_by("rank", "step").agg(
-        calls=pl.len(), times_last=pl.col("last").sum(), late=pl.col("late").max()
+    last = pl.col("rank") == pl.col("_last")
+    late = pl.when(pl.col("_ties") > 1).then(0).otherwise(pl.col("_second"))
+    per_step = tables.collect(
+        waits.join(calls.lazy(), on=key, how="left", nulls_equal=True)
+        .with_columns(last=last.fill_null(False))
+        .with_columns(late=pl.when(pl.col("last")).then(late).otherwise(0))
+        .group_by("rank", "step")
+        .agg(calls=pl.len(), times_last=pl.col("last").sum(), late=pl.col("late").max())
     )
     return per_step.group_by("rank").agg(
         instances=pl.col("calls").sum().cast(pl.Int64),

@@ -11,7 +11,7 @@ from kineto_comm.rules_api import (
     Option,
     Severity,
     Tables,
-    collective_exposure,
+    collective_exposure_lazy,
     group_roles,
     hosts_of,
     impact_per_step,
@@ -70,11 +70,15 @@ def tensor_parallel_across_hosts(tables: Tables, options: dict[str, Any]) -> lis
     if spanning.height == 0:
         return []
     step_ns = mean_step_ns(tables)
-    exp = collective_exposure(tables).with_columns(pl.col("process_group").cast(pl.String))
-    exp = exp.join(spanning.select("process_group"), on="process_group", how="semi")
+    exp = (
+        collective_exposure_lazy(tables)
+        .select("rank", "step", "process_group", "exposed_ns")
+        .with_columns(pl.col("process_group").cast(pl.String))
+    )
+    exp = exp.join(spanning.lazy().select("process_group"), on="process_group", how="semi")
     slow = max(1.0, float(options["inter_host_slowdown"]))
     exp = exp.with_columns(saved=pl.col("exposed_ns") * (1.0 - 1.0 / slow))
-    impact = impact_per_step(exp, "saved", ["process_group"])
+    impact = impact_per_step(exp, "saved", ["process_group"], tables=tables)
     spanning = spanning.join(impact, on="process_group", how="left")
     groups = spanning["process_group"].to_list()
     ranks = sorted({r for rs in spanning["ranks"].to_list() for r in rs})

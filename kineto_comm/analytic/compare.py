@@ -26,6 +26,7 @@ from collections.abc import Mapping
 import polars as pl
 
 from kineto_comm.findings import Finding, Severity
+from kineto_comm.lazy import collect
 
 ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "fsdp", "unknown")
 ROLE_ALIASES = {"dp": "data_parallel", "tp": "tensor_parallel", "pp": "pipeline", "ep": "expert"}
@@ -75,28 +76,41 @@ def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
     See the module doc for the averaging; ``dtype`` is the most frequent dtype and
     ``process_groups`` the comma-separated groups that contributed.
     """
-    coll = report.collectives
-    if coll.height == 0:
+    store = report.rank_collectives
+    if store.height == 0:
         return pl.DataFrame(schema=MEASURED_SCHEMA)
-    in_steps = coll.filter(pl.col("step") >= 0)
-    if in_steps.height:
-        coll = in_steps
+    # Aggregations over the calls (a row per call and rank, kept in files on a big job).
+    rows = store.height
+    coll = store.lazy(["rank", "step", "collective", "process_group", "dtype", "bytes"])
+    in_steps = collect(coll.select((pl.col("step") >= 0).any()), rows).item()
+    if in_steps:
+        coll = coll.filter(pl.col("step") >= 0)
         steps = (
             report.steps.filter(pl.col("step") >= 0)
             .group_by("rank")
             .agg(n_steps=pl.col("step").n_unique())
         )
     else:  # no step markers: the whole trace is one step
-        steps = coll.select(pl.col("rank").unique(), n_steps=pl.lit(1, pl.UInt32))
-    n_ranks = report.ranks.height or coll["rank"].n_unique()
+        steps = collect(coll.select(pl.col("rank").unique()), rows).with_columns(
+            n_steps=pl.lit(1, pl.UInt32)
+        )
     role_of = _role_table(report, roles)
-    tagged = coll.with_columns(pl.col("process_group").cast(pl.String)).join(
-        role_of, on="process_group", how="left"
+    tagged = (
+        coll.with_columns(pl.col("process_group").cast(pl.String))
+        .join(role_of.lazy(), on="process_group", how="left")
+        .with_columns(pl.col("role").fill_null("unknown"))
     )
-    tagged = tagged.with_columns(pl.col("role").fill_null("unknown"))
+    # One small table per (rank, role, collective, process group, dtype): the rest from it.
+    counts = collect(
+        tagged.group_by("rank", "role", "collective", "process_group", "dtype").agg(
+            calls=pl.len(), nbytes=pl.col("bytes").sum()
+        ),
+        rows,
+    )
+    n_ranks = report.ranks.height or counts["rank"].n_unique()
     per_rank = (
-        tagged.group_by("rank", "role", "collective")
-        .agg(calls=pl.len(), nbytes=pl.col("bytes").sum())
+        counts.group_by("rank", "role", "collective")
+        .agg(pl.col("calls").sum(), pl.col("nbytes").sum())
         .join(steps, on="rank", how="left")
         .with_columns(n_steps=pl.col("n_steps").fill_null(1).cast(pl.Float64))
     )
@@ -104,10 +118,19 @@ def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
         calls_per_step=(pl.col("calls") / pl.col("n_steps")).sum() / n_ranks,
         bytes_per_step=(pl.col("nbytes") / pl.col("n_steps")).sum() / n_ranks,
     )
-    extra = tagged.group_by("role", "collective").agg(
-        dtype=pl.col("dtype").drop_nulls().mode().sort().first(),
-        process_groups=pl.col("process_group").drop_nulls().unique().sort().str.join(","),
+    # The most frequent dtype (ties: the first by name) and the contributing groups.
+    dtypes = (
+        counts.filter(pl.col("dtype").is_not_null())
+        .group_by("role", "collective", "dtype")
+        .agg(n=pl.col("calls").sum())
+        .sort("n", "dtype", descending=[True, False])
+        .group_by("role", "collective", maintain_order=True)
+        .agg(dtype=pl.col("dtype").first())
     )
+    groups = counts.group_by("role", "collective").agg(
+        process_groups=pl.col("process_group").drop_nulls().unique().sort().str.join(",")
+    )
+    extra = groups.join(dtypes, on=["role", "collective"], how="left")
     return (
         out.join(extra, on=["role", "collective"], how="left")
         .with_columns(message_bytes=pl.col("bytes_per_step") / pl.col("calls_per_step"))

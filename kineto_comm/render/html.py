@@ -23,6 +23,7 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.findings import Finding, Severity
+from kineto_comm.lazy import collect
 from kineto_comm.render.json_doc import at_or_above, document, findings_of, step_rows
 from kineto_comm.render.text import fmt_bytes, fmt_ns
 from kineto_comm.report import Report
@@ -182,15 +183,16 @@ def size_histograms(report: Report) -> pl.DataFrame:
             .group_by("collective", "process_group", "log2_bucket")
             .agg(pl.col("calls").sum().cast(pl.Int64))
         )
-    coll = report.collectives
-    if coll.height == 0:
+    calls = report.rank_collectives
+    if calls.height == 0:
         return pl.DataFrame()
-    return (
-        coll.select("collective", "process_group", "bytes")  # a filter copies what it is given
+    return collect(
+        calls.lazy(["collective", "process_group", "bytes"])
         .filter(pl.col("bytes").is_not_null() & (pl.col("bytes") > 0))
         .with_columns(log2_bucket=pl.col("bytes").cast(pl.Float64).log(2).floor().cast(pl.Int64))
         .group_by("collective", "process_group", "log2_bucket")
-        .agg(calls=pl.len().cast(pl.Int64))
+        .agg(calls=pl.len().cast(pl.Int64)),
+        calls.height,
     )
 
 
@@ -274,8 +276,8 @@ def _heat_color(x: float) -> str:
 
 def svg_skew_heatmap(report: Report) -> str:
     """Rank x collective instance (time order); colour = this rank's wait for the last one."""
-    waits, inst = report.collective_waits, report.collective_instances
-    if waits.height == 0 or inst.height == 0 or "wait_ns" not in waits.columns:
+    store, inst = report.rank_waits, report.collective_instances
+    if store.height == 0 or inst.height == 0 or "wait_ns" not in store.columns:
         return _empty("plot-skew", "No collective calls matched across ranks.")
     inst = inst.filter(pl.col("ranks_seen") > 1).sort("first_start_ns", "instance")
     if inst.height == 0:
@@ -285,26 +287,33 @@ def svg_skew_heatmap(report: Report) -> str:
     cols = inst.with_row_index("order").with_columns(
         col=(pl.col("order") // per_col).cast(pl.Int64)
     )
-    ranks = sorted(waits["rank"].unique().to_list())
+    # Aggregations over the waits (a row per call and rank, kept in files on a big job).
+    waits = store.lazy(["instance", "rank", "wait_ns"])
+    ranks = sorted(collect(waits.select(pl.col("rank").unique()), store.height)["rank"])
     per_row = math.ceil(len(ranks) / MAX_HEAT_ROWS)
-    row_of = {r: i // per_row for i, r in enumerate(ranks)}
-    # Narrow rows through the join and the sort (one per call and rank); a cell's names are
-    # looked up once it is chosen.
+    row_of = pl.DataFrame(
+        {"rank": ranks, "row": [i // per_row for i in range(len(ranks))]},
+        schema={"rank": store.lazy(["rank"]).collect_schema()["rank"], "row": pl.Int64},
+    )
+    placed = waits.join(cols.lazy().select("instance", "col"), on="instance").join(
+        row_of.lazy(), on="rank"
+    )
+    # Each cell names the rank and call that waited longest (ties: lowest rank, first call):
+    # the cell's longest wait, then the smallest (rank, instance) among the rows with it.
+    longest = collect(placed.group_by("row", "col").agg(_max=pl.col("wait_ns").max()), store.height)
+    pair = pl.col("rank").cast(pl.Int64) * 2**32 + pl.col("instance").cast(pl.Int64)
     cells = (
-        waits.select("instance", "rank", "wait_ns")
-        .join(cols.select("instance", "col"), on="instance")
-        .with_columns(row=pl.col("rank").replace_strict(row_of, return_dtype=pl.Int64))
-        # Each cell names the rank and call that waited longest (ties: lowest rank, first call).
-        .sort(
-            ["row", "col", "wait_ns", "rank", "instance"],
-            descending=[False, False, True, False, False],
+        collect(
+            placed.join(longest.lazy(), on=["row", "col"])
+            .filter(pl.col("wait_ns") == pl.col("_max"))
+            .group_by("row", "col")
+            .agg(wait_ns=pl.col("wait_ns").max(), _pair=pair.min()),
+            store.height,
         )
-        .group_by("row", "col", maintain_order=True)
-        .agg(
-            wait_ns=pl.col("wait_ns").max(),
-            rank=pl.col("rank").first(),
-            instance=pl.col("instance").first(),
-        )
+        .with_columns(rank=pl.col("_pair") // 2**32, instance=pl.col("_pair") % 2**32)
+        .drop("_pair")
+        .cast({"instance": cols.schema["instance"]})
+        .sort("row", "col")
         .join(
             cols.select("instance", "collective", "process_group"),
             on="instance",
@@ -313,7 +322,7 @@ def svg_skew_heatmap(report: Report) -> str:
         )
     )
     ncols = int(cols["col"].max()) + 1  # type: ignore[arg-type]
-    nrows = max(row_of.values()) + 1
+    nrows = int(row_of["row"].max()) + 1  # type: ignore[arg-type]
     vmax = float(cells["wait_ns"].max() or 0) or 1.0  # type: ignore[arg-type]
     cw = (PLOT_W - LABEL_W - 20) / ncols
     ch = max(4, min(20, 640 // nrows))
@@ -375,11 +384,15 @@ def pipeline_ranks(report: Report) -> list[int]:
     pipe = report.pipeline
     if pipe.height and "rank" in pipe.columns:
         return sorted(int(r) for r in pipe["rank"].unique().to_list())
-    coll = report.collectives
-    if coll.height == 0:
+    calls = report.rank_collectives
+    if calls.height == 0:
         return []
-    p2p = coll.filter(pl.col("collective").is_in(["send", "recv", "send_recv"]))
-    return sorted(int(r) for r in p2p["rank"].unique().to_list())
+    p2p = (
+        calls.lazy(["rank", "collective"])
+        .filter(pl.col("collective").is_in(["send", "recv", "send_recv"]))
+        .select(pl.col("rank").unique())
+    )
+    return sorted(int(r) for r in collect(p2p, calls.height)["rank"].to_list())
 
 
 def _pipeline_window(report: Report, ranks: list[int]) -> tuple[int, int, str] | None:

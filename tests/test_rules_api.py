@@ -1,0 +1,134 @@
+"""The rules API's way through big jobs: lazy tables, derived per-rank tables, exact medians
+from counts, and lazy waits and exposure that equal the whole-table definitions."""
+
+from __future__ import annotations
+
+import random
+
+import polars as pl
+import pytest
+
+from kineto_comm import analyze, budget, rank_store
+from kineto_comm.rules_api import (
+    Tables,
+    collective_exposure,
+    collective_waits,
+    collective_waits_lazy,
+    impact_per_step,
+    median_of_counts,
+    uncovered_ns,
+)
+
+from .conftest import SAMPLES
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_median_of_counts_is_polars_median_over_the_rows(seed):
+    rng = random.Random(seed)
+    rows = []
+    for group in range(rng.randint(1, 6)):
+        sizes = [rng.choice([None, 1, 8, 8, 64, 4096, 2**20]) for _ in range(rng.randint(1, 40))]
+        rows += [(f"g{group % 3}", group, size) for size in sizes]
+    calls = pl.DataFrame(rows, schema=["pg", "k", "bytes"], orient="row")
+    want = calls.group_by("pg", "k").agg(median=pl.col("bytes").median())
+    counts = calls.group_by("pg", "k", "bytes").agg(n=pl.len())
+    got = median_of_counts(counts, ["pg", "k"], "bytes", "n")
+    joined = want.join(got, on=["pg", "k"], how="full", coalesce=True)
+    assert joined.height == want.height == got.height
+    assert joined.filter(~pl.col("median").eq_missing(pl.col("median_right"))).is_empty()
+
+
+def _ddp(spill: bool, monkeypatch) -> Tables:
+    if spill:
+        monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
+        monkeypatch.setattr(rank_store, "BATCH_ROWS", 1)  # a batch per rank
+    report = analyze(SAMPLES / "ddp-4", jobs=1)
+    assert report.rank_collectives.spilled == spill
+    return Tables(report)
+
+
+def _waits_by_definition(coll: pl.DataFrame) -> pl.DataFrame:
+    """collective_waits as documented, over the whole table with window functions."""
+    key = ["process_group", "collective", "call_index"]
+    grouped = ~pl.col("collective").is_in(["send", "recv", "send_recv"])
+    return (
+        coll.with_columns(
+            transfer_ns=pl.when(grouped)
+            .then(pl.col("duration_ns").min().over(key))
+            .otherwise(pl.col("duration_ns")),
+            ranks_seen=pl.when(grouped).then(pl.len().over(key)).otherwise(1).cast(pl.Int64),
+        )
+        .with_columns(wait_ns=pl.col("duration_ns") - pl.col("transfer_ns"))
+        .with_columns(arrived_last=pl.col("wait_ns") == pl.col("wait_ns").min().over(key))
+    )
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_lazy_waits_and_exposure_follow_their_definitions(spill, monkeypatch):
+    tables = _ddp(spill, monkeypatch)
+    coll = tables["collectives"]
+    waits = collective_waits(tables)
+    assert waits.equals(_waits_by_definition(coll))
+    assert waits.equals(tables.collect(collective_waits_lazy(tables)))
+    assert (waits["wait_ns"] > 0).any() and waits["arrived_last"].any()
+    kernels = tables["kernels"]
+    compute = kernels.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns")
+    for transfer_only in (True, False):
+        exposure = collective_exposure(tables, transfer_only)
+        start = pl.col("end_ns") - pl.col("transfer_ns") if transfer_only else pl.col("start_ns")
+        spans = waits.select("rank", start_ns=start, end_ns="end_ns")
+        want = waits.with_columns(exposed_ns=uncovered_ns(spans, compute, ["rank"]))
+        assert exposure.equals(want), transfer_only
+        assert 0 < exposure["exposed_ns"].sum() < exposure["duration_ns"].sum()
+    # The transfer alone is never more exposed than the whole call.
+    both = (
+        collective_exposure(tables, True)["exposed_ns"]
+        <= collective_exposure(tables, False)["exposed_ns"]
+    )
+    assert both.all()
+
+
+def test_derived_tables_are_built_once_per_rules_run_and_kept_like_their_source(monkeypatch):
+    tables = _ddp(True, monkeypatch)
+    built = []
+
+    def per_batch(calls: pl.DataFrame) -> pl.DataFrame:
+        built.append(calls["rank"].unique().to_list())
+        return calls.group_by("rank").agg(calls=pl.len())
+
+    first = tables.derived(("test", "calls"), "collectives", per_batch, ["rank"])
+    again = tables.derived(("test", "calls"), "collectives", per_batch, ["rank"])
+    assert sorted(built) == [[0], [1], [2], [3]]  # one batch per rank, built once
+    store = tables._memo[("test", "calls")]
+    assert store.spilled  # the source is in files, so is what is derived from it
+    want = tables["collectives"].group_by("rank").agg(calls=pl.len()).sort("rank")
+    assert tables.collect(first).sort("rank").equals(want)
+    assert tables.collect(again).equals(tables.collect(first))
+
+
+def test_lazy_tables_normalise_groups_and_impact_takes_lazy_rows(monkeypatch):
+    tables = Tables(
+        {
+            "collectives": pl.DataFrame(
+                {
+                    "rank": [0, 0, 1, 1],
+                    "step": [0, 1, 0, 1],
+                    "process_group": [None, "1", None, "1"],
+                    "cost": [5, 7, 3, 9],
+                }
+            )
+        }
+    )
+    lazy = tables.lazy("collectives", ["rank", "step", "process_group", "cost", "nope"])
+    assert lazy.collect_schema().names() == ["rank", "step", "process_group", "cost"]
+    assert tables.collect(lazy)["process_group"].to_list() == ["?", "1", "?", "1"]
+    eager = impact_per_step(tables["collectives"], "cost", ["process_group"])
+    lazily = impact_per_step(lazy, "cost", ["process_group"], tables=tables)
+    assert eager.sort("process_group").equals(lazily.sort("process_group"))
+    # Per group: the worst rank per step, averaged over the job's steps (two here).
+    assert dict(zip(eager["process_group"], eager["impact_ns"], strict=True)) == {
+        "?": 2.5,
+        "1": 4.5,
+    }
+    # A job below the sample size keeps every row.
+    assert tables.collect(tables.sample(lazy, "rank")).equals(tables.collect(lazy))
