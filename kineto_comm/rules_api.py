@@ -578,7 +578,7 @@ def _exposure(tables: Tables, calls: pl.DataFrame, durations: pl.DataFrame) -> p
         if kernels.height == 0 or kernels.width < len(need):
             continue
         compute = kernels.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns")
-        present = kernels["rank"].unique()
+        present = kernels["rank"].unique().cast(spans.schema["rank"])
         found.append(_exposed(spans.filter(pl.col("rank").is_in(present.implode())), compute))
         seen.append(present)
     # Calls on ranks without kernels: nothing covers them.
