@@ -19,6 +19,7 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,6 +187,12 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (see docs/json-schema.md); field names are stable."""
+        return self._to_dict(lambda rank, rows: [] if rows is None else rows.to_dicts())
+
+    def _to_dict(self, steps_of: Callable[[int, pl.DataFrame | None], Any]) -> dict[str, Any]:
+        """to_dict() with each rank's `steps` given by `steps_of(rank, its step rows)`: the
+        JSON renderer writes them a rank at a time instead of holding every rank's rows as
+        Python objects."""
         steps_by_rank = {
             r: rows
             for (r,), rows in self.steps.sort("rank", "start_ns")
@@ -201,7 +208,7 @@ class Report:
             ranks.append(
                 {
                     **row,
-                    "steps": [] if steps is None else steps.drop("rank").to_dicts(),
+                    "steps": steps_of(rank, None if steps is None else steps.drop("rank")),
                     "totals": None
                     if total is None
                     else {k: v for k, v in total.items() if k not in ("rank",)},

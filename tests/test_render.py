@@ -17,6 +17,8 @@ from kineto_comm.render import github, json_doc, junit, markdown, sarif
 from kineto_comm.render.formats import FORMATS, exit_code, parse_also, parse_severity, render
 from kineto_comm.report import Report
 
+from .conftest import SAMPLES
+
 REPO = Path(__file__).resolve().parents[1]
 EVIL = "ncclKernel_<script>alert(1)</script>|x,y:z%\r\nnext"
 
@@ -281,3 +283,37 @@ def test_parse_also() -> None:
     for bad in ("sarif", "yaml=x", "json="):
         with pytest.raises(ValueError):
             parse_also(bad)
+
+
+def test_json_text_is_the_document_dumped_whatever_the_file_names():
+    """render_json writes each rank's steps in place one rank at a time: the text must be
+    the document dumped whole, even when a file is named like the placeholder it uses."""
+    import polars as pl
+
+    report = kineto_comm.analyze(SAMPLES / "pp-4", jobs=1)
+    named = report.ranks.with_columns(
+        file=pl.when(pl.col("rank") == 1)
+        .then(pl.lit('"steps": "@kineto-comm-steps-1@"'))
+        .otherwise(pl.lit("@kineto-comm-steps-0@"))
+    )
+    for r in (report, dataclasses.replace(report, ranks=named)):
+        whole = json.dumps(json_doc.document(r), indent=2, default=str, allow_nan=False) + "\n"
+        assert json_doc.render_json(r) == whole
+        assert all(rank["steps"] for rank in json.loads(whole)["ranks"])
+
+
+def test_rank_means_are_the_means_of_the_documents_steps():
+    """The Markdown and HTML rank tables: per rank, numbered steps only when it has any."""
+    import polars as pl
+
+    report = kineto_comm.analyze(SAMPLES / "tp-2", jobs=1)
+    steps = report.steps.with_columns(  # rank 1 keeps only its un-numbered windows
+        step=pl.when(pl.col("rank") == 1).then(-1).otherwise(pl.col("step"))
+    )
+    report = dataclasses.replace(report, steps=steps)
+    means = json_doc.rank_means(report)
+    for rank, got in zip(json_doc.document(report)["ranks"], means, strict=True):
+        rows = [s for s in rank["steps"] if s["step"] >= 0] or rank["steps"]
+        assert got["rank"] == rank["rank"] and got["steps"] == len(rows) > 0
+        for col in json_doc.MEANS:
+            assert got[col] == sum(s[col] for s in rows) / len(rows), col

@@ -24,7 +24,7 @@ import polars as pl
 
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
-from kineto_comm.render.json_doc import at_or_above, document, findings_of, step_rows
+from kineto_comm.render.json_doc import at_or_above, findings_of, overview, step_rows
 from kineto_comm.render.text import fmt_bytes, fmt_ns
 from kineto_comm.report import Report
 
@@ -538,11 +538,9 @@ def _rank_table(doc: dict[str, Any]) -> str:
     head = ["rank", "device", "steps", "step", "compute", "overlap", "exposed comm", "idle"]
     rows = []
     for r in doc["ranks"]:
-        steps = [st for st in r["steps"] if st.get("step", 0) >= 0] or r["steps"]
 
-        def m(col: str, steps: list[dict[str, Any]] = steps) -> float | None:
-            vals = [st[col] for st in steps if st.get(col) is not None]
-            return sum(vals) / len(vals) if vals else None
+        def m(col: str, r: dict[str, Any] = r) -> float | None:
+            return r[col]
 
         wall, comm = m("wall_ns"), m("comm_ns")
 
@@ -552,7 +550,7 @@ def _rank_table(doc: dict[str, Any]) -> str:
         cells = [
             r["rank"],
             r.get("device") or r.get("timeline"),
-            len(steps),
+            r["steps"],
             fmt_ns(wall),
             fmt_ns(m("compute_ns")),
             share(m("overlap_ns"), comm),
@@ -602,7 +600,7 @@ def _collective_table(doc: dict[str, Any]) -> str:
 
 def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
     """The whole report as one offline HTML page."""
-    doc = document(report, fail_on)
+    doc = overview(report, fail_on)
     s = doc["summary"]
     findings = findings_of(report)
     failing = at_or_above(findings, fail_on)

@@ -21,8 +21,9 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm import __version__
 from kineto_comm.findings import Finding, Severity
-from kineto_comm.report import Report
+from kineto_comm.report import SCHEMA_VERSION, Report
 
 JSON_SCHEMA_URI = "https://kineto-comm.invalid/schemas/report-v1.json"
 OPTIONAL_TABLES = ("message_sizes", "message_size_summary", "process_groups", "pipeline", "storms")
@@ -224,8 +225,11 @@ def collective_totals(report: Report) -> list[dict[str, Any]]:
 
 def document(report: Report, fail_on: Severity = Severity.error) -> dict[str, Any]:
     """The full JSON document: `to_dict()` plus summary, collective totals and extra tables."""
+    return _document(report, fail_on, report.to_dict())
+
+
+def _document(report: Report, fail_on: Severity, doc: dict[str, Any]) -> dict[str, Any]:
     findings = findings_of(report)
-    doc = report.to_dict()
     doc["$schema"] = JSON_SCHEMA_URI
     doc["findings"] = [f.to_dict() for f in findings]
     doc["summary"] = summary(report, findings, fail_on)
@@ -236,6 +240,79 @@ def document(report: Report, fail_on: Severity = Severity.error) -> dict[str, An
     return clean(doc)
 
 
+MEANS = ("wall_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns")
+
+
+def rank_means(report: Report) -> list[dict[str, Any]]:
+    """Per rank (in rank order): rank, device, timeline, `steps` (how many numbered steps,
+    or windows when the rank has none) and the mean per step of MEANS (None without values).
+
+    What the Markdown and HTML pages show per rank, from the steps table in one
+    aggregation: the JSON document's per-step rows of every rank are not built for them."""
+    ranks = report.ranks.sort("rank")
+    info = [c for c in ("rank", "device", "timeline") if c in ranks.columns]
+    steps = report.steps
+    cols = [c for c in MEANS if c in steps.columns]
+    if steps.height and {"rank", "step"} <= set(steps.columns):
+        numbered = pl.col("step") >= 0
+        per = (
+            steps.filter(numbered | ~numbered.any().over("rank"))
+            .group_by("rank")
+            .agg(pl.len().alias("steps"), *[pl.col(c).mean() for c in cols])
+        )
+        ranks = ranks.select(info).join(per, on="rank", how="left")
+    else:
+        ranks = ranks.select(info)
+    count = pl.col("steps").fill_null(0) if "steps" in ranks.columns else pl.lit(0)
+    ranks = ranks.with_columns(
+        count.alias("steps"),
+        *[pl.lit(None, pl.Float64).alias(c) for c in MEANS if c not in ranks.columns],
+    )
+    return clean(ranks.to_dicts())
+
+
+def overview(report: Report, fail_on: Severity = Severity.error) -> dict[str, Any]:
+    """What the Markdown and HTML pages show: the JSON document's summary, collective totals,
+    errors, warnings and versions, with `ranks` from rank_means (no per-step rows)."""
+    findings = findings_of(report)
+    return clean(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "kineto-comm", "version": __version__},
+            "summary": summary(report, findings, fail_on),
+            "ranks": rank_means(report),
+            "collective_totals": collective_totals(report),
+            "errors": [{"file": f, "message": m} for f, m in report.errors],
+            "warnings": list(report.warnings),
+        }
+    )
+
+
 def render_json(report: Report, fail_on: Severity = Severity.error) -> str:
-    """The document as strict JSON text (no NaN), indented, with a trailing newline."""
-    return json.dumps(document(report, fail_on), indent=2, default=str, allow_nan=False) + "\n"
+    """The document as strict JSON text (no NaN), indented, with a trailing newline.
+
+    Written as `json.dumps(document(report), indent=2)` would, but each rank's step rows are
+    turned into text one rank at a time and put in place: a job of a thousand ranks and as
+    many steps holds a million step rows, which as Python objects take several times the
+    text they make."""
+    tokens: dict[str, pl.DataFrame | None] = {}
+
+    def placeholder(rank: int, rows: pl.DataFrame | None) -> str:
+        token = f"@kineto-comm-steps-{len(tokens)}@"
+        tokens[token] = rows
+        return token
+
+    doc = _document(report, fail_on, report._to_dict(placeholder))
+    text = json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n"
+    pieces, at = [], 0
+    for token, rows in tokens.items():
+        # The key is part of the match: a file name equal to a token stays a quoted text.
+        key = f'"steps": "{token}"'
+        found = text.index(key, at)
+        indent = found - text.rindex("\n", 0, found) - 1
+        listed = [] if rows is None else clean(rows.to_dicts())
+        steps = json.dumps(listed, indent=2, default=str, allow_nan=False)
+        pieces += [text[at:found], '"steps": ', steps.replace("\n", "\n" + " " * indent)]
+        at = found + len(key)
+    pieces.append(text[at:])
+    return "".join(pieces)

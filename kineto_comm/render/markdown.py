@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from kineto_comm.findings import Finding, Severity
-from kineto_comm.render.json_doc import at_or_above, document, findings_of
+from kineto_comm.render.json_doc import at_or_above, findings_of, overview
 from kineto_comm.render.text import fmt_bytes, fmt_ns
 from kineto_comm.report import Report
 
@@ -62,7 +62,7 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
 
 def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
     """The report as GitHub-flavoured Markdown for a PR comment."""
-    doc = document(report, fail_on)
+    doc = overview(report, fail_on)
     s = doc["summary"]
     findings = findings_of(report)
     failing = at_or_above(findings, fail_on)
@@ -95,12 +95,10 @@ def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
     out += ["### Per rank (mean per step)", ""]
     rank_rows = []
     for r in doc["ranks"][:MAX_ROWS]:
-        steps = [st for st in r["steps"] if st.get("step", 0) >= 0] or r["steps"]
-        n = len(steps)
+        n = r["steps"]
 
-        def m(col: str, steps: list[dict[str, Any]] = steps, n: int = n) -> float | None:
-            vals = [st[col] for st in steps if st.get(col) is not None]
-            return sum(vals) / len(vals) if n and vals else None
+        def m(col: str, r: dict[str, Any] = r) -> float | None:
+            return r[col] if r["steps"] else None
 
         wall = m("wall_ns")
         rank_rows.append(
