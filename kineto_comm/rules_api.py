@@ -277,20 +277,22 @@ class Tables(Mapping[str, pl.DataFrame]):
         million of the job's calls are left: an evenly spread sample of every k-th call for
         statistics that hold every value at once (medians, quantiles). A job below that
         size keeps every row, so its results are exact."""
-        return sample(query, self._rows(), key)
+        return sample(query, self._height("collectives"), key)
 
     def _rows(self) -> int:
         """Rows of the biggest per-rank table: what a query over them may read."""
         from kineto_comm.report import STORES
 
-        sizes = [0]
-        for name in STORES:
-            store = self._store(name)
-            if store is not None:
-                sizes.append(store.height)
-            elif isinstance(self._source, Mapping) and name in self._source:
-                sizes.append(self[name].height)
-        return max(sizes)
+        return max(self._height(name) for name in STORES)
+
+    def _height(self, name: str) -> int:
+        """Rows of table `name`, without reading a per-rank table's files."""
+        store = self._store(name)
+        if store is not None:
+            return store.height
+        if isinstance(self._source, Mapping) and name not in self._source:
+            return 0
+        return self[name].height
 
     def derived(
         self,
@@ -471,7 +473,6 @@ def uncovered_ns(
 
 P2P = ("send", "recv", "send_recv")
 CALL_KEY = ["process_group", "collective", "call_index"]
-WAIT_COLUMNS = ("transfer_ns", "ranks_seen", "wait_ns", "arrived_last")
 
 
 def collective_waits(tables: Tables) -> pl.DataFrame:
@@ -512,7 +513,8 @@ def _call_durations(tables: Tables) -> pl.DataFrame:
 
 
 def _with_waits(calls: pl.LazyFrame, durations: pl.DataFrame) -> pl.LazyFrame:
-    """`calls` (collectives rows) plus WAIT_COLUMNS, from the calls' matched durations.
+    """`calls` (collectives rows) plus transfer_ns, ranks_seen, wait_ns and arrived_last,
+    from the calls' matched durations.
 
     The group's smallest wait is 0 (the rank whose duration is the shortest), so a rank
     arrived last when it did not wait."""
