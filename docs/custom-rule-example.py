@@ -50,14 +50,19 @@ def too_many_collectives(tables: Tables, options: dict[str, Any]) -> list[Findin
     How to fix:
     Bucket or coalesce the tensors (DDP bucket_cap_mb, ZeRO reduce_bucket_size).
     """
-    coll = tables["collectives"]
-    if coll.height == 0:
+    if not tables.has("collectives"):
         return []
-    per = (
-        coll.filter(pl.col("step") >= 0)
+    # A lazy aggregation over every rank's calls: on a big job they stay in their per-rank
+    # files and only the counts per (group, rank, step) are held (tables["collectives"]
+    # would read every call into one DataFrame).
+    per = tables.collect(
+        tables.lazy("collectives", ["process_group", "rank", "step"])
+        .filter(pl.col("step") >= 0)
         .group_by("process_group", "rank", "step")
         .agg(calls=pl.len())
-        .group_by("process_group")
+    )
+    per = (
+        per.group_by("process_group")
         .agg(calls=pl.col("calls").max(), ranks=pl.col("rank").unique().sort())
         .filter(pl.col("calls") > options["limit"])
     )
