@@ -27,23 +27,40 @@ OPTIONS = (
 )
 
 
+# The kernels' columns the timeline reads, and the timeline's own columns.
+KERNEL_COLUMNS = ("rank", "step", "kind", "start_ns", "end_ns", "launch_ns")
+TIMELINE_SCHEMA = {
+    "rank": pl.Int64,
+    "step": pl.Int64,
+    "kind": pl.String,
+    "start_ns": pl.Int64,
+    "end_ns": pl.Int64,
+    "launch_ns": pl.Int64,
+    "busy_through": pl.Int64,
+    "busy_until": pl.Int64,
+    "prev_kind": pl.String,
+    "next_start": pl.Int64,
+    "next_launch": pl.Int64,
+    "in_storm": pl.Boolean,
+}
+
+
 def _timeline(tables: Tables) -> pl.LazyFrame:
     """Communication kernels per rank in start order, with what ran before and after each
     and whether the call is part of a message storm; built once per rules run for both
     rules of this module, a few ranks at a time (kept in files on a big job)."""
     storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
-    need = ("rank", "step", "kind", "start_ns", "end_ns", "launch_ns")
     return tables.derived(
         ("builtin", "host", "timeline"),
         "kernels",
         lambda k: _build_timeline(tables, k, storms),
-        need,
+        KERNEL_COLUMNS,
     )
 
 
 def _build_timeline(tables: Tables, k: pl.DataFrame, storms: pl.DataFrame) -> pl.DataFrame:
     """_timeline's rows for a batch of whole ranks' kernels."""
-    if k.width < 6:  # kernels without the columns (an empty table)
+    if k.width < len(KERNEL_COLUMNS):  # kernels without the columns (an empty table)
         return pl.DataFrame(schema=TIMELINE_SCHEMA)
     k = k.filter(pl.col("start_ns").is_not_null()).sort("rank", "start_ns")
     # Neighbours within the rank by plain shifts (rows are sorted by rank).
@@ -78,22 +95,6 @@ def _build_timeline(tables: Tables, k: pl.DataFrame, storms: pl.DataFrame) -> pl
         .select(list(TIMELINE_SCHEMA))
         .cast(TIMELINE_SCHEMA)
     )
-
-
-TIMELINE_SCHEMA = {
-    "rank": pl.Int64,
-    "step": pl.Int64,
-    "kind": pl.String,
-    "start_ns": pl.Int64,
-    "end_ns": pl.Int64,
-    "launch_ns": pl.Int64,
-    "busy_through": pl.Int64,
-    "busy_until": pl.Int64,
-    "prev_kind": pl.String,
-    "next_start": pl.Int64,
-    "next_launch": pl.Int64,
-    "in_storm": pl.Boolean,
-}
 
 
 def _report(
