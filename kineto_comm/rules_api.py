@@ -565,7 +565,7 @@ def _exposure(tables: Tables, calls: pl.DataFrame, durations: pl.DataFrame) -> p
     """A batch of whole ranks' calls with their waits, `exposed_ns` (of the transfer) and
     `exposed_all_ns` (of the whole call), against the same ranks' compute kernels, read a
     few ranks at a time (a rank has many more kernels than calls)."""
-    waits = _with_waits(calls.lazy(), durations).collect().with_row_index("_row")
+    waits = collect(_with_waits(calls.lazy(), durations)).with_row_index("_row")
     need = ("rank", "kind", "start_ns", "end_ns")
     spans = waits.select(
         "_row",
@@ -740,7 +740,7 @@ def impact_per_step(
         "calls": pl.Int64,
     }
     query = lazy.group_by([*by, "rank", "step"]).agg(v=pl.col(value).sum(), calls=pl.len())
-    per_rank = tables.collect(query) if tables is not None else query.collect()
+    per_rank = tables.collect(query) if tables is not None else collect(query)
     if per_rank.height == 0:
         return pl.DataFrame(schema=schema)
     if (per_rank["step"] >= 0).any():

@@ -43,6 +43,15 @@ def storm_keys(tables: Tables, max_bytes: int, min_calls: int) -> pl.DataFrame:
     storms = tables["storms"]
     if tables.has("storms", "process_group", "collective"):
         return storms.select(pl.col("process_group").cast(pl.String), "collective").unique()
+    # Read over every call: once per rules run (four rules ask).
+    return tables.once(
+        ("builtin", "storm_keys", max_bytes, min_calls),
+        lambda: _storms_from_calls(tables, max_bytes, min_calls),
+    )
+
+
+def _storms_from_calls(tables: Tables, max_bytes: int, min_calls: int) -> pl.DataFrame:
+    """storm_keys without the analysis' storms table."""
     empty = pl.DataFrame(schema={"process_group": pl.String, "collective": pl.String})
     if not tables.has("collectives"):
         return empty
