@@ -521,7 +521,12 @@ def _with_waits(calls: pl.LazyFrame, durations: pl.DataFrame) -> pl.LazyFrame:
     grouped = pl.col("collective").is_in(P2P).not_()
     return (
         calls.join(
-            durations.lazy(), on=CALL_KEY, how="left", nulls_equal=True, maintain_order="left"
+            durations.lazy(),
+            on=CALL_KEY,
+            how="left",
+            nulls_equal=True,
+            maintain_order="left",
+            build_side="force_right",
         )
         .with_columns(
             transfer_ns=pl.when(grouped).then(pl.col("_min")).otherwise(pl.col("duration_ns")),

@@ -29,6 +29,7 @@ def with_roles(tables: Tables, frame: pl.DataFrame | pl.LazyFrame) -> pl.DataFra
             roles.lazy() if isinstance(frame, pl.LazyFrame) else roles,
             on="process_group",
             how="left",
+            build_side="force_right",
         )
         .with_columns(pl.col("role").fill_null("unknown"))
     )
@@ -96,11 +97,15 @@ def exposure_by_cause(tables: Tables, exclude_last: bool = True) -> pl.DataFrame
     exp = collective_exposure_lazy(tables, transfer_only=True).select(used)
     exp = exp.filter(~pl.col("collective").is_in(P2P))
     exp = exp.with_columns(pl.col("process_group").cast(pl.String))
-    exp = exp.join(storms.lazy(), on=["process_group", "collective"], how="anti")
+    exp = exp.join(
+        storms.lazy(), on=["process_group", "collective"], how="anti", build_side="force_right"
+    )
     if exclude_last:
         # Each rank's step ends with its latest call: a small table, joined back.
         ends = tables.collect(exp.group_by("rank", "step").agg(_last=pl.col("end_ns").max()))
-        exp = exp.join(ends.lazy(), on=["rank", "step"], how="left", nulls_equal=True)
+        exp = exp.join(
+            ends.lazy(), on=["rank", "step"], how="left", nulls_equal=True, build_side="force_right"
+        )
         last = pl.col("end_ns") == pl.col("_last")
         exp = exp.with_columns(
             exposed_ns=pl.when(last).then(0).otherwise(pl.col("exposed_ns"))

@@ -97,6 +97,7 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         slow.lazy().select("process_group", "collective", "ratio"),
         on=["process_group", "collective"],
         how="inner",
+        build_side="force_right",
     )
     rows = rows.with_columns(lost=pl.col("exposed_ns") * (1.0 - pl.col("ratio")))
     causes = impact_per_step(rows, "lost", ["process_group"], tables=tables).join(

@@ -48,6 +48,7 @@ def _stage_steps(tables: Tables) -> pl.DataFrame:
                 left_on=["process_group", "rank"],
                 right_on=["pipeline", "rank"],
                 how="semi",
+                build_side="force_right",
             )
             .group_by("rank", "step")
             .agg(m=pl.len())

@@ -71,7 +71,7 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
     used = ("rank", "step", "process_group", "collective", "bytes", "group_size", "exposed_ns")
     exp = collective_exposure_lazy(tables, transfer_only=False).select(used)
     exp = exp.with_columns(pl.col("process_group").cast(pl.String)).join(
-        storms.lazy(), on=["process_group", "collective"], how="semi"
+        storms.lazy(), on=["process_group", "collective"], how="semi", build_side="force_right"
     )
     ref = float(options["reference_busbw_gbps"])
     if ref > 0:

@@ -62,7 +62,7 @@ def _lateness(tables: Tables) -> pl.DataFrame:
     last = pl.col("rank") == pl.col("_last")
     late = pl.when(pl.col("_ties") > 1).then(0).otherwise(pl.col("_second"))
     per_step = tables.collect(
-        waits.join(calls.lazy(), on=key, how="left", nulls_equal=True)
+        waits.join(calls.lazy(), on=key, how="left", nulls_equal=True, build_side="force_right")
         .with_columns(last=last.fill_null(False))
         .with_columns(late=pl.when(pl.col("last")).then(late).otherwise(0))
         .group_by("rank", "step")

@@ -75,7 +75,12 @@ def tensor_parallel_across_hosts(tables: Tables, options: dict[str, Any]) -> lis
         .select("rank", "step", "process_group", "exposed_ns")
         .with_columns(pl.col("process_group").cast(pl.String))
     )
-    exp = exp.join(spanning.lazy().select("process_group"), on="process_group", how="semi")
+    exp = exp.join(
+        spanning.lazy().select("process_group"),
+        on="process_group",
+        how="semi",
+        build_side="force_right",
+    )
     slow = max(1.0, float(options["inter_host_slowdown"]))
     exp = exp.with_columns(saved=pl.col("exposed_ns") * (1.0 - 1.0 / slow))
     impact = impact_per_step(exp, "saved", ["process_group"], tables=tables)

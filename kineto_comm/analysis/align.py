@@ -51,9 +51,9 @@ def estimate_offsets(keyed: pl.DataFrame | RankStore, ranks: list[int]) -> pl.Da
         calls = calls.group_by("instance", "rank").agg(pl.col("end_ns").max())
     shared = calls.group_by("instance").agg(pl.len().alias("n")).filter(pl.col("n") > 1)
     ends = collect(
-        calls.join(shared.select("instance"), on="instance", how="semi").with_columns(
-            pl.col("end_ns").cast(pl.Float64)
-        ),
+        calls.join(
+            shared.select("instance"), on="instance", how="semi", build_side="force_right"
+        ).with_columns(pl.col("end_ns").cast(pl.Float64)),
         keyed.height,
     )
     base = pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int64})

@@ -104,14 +104,39 @@ def _human_bytes(x: pl.Expr) -> pl.Expr:
 _GROUP_TEXT = ("pg_desc", "pg_ranks")
 
 
+# What the features read of the calls (and process_group).
+_USED = [
+    "rank",
+    "step",
+    "start_ns",
+    "compute_before",
+    "collective",
+    "bytes",
+    "group_size",
+    "pg_desc",
+    "pg_ranks",
+]
+
+
 def _calls(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame) -> pl.LazyFrame:
     """Calls with their position in the step window and their per-step weight."""
+    store = as_store(collectives)
     windows = (
         steps.lazy()
         .filter(pl.col("step") >= 0)
         .select("rank", "step", _s0=pl.col("start_ns"), _s1=pl.col("end_ns"))
     )
     per_rank = windows.group_by("rank").agg(_nsteps=pl.col("step").n_unique())
+    # Only the steps without compute (a call there has no compute_before) need their window:
+    # joining every (rank, step) would hold a hash table of them all (0.3 GB at 2048 ranks
+    # of 950 steps), most steps have compute.
+    bare = collect(
+        store.lazy(["rank", "step"], where=pl.col("compute_before").is_null())
+        .filter(pl.col("step") >= 0)
+        .unique(),
+        store.height,
+    )
+    windows = windows.join(bare.lazy(), on=["rank", "step"], how="semi")
     span = pl.col("_s1") - pl.col("_s0")
     # 1 / (rank's steps) for a call inside a step; 0 outside the steps of a rank that has
     # steps; 1 (the whole trace as one step) on a rank without steps.
@@ -122,25 +147,13 @@ def _calls(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame) -> pl.Laz
         .then(1.0 / pl.col("_nsteps"))
         .otherwise(0.0)
     )
-    used = [
-        "rank",
-        "step",
-        "start_ns",
-        "compute_before",
-        "collective",
-        "bytes",
-        "group_size",
-        "pg_desc",
-        "pg_ranks",
-    ]
     # The group's description and rank list only go to counts per value: Categorical until
     # then, not a copy of a long text on every call.
     return (
-        as_store(collectives)
-        .lazy(["process_group", *used], categorical=_GROUP_TEXT)
-        .select(group_key(), *used)
-        .join(windows, on=["rank", "step"], how="left")
-        .join(per_rank, on="rank", how="left")
+        store.lazy(["process_group", *_USED], categorical=_GROUP_TEXT)
+        .select(group_key(), *_USED)
+        .join(windows, on=["rank", "step"], how="left", build_side="force_right")
+        .join(per_rank, on="rank", how="left", build_side="force_right")
         .with_columns(
             _pos=pl.coalesce(
                 "compute_before",
@@ -153,9 +166,29 @@ def _calls(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame) -> pl.Laz
     )
 
 
-def _features(calls: pl.LazyFrame, world: int, rows: int) -> pl.LazyFrame:
+def _first_positions(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame) -> pl.DataFrame:
+    """Per group, rank and step that has placed calls: the position of the group's first
+    call (`_f`) and of its first all_reduce (`_fa`).
+
+    A batch of whole ranks at a time: one aggregation over every call would hold a state per
+    (group, rank, step), 0.5 GB at 2048 ranks of 950 steps."""
+    pos, coll = pl.col("_pos"), pl.col("collective")
+    found = [
+        collect(
+            _calls(batch, steps)
+            .filter(pos.is_not_null())
+            .group_by("process_group", "rank", "step")
+            .agg(_f=pos.min(), _fa=pos.filter(coll == "all_reduce").min())
+            .select("process_group", "_f", "_fa")
+        )
+        for batch in as_store(collectives).batches(columns=["process_group", *_USED])
+    ]
+    return pl.concat(found) if found else pl.DataFrame()
+
+
+def _features(calls: pl.LazyFrame, firsts: pl.DataFrame, world: int, rows: int) -> pl.LazyFrame:
     """One row per group with the numbers the decision and the evidence use (`rows`: how
-    many calls there are).
+    many calls there are; `firsts`: the `_first_positions`).
 
     Every pass over the calls aggregates them into few groups (per group, or per group and
     value): on a big job the streaming engine runs such a pass in bounded memory, where
@@ -199,7 +232,7 @@ def _features(calls: pl.LazyFrame, world: int, rows: int) -> pl.LazyFrame:
             .agg(pl.col(column).min().alias(name), pl.col("_n").first())
         )
 
-    totals, sizes, descs, rank_lists, group_sizes, seen, firsts, mixes = collect_all(
+    totals, sizes, descs, rank_lists, group_sizes, seen, mixes = collect_all(
         [
             calls.group_by("process_group").agg(
                 _calls=pl.len(),
@@ -229,9 +262,6 @@ def _features(calls: pl.LazyFrame, world: int, rows: int) -> pl.LazyFrame:
                 _counted_bytes=pl.when(pl.col("_w") > 0).then(size.fill_null(0)).sum(),
                 _weight=pl.col("_w").max(),
             ),
-            calls.filter(placed)
-            .group_by("process_group", "rank", "step")
-            .agg(_f=pos.min(), _fa=pos.filter(coll == "all_reduce").min()),
             calls.group_by("process_group", "collective").agg(_n=pl.len(), _cw=pl.col("_w").sum()),
         ],
         rows,
@@ -451,7 +481,8 @@ def process_groups(
     ).item()
     if ranks.height and "world_size" in ranks.columns:
         world = max(world, int(ranks["world_size"].max() or 0))
-    feats = _features(_calls(collectives, steps), world, collectives.height)
+    firsts = _first_positions(collectives, steps)
+    feats = _features(_calls(collectives, steps), firsts, world, collectives.height)
     return collect(
         _decide(feats)
         .sort(pl.col("process_group").str.len_chars(), "process_group")

@@ -57,7 +57,11 @@ def stragglers(
     # of the earlier ones.
     start, latest = pl.col("start_ns"), pl.col("last_start_ns")
     second = (
-        calls.join(shared.lazy().select("instance", "last_start_ns"), on="instance")
+        calls.join(
+            shared.lazy().select("instance", "last_start_ns"),
+            on="instance",
+            build_side="force_right",
+        )
         .group_by("instance")
         .agg(
             _ties=(start == latest).sum(),
@@ -78,6 +82,7 @@ def stragglers(
             shared.lazy().join(second, on="instance"),
             left_on=["instance", "rank"],
             right_on=["instance", "last_rank"],
+            build_side="force_right",
         )
         .with_columns(
             last_rank=pl.col("rank"), lateness_ns=pl.col("start_ns") - pl.col("second_ns")
@@ -86,7 +91,7 @@ def stragglers(
         waits.height,
     ).lazy()
     caused = (
-        calls.join(late.select("instance", "last_rank"), on="instance")
+        calls.join(late.select("instance", "last_rank"), on="instance", build_side="force_right")
         .filter(pl.col("rank") != pl.col("last_rank"))
         .group_by("last_rank")
         .agg(caused_wait_ns=pl.col("wait_ns").sum())

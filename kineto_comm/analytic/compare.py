@@ -97,7 +97,7 @@ def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
     role_of = _role_table(report, roles)
     tagged = (
         coll.with_columns(pl.col("process_group").cast(pl.String))
-        .join(role_of.lazy(), on="process_group", how="left")
+        .join(role_of.lazy(), on="process_group", how="left", build_side="force_right")
         .with_columns(pl.col("role").fill_null("unknown"))
     )
     # One small table per (rank, role, collective, process group, dtype): the rest from it.

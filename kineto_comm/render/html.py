@@ -295,16 +295,16 @@ def svg_skew_heatmap(report: Report) -> str:
         {"rank": ranks, "row": [i // per_row for i in range(len(ranks))]},
         schema={"rank": store.lazy(["rank"]).collect_schema()["rank"], "row": pl.Int64},
     )
-    placed = waits.join(cols.lazy().select("instance", "col"), on="instance").join(
-        row_of.lazy(), on="rank"
-    )
+    placed = waits.join(
+        cols.lazy().select("instance", "col"), on="instance", build_side="force_right"
+    ).join(row_of.lazy(), on="rank", build_side="force_right")
     # Each cell names the rank and call that waited longest (ties: lowest rank, first call):
     # the cell's longest wait, then the smallest (rank, instance) among the rows with it.
     longest = collect(placed.group_by("row", "col").agg(_max=pl.col("wait_ns").max()), store.height)
     pair = pl.col("rank").cast(pl.Int64) * 2**32 + pl.col("instance").cast(pl.Int64)
     cells = (
         collect(
-            placed.join(longest.lazy(), on=["row", "col"])
+            placed.join(longest.lazy(), on=["row", "col"], build_side="force_right")
             .filter(pl.col("wait_ns") == pl.col("_max"))
             .group_by("row", "col")
             .agg(wait_ns=pl.col("wait_ns").max(), _pair=pair.min()),
