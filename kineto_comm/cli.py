@@ -118,7 +118,6 @@ def report(
         exit_code,
         parse_also,
         parse_severity,
-        render,
         write,
     )
     from kineto_comm.rules_engine import apply_rules
@@ -159,12 +158,7 @@ def report(
 
         render_text(result, out=sys.stdout)
     else:
-        text = render(result, format, fail_on=severity)
-        if output:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text, encoding="utf-8")
-        else:
-            sys.stdout.write(text)
+        write(result, format, output or sys.stdout, fail_on=severity)
     raise typer.Exit(exit_code(result, severity, exit_zero))
 
 

@@ -14,7 +14,14 @@ import pytest
 import kineto_comm
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render import github, json_doc, junit, markdown, sarif
-from kineto_comm.render.formats import FORMATS, exit_code, parse_also, parse_severity, render
+from kineto_comm.render.formats import (
+    FORMATS,
+    exit_code,
+    parse_also,
+    parse_severity,
+    render,
+    write,
+)
 from kineto_comm.report import Report
 
 from .conftest import SAMPLES
@@ -300,6 +307,24 @@ def test_json_text_is_the_document_dumped_whatever_the_file_names():
         whole = json.dumps(json_doc.document(r), indent=2, default=str, allow_nan=False) + "\n"
         assert json_doc.render_json(r) == whole
         assert all(rank["steps"] for rank in json.loads(whole)["ranks"])
+
+
+def test_write_gives_the_rendered_text_to_files_and_streams(ddp: Report, tmp_path: Path) -> None:
+    """`write` is how the CLI outputs: the JSON document in pieces (a rank's steps each), the
+    other formats whole, the same text as `render` either way."""
+    import io
+
+    pieces = list(json_doc.json_pieces(ddp))
+    assert len(pieces) > ddp.ranks.height  # a rank's steps each, not the document at once
+    for fmt in FORMATS:
+        stream = io.StringIO()
+        write(ddp, fmt, stream, fail_on="warning")
+        path = tmp_path / "new" / f"report.{fmt}"
+        write(ddp, fmt, path, fail_on="warning")
+        text = render(ddp, fmt, fail_on="warning")
+        assert stream.getvalue() == text == path.read_bytes().decode("utf-8"), fmt
+    with pytest.raises(ValueError, match="unknown format"):
+        write(ddp, "yaml", io.StringIO())
 
 
 def test_rank_means_are_the_means_of_the_documents_steps():

@@ -1,21 +1,23 @@
 """The output formats by name, rendering to text, and the exit code policy for CI.
 
 Every renderer is a pure function `(report, fail_on) -> str`; `render(report, fmt, fail_on=)`
-picks one by name. `exit_code` is the policy the CLI applies after writing the output:
-0 when no finding is at or above `fail_on` (or `exit_zero`), 1 when one is. Exit code 2 (tool
-or input errors) is the CLI's own decision and comes before this one.
+picks one by name, and `write` writes its text to a file or stream (the JSON document piece by
+piece: a big job's holds a GB of per-step rows). `exit_code` is the policy the CLI applies
+after writing the output: 0 when no finding is at or above `fail_on` (or `exit_zero`), 1 when
+one is. Exit code 2 (tool or input errors) is the CLI's own decision and comes before this one.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TextIO
 
 from kineto_comm.findings import Severity
 from kineto_comm.render.github import render_github
 from kineto_comm.render.html import render_html
-from kineto_comm.render.json_doc import at_or_above, findings_of, render_json
+from kineto_comm.render.json_doc import at_or_above, findings_of, json_pieces, render_json
 from kineto_comm.render.junit import render_junit
 from kineto_comm.render.markdown import render_markdown
 from kineto_comm.render.sarif import render_sarif
@@ -42,6 +44,8 @@ FORMATS: dict[str, Renderer] = {
     "github": render_github,
     "html": render_html,
 }
+# Formats whose text comes in pieces to write one after the other (`write`).
+PIECES: dict[str, Callable[[Report, Severity], Iterable[str]]] = {"json": json_pieces}
 EXTENSIONS = {
     "text": ".txt",
     "json": ".json",
@@ -66,11 +70,15 @@ def parse_severity(value: str | Severity) -> Severity:
 
 def render(report: Report, fmt: str, *, fail_on: Severity | str = Severity.error) -> str:
     """`report` rendered in format `fmt` (a key of FORMATS)."""
+    return _renderer(fmt)(report, parse_severity(fail_on))
+
+
+def _renderer(fmt: str) -> Renderer:
+    """The renderer of format `fmt`; ValueError naming the formats."""
     try:
-        renderer = FORMATS[fmt]
+        return FORMATS[fmt]
     except KeyError:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}") from None
-    return renderer(report, parse_severity(fail_on))
 
 
 def exit_code(
@@ -94,9 +102,18 @@ def parse_also(spec: str) -> tuple[str, Path]:
 
 
 def write(
-    report: Report, fmt: str, path: Path, *, fail_on: Severity | str = Severity.error
+    report: Report, fmt: str, out: Path | TextIO, *, fail_on: Severity | str = Severity.error
 ) -> None:
-    """Render `fmt` into `path` (UTF-8), creating its parent directory."""
-    text = render(report, fmt, fail_on=fail_on)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    """Render `fmt` into `out`: a path (UTF-8, its parent directory created) or a text
+    stream. The same text as `render`, written in pieces where the format has them
+    (PIECES), so that the whole text of a big job's JSON is never held at once."""
+    renderer, severity = _renderer(fmt), parse_severity(fail_on)
+    pieces = PIECES[fmt](report, severity) if fmt in PIECES else [renderer(report, severity)]
+    if isinstance(out, Path):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8") as stream:
+            for piece in pieces:
+                stream.write(piece)
+    else:
+        for piece in pieces:
+            out.write(piece)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,12 +290,18 @@ def overview(report: Report, fail_on: Severity = Severity.error) -> dict[str, An
 
 
 def render_json(report: Report, fail_on: Severity = Severity.error) -> str:
-    """The document as strict JSON text (no NaN), indented, with a trailing newline.
+    """The document as strict JSON text (no NaN), indented, with a trailing newline: what
+    `json.dumps(document(report), indent=2)` gives, joined from `json_pieces`."""
+    return "".join(json_pieces(report, fail_on))
 
-    Written as `json.dumps(document(report), indent=2)` would, but each rank's step rows are
-    turned into text one rank at a time and put in place: a job of a thousand ranks and as
-    many steps holds a million step rows, which as Python objects take several times the
-    text they make."""
+
+def json_pieces(report: Report, fail_on: Severity = Severity.error) -> Iterator[str]:
+    """`render_json`'s text in pieces, to be written one after the other.
+
+    Each rank's step rows are turned into text one rank at a time and put in place of a
+    placeholder: a job of two thousand ranks and a thousand steps has two million step
+    rows, about a GB of text, several times that as Python objects. Written piece by piece
+    (kineto_comm.render.formats.write), only one rank's rows are held at once."""
     tokens: dict[str, pl.DataFrame | None] = {}
 
     def placeholder(rank: int, rows: pl.DataFrame | None) -> str:
@@ -304,15 +311,17 @@ def render_json(report: Report, fail_on: Severity = Severity.error) -> str:
 
     doc = _document(report, fail_on, report._to_dict(placeholder))
     text = json.dumps(doc, indent=2, default=str, allow_nan=False) + "\n"
-    pieces, at = [], 0
-    for token, rows in tokens.items():
+    del doc
+    at = 0
+    for token in list(tokens):
+        rows = tokens.pop(token)  # each rank's rows are let go once written
         # The key is part of the match: a file name equal to a token stays a quoted text.
         key = f'"steps": "{token}"'
         found = text.index(key, at)
         indent = found - text.rindex("\n", 0, found) - 1
         listed = [] if rows is None else clean(rows.to_dicts())
         steps = json.dumps(listed, indent=2, default=str, allow_nan=False)
-        pieces += [text[at:found], '"steps": ', steps.replace("\n", "\n" + " " * indent)]
+        yield text[at:found] + '"steps": '
+        yield steps.replace("\n", "\n" + " " * indent)
         at = found + len(key)
-    pieces.append(text[at:])
-    return "".join(pieces)
+    yield text[at:]
