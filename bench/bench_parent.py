@@ -18,7 +18,8 @@ Printed per rank count: collective rows, wall time of `analyze()`, the parent's 
 returned Report's tables hold (8 bytes per number, 16 per text value: the view, not the text
 its rows share; tables kept in files count nothing): the part of the peak no transient can
 explain. With --rules, the child then applies the built-in rules and renders every format,
-as `kineto-comm report` does, and prints their time and the peak after them.
+as `kineto-comm report` does (each written to a file), and prints their time and the peak
+after them.
 """
 
 from __future__ import annotations
@@ -76,12 +77,12 @@ held = sum(
 calls = r.rank_collectives.height  # not r.collectives: that reads every rank's calls
 rules_wall, rules_peak = 0.0, peak
 if sys.argv[4:] == ["rules"]:  # what `kineto-comm report` adds: rules, then every format
-    from kineto_comm.render.formats import FORMATS, render
+    from kineto_comm.render.formats import FORMATS, write
     from kineto_comm.rules_engine import apply_rules
     t = time.perf_counter()
     r = apply_rules(r, (), (), (), None, ())
-    for fmt in FORMATS:
-        render(r, fmt)
+    for fmt in FORMATS:  # written to a file, as `kineto-comm report -o` does
+        write(r, fmt, placeholders / f"report.{fmt}")
     rules_wall = time.perf_counter() - t
     rules_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(r.ranks.height, calls, r.collective_instances.height, wall, base, peak, held,

@@ -149,7 +149,7 @@ class Report:
                 }
             )
         sized = pl.col("bytes").is_not_null()
-        timed = pl.col("duration_ns").filter(sized).sum()
+        timed = pl.when(sized).then(pl.col("duration_ns")).sum()
         return collect(
             calls.lazy(["rank", *keys, "bytes", "duration_ns"])
             .group_by(keys)

@@ -52,9 +52,9 @@ def _lateness(tables: Tables) -> pl.DataFrame:
     waited = pl.col("wait_ns") > 0
     calls = tables.collect(
         waits.group_by(key).agg(
-            _last=pl.col("rank").filter(~waited).min(),
+            _last=pl.when(~waited).then(pl.col("rank")).min(),
             _ties=(~waited).sum(),
-            _second=pl.col("wait_ns").filter(waited).min(),
+            _second=pl.when(waited).then(pl.col("wait_ns")).min(),
         )
     )
     if calls.height == 0:

@@ -123,7 +123,7 @@ def message_size_summary(collectives: pl.DataFrame | RankStore) -> pl.DataFrame:
         return [
             below.mean().alias(f"calls_lt_{tag}_share"),
             pl.when(total_time > 0)
-            .then(dur.filter(below).sum() / total_time)
+            .then(pl.when(below).then(dur).sum() / total_time)
             .otherwise(None)
             .alias(f"time_lt_{tag}_share"),
         ]

@@ -79,7 +79,7 @@ def reference_busbw(
         .group_by(keys)
         .agg(_large=pl.col("_bw").quantile(large_quantile))
     )
-    best = calls.group_by(keys).agg(_best=pl.col("_bw").filter(size >= SMALL_BYTES).max())
+    best = calls.group_by(keys).agg(_best=pl.when(size >= SMALL_BYTES).then(pl.col("_bw")).max())
     return collect(
         best.join(large, on=keys, how="left").select(
             *keys, reference_busbw_gbps=pl.coalesce("_large", "_best").cast(pl.Float64)

@@ -66,7 +66,7 @@ def stragglers(
         .agg(
             _ties=(start == latest).sum(),
             _latest=latest.first(),
-            _earlier=start.filter(start < latest).max(),
+            _earlier=pl.when(start < latest).then(start).max(),
         )
         .select(
             "instance",

@@ -102,13 +102,14 @@ def _empty(plot_id: str, text: str) -> str:
 
 def svg_step_time(report: Report) -> str:
     """Horizontal stacked bars: each rank's mean step split by what the device was doing."""
-    steps = step_rows(report)
-    if steps.height == 0:
+    if report.steps.height == 0:
         return _empty("plot-step-time", "No step windows in the traces.")
     m = (
-        steps.group_by("rank")
+        step_rows(report)
+        .group_by("rank")
         .agg(pl.col("wall_ns", "compute_ns", "overlap_ns", "exposed_comm_ns", "idle_ns").mean())
         .sort("rank")
+        .collect()
     )
     rows = []
     for r in m.iter_rows(named=True):
