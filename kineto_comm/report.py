@@ -193,12 +193,17 @@ class Report:
         """to_dict() with each rank's `steps` given by `steps_of(rank, its step rows)`: the
         JSON renderer writes them a rank at a time instead of holding every rank's rows as
         Python objects."""
-        steps_by_rank = {
-            r: rows
-            for (r,), rows in self.steps.sort("rank", "start_ns")
-            .select("rank", "step", "start_ns", "end_ns", *METRICS)
-            .group_by("rank", maintain_order=True)
-        }
+        # Each rank's rows are a slice (a view) of one sorted copy: a big job's steps table
+        # has a row per rank and step, which split into a frame per rank would be copied
+        # once more.
+        ordered = self.steps.sort("rank", "start_ns").select(
+            "rank", "step", "start_ns", "end_ns", *METRICS
+        )
+        counts = ordered.group_by("rank", maintain_order=True).len()
+        steps_by_rank, at = {}, 0
+        for r, n in counts.iter_rows():
+            steps_by_rank[r] = ordered.slice(at, n)
+            at += n
         totals_by_rank = {row["rank"]: row for row in self.totals.iter_rows(named=True)}
         ranks = []
         for row in self.ranks.sort("rank").iter_rows(named=True):

@@ -61,17 +61,23 @@ def _lateness(tables: Tables) -> pl.DataFrame:
         return empty
     last = pl.col("rank") == pl.col("_last")
     late = pl.when(pl.col("_ties") > 1).then(0).otherwise(pl.col("_second"))
+    # Only the rows of the rank that came last (one per call) are kept per (rank, step): a
+    # state per rank and step of every rank would grow with ranks x steps.
     per_step = tables.collect(
         waits.join(calls.lazy(), on=key, how="left", nulls_equal=True, build_side="force_right")
-        .with_columns(last=last.fill_null(False))
-        .with_columns(late=pl.when(pl.col("last")).then(late).otherwise(0))
+        .filter(last.fill_null(False))
         .group_by("rank", "step")
-        .agg(calls=pl.len(), times_last=pl.col("last").sum(), late=pl.col("late").max())
+        .agg(times_last=pl.len(), late=late.max())
     )
-    return per_step.group_by("rank").agg(
-        instances=pl.col("calls").sum().cast(pl.Int64),
-        times_last=pl.col("times_last").sum().cast(pl.Int64),
-        lateness_ns=pl.col("late").sum().cast(pl.Float64),
+    counts = tables.collect(waits.group_by("rank").agg(instances=pl.len()))
+    lasts = per_step.group_by("rank").agg(
+        times_last=pl.col("times_last").sum(), lateness_ns=pl.col("late").sum()
+    )
+    return (
+        counts.join(lasts, on="rank", how="left")
+        .with_columns(pl.col("times_last", "lateness_ns").fill_null(0))
+        .cast({"instances": pl.Int64, "times_last": pl.Int64, "lateness_ns": pl.Float64})
+        .select(list(empty.columns))
     )
 
 
