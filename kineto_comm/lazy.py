@@ -14,6 +14,13 @@ over millions of rows, while the streaming engine runs an aggregation into few g
 join with a small table, in bounded memory. Such queries say how many rows they read
 (`collect(query, rows=...)`) and take the streaming engine from STREAMING_ROWS up
 (bench/README.md, fifteenth session).
+
+Two habits keep the streaming engine's state bounded (bench/README.md, twentieth session):
+- a join of every rank's rows with a small table names `build_side="force_right"`: left to
+  choose, the engine first buffers up to ten million rows of both sides, ~0.2 GB of calls
+  per join at 2048 ranks;
+- a masked aggregate is written `pl.when(mask).then(x).sum()`, not `x.filter(mask).sum()`:
+  a filter inside an aggregation makes the group-by hold the whole column.
 """
 
 from __future__ import annotations
