@@ -173,9 +173,10 @@ def _first_positions(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame)
     A batch of whole ranks at a time: one aggregation over every call would hold a state per
     (group, rank, step), 0.5 GB at 2048 ranks of 950 steps."""
     pos, coll = pl.col("_pos"), pl.col("collective")
+    # Each batch joins only its own ranks' steps, not every rank's.
     found = [
         collect(
-            _calls(batch, steps)
+            _calls(batch, steps.filter(pl.col("rank").is_in(batch["rank"].unique().implode())))
             .filter(pos.is_not_null())
             .group_by("process_group", "rank", "step")
             .agg(_f=pos.min(), _fa=pos.filter(coll == "all_reduce").min())

@@ -538,25 +538,21 @@ def _rank_table(doc: dict[str, Any]) -> str:
     """Per-rank means per step."""
     head = ["rank", "device", "steps", "step", "compute", "overlap", "exposed comm", "idle"]
     rows = []
+
+    def share(v: float | None, whole: float | None) -> str:
+        return "-" if v is None or not whole else f"{100 * v / whole:.1f}%"
+
     for r in doc["ranks"]:
-
-        def m(col: str, r: dict[str, Any] = r) -> float | None:
-            return r[col]
-
-        wall, comm = m("wall_ns"), m("comm_ns")
-
-        def share(v: float | None, whole: float | None) -> str:
-            return "-" if v is None or not whole else f"{100 * v / whole:.1f}%"
-
+        wall, comm, exposed, idle = r["wall_ns"], r["comm_ns"], r["exposed_comm_ns"], r["idle_ns"]
         cells = [
             r["rank"],
             r.get("device") or r.get("timeline"),
             r["steps"],
             fmt_ns(wall),
-            fmt_ns(m("compute_ns")),
-            share(m("overlap_ns"), comm),
-            f"{fmt_ns(m('exposed_comm_ns'))} ({share(m('exposed_comm_ns'), wall)})",
-            f"{fmt_ns(m('idle_ns'))} ({share(m('idle_ns'), wall)})",
+            fmt_ns(r["compute_ns"]),
+            share(r["overlap_ns"], comm),
+            f"{fmt_ns(exposed)} ({share(exposed, wall)})",
+            f"{fmt_ns(idle)} ({share(idle, wall)})",
         ]
         rows.append(
             "<tr>"
