@@ -29,6 +29,9 @@ import polars as pl
 from kineto_comm.analysis.align import shift, shifted
 
 BATCH_ROWS = 100_000  # rows per batch: a few MB for the columns a rule reads
+# Calls per view of a few ranks (Tables.rank_slices): a fold over ranks holds state per
+# (rank, step) for about this many calls' ranks at a time.
+SLICE_ROWS = 2_000_000
 TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
 
 
@@ -50,6 +53,24 @@ class Part:
     frame: pl.DataFrame | None = None
     path: str | None = None
     rank: int | None = None  # the final rank of a file's rows (files hold provisional ones)
+    span: tuple[int, int] | None = None  # lowest and highest rank of a part of several ranks
+
+    @property
+    def bounds(self) -> tuple[int, int] | None:
+        """The lowest and highest rank of the rows; None when not known."""
+        return (self.rank, self.rank) if self.rank is not None else self.span
+
+    def within(self, lo: int | None, hi: int | None) -> bool | None:
+        """True when every row's rank is in [lo, hi] (None: open), False when none is,
+        None when some may be."""
+        if self.bounds is None:
+            return None
+        low, high = self.bounds
+        if (lo is None or low >= lo) and (hi is None or high <= hi):
+            return True
+        if (lo is not None and high < lo) or (hi is not None and low > hi):
+            return False
+        return None
 
     def read(self, columns: list[str] | None = None) -> pl.DataFrame:
         """The rows (only `columns`, in that order, when given)."""
@@ -113,18 +134,56 @@ class RankStore:
         parts: Iterable[Part] = (),
         offsets: pl.DataFrame | None = None,
         folder: SpillFolder | None = None,
+        window: tuple[int | None, int | None] = (None, None),
     ) -> None:
         self._parts = tuple(parts)
         self._offsets = offsets  # the offsets table (rank, offset_ns), None: no shift
         self._folder = folder  # kept alive as long as a store reads its files
+        self._window = window  # only the rows of ranks in [lo, hi] (None: open)
 
     @classmethod
     def from_frame(cls, frame: pl.DataFrame) -> RankStore:
         """A store over one in-memory table (small jobs, tests, user-built reports)."""
-        return cls([Part(rows=frame.height, frame=frame)])
+        return cls([keep(frame, None)])
+
+    def restricted(self, lo: int | None, hi: int | None) -> RankStore:
+        """The same store with only the rows of ranks in [lo, hi] (None: open): the files of
+        other ranks are not read."""
+        parts = [p for p in self._parts if p.within(lo, hi) is not False]
+        if self._parts and not parts:  # no rows, but the table's columns
+            parts = [self._parts[0]]
+        return RankStore(parts, self._offsets, self._folder, (lo, hi))
+
+    def windows(self, rows: int) -> list[tuple[int | None, int | None]]:
+        """Rank ranges [lo, hi] (None: open) that hold about `rows` rows each, every rank in
+        exactly one, cut only between parts: [(None, None)] when the store fits in one."""
+        if self.height <= rows:
+            return [(None, None)]
+        spans = sorted((p.bounds, p.rows) for p in self._parts if p.bounds is not None)
+        cuts: list[int] = []
+        held, top = 0, None
+        for (low, high), n in spans:
+            if held >= rows and top is not None and low > top:
+                cuts.append(low)
+                held = 0
+            held += n
+            top = high if top is None else max(top, high)
+        edges = [None, *cuts, None]
+        return [(a, None if b is None else b - 1) for a, b in zip(edges, edges[1:], strict=False)]
+
+    def _mask(self, part: Part) -> pl.Expr | None:
+        """The filter keeping `part`'s rows of the window's ranks; None when all are."""
+        lo, hi = self._window
+        if part.within(lo, hi):
+            return None
+        rank = pl.col("rank")
+        return (pl.lit(True) if lo is None else rank >= lo) & (
+            pl.lit(True) if hi is None else rank <= hi
+        )
 
     @property
     def height(self) -> int:
+        """Rows (with a window: of the parts holding its ranks, a part cut by it whole)."""
         return sum(p.rows for p in self._parts)
 
     @property
@@ -140,7 +199,7 @@ class RankStore:
     def with_offsets(self, offsets: pl.DataFrame) -> RankStore:
         """The same rows on another clock: `offset_ns` (per `rank`) is subtracted from
         every time column when rows are read."""
-        return RankStore(self._parts, offsets, self._folder)
+        return RankStore(self._parts, offsets, self._folder, self._window)
 
     def batches(
         self,
@@ -165,6 +224,9 @@ class RankStore:
                 frame = shift(frame, self._offsets, TIME_COLUMNS)
             if wanted is not None and part.rank is None:
                 frame = frame.filter(pl.col("rank").is_in(sorted(wanted)))
+            mask = self._mask(part)
+            if mask is not None:
+                frame = frame.filter(mask)
             pending.append(frame)
             held += frame.height
             if held >= rows:
@@ -206,10 +268,17 @@ class RankStore:
             return pl.LazyFrame()
         files = [p for p in self._parts if p.path is not None]
         schema = files[0].schema() if files else None
-        parts = [
-            p.scan(columns, where, categorical, schema if p.path is not None else None)
-            for p in self._parts
-        ]
+        parts = []
+        for p in self._parts:
+            known = schema if p.path is not None else None
+            mask = self._mask(p)
+            if mask is None:
+                parts.append(p.scan(columns, where, categorical, known))
+            elif columns is None or "rank" in columns:
+                parts.append(p.scan(columns, where, categorical, known).filter(mask))
+            else:
+                scan = p.scan([*columns, "rank"], where, categorical, known)
+                parts.append(scan.filter(mask).drop("rank"))
         query = pl.concat(parts, how="vertical_relaxed") if len(parts) > 1 else parts[0]
         if self._offsets is None:
             return query
@@ -226,10 +295,14 @@ def as_store(table: pl.DataFrame | RankStore) -> RankStore:
 def keep(frame: pl.DataFrame, folder: SpillFolder | None) -> Part:
     """A part holding `frame`'s rows: the frame itself, or an IPC file in `folder` (rows of
     any ranks, the final ones) when one is given."""
+    span = None
+    if frame.height and "rank" in frame.columns and frame.schema["rank"].is_integer():
+        low, high = frame.select(lo=pl.col("rank").min(), hi=pl.col("rank").max()).row(0)
+        span = None if low is None else (int(low), int(high))
     if folder is None:
-        return Part(rows=frame.height, frame=frame)
+        return Part(rows=frame.height, frame=frame, span=span)
     from kineto_comm.per_rank import write_frame
 
     path = folder.path / f"{uuid.uuid4().hex}.arrow"
     write_frame(frame, path)
-    return Part(rows=frame.height, path=str(path))
+    return Part(rows=frame.height, path=str(path), span=span)

@@ -193,6 +193,9 @@ class Tables(Mapping[str, pl.DataFrame]):
         # Results of the helpers below that several rules ask for (collective_exposure
         # reads every rank's kernels): computed once per Tables, i.e. once per rules run.
         self._memo: dict[Any, Any] = {}
+        # A view of a few ranks (rank_slices): their range, and the whole tables' memo.
+        self._window: tuple[int | None, int | None] | None = None
+        self._shared: dict[Any, Any] = {}
 
     def __getitem__(self, name: str) -> pl.DataFrame:
         src = self._source
@@ -200,6 +203,8 @@ class Tables(Mapping[str, pl.DataFrame]):
             value = src.get(name)
             if isinstance(value, RankStore):
                 value = value.frame()
+        elif self._window is not None and (store := self._store(name)) is not None:
+            value = store.frame()
         else:
             try:
                 value = src.table(name)
@@ -211,9 +216,40 @@ class Tables(Mapping[str, pl.DataFrame]):
         """`compute()`, run the first time `key` is asked for in this rules run and remembered
         after: how rules share a table that is costly to build (e.g. one that reads every
         rank's kernels). Keys should name their owner (("mypackage", "what", ...))."""
+        if key in self._shared:
+            return self._shared[key]
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
+
+    def rank_slices(self, rows: int | None = None) -> Iterator[Tables]:
+        """Views of these tables, each holding only a range of whole ranks' rows of the
+        per-rank tables (`kernels`, `collectives`, `collective_waits` and the `derived`
+        ones), about `rows` calls each (default rank_store.SLICE_ROWS); every rank is in
+        exactly one view. A job that fits in one gets these tables themselves.
+
+        How a rule keeps state per (rank, step) within bounds whatever the rank count: it
+        folds each view's result into a state per step (as `impact_per_step` does). In a
+        view, `once` and `derived` give what the whole tables already hold (computed over
+        every rank; a derived table restricted to the view's ranks); anything else is
+        computed over the view's ranks only, so a query over every rank is built on the
+        whole tables first."""
+        from kineto_comm import rank_store
+
+        if self._window is not None:
+            yield self
+            return
+        store = self._store("collectives") or self._store("kernels")
+        limit = rank_store.SLICE_ROWS if rows is None else rows
+        windows = [(None, None)] if store is None else store.windows(limit)
+        if len(windows) == 1:
+            yield self
+            return
+        for window in windows:
+            view = Tables(self._source)
+            view._window = window
+            view._shared = self._memo
+            yield view
 
     def _store(self, name: str) -> RankStore | None:
         """The per-rank store holding table `name`, None for other tables."""
@@ -224,7 +260,9 @@ class Tables(Mapping[str, pl.DataFrame]):
             from kineto_comm.report import STORES
 
             store = getattr(src, STORES[name], None) if name in STORES else None
-        return store if isinstance(store, RankStore) else None
+        if not isinstance(store, RankStore):
+            return None
+        return store if self._window is None else store.restricted(*self._window)
 
     def rank_batches(
         self, name: str, columns: Sequence[str] = (), ranks: Sequence[int] | None = None
@@ -306,6 +344,8 @@ class Tables(Mapping[str, pl.DataFrame]):
         returns the new table's rows for those ranks. Built the first time `key` is asked
         for in this rules run and kept like `source`: in files, one batch each, on a big
         job. Returned as one lazy query (see `lazy`)."""
+        if key in self._shared:
+            return self._shared[key].restricted(*self._window).lazy()
         if key not in self._memo:
             store = self._store(source)
             folder = SpillFolder() if store is not None and store.spilled else None
@@ -721,7 +761,7 @@ def make_finding(
 
 
 def impact_per_step(
-    rows: pl.DataFrame | pl.LazyFrame,
+    rows: pl.DataFrame | pl.LazyFrame | Callable[[Tables], pl.LazyFrame],
     value: str,
     by: Sequence[str] = (),
     steps: int | None = None,
@@ -730,13 +770,24 @@ def impact_per_step(
     """Step time a cause costs: `value` summed per (by, rank, step), the worst rank taken per
     (by, step) (a synchronous job waits for its slowest rank), averaged over `steps` (default:
     the steps present). Returns by + impact_ns, ranks (list), steps (list) and calls (mean
-    rows per rank and step).
+    rows per rank and step with a cost).
 
-    `rows` may be a lazy query over every call (collective_exposure_lazy): only its sums per
-    (by, rank, step) are held, collected by `tables.collect` when `tables` is given."""
+    `rows` may be a lazy query over every call (collective_exposure_lazy), collected by
+    `tables.collect` when `tables` is given; then its sums per (by, rank, step) are held at
+    once. A function from a Tables to that query keeps memory bounded whatever the rank
+    count: it is called on `tables` (to plan; nothing is run) and then on each of
+    `tables.rank_slices()`, and only a few ranks' sums are held at a time. The function
+    reads the per-rank tables through the Tables it gets, and treats ranks apart: a join on
+    (rank, step) with an aggregation of its own rows is fine, a statistic over every rank
+    comes from the whole tables."""
     by = list(by)
-    lazy = rows.lazy()
-    names = lazy.collect_schema()
+    if callable(rows):
+        assert tables is not None, "a function of the tables needs `tables`"
+        names = rows(tables).collect_schema()
+        queries = ((view, rows(view)) for view in tables.rank_slices())
+    else:
+        names = rows.lazy().collect_schema()
+        queries = iter([(tables, rows.lazy())])
     schema = {
         **{c: names.get(c, pl.String) for c in by},
         "impact_ns": pl.Float64,
@@ -744,23 +795,56 @@ def impact_per_step(
         "steps": pl.List(pl.Int64),
         "calls": pl.Int64,
     }
-    query = lazy.group_by([*by, "rank", "step"]).agg(v=pl.col(value).sum(), calls=pl.len())
-    per_rank = tables.collect(query) if tables is not None else collect(query)
-    if per_rank.height == 0:
+    # Per view of a few ranks, state per (by, step) and per (by, rank), not per rank and step.
+    per_step, per_rank = [], []
+    for view, query in queries:
+        query = query.group_by([*by, "rank", "step"]).agg(
+            v=pl.col(value).sum(), calls=pl.len().cast(pl.Int64)
+        )
+        sums = view.collect(query) if view is not None else collect(query)
+        cost = pl.col("v") > 0
+        per_step.append(
+            sums.group_by([*by, "step"]).agg(
+                v=pl.col("v").max(),
+                _calls=pl.when(cost).then(pl.col("calls")).sum(),
+                _n=cost.sum().cast(pl.Int64),
+            )
+        )
+        per_rank.append(sums.filter(cost).select(*by, "rank", _late=pl.col("step") >= 0).unique())
+    step = pl.concat(per_step)
+    if step.height == 0:
         return pl.DataFrame(schema=schema)
-    if (per_rank["step"] >= 0).any():
-        per_rank = per_rank.filter(pl.col("step") >= 0)
-    n = steps or max(1, per_rank["step"].n_unique())
-    per_step = per_rank.group_by([*by, "step"]).agg(v=pl.col("v").max())
-    totals = per_step.group_by(by or pl.lit(0).alias("_all")).agg(impact_ns=pl.col("v").sum() / n)
+    ranks = pl.concat(per_rank)
+    if (step["step"] >= 0).any():
+        step = step.filter(pl.col("step") >= 0)
+        ranks = ranks.filter(pl.col("_late"))
+    n = steps or max(1, step["step"].n_unique())
+    key = by or ["_all"]
+    if not by:
+        step = step.with_columns(_all=pl.lit(0))
+        ranks = ranks.with_columns(_all=pl.lit(0))
+    step = (
+        step.group_by([*key, "step"])
+        .agg(pl.col("v").max(), pl.col("_calls").sum(), pl.col("_n").sum())
+        .sort([*key, "step"], nulls_last=True)
+    )
+    totals = step.group_by(key, maintain_order=True).agg(impact_ns=pl.col("v").sum() / n)
     members = (
-        per_rank.filter(pl.col("v") > 0)
-        .group_by(by or pl.lit(0).alias("_all"))
+        step.filter(pl.col("_n") > 0)
+        .group_by(key)
         .agg(
-            ranks=pl.col("rank").unique().sort(),
             steps=pl.col("step").unique().sort(),
-            calls=pl.col("calls").mean().round().cast(pl.Int64),
+            calls=(pl.col("_calls").sum() / pl.col("_n").sum()).round().cast(pl.Int64),
+        )
+        .join(
+            ranks.group_by(key).agg(ranks=pl.col("rank").unique().sort()),
+            on=key,
+            how="left",
+            nulls_equal=True,
         )
     )
-    key = by or ["_all"]
-    return totals.join(members, on=key, how="left").drop("_all", strict=False).select(list(schema))
+    return (
+        totals.join(members, on=key, how="left", nulls_equal=True)
+        .drop("_all", strict=False)
+        .select(list(schema))
+    )

@@ -80,7 +80,15 @@ def exposure_by_cause(tables: Tables, exclude_last: bool = True) -> pl.DataFrame
     Waiting for late ranks is left out (that is the straggler rules' time), and so is the
     last collective of each rank's step when `exclude_last`: nothing is left to hide it
     behind. Storm collectives and point-to-point calls are left to their own rules.
+    Computed once per rules run (COMM101 and COMM102 both read it).
     """
+    return tables.once(
+        ("builtin", "exposure_by_cause", exclude_last), lambda: _by_cause(tables, exclude_last)
+    )
+
+
+def _by_cause(tables: Tables, exclude_last: bool) -> pl.DataFrame:
+    """exposure_by_cause, computed."""
     schema = {"role": pl.String, "collective": pl.String, "exposed_ns": pl.Int64}
     if not tables.has("collectives"):
         return impact_per_step(
@@ -94,29 +102,34 @@ def exposure_by_cause(tables: Tables, exclude_last: bool = True) -> pl.DataFrame
     storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
     # Only the columns used below: the query reads a row per call on every rank.
     used = ("rank", "step", "process_group", "collective", "end_ns", "bytes", "exposed_ns")
-    exp = collective_exposure_lazy(tables, transfer_only=True).select(used)
-    exp = exp.filter(~pl.col("collective").is_in(P2P))
-    exp = exp.with_columns(pl.col("process_group").cast(pl.String))
-    exp = exp.join(
-        storms.lazy(), on=["process_group", "collective"], how="anti", build_side="force_right"
-    )
-    if exclude_last:
-        # Each rank's step ends with its latest call: a small table, joined back.
-        ends = tables.collect(exp.group_by("rank", "step").agg(_last=pl.col("end_ns").max()))
+
+    def transfers(view: Tables) -> pl.LazyFrame:
+        exp = collective_exposure_lazy(view, transfer_only=True).select(used)
+        exp = exp.filter(~pl.col("collective").is_in(P2P))
+        exp = exp.with_columns(pl.col("process_group").cast(pl.String))
         exp = exp.join(
-            ends.lazy(), on=["rank", "step"], how="left", nulls_equal=True, build_side="force_right"
+            storms.lazy(), on=["process_group", "collective"], how="anti", build_side="force_right"
         )
+        return with_roles(tables, exp)
+
+    def exposed(view: Tables) -> pl.LazyFrame:
+        exp = transfers(view)
+        if not exclude_last:
+            return exp
+        # Each rank's step ends with its latest call: a few ranks' steps, joined back.
+        ends = exp.group_by("rank", "step").agg(_last=pl.col("end_ns").max())
+        exp = exp.join(ends, on=["rank", "step"], how="left", nulls_equal=True)
         last = pl.col("end_ns") == pl.col("_last")
-        exp = exp.with_columns(
+        return exp.with_columns(
             exposed_ns=pl.when(last).then(0).otherwise(pl.col("exposed_ns"))
         ).drop("_last")
-    exp = with_roles(tables, exp)
-    impact = impact_per_step(exp, "exposed_ns", ["role", "collective"], tables=tables)
+
+    impact = impact_per_step(exposed, "exposed_ns", ["role", "collective"], tables=tables)
     # Per group first (few rows), so the streaming engine never holds a list per row.
     per_group = tables.collect(
-        exp.group_by("role", "collective", "process_group").agg(
-            _sum=pl.col("bytes").sum(), _count=pl.col("bytes").count()
-        )
+        transfers(tables)
+        .group_by("role", "collective", "process_group")
+        .agg(_sum=pl.col("bytes").sum(), _count=pl.col("bytes").count())
     )
     extra = per_group.group_by("role", "collective").agg(
         groups=pl.col("process_group").drop_nulls().unique().sort(),

@@ -62,21 +62,21 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     if not tables.has("collectives"):
         return []
     used = ("rank", "step", "process_group", "collective", "call_index", "bytes")
-    exp = collective_exposure_lazy(tables, transfer_only=True).select(
-        *used, "group_size", "ranks_seen", "transfer_ns", "exposed_ns"
-    )
-    big = exp.filter(
-        (pl.col("bytes") >= options["min_bytes"])
-        & (pl.col("transfer_ns") > 0)
-        & pl.col("collective").is_in(["send", "recv", "send_recv", "unknown"]).not_()
-    )
-    size = pl.col("group_size").fill_null(pl.col("ranks_seen"))
-    big = with_roles(
-        tables,
-        big.with_columns(
-            busbw=pl.col("bytes") * busbw_factor(pl.col("collective"), size) / pl.col("transfer_ns")
-        ),
-    )
+
+    def big_calls(view: Tables) -> pl.LazyFrame:
+        exp = collective_exposure_lazy(view, transfer_only=True).select(
+            *used, "group_size", "ranks_seen", "transfer_ns", "exposed_ns"
+        )
+        big = exp.filter(
+            (pl.col("bytes") >= options["min_bytes"])
+            & (pl.col("transfer_ns") > 0)
+            & pl.col("collective").is_in(["send", "recv", "send_recv", "unknown"]).not_()
+        )
+        size = pl.col("group_size").fill_null(pl.col("ranks_seen"))
+        busbw = pl.col("bytes") * busbw_factor(pl.col("collective"), size) / pl.col("transfer_ns")
+        return with_roles(tables, big.with_columns(busbw=busbw))
+
+    big = big_calls(tables)
     # Medians hold every value: on a big job, of an evenly spread sample of the calls.
     groups = tables.collect(
         tables.sample(big)
@@ -93,14 +93,17 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     slow = groups.filter(pl.col("ratio") < options["min_ratio"])
     if slow.height == 0:
         return []
-    rows = big.join(
-        slow.lazy().select("process_group", "collective", "ratio"),
-        on=["process_group", "collective"],
-        how="inner",
-        build_side="force_right",
-    )
-    rows = rows.with_columns(lost=pl.col("exposed_ns") * (1.0 - pl.col("ratio")))
-    causes = impact_per_step(rows, "lost", ["process_group"], tables=tables).join(
+
+    def slow_calls(view: Tables) -> pl.LazyFrame:
+        rows = big_calls(view).join(
+            slow.lazy().select("process_group", "collective", "ratio"),
+            on=["process_group", "collective"],
+            how="inner",
+            build_side="force_right",
+        )
+        return rows.with_columns(lost=pl.col("exposed_ns") * (1.0 - pl.col("ratio")))
+
+    causes = impact_per_step(slow_calls, "lost", ["process_group"], tables=tables).join(
         slow.group_by("process_group").agg(
             pl.col("collective"),
             pl.col("median_busbw").min(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
@@ -100,13 +101,18 @@ def _build_timeline(tables: Tables, k: pl.DataFrame, storms: pl.DataFrame) -> pl
 def _report(
     rule_: Any,
     tables: Tables,
-    rows: pl.LazyFrame,
+    rows: Callable[[Tables], pl.LazyFrame],
     options: dict[str, Any],
     what: str,
     advice: tuple[str, ...],
 ) -> list[Finding]:
-    rows = rows.filter(pl.col("gap") >= options["min_gap_ns"])
-    impact = impact_per_step(rows, "gap", tables=tables)
+    """The finding for the gaps `rows(tables)` gives (a function of the tables, so that
+    impact_per_step reads a few ranks at a time)."""
+
+    def gaps(view: Tables) -> pl.LazyFrame:
+        return rows(view).filter(pl.col("gap") >= options["min_gap_ns"])
+
+    impact = impact_per_step(gaps, "gap", tables=tables)
     if impact.height == 0:
         return []
     imp = impact.row(0, named=True)
@@ -118,7 +124,7 @@ def _report(
     if sev is None:
         return []
     first, last, largest = tables.collect(
-        rows.select(pl.col("start_ns").min(), pl.col("end_ns").max(), pl.col("gap").max())
+        gaps(tables).select(pl.col("start_ns").min(), pl.col("end_ns").max(), pl.col("gap").max())
     ).row(0)
     return [
         make_finding(
@@ -167,19 +173,22 @@ def host_bound_communication(tables: Tables, options: dict[str, Any]) -> list[Fi
     torch.compile, fewer hooks); pin the process to free cores; enable DDP static_graph and
     avoid find_unused_parameters=True.
     """
-    rows = (
-        _timeline(tables)
-        .filter(
-            pl.col("launch_ns").is_not_null()
-            & pl.col("busy_until").is_not_null()
-            & (pl.col("prev_kind") != "communication")
-        )
-        .with_columns(
-            gap=(pl.min_horizontal("launch_ns", "start_ns") - pl.col("busy_until")).clip(
-                lower_bound=0
+
+    def rows(view: Tables) -> pl.LazyFrame:
+        return (
+            _timeline(view)
+            .filter(
+                pl.col("launch_ns").is_not_null()
+                & pl.col("busy_until").is_not_null()
+                & (pl.col("prev_kind") != "communication")
+            )
+            .with_columns(
+                gap=(pl.min_horizontal("launch_ns", "start_ns") - pl.col("busy_until")).clip(
+                    lower_bound=0
+                )
             )
         )
-    )
+
     return _report(
         host_bound_communication,
         tables,
@@ -221,17 +230,20 @@ def blocking_synchronisation(tables: Tables, options: dict[str, Any]) -> list[Fi
     NCCL_BLOCKING_WAIT / TORCH_NCCL_BLOCKING_WAIT stay unset in production.
     """
     # In a storm of tiny collectives the CPU trails the GPU anyway: COMM201's time.
-    rows = (
-        _timeline(tables)
-        .filter(
-            pl.col("next_launch").is_not_null()
-            & (pl.col("busy_through") == pl.col("end_ns"))
-            & (pl.col("next_launch") >= pl.col("end_ns"))
-            & (pl.col("next_start") > pl.col("end_ns"))
-            & ~pl.col("in_storm")
+
+    def rows(view: Tables) -> pl.LazyFrame:
+        return (
+            _timeline(view)
+            .filter(
+                pl.col("next_launch").is_not_null()
+                & (pl.col("busy_through") == pl.col("end_ns"))
+                & (pl.col("next_launch") >= pl.col("end_ns"))
+                & (pl.col("next_start") > pl.col("end_ns"))
+                & ~pl.col("in_storm")
+            )
+            .with_columns(gap=pl.col("next_start") - pl.col("end_ns"))
         )
-        .with_columns(gap=pl.col("next_start") - pl.col("end_ns"))
-    )
+
     return _report(
         blocking_synchronisation,
         tables,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import polars as pl
@@ -64,9 +65,16 @@ def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         return []
     step_ns = mean_step_ns(tables)
     calls = tables.has("collectives")
-    exposure = collective_exposure_lazy(tables).select(
-        "rank", "step", "process_group", "collective", "exposed_ns"
-    )
+
+    def exposure(view: Tables, collective: str, groups: list[str]) -> pl.LazyFrame:
+        rows = collective_exposure_lazy(view).select(
+            "rank", "step", "process_group", "collective", "exposed_ns"
+        )
+        return rows.filter(
+            (pl.col("collective") == collective)
+            & pl.col("process_group").fill_null("?").is_in(groups or ["?"])
+        )
+
     findings = []
     for row in flagged.iter_rows(named=True):  # one row per role and collective
         groups = [g.strip() for g in (row["process_groups"] or "").split(",") if g.strip()]
@@ -75,11 +83,11 @@ def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         excess = 0.0 if measured <= 0 else max(0.0, 1.0 - expected / measured)
         impact = 0.0
         if excess > 0 and calls:
-            rows = exposure.filter(
-                (pl.col("collective") == row["collective"])
-                & pl.col("process_group").fill_null("?").is_in(groups or ["?"])
+            per_step = impact_per_step(
+                partial(exposure, collective=row["collective"], groups=groups),
+                "exposed_ns",
+                tables=tables,
             )
-            per_step = impact_per_step(rows, "exposed_ns", tables=tables)
             impact = excess * (per_step["impact_ns"][0] if per_step.height else 0.0)
         dev = row["bytes_dev_pct"]
         what = (

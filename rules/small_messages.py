@@ -69,18 +69,24 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
     if storms.height == 0:
         return []
     used = ("rank", "step", "process_group", "collective", "bytes", "group_size", "exposed_ns")
-    exp = collective_exposure_lazy(tables, transfer_only=False).select(used)
-    exp = exp.with_columns(pl.col("process_group").cast(pl.String)).join(
-        storms.lazy(), on=["process_group", "collective"], how="semi", build_side="force_right"
-    )
     ref = float(options["reference_busbw_gbps"])
-    if ref > 0:
-        floor = pl.col("bytes") * busbw_factor(pl.col("collective"), pl.col("group_size")) / ref
-        exp = exp.with_columns(
-            exposed_ns=(pl.col("exposed_ns") - floor.fill_null(0)).clip(lower_bound=0)
+
+    def storm_calls(view: Tables) -> pl.LazyFrame:
+        exp = collective_exposure_lazy(view, transfer_only=False).select(used)
+        exp = exp.with_columns(pl.col("process_group").cast(pl.String)).join(
+            storms.lazy(), on=["process_group", "collective"], how="semi", build_side="force_right"
         )
-    exp = with_roles(tables, exp)
-    causes = impact_per_step(exp, "exposed_ns", ["process_group", "collective"], tables=tables)
+        if ref > 0:
+            floor = pl.col("bytes") * busbw_factor(pl.col("collective"), pl.col("group_size")) / ref
+            exp = exp.with_columns(
+                exposed_ns=(pl.col("exposed_ns") - floor.fill_null(0)).clip(lower_bound=0)
+            )
+        return with_roles(tables, exp)
+
+    causes = impact_per_step(
+        storm_calls, "exposed_ns", ["process_group", "collective"], tables=tables
+    )
+    exp = storm_calls(tables)
     # Message sizes repeat: the median comes from counts per size (exact, a few rows).
     counts = tables.collect(
         exp.group_by("process_group", "collective", "role", "bytes").agg(_n=pl.len())

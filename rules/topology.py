@@ -70,20 +70,23 @@ def tensor_parallel_across_hosts(tables: Tables, options: dict[str, Any]) -> lis
     if spanning.height == 0:
         return []
     step_ns = mean_step_ns(tables)
-    exp = (
-        collective_exposure_lazy(tables)
-        .select("rank", "step", "process_group", "exposed_ns")
-        .with_columns(pl.col("process_group").cast(pl.String))
-    )
-    exp = exp.join(
-        spanning.lazy().select("process_group"),
-        on="process_group",
-        how="semi",
-        build_side="force_right",
-    )
     slow = max(1.0, float(options["inter_host_slowdown"]))
-    exp = exp.with_columns(saved=pl.col("exposed_ns") * (1.0 - 1.0 / slow))
-    impact = impact_per_step(exp, "saved", ["process_group"], tables=tables)
+
+    def spanning_calls(view: Tables) -> pl.LazyFrame:
+        exp = (
+            collective_exposure_lazy(view)
+            .select("rank", "step", "process_group", "exposed_ns")
+            .with_columns(pl.col("process_group").cast(pl.String))
+        )
+        exp = exp.join(
+            spanning.lazy().select("process_group"),
+            on="process_group",
+            how="semi",
+            build_side="force_right",
+        )
+        return exp.with_columns(saved=pl.col("exposed_ns") * (1.0 - 1.0 / slow))
+
+    impact = impact_per_step(spanning_calls, "saved", ["process_group"], tables=tables)
     spanning = spanning.join(impact, on="process_group", how="left")
     groups = spanning["process_group"].to_list()
     ranks = sorted({r for rs in spanning["ranks"].to_list() for r in rs})

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from kineto_comm import analyze, budget, rank_store
+from kineto_comm.rank_store import RankStore, keep
 from kineto_comm.rules_api import (
     Tables,
     collective_exposure,
@@ -132,3 +133,64 @@ def test_lazy_tables_normalise_groups_and_impact_takes_lazy_rows(monkeypatch):
     }
     # A job below the sample size keeps every row.
     assert tables.collect(tables.sample(lazy, "rank")).equals(tables.collect(lazy))
+
+
+def _impact_by_definition(rows: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """impact_per_step as documented, over every rank's sums per (by, rank, step) at once."""
+    per = rows.group_by([*by, "rank", "step"]).agg(v=pl.col("cost").sum(), calls=pl.len())
+    if (per["step"] >= 0).any():
+        per = per.filter(pl.col("step") >= 0)
+    n = max(1, per["step"].n_unique())
+    impact = (
+        per.group_by([*by, "step"])
+        .agg(pl.col("v").max())
+        .group_by(by)
+        .agg(impact_ns=pl.col("v").sum() / n)
+    )
+    members = (
+        per.filter(pl.col("v") > 0)
+        .group_by(by)
+        .agg(
+            ranks=pl.col("rank").unique().sort(),
+            steps=pl.col("step").unique().sort(),
+            calls=pl.col("calls").mean().round().cast(pl.Int64),
+        )
+    )
+    return impact.join(members, on=by, how="left", nulls_equal=True)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_impact_folded_over_views_of_a_few_ranks_follows_its_definition(seed, monkeypatch):
+    """A function of the tables is called on views of a few whole ranks (here: one rank
+    each) and the sums are folded per step: the same result as all ranks' sums at once."""
+    monkeypatch.setattr(rank_store, "SLICE_ROWS", 1)
+    rng = random.Random(seed)
+    n_ranks = rng.randint(1, 6)
+    steps = [-1, 0, 1, 2, 3] if rng.random() < 0.7 else [-1]
+    rows = [
+        (rank, rng.choice(steps), rng.choice(["a", "b", "?"]), rng.choice([0, 0, 1, 5, 40]))
+        for rank in range(n_ranks)
+        for _ in range(rng.randint(0, 12))
+    ]
+    calls = pl.DataFrame(rows, schema=["rank", "step", "process_group", "cost"], orient="row")
+    parts = [keep(calls.filter(pl.col("rank") == r), None) for r in range(n_ranks)]
+    tables = Tables({"collectives": RankStore(parts)})
+    seen = []
+
+    def costs(view: Tables) -> pl.LazyFrame:
+        seen.append(view.collect(view.lazy("collectives", ["rank"]))["rank"].unique().to_list())
+        return view.lazy("collectives")
+
+    got = impact_per_step(costs, "cost", ["process_group"], tables=tables)
+    want = _impact_by_definition(calls, ["process_group"])
+    assert got.sort("process_group").equals(want.select(got.columns).sort("process_group"))
+    # Planned on every rank, then run on a view per rank (each rank in exactly one).
+    with_rows = sorted(calls["rank"].unique().to_list())
+    if len(with_rows) > 1:
+        assert sorted(seen[0]) == with_rows
+        assert sorted(r for s in seen[1:] for r in s) == with_rows
+        assert all(len(s) <= 1 for s in seen[1:]) and len(seen) > 2
+    overall = impact_per_step(costs, "cost", tables=tables)
+    assert overall["impact_ns"].to_list() == _impact_by_definition(
+        calls.with_columns(k=pl.lit(0)), ["k"]
+    )["impact_ns"].to_list()

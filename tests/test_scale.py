@@ -384,6 +384,7 @@ def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, m
     rank each here, the most splitting there can be)."""
     from kineto_comm import rank_store
     from kineto_comm.render.formats import FORMATS, render
+    from kineto_comm.rules_api import Tables
     from kineto_comm.rules_engine import builtin_rules, run_rules
 
     folder = SAMPLES / scenario if "-" in scenario else spill_jobs / scenario  # real or synth
@@ -392,6 +393,7 @@ def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, m
     assert not memory.rank_kernels.spilled
     monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
     monkeypatch.setattr(rank_store, "BATCH_ROWS", 1)
+    monkeypatch.setattr(rank_store, "SLICE_ROWS", 1)  # rules fold over views of one rank
     files = analyze(folder, jobs=jobs)
     assert files.rank_kernels.spilled and files.options["jobs"] == jobs
     assert files.rank_collectives.spilled and files.rank_waits.spilled
@@ -416,6 +418,7 @@ def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, m
         r.code: {o.name: 0 for o in r.options if o.name.endswith(("_share", "min_gap_ns"))}
         for r in builtin_rules()
     }
+    assert len(list(Tables(files).rank_slices())) == files.ranks.height
     found = run_rules(files, options=zero)
     assert [f.to_dict() for f in found] == [f.to_dict() for f in run_rules(memory, options=zero)]
     if scenario == "skew":

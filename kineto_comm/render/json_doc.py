@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -318,9 +318,9 @@ def json_pieces(report: Report, fail_on: Severity = Severity.error) -> Iterator[
     placeholder: a job of two thousand ranks and a thousand steps has two million step
     rows, about a GB of text, several times that as Python objects. Written piece by piece
     (kineto_comm.render.formats.write), only one rank's rows are held at once."""
-    tokens: dict[str, pl.DataFrame | None] = {}
+    tokens: dict[str, Callable[[], pl.DataFrame] | None] = {}
 
-    def placeholder(rank: int, rows: pl.DataFrame | None) -> str:
+    def placeholder(rank: int, rows: Callable[[], pl.DataFrame] | None) -> str:
         token = f"@kineto-comm-steps-{len(tokens)}@"
         tokens[token] = rows
         return token
@@ -335,7 +335,7 @@ def json_pieces(report: Report, fail_on: Severity = Severity.error) -> Iterator[
         key = f'"steps": "{token}"'
         found = text.index(key, at)
         indent = found - text.rindex("\n", 0, found) - 1
-        listed = [] if rows is None else clean(rows.to_dicts())
+        listed = [] if rows is None else clean(rows().to_dicts())
         steps = json.dumps(listed, indent=2, default=str, allow_nan=False)
         yield text[at:found] + '"steps": '
         yield steps.replace("\n", "\n" + " " * indent)
