@@ -191,6 +191,7 @@ def test_impact_folded_over_views_of_a_few_ranks_follows_its_definition(seed, mo
         assert sorted(r for s in seen[1:] for r in s) == with_rows
         assert all(len(s) <= 1 for s in seen[1:]) and len(seen) > 2
     overall = impact_per_step(costs, "cost", tables=tables)
-    assert overall["impact_ns"].to_list() == _impact_by_definition(
-        calls.with_columns(k=pl.lit(0)), ["k"]
-    )["impact_ns"].to_list()
+    assert (
+        overall["impact_ns"].to_list()
+        == _impact_by_definition(calls.with_columns(k=pl.lit(0)), ["k"])["impact_ns"].to_list()
+    )
