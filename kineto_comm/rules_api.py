@@ -782,7 +782,8 @@ def impact_per_step(
     comes from the whole tables."""
     by = list(by)
     if callable(rows):
-        assert tables is not None, "a function of the tables needs `tables`"
+        if tables is None:
+            raise ValueError("impact_per_step: rows given as a function need `tables`")
         names = rows(tables).collect_schema()
         queries = ((view, rows(view)) for view in tables.rank_slices())
     else:
@@ -810,14 +811,15 @@ def impact_per_step(
                 _n=cost.sum().cast(pl.Int64),
             )
         )
-        per_rank.append(sums.filter(cost).select(*by, "rank", _late=pl.col("step") >= 0).unique())
+        numbered = pl.col("step") >= 0
+        per_rank.append(sums.filter(cost).select(*by, "rank", _numbered=numbered).unique())
     step = pl.concat(per_step)
     if step.height == 0:
         return pl.DataFrame(schema=schema)
     ranks = pl.concat(per_rank)
     if (step["step"] >= 0).any():
         step = step.filter(pl.col("step") >= 0)
-        ranks = ranks.filter(pl.col("_late"))
+        ranks = ranks.filter(pl.col("_numbered"))
     n = steps or max(1, step["step"].n_unique())
     key = by or ["_all"]
     if not by:
