@@ -394,10 +394,12 @@ def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, m
     monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
     monkeypatch.setattr(rank_store, "BATCH_ROWS", 1)
     monkeypatch.setattr(rank_store, "SLICE_ROWS", 1)  # rules fold over views of one rank
+    monkeypatch.setattr(sys.modules["kineto_comm.analyze"], "CHUNK_ROWS", 1)  # steps in chunks
     files = analyze(folder, jobs=jobs)
     assert files.rank_kernels.spilled and files.options["jobs"] == jobs
     assert files.rank_collectives.spilled and files.rank_waits.spilled
     assert files.kernels.height > 0 and files.kernels.equals(memory.kernels)
+    assert files.steps.n_chunks() == files.ranks.height > 1
     for name in ("collectives", "steps", "totals", "offsets", "collective_instances"):
         assert files.table(name).equals(memory.table(name)), name
     for name in ("collective_waits", "stragglers", "message_sizes", "message_size_summary"):
