@@ -15,12 +15,16 @@ join with a small table, in bounded memory. Such queries say how many rows they 
 (`collect(query, rows=...)`) and take the streaming engine from STREAMING_ROWS up
 (bench/README.md, fifteenth session).
 
-Two habits keep the streaming engine's state bounded (bench/README.md, twentieth session):
+Three habits keep the streaming engine's state bounded (bench/README.md, twentieth and
+twenty-second sessions):
 - a join of every rank's rows with a small table names `build_side="force_right"`: left to
   choose, the engine first buffers up to ten million rows of both sides, ~0.2 GB of calls
   per join at 2048 ranks;
 - a masked aggregate is written `pl.when(mask).then(x).sum()`, not `x.filter(mask).sum()`:
-  a filter inside an aggregation makes the group-by hold the whole column.
+  a filter inside an aggregation makes the group-by hold the whole column;
+- one query reads every rank's rows once: two passes over them in one plan (a per-call
+  result joined back to the calls, two aggregates joined) hold one pass's rows whole,
+  +0.6 GiB in `stragglers` at 4096 ranks. Each pass is collected on its own.
 """
 
 from __future__ import annotations

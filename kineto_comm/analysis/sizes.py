@@ -15,15 +15,11 @@ count in the denominators only. A null process group (traces without `pg_name`) 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import polars as pl
 
 from kineto_comm.lazy import collect
 from kineto_comm.model.names import POINT_TO_POINT
-
-if TYPE_CHECKING:
-    from kineto_comm.rank_store import RankStore
+from kineto_comm.rank_store import RankStore, as_store
 
 SMALL_BYTES = 64 * 1024  # below this a call is latency-bound on any interconnect
 MEDIUM_BYTES = 1024 * 1024  # at and above this it approaches the link bandwidth
@@ -82,7 +78,8 @@ def message_sizes(collectives: pl.DataFrame | RankStore) -> pl.DataFrame:
         return pl.DataFrame(schema=MESSAGE_SIZES_SCHEMA)
     bucket = log2_bucket(pl.col("bytes"))
     return collect(
-        collectives.lazy()
+        as_store(collectives)
+        .lazy(["process_group", "collective", "bytes", "duration_ns"])
         .select(
             group_key(),
             "collective",
@@ -129,7 +126,8 @@ def message_size_summary(collectives: pl.DataFrame | RankStore) -> pl.DataFrame:
         ]
 
     return collect(
-        collectives.lazy()
+        as_store(collectives)
+        .lazy(["process_group", "collective", "bytes", "duration_ns"])
         .select(group_key(), "collective", "bytes", "duration_ns")
         .group_by("process_group", "collective")
         .agg(

@@ -54,9 +54,9 @@ def stragglers(
     n_steps = max(shared["step"].n_unique(), 1)
     calls = waits.lazy(["instance", "rank", "start_ns", "wait_ns"])
     # The second-latest arrival: the latest again if two ranks share it, else the latest
-    # of the earlier ones.
+    # of the earlier ones. Each pass over the calls is collected on its own (lazy.py).
     start, latest = pl.col("start_ns"), pl.col("last_start_ns")
-    second = (
+    second = collect(
         calls.join(
             shared.lazy().select("instance", "last_start_ns"),
             on="instance",
@@ -73,13 +73,14 @@ def stragglers(
             second_ns=pl.when(pl.col("_ties") > 1)
             .then(pl.col("_latest"))
             .otherwise(pl.col("_earlier")),
-        )
+        ),
+        waits.height,
     )
     # Per call, its last rank's lateness (the calls, the bigger side, stream through the join).
     late = collect(
         calls.select("instance", "rank", "start_ns")
         .join(
-            shared.lazy().join(second, on="instance"),
+            shared.lazy().join(second.lazy(), on="instance"),
             left_on=["instance", "rank"],
             right_on=["instance", "last_rank"],
             build_side="force_right",
@@ -90,13 +91,14 @@ def stragglers(
         .filter(pl.col("arrival_skew_ns") >= noise_ns),
         waits.height,
     ).lazy()
-    caused = (
+    caused = collect(
         calls.join(late.select("instance", "last_rank"), on="instance", build_side="force_right")
         .filter(pl.col("rank") != pl.col("last_rank"))
         .group_by("last_rank")
         .agg(caused_wait_ns=pl.col("wait_ns").sum())
-        .rename({"last_rank": "rank"})
-    )
+        .rename({"last_rank": "rank"}),
+        waits.height,
+    ).lazy()
     per_step = late.group_by("last_rank", "step").agg(
         step_late_ns=pl.col("lateness_ns").max(), total_late_ns=pl.col("lateness_ns").sum()
     )
@@ -126,7 +128,9 @@ def stragglers(
         .rename({"last_rank": "rank"})
     )
     is_shared = pl.col("instance").is_in(shared["instance"].implode())
-    counts = calls.group_by("rank").agg(instances=is_shared.sum().cast(pl.Int64))
+    counts = collect(
+        calls.group_by("rank").agg(instances=is_shared.sum().cast(pl.Int64)), waits.height
+    ).lazy()
     lasts = (
         late.group_by("last_rank")
         .agg(times_last=pl.len().cast(pl.Int64))
