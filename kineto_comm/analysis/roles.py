@@ -172,9 +172,9 @@ def _first_positions(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame)
 
     A batch of whole ranks at a time: one aggregation over every call would hold a state per
     (group, rank, step), 0.5 GB at 2048 ranks of 950 steps. The positions per (group, rank,
-    step) are kept with the group Categorical and let go once the medians are taken (held
-    as text until the groups were decided, they took the step's peak at 4096 ranks from
-    0.90 to 1.12 GiB)."""
+    step) are kept with the group Categorical and let go once the medians are taken: held as
+    text until the groups were decided, they raised the step's peak at 4096 ranks to 1.12
+    GiB (0.90 now)."""
     pos, coll = pl.col("_pos"), pl.col("collective")
     # Each batch joins only its own ranks' steps, not every rank's.
     found = [
