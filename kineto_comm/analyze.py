@@ -142,12 +142,14 @@ def _part(r: RankTables, name: str, frame: pl.DataFrame) -> Part:
     return Part(rows=frame.height, frame=frame, rank=r.rank)
 
 
-def _calls(kept: list[RankTables], frames: list[pl.DataFrame], folder: Any) -> RankStore:
-    """Every rank's collective calls (`frames`: each kept file's, emptied here): one
-    contiguous frame, or, where a rank's calls are in a file (a big job), one part per rank."""
-    if not any("collectives" in r.files for r in kept):
+def _store(
+    kept: list[RankTables], name: str, frames: list[pl.DataFrame], folder: Any
+) -> RankStore:
+    """Every rank's rows of table `name` (`frames`: each kept file's, emptied here): one
+    contiguous frame, or, where a rank's rows are in a file (a big job), one part per rank."""
+    if not any(name in r.files for r in kept):
         return RankStore.from_frame(_contiguous(frames))
-    parts = [_part(r, "collectives", f) for r, f in zip(kept, frames, strict=True)]
+    parts = [_part(r, name, f) for r, f in zip(kept, frames, strict=True)]
     frames.clear()
     return RankStore(parts, folder=folder)
 
@@ -238,7 +240,8 @@ def analyze(
         },
     )
     # The per-rank tables become merged ones: only `merged` refers to them from here on.
-    # Kernels and calls become stores: one merged frame, or the files of a big job's ranks.
+    # Kernels, calls and steps become stores: one merged frame, or the files of a big
+    # job's ranks.
     small = [name for name in TABLES if name != "kernels"]
     pieces = {name: [getattr(r, name) for r in kept] for name in small}
     results.clear()
@@ -248,12 +251,14 @@ def analyze(
     }
     merged["ranks"] = ranks
     merged["kernels"] = RankStore([_part(r, "kernels", r.kernels) for r in kept], folder=folder)
-    merged["collectives"] = _calls(kept, pieces["collectives"], folder)
+    merged["collectives"] = _store(kept, "collectives", pieces["collectives"], folder)
+    merged["steps"] = _store(kept, "steps", pieces["steps"], folder)
     if kept:
         spilled = folder if merged["collectives"].spilled else None
         merged.update(cross_rank(merged, align=align, folder=spilled))
     merged["rank_kernels"] = merged.pop("kernels")
     merged["rank_collectives"] = merged.pop("collectives")
+    merged["rank_steps"] = merged.pop("steps")
     merged["rank_waits"] = merged.pop("collective_waits", RankStore())
     return Report(
         errors=tuple(errors),

@@ -25,8 +25,9 @@ from kineto_comm.model.kernels import KERNEL_COLUMNS, build_kernels
 from kineto_comm.model.steps import assign_steps, cpu_steps, device_windows
 
 TABLES = ("kernels", "collectives", "steps", "totals")
-# The tables with a row per kernel or call: what big jobs keep in files (kineto_comm.rank_store).
-SPILLED = ("kernels", "collectives")
+# The tables with a row per kernel, call or step: what big jobs keep in files
+# (kineto_comm.rank_store).
+SPILLED = ("kernels", "collectives", "steps")
 
 
 @dataclass
@@ -248,7 +249,7 @@ def _rank_tables(
 
 
 def spill(tables: RankTables, folder: str | Path) -> RankTables:
-    """The same tables with the kernels and collectives (SPILLED) moved to Arrow IPC files in
+    """The same tables with the kernels, collectives and steps (SPILLED) moved to Arrow IPC files in
     `folder` (see kineto_comm.rank_store: what keeps the parent's memory bounded on big
     jobs); a table that cannot be written stays in memory, with a warning."""
     files, rows, moved, warnings = dict(tables.files), {}, {}, list(tables.warnings)

@@ -1,17 +1,19 @@
-"""Where the tables with a row per kernel or per call of every rank are kept: in memory for
+"""Where the tables with a row per kernel, call or step of every rank are kept: in memory for
 small jobs, in Arrow IPC files for big ones.
 
 Kernels (about 100 bytes each, some 0.1 GB per GB of trace JSON), collective calls (about 300
-bytes each) and the calls' waits grow with ranks x steps: merged in the parent, 1024 ranks of
-6,650 calls hold 2.3 GiB of calls alone (docs/scale.md). Big jobs therefore keep each rank's
-rows in its own uncompressed Arrow IPC file (written by the worker that built them, or by the
-cross-rank step that derived them), and the parent reads them in batches of whole ranks
-(`batches`) or as one lazy query for the streaming engine (`lazy`): it holds one batch, or a
-query's bounded state, whatever the rank count. Clock offsets are applied as rows are read,
-so the files never change.
+bytes each), the calls' waits and the steps (120 bytes each) grow with ranks x steps: merged
+in the parent, 1024 ranks of 6,650 calls hold 2.3 GiB of calls alone (docs/scale.md). Big jobs
+therefore keep each rank's rows in its own uncompressed Arrow IPC file (written by the worker
+that built them, or by the cross-rank step that derived them), and the parent reads them in
+batches of whole ranks (`batches`), as one lazy query for the streaming engine (`lazy`), or a
+window of ranks at a time (`per_window`): it holds one batch, or a query's bounded state,
+whatever the rank count. Clock offsets are applied as rows are read, so the files never
+change.
 
 `frame()` still gives every rank's rows as one DataFrame (`Report.kernels`,
-`Report.collectives`) for users who ask: on a big job that costs what a merged table costs.
+`Report.collectives`, `Report.steps`) for users who ask: on a big job that costs what a
+merged table costs.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import shutil
 import tempfile
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from kineto_comm.analysis.align import shift, shifted
+from kineto_comm.lazy import collect
 
 BATCH_ROWS = 100_000  # rows per batch: a few MB for the columns a rule reads
 # Calls per view of a few ranks (Tables.rank_slices): a fold over ranks holds state per
@@ -170,6 +173,19 @@ class RankStore:
             top = high if top is None else max(top, high)
         edges = [None, *cuts, None]
         return [(a, None if b is None else b - 1) for a, b in zip(edges, edges[1:], strict=False)]
+
+    def per_window(
+        self, query: Callable[[RankStore], pl.LazyFrame], rows: int | None = None
+    ) -> pl.DataFrame:
+        """`query(view)` collected for views of whole ranks holding about `rows` rows each
+        (default SLICE_ROWS), the results stacked: how an aggregation whose state grows with
+        every rank's rows (distinct steps per rank) stays within bounds on a big job."""
+        limit = SLICE_ROWS if rows is None else rows
+        found = []
+        for lo, hi in self.windows(limit):
+            view = self.restricted(lo, hi)
+            found.append(collect(query(view), view.height))
+        return pl.concat(found, how="vertical_relaxed")
 
     def _mask(self, part: Part) -> pl.Expr | None:
         """The filter keeping `part`'s rows of the window's ranks; None when all are."""

@@ -11,7 +11,8 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
     collectives  see kineto_comm.model.collectives. A property over `rank_collectives`, as
                  kernels are over `rank_kernels`; `collective_waits` over `rank_waits`.
     steps        rank, step, cpu_start_ns, cpu_end_ns, start_ns, end_ns and the metrics of
-                 kineto_comm.analysis.overlap over each step's device window
+                 kineto_comm.analysis.overlap over each step's device window. A property
+                 over `rank_steps`, as kernels are over `rank_kernels`.
     totals       one row per rank: the same metrics over all of the rank's device activity
 `collective_summary()` aggregates collectives per rank, collective, process group and dtype.
 """
@@ -54,6 +55,7 @@ TABLE_NAMES = (
 STORES = {
     "kernels": "rank_kernels",
     "collectives": "rank_collectives",
+    "steps": "rank_steps",
     "collective_waits": "rank_waits",
 }
 
@@ -63,8 +65,8 @@ class Report:
     """Everything `analyze()` found. Treat the tables as read-only."""
 
     ranks: pl.DataFrame
-    steps: pl.DataFrame
     totals: pl.DataFrame
+    rank_steps: RankStore = field(default_factory=RankStore)
     rank_kernels: RankStore = field(default_factory=RankStore)
     rank_collectives: RankStore = field(default_factory=RankStore)
     offsets: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -92,6 +94,11 @@ class Report:
     def collectives(self) -> pl.DataFrame:
         """Every rank's collective calls (docs/tables.md), on the clock of the other tables."""
         return self.rank_collectives.frame()
+
+    @property
+    def steps(self) -> pl.DataFrame:
+        """Every rank's steps (docs/tables.md), on the clock of the other tables."""
+        return self.rank_steps.frame()
 
     @property
     def collective_waits(self) -> pl.DataFrame:
@@ -186,6 +193,27 @@ class Report:
             .sort(-pl.col("mean_skew_ns"), "process_group", "collective")
         )
 
+    def _steps_by_rank(self) -> dict[int, Callable[[], pl.DataFrame]]:
+        """Per rank with step rows, a function giving them (the JSON document's columns, in
+        start order): the rows are read only when asked for, a rank at a time."""
+        columns = ["step", "start_ns", "end_ns", *METRICS]
+        store = self.rank_steps
+        if store.height == 0:
+            return {}
+        if store.spilled:  # a big job: each rank's rows are read from its own file
+            return {r: partial(_rank_steps, store, r, columns) for r in self.ranks["rank"]}
+        # In memory: gathered by their positions in (rank, start) order, not sorted into a
+        # copy of every rank's rows.
+        by_rank: dict[int, Callable[[], pl.DataFrame]] = {}
+        for steps in store.batches(columns=["rank", *columns]):
+            order = steps.select(pl.arg_sort_by("rank", "start_ns")).to_series()
+            ranks = steps.select(pl.col("rank").gather(order))
+            rows, at = steps.select(columns), 0
+            for r, n in ranks.group_by("rank", maintain_order=True).len().iter_rows():
+                by_rank[r] = partial(_gather, rows, order.slice(at, n))
+                at += n
+        return by_rank
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (see docs/json-schema.md); field names are stable."""
         return self._to_dict(lambda rank, rows: [] if rows is None else rows().to_dicts())
@@ -196,20 +224,7 @@ class Report:
         """to_dict() with each rank's `steps` given by `steps_of(rank, rows)`, `rows()` giving
         its step rows: the JSON renderer writes them a rank at a time instead of holding
         every rank's rows as Python objects."""
-        # A rank's rows are gathered only when asked for, by their positions in (rank,
-        # start) order: a big job's steps table has a row per rank and step (0.4 GiB at 4096
-        # ranks of 950 steps), which a sorted copy would double.
-        steps = self.steps.select("step", "start_ns", "end_ns", *METRICS)
-        order = self.steps.select(pl.arg_sort_by("rank", "start_ns")).to_series()
-        counts = (
-            self.steps.select(pl.col("rank").gather(order))
-            .group_by("rank", maintain_order=True)
-            .len()
-        )
-        steps_by_rank, at = {}, 0
-        for r, n in counts.iter_rows():
-            steps_by_rank[r] = partial(_gather, steps, order.slice(at, n))
-            at += n
+        steps_by_rank = self._steps_by_rank()
         totals_by_rank = {row["rank"]: row for row in self.totals.iter_rows(named=True)}
         ranks = []
         for row in self.ranks.sort("rank").iter_rows(named=True):
@@ -246,6 +261,12 @@ class Report:
     def to_json(self, indent: int | None = 2) -> str:
         """`to_dict()` as JSON text."""
         return json.dumps(self.to_dict(), indent=indent, default=str)
+
+
+def _rank_steps(store: RankStore, rank: int, columns: list[str]) -> pl.DataFrame:
+    """Rank `rank`'s step rows (only `columns`) in start order."""
+    rows = store.frame([rank], columns)
+    return rows.sort("start_ns", maintain_order=True).select(columns) if rows.width else rows
 
 
 def _gather(frame: pl.DataFrame, rows: pl.Series) -> pl.DataFrame:

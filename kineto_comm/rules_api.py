@@ -405,10 +405,16 @@ def mean_step_ns(tables: Tables) -> int:
     Only complete steps count (step >= 0, not the last one when there are several, whose
     window is cut at its last kernel); without step markers the whole trace is one step.
     """
-    steps = tables["steps"]
-    if steps.height == 0:
+    if not tables.has("steps", "step", "wall_ns"):
         return 0
-    per_step = steps.group_by("step").agg(wall=pl.col("wall_ns").max()).sort("step")
+    per_step = tables.once(
+        ("kineto_comm", "step_walls"),
+        lambda: tables.collect(
+            tables.lazy("steps", ["step", "wall_ns"])
+            .group_by("step")
+            .agg(wall=pl.col("wall_ns").max())
+        ).sort("step"),
+    )
     real = per_step.filter(pl.col("step") >= 0)
     if real.height >= 2:
         real = real.head(real.height - 1)
@@ -419,8 +425,10 @@ def mean_step_ns(tables: Tables) -> int:
 
 def n_steps(tables: Tables) -> int:
     """Number of distinct steps (at least 1 when there is any step row)."""
-    steps = tables["steps"]
-    return max(1, steps["step"].n_unique()) if steps.height else 1
+    if not tables.has("steps", "step"):
+        return 1
+    query = tables.lazy("steps", ["step"]).select(pl.col("step").n_unique())
+    return max(1, int(tables.collect(query).item()))
 
 
 def median_of_counts(

@@ -30,12 +30,18 @@ def _stage_steps(tables: Tables) -> pl.DataFrame:
     roles = group_roles(tables).filter(
         (pl.col("role") == "pipeline") & pl.col("ranks").is_not_null()
     )
-    steps, pipe = tables["steps"], tables["pipeline"]
-    if roles.height == 0 or steps.height == 0:
+    pipe = tables["pipeline"]
+    if roles.height == 0 or not tables.has("steps"):
         return pl.DataFrame()
     members = roles.select(
         pipeline="process_group", stages=pl.col("ranks").list.len(), rank=pl.col("ranks")
     ).explode("rank")
+    # Only the pipelines' ranks' steps: a big job's steps table has a row per rank and step.
+    steps = tables.collect(
+        tables.lazy("steps", ["rank", "step", "start_ns", "end_ns", "compute_ns"]).join(
+            members.lazy().select(pl.col("rank").cast(pl.Int64)).unique(), on="rank", how="semi"
+        )
+    )
     if tables.has("pipeline", "rank", "step", "busy_ns", "stages", "micro_batches"):
         per_rank = pipe.select("rank", "step", busy="busy_ns", m="micro_batches", p_stages="stages")
     else:

@@ -291,7 +291,7 @@ def fake_report(calls: list[tuple[int, int, str, str, int, str]], ranks: int, pg
     return Report(
         ranks=pl.DataFrame({"rank": list(range(ranks))}),
         rank_collectives=RankStore.from_frame(coll),
-        steps=steps,
+        rank_steps=RankStore.from_frame(steps),
         totals=pl.DataFrame(),
         process_groups=pg if pg is not None else pl.DataFrame(),
     )

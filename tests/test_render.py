@@ -13,6 +13,7 @@ import pytest
 
 import kineto_comm
 from kineto_comm.findings import Finding, Severity
+from kineto_comm.rank_store import RankStore
 from kineto_comm.render import github, json_doc, junit, markdown, sarif
 from kineto_comm.render.formats import (
     FORMATS,
@@ -335,7 +336,7 @@ def test_rank_means_are_the_means_of_the_documents_steps():
     steps = report.steps.with_columns(  # rank 1 keeps only its un-numbered windows
         step=pl.when(pl.col("rank") == 1).then(-1).otherwise(pl.col("step"))
     )
-    report = dataclasses.replace(report, steps=steps)
+    report = dataclasses.replace(report, rank_steps=RankStore.from_frame(steps))
     means = json_doc.rank_means(report)
     for rank, got in zip(json_doc.document(report)["ranks"], means, strict=True):
         rows = [s for s in rank["steps"] if s["step"] >= 0] or rank["steps"]

@@ -389,17 +389,18 @@ def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, m
 
     folder = SAMPLES / scenario if "-" in scenario else spill_jobs / scenario  # real or synth
     monkeypatch.setattr(budget, "THREADS_BELOW", -1)  # jobs=2: worker processes write files
+    monkeypatch.setattr(sys.modules["kineto_comm.analyze"], "CHUNK_ROWS", 1)  # steps in chunks
     memory = analyze(folder, jobs=jobs)
-    assert not memory.rank_kernels.spilled
+    assert not memory.rank_kernels.spilled and not memory.rank_steps.spilled
+    assert memory.steps.n_chunks() == memory.ranks.height > 1
     monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
     monkeypatch.setattr(rank_store, "BATCH_ROWS", 1)
     monkeypatch.setattr(rank_store, "SLICE_ROWS", 1)  # rules fold over views of one rank
-    monkeypatch.setattr(sys.modules["kineto_comm.analyze"], "CHUNK_ROWS", 1)  # steps in chunks
     files = analyze(folder, jobs=jobs)
     assert files.rank_kernels.spilled and files.options["jobs"] == jobs
     assert files.rank_collectives.spilled and files.rank_waits.spilled
+    assert files.rank_steps.spilled
     assert files.kernels.height > 0 and files.kernels.equals(memory.kernels)
-    assert files.steps.n_chunks() == files.ranks.height > 1
     for name in ("collectives", "steps", "totals", "offsets", "collective_instances"):
         assert files.table(name).equals(memory.table(name)), name
     for name in ("collective_waits", "stragglers", "message_sizes", "message_size_summary"):
@@ -439,8 +440,9 @@ def test_kernel_files_go_with_the_report(tmp_path, monkeypatch):
     monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
     report = analyze(SAMPLES / "tp-2", jobs=1)
     folder = report.rank_kernels._folder.path
-    # Kernels and calls: a file per rank; waits: one per batch (the keyed calls are gone).
-    assert len(list(folder.glob("*.arrow"))) == 2 * 2 + len(report.rank_waits._parts)
+    # Kernels, calls and steps: a file per rank; waits: one per batch (the keyed calls are
+    # gone).
+    assert len(list(folder.glob("*.arrow"))) == 3 * 2 + len(report.rank_waits._parts)
     same = dataclasses.replace(report, findings=())  # shares the files
     del report
     gc.collect()
@@ -470,6 +472,34 @@ def test_batches_hold_whole_ranks_on_their_clock():
     assert pl.concat(batches).equals(expect)
     assert store.frame([3, 1]).equals(expect.filter(pl.col("rank").is_in([1, 3])))
     assert store.height == frame.height
+
+
+def test_per_window_folds_whole_ranks_on_their_clock():
+    """An aggregation a window of ranks at a time gives what one query over every rank
+    gives, each rank in exactly one window, offsets applied."""
+    import polars as pl
+
+    from kineto_comm.rank_store import Part, RankStore
+
+    steps = analyze(SAMPLES / "ddp-4", jobs=1, align=False).steps
+    parts = [
+        Part(rows=g.height, frame=g, rank=r)
+        for (r,), g in steps.group_by("rank", maintain_order=True)
+    ]
+    offsets = pl.DataFrame({"rank": [0, 1, 2, 3], "offset_ns": [0, 5, None, -7]})
+    store = RankStore(parts).with_offsets(offsets)
+    seen: list[int] = []
+
+    def first_starts(view: RankStore) -> pl.LazyFrame:
+        seen.append(view.height)
+        return view.lazy(["rank", "start_ns"]).group_by("rank").agg(pl.col("start_ns").min())
+
+    got = store.per_window(first_starts, rows=steps.height // 3).sort("rank")
+    assert len(seen) > 1 and sum(seen) == steps.height
+    shift = pl.col("rank").replace_strict([1, 3], [5, -7], default=0)
+    moved = steps.with_columns(pl.col("start_ns") - shift)
+    expect = moved.group_by("rank").agg(pl.col("start_ns").min()).sort("rank")
+    assert got.equals(expect) and got.height == 4
 
 
 def test_plan_runs_small_jobs_in_threads_and_keeps_big_jobs_kernels_in_files(tmp_path, monkeypatch):

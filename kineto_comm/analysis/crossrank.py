@@ -41,16 +41,15 @@ def cross_rank(
 ) -> dict[str, Any]:
     """Aligned per-rank tables plus the cross-rank tables, from merged per-rank tables.
 
-    `kernels` and `collectives` are stores (kineto_comm.rank_store), shifted as they are
-    read; the derived tables with a row per call and rank (the keyed calls, the waits) are
+    `kernels`, `collectives` and `steps` are stores (kineto_comm.rank_store), shifted as
+    they are read; the derived tables with a row per call and rank (the keyed calls, the waits) are
     kept in `folder` when given (a big job), so that the parent holds none of them whole."""
     ranks = tables["ranks"]["rank"].to_list() if tables["ranks"].height else []
     calls = tables["collectives"]
     keyed = keyed_calls(calls, folder)
     offsets = estimate_offsets(keyed, ranks) if align else no_offsets(ranks)
-    out: dict[str, Any] = {
-        name: shift(tables[name], offsets, TIME_COLUMNS) for name in ("steps", "totals")
-    }
+    out: dict[str, Any] = {"totals": shift(tables["totals"], offsets, TIME_COLUMNS)}
+    out["steps"] = tables["steps"].with_offsets(offsets)
     out["kernels"] = tables["kernels"].with_offsets(offsets)
     out["collectives"] = collectives = calls.with_offsets(offsets)
     keyed = keyed.with_offsets(offsets)

@@ -58,7 +58,8 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.overlap import breakdown, merge_intervals
-from kineto_comm.rank_store import RankStore
+from kineto_comm.lazy import collect
+from kineto_comm.rank_store import RankStore, as_store
 
 P2P = ("send", "recv", "send_recv")
 SENDS = ("send", "send_recv")
@@ -91,14 +92,16 @@ def empty_pipeline() -> pl.DataFrame:
 
 
 def pipeline(
-    kernels: pl.DataFrame | RankStore, collectives: pl.DataFrame, steps: pl.DataFrame
+    kernels: pl.DataFrame | RankStore,
+    collectives: pl.DataFrame,
+    steps: pl.DataFrame | RankStore,
 ) -> pl.DataFrame:
     """The `pipeline` table: per p2p rank and step, stage, p, m and the bubble (module doc).
 
     kernels, collectives, steps: the report tables of those names (all ranks, one clock or
-    each its own: nothing here compares times across ranks); kernels may be a RankStore
-    store, read a batch of ranks at a time. Ranks without point-to-point traffic give no
-    rows; missing or empty inputs give an empty table.
+    each its own: nothing here compares times across ranks); kernels and steps may be
+    RankStore stores, read a batch of ranks at a time or as one query. Ranks without
+    point-to-point traffic give no rows; missing or empty inputs give an empty table.
     """
     if isinstance(kernels, pl.DataFrame):
         if not set(_NEEDS["kernels"]) <= set(kernels.columns):
@@ -108,17 +111,17 @@ def pipeline(
     if any(not set(_NEEDS[n]) <= set(t.columns) for n, t in tables.items()):
         return empty_pipeline()
     p2p = _p2p_calls(collectives)
-    windows = (
-        steps.select(
-            pl.col("rank").cast(pl.Int64),
-            pl.col("step").cast(pl.Int64),
-            pl.col("start_ns").cast(pl.Int64),
-            pl.col("end_ns").cast(pl.Int64),
-        )
+    if p2p.height == 0:
+        return empty_pipeline()
+    steps = as_store(steps)
+    windows = collect(
+        steps.lazy(list(_NEEDS["steps"]))
+        .select(pl.all().cast(pl.Int64))
         .filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
-        .join(p2p.select("rank").unique(), on="rank", how="semi")
+        .join(p2p.select("rank").unique().lazy(), on="rank", how="semi"),
+        steps.height,
     )
-    if p2p.height == 0 or windows.height == 0:
+    if windows.height == 0:
         return empty_pipeline()
     firsts = _first_calls(p2p, windows)
     stages = _stages(p2p, firsts)

@@ -51,6 +51,8 @@ averaged over the ranks that report the group.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import polars as pl
 
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP, group_key, is_p2p
@@ -118,15 +120,26 @@ _USED = [
 ]
 
 
-def _calls(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame) -> pl.LazyFrame:
+# What the calls' positions read of the steps table.
+_WINDOW = ["rank", "step", "start_ns", "end_ns"]
+
+
+def _calls(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.LazyFrame:
     """Calls with their position in the step window and their per-step weight."""
     store = as_store(collectives)
     windows = (
-        steps.lazy()
+        steps.lazy(_WINDOW)
         .filter(pl.col("step") >= 0)
         .select("rank", "step", _s0=pl.col("start_ns"), _s1=pl.col("end_ns"))
     )
-    per_rank = windows.group_by("rank").agg(_nsteps=pl.col("step").n_unique())
+    # Distinct steps per rank a window of ranks at a time: over every rank at once the
+    # count holds every (rank, step).
+    per_rank = steps.per_window(
+        lambda view: view.lazy(["rank", "step"])
+        .filter(pl.col("step") >= 0)
+        .group_by("rank")
+        .agg(_nsteps=pl.col("step").n_unique())
+    ).lazy()
     # Only the steps without compute (a call there has no compute_before) need their window:
     # joining every (rank, step) would hold a hash table of them all (0.3 GB at 2048 ranks
     # of 950 steps), most steps have compute.
@@ -166,7 +179,15 @@ def _calls(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame) -> pl.Laz
     )
 
 
-def _first_positions(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame) -> pl.DataFrame:
+def _windows_of(steps: RankStore, ranks: Iterable[int]) -> RankStore:
+    """The step windows of `ranks` (all of the steps' columns the calls read), in memory."""
+    rows = steps.frame(ranks, _WINDOW)
+    if not rows.width:  # no part holds these ranks
+        rows = pl.DataFrame(schema=dict.fromkeys(_WINDOW, pl.Int64))
+    return RankStore.from_frame(rows)
+
+
+def _first_positions(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.DataFrame:
     """Per group, the median over ranks and steps of where the group's first call of a step
     falls in it (`_first`) and where its first all_reduce does (`_ar_first`).
 
@@ -179,7 +200,7 @@ def _first_positions(collectives: pl.DataFrame | RankStore, steps: pl.DataFrame)
     # Each batch joins only its own ranks' steps, not every rank's.
     found = [
         collect(
-            _calls(batch, steps.filter(pl.col("rank").is_in(batch["rank"].unique().implode())))
+            _calls(batch, _windows_of(steps, batch["rank"].unique()))
             .filter(pos.is_not_null())
             .group_by("process_group", "rank", "step")
             .agg(_f=pos.min(), _fa=pos.filter(coll == "all_reduce").min())
@@ -472,15 +493,14 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def process_groups(
-    collectives: pl.DataFrame | RankStore, steps: pl.DataFrame, ranks: pl.DataFrame
+    collectives: pl.DataFrame | RankStore,
+    steps: pl.DataFrame | RankStore,
+    ranks: pl.DataFrame,
 ) -> pl.DataFrame:
     """One row per process group with its inferred role and the evidence (docs/tables.md)."""
     if collectives.height == 0:
         return pl.DataFrame(schema=PROCESS_GROUP_SCHEMA)
-    if steps.height == 0:
-        steps = pl.DataFrame(
-            schema={"rank": pl.Int64, "step": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
-        )
+    steps = as_store(steps) if steps.height else _windows_of(RankStore(), [])
     world = collect(
         as_store(collectives).lazy(["rank"]).select(pl.col("rank").n_unique()), collectives.height
     ).item()

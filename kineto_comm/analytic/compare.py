@@ -85,8 +85,9 @@ def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
     in_steps = collect(coll.select((pl.col("step") >= 0).any()), rows).item()
     if in_steps:
         coll = coll.filter(pl.col("step") >= 0)
-        steps = (
-            report.steps.filter(pl.col("step") >= 0)
+        steps = report.rank_steps.per_window(
+            lambda view: view.lazy(["rank", "step"])
+            .filter(pl.col("step") >= 0)
             .group_by("rank")
             .agg(n_steps=pl.col("step").n_unique())
         )

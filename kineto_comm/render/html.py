@@ -102,15 +102,14 @@ def _empty(plot_id: str, text: str) -> str:
 
 def svg_step_time(report: Report) -> str:
     """Horizontal stacked bars: each rank's mean step split by what the device was doing."""
-    if report.steps.height == 0:
+    if report.rank_steps.height == 0:
         return _empty("plot-step-time", "No step windows in the traces.")
-    m = (
+    m = collect(
         step_rows(report)
         .group_by("rank")
-        .agg(pl.col("wall_ns", "compute_ns", "overlap_ns", "exposed_comm_ns", "idle_ns").mean())
-        .sort("rank")
-        .collect()
-    )
+        .agg(pl.col("wall_ns", "compute_ns", "overlap_ns", "exposed_comm_ns", "idle_ns").mean()),
+        report.rank_steps.height,
+    ).sort("rank")
     rows = []
     for r in m.iter_rows(named=True):
         wall = r["wall_ns"] or 0.0
@@ -398,7 +397,7 @@ def pipeline_ranks(report: Report) -> list[int]:
 
 def _pipeline_window(report: Report, ranks: list[int]) -> tuple[int, int, str] | None:
     """(start, end, label) of the step to draw: the middle numbered step of those ranks."""
-    steps = report.steps.filter(pl.col("rank").is_in(ranks))
+    steps = report.rank_steps.frame(ranks, ["rank", "step", "start_ns", "end_ns"])
     numbered = steps.filter(pl.col("step") >= 0) if steps.height else steps
     if numbered.height:
         ids = sorted(numbered["step"].unique().to_list())

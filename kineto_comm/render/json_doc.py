@@ -24,6 +24,8 @@ import polars as pl
 
 from kineto_comm import __version__
 from kineto_comm.findings import Finding, Severity
+from kineto_comm.lazy import collect
+from kineto_comm.rank_store import RankStore
 from kineto_comm.report import SCHEMA_VERSION, Report
 
 JSON_SCHEMA_URI = "https://kineto-comm.invalid/schemas/report-v1.json"
@@ -152,32 +154,46 @@ def clean(value: Any) -> Any:
 def step_rows(report: Report) -> pl.LazyFrame:
     """Step windows used for per-step means: numbered steps, or all windows when none are.
 
-    A query, filtered as it is aggregated: a big job's steps table has a row per rank and
-    step (0.2 GB at 2048 ranks of 950 steps), which a filtered copy would double."""
-    steps = report.steps
-    if steps.height == 0 or "step" not in steps.columns:
-        return steps.lazy()
-    if (steps["step"] >= 0).any():
-        return steps.lazy().filter(pl.col("step") >= 0)
-    return steps.lazy()
+    A query over every rank's steps (kineto_comm.rank_store), filtered as it is aggregated:
+    a big job's steps table has a row per rank and step (0.44 GiB at 4096 ranks of 950
+    steps), which a filtered copy would double."""
+    return _step_rows(report.rank_steps, _numbered_only(report.rank_steps))
+
+
+def _numbered_only(store: RankStore) -> bool:
+    """Whether step_rows keeps only numbered steps (some rank has one)."""
+    if store.height == 0 or "step" not in store.columns:
+        return False
+    query = store.lazy(["step"]).select((pl.col("step") >= 0).any())
+    return bool(collect(query, store.height).item())
+
+
+def _step_rows(store: RankStore, numbered_only: bool) -> pl.LazyFrame:
+    return store.lazy().filter(pl.col("step") >= 0) if numbered_only else store.lazy()
+
+
+def _distinct_steps(store: RankStore) -> int:
+    """How many distinct (rank, step) pairs step_rows holds, a window of ranks at a time: a
+    count over every rank at once holds them all (+0.21 GiB at 4096 ranks of 950 steps)."""
+    if store.height == 0 or not {"rank", "step"} <= set(store.columns):
+        return 0
+    numbered_only = _numbered_only(store)
+    counts = store.per_window(
+        lambda view: _step_rows(view, numbered_only).select(
+            pl.struct("rank", "step").n_unique().cast(pl.Int64).alias("n")
+        )
+    )
+    return int(counts["n"].sum())
 
 
 def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[str, Any]:
     """The headline numbers: per-step means over all ranks and steps, and the verdict."""
     steps = step_rows(report)
     names = steps.collect_schema().names()
-    keyed = "rank" in names and "step" in names
-    stats = (
-        steps.select(
-            *[pl.col(c).mean() for c in MEANS if c in names],
-            _n=pl.len(),
-            _steps=(pl.col("rank").cast(pl.Int64) * 2**32 + pl.col("step")).n_unique()
-            if keyed
-            else pl.lit(0),
-        )
-        .collect()
-        .row(0, named=True)
-    )
+    stats = collect(
+        steps.select(*[pl.col(c).mean() for c in MEANS if c in names], _n=pl.len()),
+        report.rank_steps.height,
+    ).row(0, named=True)
     n = stats["_n"]
     mean: dict[str, float | None] = {
         col: float(stats[col]) if n and stats.get(col) is not None else None for col in MEANS
@@ -198,7 +214,7 @@ def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[
         "world_size": int(report.ranks["world_size"].max())  # type: ignore[arg-type]
         if report.ranks.height and report.ranks["world_size"].null_count() < report.ranks.height
         else None,
-        "steps": int(stats["_steps"]) if n else 0,
+        "steps": _distinct_steps(report.rank_steps) if n else 0,
         "step_windows": n,
         "mean_step_ns": as_int(wall),
         "mean_compute_ns": as_int(mean["compute_ns"]),
@@ -268,14 +284,28 @@ def rank_means(report: Report) -> list[dict[str, Any]]:
     aggregation: the JSON document's per-step rows of every rank are not built for them."""
     ranks = report.ranks.sort("rank")
     info = [c for c in ("rank", "device", "timeline") if c in ranks.columns]
-    steps = report.steps
-    cols = [c for c in MEANS if c in steps.columns]
-    if steps.height and {"rank", "step"} <= set(steps.columns):
+    store = report.rank_steps
+    cols = [c for c in MEANS if c in store.columns]
+    if store.height and {"rank", "step"} <= set(store.columns):
+        # Per rank the means over its numbered steps, or over all of its windows when it has
+        # none: one aggregation over every rank's steps, a state per rank.
         numbered = pl.col("step") >= 0
-        per = (
-            steps.filter(numbered | ~numbered.any().over("rank"))
+        per = collect(
+            store.lazy(["rank", "step", *cols])
             .group_by("rank")
-            .agg(pl.len().alias("steps"), *[pl.col(c).mean() for c in cols])
+            .agg(
+                numbered.sum().alias("_numbered"),
+                pl.len().alias("_all"),
+                *[pl.col(c).filter(numbered).mean().alias(f"_n_{c}") for c in cols],
+                *[pl.col(c).mean().alias(f"_a_{c}") for c in cols],
+            ),
+            store.height,
+        )
+        some = pl.col("_numbered") > 0
+        per = per.select(
+            "rank",
+            pl.when(some).then("_numbered").otherwise("_all").cast(pl.UInt32).alias("steps"),
+            *[pl.when(some).then(f"_n_{c}").otherwise(f"_a_{c}").alias(c) for c in cols],
         )
         ranks = ranks.select(info).join(per, on="rank", how="left")
     else:

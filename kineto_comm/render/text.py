@@ -12,6 +12,7 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
+from kineto_comm.lazy import collect
 from kineto_comm.report import Report
 
 
@@ -50,10 +51,16 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
 
     render_findings(report, console)
     ranks = report.ranks.join(report.totals, on="rank", how="left")
-    steps = report.steps.group_by("rank").agg(
-        n_steps=(pl.col("step") >= 0).sum(), mean_step_ns=pl.col("wall_ns").mean()
-    )
-    ranks = ranks.join(steps, on="rank", how="left").sort("rank")
+    store = report.rank_steps
+    if store.height:
+        steps = collect(
+            store.lazy(["rank", "step", "wall_ns"])
+            .group_by("rank")
+            .agg(n_steps=(pl.col("step") >= 0).sum(), mean_step_ns=pl.col("wall_ns").mean()),
+            store.height,
+        )
+        ranks = ranks.join(steps, on="rank", how="left")
+    ranks = ranks.sort("rank")
     table = Table(title="Where each rank's device time went (totals over the trace)")
     for col in (
         "rank",
