@@ -10,30 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import polars as pl
-
 from kineto_comm.analysis.align import estimate_offsets, no_offsets, shift
-from kineto_comm.analysis.match import P2P, instances, keyed_calls, waits
+from kineto_comm.analysis.match import instances, keyed_calls, waits
 from kineto_comm.analysis.pipeline import pipeline
 from kineto_comm.analysis.roles import process_groups
 from kineto_comm.analysis.sizes import message_size_summary, message_sizes
 from kineto_comm.analysis.storms import storms
 from kineto_comm.analysis.stragglers import stragglers
-from kineto_comm.lazy import collect
-from kineto_comm.rank_store import RankStore, SpillFolder
+from kineto_comm.rank_store import SpillFolder
 
 TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
-# What the pipeline step reads of the point-to-point calls.
-PIPELINE_COLUMNS = [
-    "rank",
-    "step",
-    "collective",
-    "start_ns",
-    "end_ns",
-    "peer",
-    "pg_ranks",
-    "process_group",
-]
 
 
 def cross_rank(
@@ -56,12 +42,6 @@ def cross_rank(
     table = instances(keyed)
     per_rank_waits = waits(keyed, table, folder)
     keyed.discard()
-    p2p = collect(
-        collectives.lazy(PIPELINE_COLUMNS, where=_P2P)
-        if _any(collectives, _P2P)
-        else collectives.lazy(PIPELINE_COLUMNS).clear(),
-        collectives.height,
-    )
     out.update(
         offsets=offsets,
         collective_instances=table,
@@ -70,16 +50,8 @@ def cross_rank(
         message_sizes=message_sizes(collectives),
         message_size_summary=message_size_summary(collectives),
         process_groups=process_groups(collectives, out["steps"], tables["ranks"]),
-        pipeline=pipeline(out["kernels"], p2p, out["steps"]),
+        pipeline=pipeline(out["kernels"], collectives, out["steps"]),
         storms=storms(collectives),
     )
     return out
 
-
-_P2P = pl.col("collective").is_in(P2P)
-
-
-def _any(table: RankStore, where: pl.Expr) -> bool:
-    """Whether some row passes `where` (a count reads one column; the rows themselves, many
-    more)."""
-    return bool(collect(table.lazy(["collective"]).select(where.any()), table.height).item())

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from kineto_comm import rank_store
 from kineto_comm.analysis.overlap import breakdown, merge_intervals
 from kineto_comm.lazy import collect
 from kineto_comm.rank_store import RankStore, as_store
@@ -79,6 +80,8 @@ PIPELINE_SCHEMA: dict[str, pl.DataType] = {
     "bubble_fraction": pl.Float64(),
     "theory_fraction": pl.Float64(),
 }
+# What is read of the calls (those of them a table has).
+_READ = ("rank", "step", "collective", "start_ns", "end_ns", "peer", "pg_ranks", "process_group")
 _NEEDS = {
     "kernels": ("rank", "kind", "start_ns", "end_ns"),  # checked on DataFrames only
     "collectives": ("rank", "step", "collective", "start_ns", "end_ns", "peer"),
@@ -93,40 +96,42 @@ def empty_pipeline() -> pl.DataFrame:
 
 def pipeline(
     kernels: pl.DataFrame | RankStore,
-    collectives: pl.DataFrame,
+    collectives: pl.DataFrame | RankStore,
     steps: pl.DataFrame | RankStore,
 ) -> pl.DataFrame:
     """The `pipeline` table: per p2p rank and step, stage, p, m and the bubble (module doc).
 
     kernels, collectives, steps: the report tables of those names (all ranks, one clock or
-    each its own: nothing here compares times across ranks); kernels and steps may be
-    RankStore stores, read a batch of ranks at a time or as one query. Ranks without
-    point-to-point traffic give no rows; missing or empty inputs give an empty table.
+    each its own: nothing here compares times across ranks), DataFrames or RankStore
+    stores. A window of ranks is read at a time (rank_store.SLICE_ROWS calls): a pipeline
+    job's point-to-point calls grow with ranks x steps x micro-batches, and only their
+    per-rank summaries meet across ranks. Ranks without point-to-point traffic give no
+    rows; missing or empty inputs give an empty table.
     """
     if isinstance(kernels, pl.DataFrame):
         if not set(_NEEDS["kernels"]) <= set(kernels.columns):
             return empty_pipeline()
         kernels = RankStore.from_frame(kernels)
-    tables = {"collectives": collectives, "steps": steps}
+    calls, steps = as_store(collectives), as_store(steps)
+    tables = {"collectives": calls, "steps": steps}
     if any(not set(_NEEDS[n]) <= set(t.columns) for n, t in tables.items()):
         return empty_pipeline()
-    p2p = _p2p_calls(collectives)
-    if p2p.height == 0:
+    if not _any_p2p(calls):
         return empty_pipeline()
-    steps = as_store(steps)
-    windows = collect(
-        steps.lazy(list(_NEEDS["steps"]))
-        .select(pl.all().cast(pl.Int64))
-        .filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
-        .join(p2p.select("rank").unique().lazy(), on="rank", how="semi"),
-        steps.height,
-    )
-    if windows.height == 0:
+    found = [
+        _summaries(kernels.restricted(lo, hi), calls.restricted(lo, hi), steps.restricted(lo, hi))
+        for lo, hi in calls.windows(rank_store.SLICE_ROWS)
+    ]
+    found = [f for f in found if f is not None]
+    if not found:
         return empty_pipeline()
-    firsts = _first_calls(p2p, windows)
-    stages = _stages(p2p, firsts)
-    micro = _micro_batches(p2p, stages)
-    idle = _idle(kernels, windows)
+    parts = {name: pl.concat([f[name] for f in found]) for name in found[0]}
+    found.clear()
+    if parts["idle"].height == 0:  # no step windows
+        return empty_pipeline()
+    stages = _stages(parts["pairs"].unique(), parts["groups"], parts["ranks"], parts["firsts"])
+    micro = _micro_batches(parts["counts"], stages)
+    idle = parts["idle"]
     p, m = pl.col("stages"), pl.col("micro_batches")
     return (
         idle.join(stages, on="rank", how="inner")
@@ -140,6 +145,42 @@ def pipeline(
         .select([pl.col(c).cast(t) for c, t in PIPELINE_SCHEMA.items()])
         .sort("rank", "step")
     )
+
+
+def _any_p2p(calls: RankStore) -> bool:
+    """Whether some call is point-to-point (a count reads one column of every rank's calls;
+    the calls themselves, many more)."""
+    query = calls.lazy(["collective"]).select(pl.col("collective").is_in(P2P).any())
+    return bool(collect(query, calls.height).item())
+
+
+def _summaries(
+    kernels: RankStore, calls: RankStore, steps: RankStore
+) -> dict[str, pl.DataFrame] | None:
+    """What the pipeline table needs of some ranks' point-to-point calls: the ranks, their
+    peer pairs, calls per (rank, group), sends and recvs per (rank, step), firsts
+    (_first_calls), and idle (_idle) over their step windows. None without such calls."""
+    names = [c for c in _READ if c in calls.columns]
+    where = pl.col("collective").is_in(P2P)
+    p2p = _p2p_calls(collect(calls.lazy(names, where=where), calls.height))
+    if p2p.height == 0:
+        return None
+    windows = collect(
+        steps.lazy(list(_NEEDS["steps"]))
+        .select(pl.all().cast(pl.Int64))
+        .filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+        .join(p2p.select("rank").unique().lazy(), on="rank", how="semi"),
+        steps.height,
+    )
+    is_send, is_recv = pl.col("collective").is_in(SENDS), pl.col("collective").is_in(RECVS)
+    return {
+        "ranks": p2p.select("rank").unique(),
+        "pairs": p2p.drop_nulls("peer").select(src="rank", dst="peer").unique(),
+        "groups": p2p.group_by("rank", "group").len(),
+        "counts": p2p.group_by("rank", "step").agg(sends=is_send.sum(), recvs=is_recv.sum()),
+        "firsts": _first_calls(p2p, windows),
+        "idle": _idle(kernels, windows),
+    }
 
 
 def _p2p_calls(collectives: pl.DataFrame) -> pl.DataFrame:
@@ -229,19 +270,19 @@ def _distances(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     return _relax(edges, dist, 1).rename({"value": "dist"})
 
 
-def _stages(p2p: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:
-    """rank, pipeline (a key), stage, stages for every rank with p2p calls (module doc)."""
-    pairs = p2p.drop_nulls("peer").select(src="rank", dst="peer").unique()
+def _stages(
+    pairs: pl.DataFrame, groups: pl.DataFrame, ranks: pl.DataFrame, firsts: pl.DataFrame
+) -> pl.DataFrame:
+    """rank, pipeline (a key), stage, stages for every rank with p2p calls (module doc), from
+    the calls' summaries (_summaries): peer pairs, calls per (rank, group), ranks, firsts."""
     edges = pl.concat([pairs, pairs.select(src="dst", dst="src")]).unique()
     main_group = (
-        p2p.group_by("rank", "group")
-        .len()
-        .sort("rank", "len", "group", descending=[False, True, False])
+        groups.sort("rank", "len", "group", descending=[False, True, False])
         .group_by("rank", maintain_order=True)
         .agg(pl.col("group").first())
     )
     nodes = (
-        pl.concat([p2p.select("rank"), edges.select(rank="src")])
+        pl.concat([ranks, edges.select(rank="src")])
         .unique()
         .join(firsts, on="rank", how="left")
         .join(main_group, on="rank", how="left")
@@ -302,19 +343,13 @@ def _stages(p2p: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:
         )
         .select("rank", "pipeline", pl.col("stage").cast(pl.Int64), pl.col("stages").cast(pl.Int64))
     )
-    return pl.concat([on_path, timed]).join(p2p.select("rank").unique(), on="rank", how="semi")
+    return pl.concat([on_path, timed]).join(ranks, on="rank", how="semi")
 
 
-def _micro_batches(p2p: pl.DataFrame, stages: pl.DataFrame) -> pl.DataFrame:
-    """pipeline, step, micro_batches: forward sends of stage 0, else forward recvs of the last."""
-    counts = (
-        p2p.join(stages, on="rank")
-        .group_by("pipeline", "rank", "step", "stage", "stages")
-        .agg(
-            sends=pl.col("collective").is_in(SENDS).sum(),
-            recvs=pl.col("collective").is_in(RECVS).sum(),
-        )
-    )
+def _micro_batches(counts: pl.DataFrame, stages: pl.DataFrame) -> pl.DataFrame:
+    """pipeline, step, micro_batches: forward sends of stage 0, else forward recvs of the last
+    (`counts`: sends and recvs per rank and step)."""
+    counts = counts.join(stages, on="rank")
     first = pl.col("sends").filter(pl.col("stage") == 0).median()
     last = pl.col("recvs").filter(pl.col("stage") == pl.col("stages") - 1).median()
     per_step = counts.group_by("pipeline", "step").agg(m=pl.coalesce(first, last))
