@@ -2,16 +2,16 @@
 
     python bench/bench_parent.py bench/out/scale-dp-64r-250mb --ranks 64 256 1024 [--rules]
 
-The parent of a big job keeps the tables with a row per kernel or call in files, one per rank
-(kineto_comm.rank_store), merges the small per-rank tables (steps, totals) and runs the
+The parent of a big job keeps the tables with a row per kernel, call or step in files, one per
+rank (kineto_comm.rank_store), merges the small per-rank table (totals) and runs the
 cross-rank analysis over them. To measure its memory at rank counts whose traces would not
 fit on this disk, the per-rank tables of a real job (made by bench_scale.py) are built once by
-`workers.work`, kernels and calls in files, and kept under bench/out/<job>-tables/. Each
+`workers.work`, kernels, calls and steps in files, and kept under bench/out/<job>-tables/. Each
 measurement then runs, in a fresh process, `analyze()` as on a big job (budget.SPILL_ABOVE
 passed) with its per-rank work replaced by copies of those tables: rank r of copy k becomes
 rank 64k + r of a world of R ranks, its small tables read back from the workers' Arrow IPC
-bytes and its kernels and calls from the copied rank's files. The copies keep their process
-groups, so each data-parallel call is matched over all R ranks.
+bytes and its kernels, calls and steps from the copied rank's files. The copies keep their
+process groups, so each data-parallel call is matched over all R ranks.
 
 Printed per rank count: collective rows, wall time of `analyze()`, the parent's peak RSS
 (ru_maxrss), its growth over the start per collective row, and a lower bound on what the
@@ -90,10 +90,15 @@ print(r.ranks.height, calls, r.collective_instances.height, wall, base, peak, he
 """
 
 
+# Marks a complete tables folder; renamed when what workers put in files changes (steps
+# since the twenty-third session), so that older folders are built again.
+DONE = "done-steps"
+
+
 def tables(job: Path) -> Path:
-    """The job's per-rank tables (kernels and calls in files), built once."""
+    """The job's per-rank tables (kernels, calls and steps in files), built once."""
     out = job.parent / f"{job.name}-tables"
-    if (out / "done").exists():
+    if (out / DONE).exists():
         return out
     from kineto_comm.per_rank import to_wire
     from kineto_comm.workers import Settings, work
@@ -106,7 +111,7 @@ def tables(job: Path) -> Path:
         assert status == "ok", payload
         (out / f"wire-{i}.pickle").write_bytes(pickle.dumps(to_wire([payload])))
         print(f"  tables of {Path(f).name}", flush=True)
-    (out / "done").write_text("")
+    (out / DONE).write_text("")
     return out
 
 
