@@ -181,9 +181,9 @@ class Tables(Mapping[str, pl.DataFrame]):
     A process group the trace does not name reads as "?" in every table (the analysis
     tables' convention), so joins on `process_group` match across tables.
 
-    `kernels`, `collectives` and `collective_waits` have a row per kernel or call of every
-    rank: a big job keeps them in files, one per rank (kineto_comm.rank_store), and
-    `tables[name]` assembles them. Rules that must stay within memory whatever the rank
+    `kernels`, `collectives`, `collective_waits` and `steps` have a row per kernel, call or
+    step of every rank: a big job keeps them in files, one per rank (kineto_comm.rank_store),
+    and `tables[name]` assembles them. Rules that must stay within memory whatever the rank
     count read them through `lazy` (aggregations, run by `collect` on the streaming engine)
     or `rank_batches` (a few whole ranks at a time), as the built-in rules do.
     """
@@ -224,8 +224,8 @@ class Tables(Mapping[str, pl.DataFrame]):
 
     def rank_slices(self, rows: int | None = None) -> Iterator[Tables]:
         """Views of these tables, each holding only a range of whole ranks' rows of the
-        per-rank tables (`kernels`, `collectives`, `collective_waits` and the `derived`
-        ones), about `rows` calls each (default rank_store.SLICE_ROWS); every rank is in
+        per-rank tables (`kernels`, `collectives`, `collective_waits`, `steps` and the
+        `derived` ones), about `rows` calls each (default rank_store.SLICE_ROWS); every rank is in
         exactly one view. A job that fits in one gets these tables themselves.
 
         How a rule keeps state per (rank, step) within bounds whatever the rank count: it
@@ -270,8 +270,8 @@ class Tables(Mapping[str, pl.DataFrame]):
         """The table in DataFrames of whole ranks (every row of a rank in the same one),
         with only `columns` (those the table has) when given, only `ranks`' rows when given.
 
-        A big job keeps `kernels`, `collectives` and `collective_waits` in files, one per
-        rank: reading them a few ranks and columns at a time keeps memory bounded whatever
+        A big job keeps `kernels`, `collectives`, `collective_waits` and `steps` in files,
+        one per rank: reading them a few ranks and columns at a time keeps memory bounded whatever
         the rank count (kineto_comm.rank_store). Other tables come as one DataFrame.
         """
         store = self._store(name)
