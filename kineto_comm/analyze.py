@@ -142,9 +142,7 @@ def _part(r: RankTables, name: str, frame: pl.DataFrame) -> Part:
     return Part(rows=frame.height, frame=frame, rank=r.rank)
 
 
-def _store(
-    kept: list[RankTables], name: str, frames: list[pl.DataFrame], folder: Any
-) -> RankStore:
+def _store(kept: list[RankTables], name: str, frames: list[pl.DataFrame], folder: Any) -> RankStore:
     """Every rank's rows of table `name` (`frames`: each kept file's, emptied here): one
     contiguous frame, or, where a rank's rows are in a file (a big job), one part per rank."""
     if not any(name in r.files for r in kept):

@@ -28,8 +28,9 @@ def cross_rank(
     """Aligned per-rank tables plus the cross-rank tables, from merged per-rank tables.
 
     `kernels`, `collectives` and `steps` are stores (kineto_comm.rank_store), shifted as
-    they are read; the derived tables with a row per call and rank (the keyed calls, the waits) are
-    kept in `folder` when given (a big job), so that the parent holds none of them whole."""
+    they are read; the derived tables with a row per call and rank (the keyed calls, the
+    waits) are kept in `folder` when given (a big job), so that the parent holds none of
+    them whole."""
     ranks = tables["ranks"]["rank"].to_list() if tables["ranks"].height else []
     calls = tables["collectives"]
     keyed = keyed_calls(calls, folder)
@@ -54,4 +55,3 @@ def cross_rank(
         storms=storms(collectives),
     )
     return out
-

@@ -135,10 +135,12 @@ def _calls(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.LazyFr
     # Distinct steps per rank a window of ranks at a time: over every rank at once the
     # count holds every (rank, step).
     per_rank = steps.per_window(
-        lambda view: view.lazy(["rank", "step"])
-        .filter(pl.col("step") >= 0)
-        .group_by("rank")
-        .agg(_nsteps=pl.col("step").n_unique())
+        lambda view: (
+            view.lazy(["rank", "step"])
+            .filter(pl.col("step") >= 0)
+            .group_by("rank")
+            .agg(_nsteps=pl.col("step").n_unique())
+        )
     ).lazy()
     # Only the steps without compute (a call there has no compute_before) need their window:
     # joining every (rank, step) would hold a hash table of them all (0.3 GB at 2048 ranks

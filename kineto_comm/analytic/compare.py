@@ -86,10 +86,12 @@ def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
     if in_steps:
         coll = coll.filter(pl.col("step") >= 0)
         steps = report.rank_steps.per_window(
-            lambda view: view.lazy(["rank", "step"])
-            .filter(pl.col("step") >= 0)
-            .group_by("rank")
-            .agg(n_steps=pl.col("step").n_unique())
+            lambda view: (
+                view.lazy(["rank", "step"])
+                .filter(pl.col("step") >= 0)
+                .group_by("rank")
+                .agg(n_steps=pl.col("step").n_unique())
+            )
         )
     else:  # no step markers: the whole trace is one step
         steps = collect(coll.select(pl.col("rank").unique()), rows).with_columns(
