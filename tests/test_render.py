@@ -328,6 +328,36 @@ def test_write_gives_the_rendered_text_to_files_and_streams(ddp: Report, tmp_pat
         write(ddp, "yaml", io.StringIO())
 
 
+def test_summary_counts_distinct_rank_steps_a_window_of_ranks_at_a_time(monkeypatch):
+    """`steps` in the summary: distinct (rank, step) pairs of the numbered steps (all windows
+    when no rank has one), the same when counted one rank per window."""
+    import polars as pl
+
+    from kineto_comm import rank_store
+
+    report = kineto_comm.analyze(SAMPLES / "pp-4", jobs=1)
+    steps = report.steps
+    cases = {
+        "numbered": steps,
+        "none numbered": steps.with_columns(step=pl.lit(-1, pl.Int64)),
+    }
+    for name, table in cases.items():
+        kept = table.filter(pl.col("step") >= 0) if (table["step"] >= 0).any() else table
+        expect = kept.select("rank", "step").unique().height
+        whole = dataclasses.replace(report, rank_steps=RankStore.from_frame(table))
+        assert json_doc.document(whole)["summary"]["steps"] == expect > 0, name
+    # One window per rank: the counts per window add up to the same.
+    monkeypatch.setattr(rank_store, "SLICE_ROWS", 1)
+    split = RankStore(
+        rank_store.Part(rows=g.height, frame=g, rank=r)
+        for (r,), g in steps.group_by("rank", maintain_order=True)
+    )
+    assert len(split.windows(1)) == report.ranks.height > 1
+    report = dataclasses.replace(report, rank_steps=split)
+    expect = steps.filter(pl.col("step") >= 0).select("rank", "step").unique().height
+    assert json_doc.document(report)["summary"]["steps"] == expect
+
+
 def test_rank_means_are_the_means_of_the_documents_steps():
     """The Markdown and HTML rank tables: per rank, numbered steps only when it has any."""
     import polars as pl

@@ -173,14 +173,17 @@ def _step_rows(store: RankStore, numbered_only: bool) -> pl.LazyFrame:
 
 
 def _distinct_steps(store: RankStore) -> int:
-    """How many distinct (rank, step) pairs step_rows holds, a window of ranks at a time: a
-    count over every rank at once holds them all (+0.21 GiB at 4096 ranks of 950 steps)."""
+    """How many distinct (rank, step) pairs step_rows holds: distinct steps counted per rank,
+    a window of ranks at a time, so that the state is a count per rank rather than a set of
+    every rank's pairs."""
     if store.height == 0 or not {"rank", "step"} <= set(store.columns):
         return 0
     numbered_only = _numbered_only(store)
     counts = store.per_window(
-        lambda view: _step_rows(view, numbered_only).select(
-            pl.struct("rank", "step").n_unique().cast(pl.Int64).alias("n")
+        lambda view: (
+            _step_rows(view, numbered_only)
+            .group_by("rank")
+            .agg(pl.col("step").n_unique().cast(pl.Int64).alias("n"))
         )
     )
     return int(counts["n"].sum())
