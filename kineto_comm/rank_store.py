@@ -143,6 +143,7 @@ class RankStore:
         self._offsets = offsets  # the offsets table (rank, offset_ns), None: no shift
         self._folder = folder  # kept alive as long as a store reads its files
         self._window = window  # only the rows of ranks in [lo, hi] (None: open)
+        self._index: dict[int | None, list[int]] | None = None  # rank -> positions of parts
 
     @classmethod
     def from_frame(cls, frame: pl.DataFrame) -> RankStore:
@@ -232,9 +233,7 @@ class RankStore:
         wanted = None if ranks is None else set(ranks)
         pending: list[pl.DataFrame] = []
         held = 0
-        for part in self._parts:
-            if wanted is not None and part.rank is not None and part.rank not in wanted:
-                continue
+        for part in self._holding(wanted):
             frame = part.read(columns)
             if self._offsets is not None:
                 frame = shift(frame, self._offsets, TIME_COLUMNS)
@@ -250,6 +249,18 @@ class RankStore:
                 pending, held = [], 0
         if pending:
             yield pl.concat(pending, how="vertical_relaxed")
+
+    def _holding(self, wanted: set[int] | None) -> Iterable[Part]:
+        """The parts that may hold rows of the `wanted` ranks (all when None), in order: a
+        rank at a time over thousands of one-rank files, found without a pass over them all."""
+        if wanted is None:
+            return self._parts
+        if self._index is None:
+            self._index = {}
+            for i, part in enumerate(self._parts):
+                self._index.setdefault(part.rank, []).append(i)
+        found = [i for r in (*wanted, None) for i in self._index.get(r, ())]
+        return [self._parts[i] for i in sorted(found)]
 
     def frame(
         self, ranks: Iterable[int] | None = None, columns: list[str] | None = None

@@ -57,6 +57,7 @@ import polars as pl
 
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP, group_key, is_p2p
 from kineto_comm.lazy import collect, collect_all
+from kineto_comm.model.steps import steps_per_rank
 from kineto_comm.rank_store import RankStore, as_store
 
 ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "fsdp", "unknown")
@@ -120,8 +121,9 @@ _USED = [
 ]
 
 
-# What the calls' positions read of the steps table.
+# What the calls' positions read of the steps table, and a store of no such rows.
 _WINDOW = ["rank", "step", "start_ns", "end_ns"]
+_NO_WINDOWS = RankStore.from_frame(pl.DataFrame(schema=dict.fromkeys(_WINDOW, pl.Int64)))
 
 
 def _calls(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.LazyFrame:
@@ -132,16 +134,7 @@ def _calls(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.LazyFr
         .filter(pl.col("step") >= 0)
         .select("rank", "step", _s0=pl.col("start_ns"), _s1=pl.col("end_ns"))
     )
-    # Distinct steps per rank a window of ranks at a time: over every rank at once the
-    # count holds every (rank, step).
-    per_rank = steps.per_window(
-        lambda view: (
-            view.lazy(["rank", "step"])
-            .filter(pl.col("step") >= 0)
-            .group_by("rank")
-            .agg(_nsteps=pl.col("step").n_unique())
-        )
-    ).lazy()
+    per_rank = steps_per_rank(steps).rename({"n_steps": "_nsteps"}).lazy()
     # Only the steps without compute (a call there has no compute_before) need their window:
     # joining every (rank, step) would hold a hash table of them all (0.3 GB at 2048 ranks
     # of 950 steps), most steps have compute.
@@ -184,9 +177,7 @@ def _calls(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.LazyFr
 def _windows_of(steps: RankStore, ranks: Iterable[int]) -> RankStore:
     """The step windows of `ranks` (all of the steps' columns the calls read), in memory."""
     rows = steps.frame(ranks, _WINDOW)
-    if not rows.width:  # no part holds these ranks
-        rows = pl.DataFrame(schema=dict.fromkeys(_WINDOW, pl.Int64))
-    return RankStore.from_frame(rows)
+    return RankStore.from_frame(rows) if rows.width else _NO_WINDOWS  # no part holds them
 
 
 def _first_positions(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.DataFrame:
@@ -502,7 +493,7 @@ def process_groups(
     """One row per process group with its inferred role and the evidence (docs/tables.md)."""
     if collectives.height == 0:
         return pl.DataFrame(schema=PROCESS_GROUP_SCHEMA)
-    steps = as_store(steps) if steps.height else _windows_of(RankStore(), [])
+    steps = as_store(steps) if steps.height else _NO_WINDOWS
     world = collect(
         as_store(collectives).lazy(["rank"]).select(pl.col("rank").n_unique()), collectives.height
     ).item()

@@ -27,6 +27,7 @@ import polars as pl
 
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
+from kineto_comm.model.steps import steps_per_rank
 
 ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "fsdp", "unknown")
 ROLE_ALIASES = {"dp": "data_parallel", "tp": "tensor_parallel", "pp": "pipeline", "ep": "expert"}
@@ -85,14 +86,7 @@ def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
     in_steps = collect(coll.select((pl.col("step") >= 0).any()), rows).item()
     if in_steps:
         coll = coll.filter(pl.col("step") >= 0)
-        steps = report.rank_steps.per_window(
-            lambda view: (
-                view.lazy(["rank", "step"])
-                .filter(pl.col("step") >= 0)
-                .group_by("rank")
-                .agg(n_steps=pl.col("step").n_unique())
-            )
-        )
+        steps = steps_per_rank(report.rank_steps)
     else:  # no step markers: the whole trace is one step
         steps = collect(coll.select(pl.col("rank").unique()), rows).with_columns(
             n_steps=pl.lit(1, pl.UInt32)

@@ -14,10 +14,15 @@ Columns of the steps table (`STEP_SCHEMA`):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
 
 from kineto_comm.lazy import collect
 from kineto_comm.load.decode import RawTrace
+
+if TYPE_CHECKING:
+    from kineto_comm.rank_store import RankStore
 
 NO_STEP = -1
 STEP_SCHEMA: dict[str, pl.DataType] = {
@@ -108,3 +113,18 @@ def device_windows(kernels: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         [marked.select(list(STEP_SCHEMA)), unmarked.select(list(STEP_SCHEMA))], how="vertical"
     )
     return collect(windows.sort("rank", maintain_order=True))
+
+
+def steps_per_rank(steps: RankStore, numbered_only: bool = True) -> pl.DataFrame:
+    """rank, n_steps: each rank's distinct steps in the merged steps table (only numbered
+    ones, step >= 0, unless `numbered_only` is False). Counted a window of ranks at a time:
+    over every rank at once the count holds every (rank, step) pair."""
+    kept = pl.col("step") >= 0 if numbered_only else pl.lit(True)
+    return steps.per_window(
+        lambda view: (
+            view.lazy(["rank", "step"])
+            .filter(kept)
+            .group_by("rank")
+            .agg(n_steps=pl.col("step").n_unique())
+        )
+    )

@@ -25,6 +25,7 @@ import polars as pl
 from kineto_comm import __version__
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
+from kineto_comm.model.steps import steps_per_rank
 from kineto_comm.rank_store import RankStore
 from kineto_comm.report import SCHEMA_VERSION, Report
 
@@ -172,26 +173,18 @@ def _step_rows(store: RankStore, numbered_only: bool) -> pl.LazyFrame:
     return store.lazy().filter(pl.col("step") >= 0) if numbered_only else store.lazy()
 
 
-def _distinct_steps(store: RankStore) -> int:
-    """How many distinct (rank, step) pairs step_rows holds: distinct steps counted per rank,
-    a window of ranks at a time, so that the state is a count per rank rather than a set of
-    every rank's pairs."""
+def _distinct_steps(store: RankStore, numbered_only: bool) -> int:
+    """How many distinct (rank, step) pairs step_rows holds."""
     if store.height == 0 or not {"rank", "step"} <= set(store.columns):
         return 0
-    numbered_only = _numbered_only(store)
-    counts = store.per_window(
-        lambda view: (
-            _step_rows(view, numbered_only)
-            .group_by("rank")
-            .agg(pl.col("step").n_unique().cast(pl.Int64).alias("n"))
-        )
-    )
-    return int(counts["n"].sum())
+    return int(steps_per_rank(store, numbered_only)["n_steps"].sum())
 
 
 def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[str, Any]:
     """The headline numbers: per-step means over all ranks and steps, and the verdict."""
-    steps = step_rows(report)
+    store = report.rank_steps
+    numbered_only = _numbered_only(store)
+    steps = _step_rows(store, numbered_only)
     names = steps.collect_schema().names()
     stats = collect(
         steps.select(*[pl.col(c).mean() for c in MEANS if c in names], _n=pl.len()),
@@ -217,7 +210,7 @@ def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[
         "world_size": int(report.ranks["world_size"].max())  # type: ignore[arg-type]
         if report.ranks.height and report.ranks["world_size"].null_count() < report.ranks.height
         else None,
-        "steps": _distinct_steps(report.rank_steps) if n else 0,
+        "steps": _distinct_steps(store, numbered_only) if n else 0,
         "step_windows": n,
         "mean_step_ns": as_int(wall),
         "mean_compute_ns": as_int(mean["compute_ns"]),
