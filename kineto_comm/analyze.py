@@ -138,7 +138,7 @@ def _contiguous(frames: list[pl.DataFrame]) -> pl.DataFrame:
 def _part(r: RankTables, name: str, frame: pl.DataFrame) -> Part:
     """Rank `r`'s rows of table `name`: the file a worker wrote them to, else `frame`."""
     if name in r.files:
-        return Part(rows=r.meta["rows"][name], path=r.files[name], rank=r.rank)
+        return Part(r.meta["rows"][name], path=r.files[name], rank=r.rank, held=r.held)
     return Part(rows=frame.height, frame=frame, rank=r.rank)
 
 

@@ -20,6 +20,7 @@ from kineto_comm.analysis.overlap import breakdowns
 from kineto_comm.lazy import collect_all, split
 from kineto_comm.lazy import stack as stack_frames
 from kineto_comm.load.decode import COLLECTIVE_SPAN, RawTrace, decode_file
+from kineto_comm.load.discover import rank_from_name
 from kineto_comm.model.collectives import build_collectives
 from kineto_comm.model.kernels import KERNEL_COLUMNS, build_kernels
 from kineto_comm.model.steps import assign_steps, cpu_steps, device_windows
@@ -46,6 +47,9 @@ class RankTables:
     # Table name -> the Arrow IPC file its rows were written to (`spill`); the table is then
     # empty and meta["rows"][name] says how many rows the file holds.
     files: dict[str, str] = field(default_factory=dict)
+    # The rank the model wrote into the rows (`provisional`): `with_rank` relabels the tables
+    # in memory, not those in `files`. None: not known.
+    held: int | None = None
 
     @classmethod
     def from_parts(cls, header: dict[str, Any], frames: dict[str, pl.DataFrame]) -> RankTables:
@@ -57,6 +61,7 @@ class RankTables:
             meta=header["meta"],
             warnings=header["warnings"],
             files=header.get("files") or {},
+            held=header.get("held"),
             **frames,
         )
 
@@ -69,6 +74,7 @@ class RankTables:
             "meta": self.meta,
             "warnings": self.warnings,
             "files": self.files,
+            "held": self.held,
         }
 
     def with_rank(self, rank: int) -> RankTables:
@@ -181,8 +187,8 @@ def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTab
         how="left",
     ).sort("rank", "start_ns", maintain_order=True)
     totals = totals.drop("window")
-    # Each row's rank: what its file claims; `_file` keeps the file's position to split by.
-    claims = pl.Series([r.rank if r.rank is not None else -1 for r in raws], dtype=pl.Int64)
+    # Each row's rank: the provisional one; `_file` keeps the file's position to split by.
+    claims = pl.Series([provisional(r) for r in raws], dtype=pl.Int64)
     relabel = {"_file": pl.col("rank"), "rank": pl.lit(claims).gather(pl.col("rank"))}
     frames = {"kernels": kernels, "collectives": collectives, "steps": steps, "totals": totals}
     labelled = collect_all([frames[name].lazy().with_columns(**relabel) for name in TABLES])
@@ -200,6 +206,16 @@ def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTab
     ]
 
 
+def provisional(raw: RawTrace) -> int:
+    """The rank a file's rows hold until ranks are assigned (kineto_comm.load.discover): the
+    one the trace claims, else the one in its name, else -1. Usually the final one, so the
+    files a worker writes need no relabelling (kineto_comm.rank_store)."""
+    if raw.rank is not None:
+        return raw.rank
+    named = rank_from_name(raw.file)
+    return -1 if named is None else named
+
+
 def _collective_spans(ops: pl.DataFrame, raws: list[RawTrace]) -> list[int]:
     """Per file, its collective calls on the host (only counted for world-size-1 files,
     whose warning quotes it)."""
@@ -213,8 +229,7 @@ def _collective_spans(ops: pl.DataFrame, raws: list[RawTrace]) -> list[int]:
 def _rank_tables(
     raw: RawTrace, frames: dict[str, pl.DataFrame], on_device: bool, marked: bool, calls: int
 ) -> RankTables:
-    """One file's RankTables from its part of the model's tables (their rank: what the file
-    says, -1 when it does not)."""
+    """One file's RankTables from its part of the model's tables (their rank: `provisional`)."""
     kernels, collectives = frames["kernels"], frames["collectives"]
     timeline = "device" if on_device else ("host" if kernels.height else "none")
     warnings = list(raw.warnings)
@@ -235,15 +250,17 @@ def _rank_tables(
         "timeline": timeline,
         "base_time_ns": raw.base_time_ns,
         "bytes": raw.nbytes,
-        "process_groups": raw.process_groups,
         "has_step_markers": marked,
     }
+    # Not the process groups: each lists its ranks, so every rank's copy would hold
+    # ranks x group size values in the parent (they are in the calls' pg_ columns).
     return RankTables(
         file=raw.file,
         rank=raw.rank,
         world_size=raw.world_size,
         meta=meta,
         warnings=warnings,
+        held=provisional(raw),
         **frames,
     )
 

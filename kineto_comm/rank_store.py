@@ -50,18 +50,25 @@ class SpillFolder:
 @dataclass(frozen=True)
 class Part:
     """One source of rows: an in-memory frame (any ranks) or an IPC file (one rank's when
-    `rank` is set, which then replaces the provisional rank the file holds)."""
+    `rank` is set, which then replaces the provisional rank the file holds, `held`)."""
 
     rows: int
     frame: pl.DataFrame | None = None
     path: str | None = None
     rank: int | None = None  # the final rank of a file's rows (files hold provisional ones)
     span: tuple[int, int] | None = None  # lowest and highest rank of a part of several ranks
+    # The rank a file's rows hold (what the trace claimed, -1 when it did not); None: unknown.
+    held: int | None = None
 
     @property
     def bounds(self) -> tuple[int, int] | None:
         """The lowest and highest rank of the rows; None when not known."""
         return (self.rank, self.rank) if self.rank is not None else self.span
+
+    @property
+    def relabels(self) -> bool:
+        """True when the rows' `rank` must be replaced as they are read."""
+        return self.rank is not None and self.held != self.rank
 
     def within(self, lo: int | None, hi: int | None) -> bool | None:
         """True when every row's rank is in [lo, hi] (None: open), False when none is,
@@ -82,9 +89,9 @@ class Part:
         from kineto_comm.per_rank import read_frame
 
         assert self.path is not None
-        if self.rank is None:
+        if not self.relabels:
             return read_frame(self.path, columns)
-        rank = pl.lit(self.rank, dtype=pl.Int64).alias("rank")  # files hold provisional ranks
+        rank = pl.lit(self.rank, dtype=pl.Int64).alias("rank")
         if columns is None:
             return read_frame(self.path).with_columns(rank)
         stored = [c for c in columns if c != "rank"] or ["rank"]
@@ -95,7 +102,7 @@ class Part:
         if self.frame is not None:
             return self.frame.schema
         assert self.path is not None
-        return pl.scan_ipc(self.path).collect_schema()
+        return pl.scan_ipc(self.path, glob=False).collect_schema()
 
     def scan(
         self,
@@ -115,17 +122,36 @@ class Part:
             names = self.frame.columns if columns is None else columns
             keep = [c for c in categorical if c in names and self.frame.schema[c] == pl.String]
             return query.with_columns(pl.col(keep).cast(pl.Categorical))
-        assert self.path is not None
-        query = pl.scan_ipc(self.path)
-        schema = self.schema() if schema is None else schema
-        names = list(schema) if columns is None else columns
-        text = [c for c in names if schema.get(c) == pl.Categorical and c not in categorical]
-        if where is not None:
-            query = query.filter(where)
-        query = query.select(c for c in names if c != "rank" or self.rank is None)
-        if self.rank is not None and "rank" in names:
-            query = query.with_columns(rank=pl.lit(self.rank, dtype=pl.Int64))
-        return query.with_columns(pl.col(text).cast(pl.String)).select(names)
+        return _scan_files(
+            [self], self.schema() if schema is None else schema, columns, where, categorical
+        )
+
+
+def _scan_files(
+    parts: list[Part],
+    schema: pl.Schema,
+    columns: list[str] | None,
+    where: pl.Expr | None,
+    categorical: tuple[str, ...],
+) -> pl.LazyFrame:
+    """The rows of file parts (`schema`: theirs) as one scan, in order, the final rank in
+    `rank`: either no part relabels its rows, or one does alone, or each does and holds a
+    rank no other one holds (RankStore._runs)."""
+    names = list(schema) if columns is None else columns
+    text = [c for c in names if schema.get(c) == pl.Categorical and c not in categorical]
+    query = pl.scan_ipc([p.path for p in parts], glob=False)
+    if where is not None:
+        query = query.filter(where)
+    moved = [p for p in parts if p.relabels]
+    if moved and "rank" in names:
+        if len(parts) == 1:
+            rank = pl.lit(parts[0].rank, dtype=pl.Int64)
+        else:
+            rank = pl.col("rank").replace_strict(
+                [p.held for p in moved], [p.rank for p in moved], return_dtype=pl.Int64
+            )
+        query = query.with_columns(rank=rank)
+    return query.with_columns(pl.col(text).cast(pl.String)).select(names)
 
 
 class RankStore:
@@ -275,6 +301,28 @@ class RankStore:
             if part.path is not None:
                 Path(part.path).unlink(missing_ok=True)
 
+    def _runs(self) -> list[list[Part]]:
+        """The parts in order, consecutive files grouped where one scan can read them all:
+        files whose rows hold their final ranks, or files of one rank each whose rows hold
+        distinct provisional ones. A query holds state per scan (about 140 kB), so a store of
+        thousands of rank files read one scan per file would hold a few GB."""
+        runs: list[list[Part]] = []
+        kinds: list[str | None] = []
+        held: set[int | None] = set()
+        for p in self._parts:
+            kind = None
+            if p.path is not None and self._mask(p) is None:
+                kind = "stored" if not p.relabels else ("moved" if p.held is not None else None)
+            if kind is not None and kinds and kinds[-1] == kind and p.held not in held:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+                kinds.append(kind)
+                held = set()
+            if kind == "moved":
+                held.add(p.held)
+        return runs
+
     def lazy(
         self,
         columns: list[str] | None = None,
@@ -296,15 +344,19 @@ class RankStore:
         files = [p for p in self._parts if p.path is not None]
         schema = files[0].schema() if files else None
         parts = []
-        for p in self._parts:
-            known = schema if p.path is not None else None
+        for run in self._runs():
+            p = run[0]
             mask = self._mask(p)
-            if mask is None:
-                parts.append(p.scan(columns, where, categorical, known))
+            if len(run) > 1:
+                assert schema is not None
+                parts.append(_scan_files(run, schema, columns, where, categorical))
+            elif mask is None:
+                parts.append(p.scan(columns, where, categorical, schema if p.path else None))
             elif columns is None or "rank" in columns:
-                parts.append(p.scan(columns, where, categorical, known).filter(mask))
+                scan = p.scan(columns, where, categorical, schema if p.path else None)
+                parts.append(scan.filter(mask))
             else:
-                scan = p.scan([*columns, "rank"], where, categorical, known)
+                scan = p.scan([*columns, "rank"], where, categorical, schema if p.path else None)
                 parts.append(scan.filter(mask).drop("rank"))
         query = pl.concat(parts, how="vertical_relaxed") if len(parts) > 1 else parts[0]
         if self._offsets is None:

@@ -400,6 +400,9 @@ def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, m
     assert files.rank_kernels.spilled and files.options["jobs"] == jobs
     assert files.rank_collectives.spilled and files.rank_waits.spilled
     assert files.rank_steps.spilled
+    # The workers' files hold the ranks the traces claim, the final ones: one scan each.
+    for store in (files.rank_kernels, files.rank_collectives, files.rank_steps):
+        assert len(store._runs()) == 1
     assert files.kernels.height > 0 and files.kernels.equals(memory.kernels)
     for name in ("collectives", "steps", "totals", "offsets", "collective_instances"):
         assert files.table(name).equals(memory.table(name)), name
@@ -432,6 +435,31 @@ def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, m
     files, memory = (dataclasses.replace(r, findings=found) for r in (files, memory))
     for fmt in FORMATS:  # every renderer, the HTML pipeline timeline included
         assert render(files, fmt) == render(memory, fmt), fmt
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_files_of_traces_without_a_rank_hold_the_rank_in_their_name(tmp_path, named, monkeypatch):
+    """Traces without distributedInfo get their rank from the file name, else the file
+    order: a worker writes the rank in the name into its files (then one scan reads them
+    all), else a placeholder relabelled as rows are read; the tables are the same as in
+    memory either way."""
+    import gzip
+    import json
+
+    for i, path in enumerate(sorted((SAMPLES / "ddp-4").iterdir())):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        del doc["distributedInfo"]
+        (tmp_path / (f"rank{i}.json" if named else f"{'abcd'[i]}.json")).write_text(json.dumps(doc))
+    memory = analyze(tmp_path, jobs=1)
+    monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
+    files = analyze(tmp_path, jobs=1)
+    source = "file name" if named else "file order"
+    assert files.ranks["rank_source"].to_list() == [source] * 4
+    assert len(files.rank_collectives._runs()) == (1 if named else 4)
+    assert files.collectives.height > 0 and files.collectives.equals(memory.collectives)
+    assert files.kernels.equals(memory.kernels) and files.steps.equals(memory.steps)
+    for name in ("collective_instances", "stragglers", "offsets"):
+        assert files.table(name).equals(memory.table(name)), name
 
 
 def test_kernel_files_go_with_the_report(tmp_path, monkeypatch):
@@ -472,6 +500,45 @@ def test_batches_hold_whole_ranks_on_their_clock():
     assert pl.concat(batches).equals(expect)
     assert store.frame([3, 1]).equals(expect.filter(pl.col("rank").is_in([1, 3])))
     assert store.height == frame.height
+
+
+def test_files_read_in_one_scan_keep_each_rows_final_rank(tmp_path):
+    """Consecutive rank files are read by one scan where their rows hold their final ranks,
+    or distinct provisional ones (relabelled as read); files whose rows hold the same
+    provisional rank, or an unknown one, and in-memory parts are read on their own. Every
+    way gives each row its final rank, in the store's order."""
+    import polars as pl
+
+    from kineto_comm.per_rank import write_frame
+    from kineto_comm.rank_store import Part, RankStore
+
+    steps = analyze(SAMPLES / "ddp-4", jobs=1, align=False).steps
+    source = [g for _, g in steps.group_by("rank", maintain_order=True)]
+    # (final rank, rank the rows hold, `held` as told to the part, in a file?)
+    layout = [(0, 0, 0, True), (1, 1, 1, True), (2, 2, None, False), (3, 7, 7, True)]
+    layout += [(4, 0, 0, True), (5, -1, -1, True), (6, -1, -1, True), (7, 99, None, True)]
+    parts, expect = [], []
+    for i, (final, holds, held, in_file) in enumerate(layout):
+        rows = source[i % 4].with_columns(rank=pl.lit(holds, dtype=pl.Int64))
+        expect.append(rows.with_columns(rank=pl.lit(final, dtype=pl.Int64)))
+        if not in_file:
+            parts.append(Part(rows=rows.height, frame=rows, rank=final))
+            continue
+        path = tmp_path / f"{i}.arrow"
+        write_frame(rows, path)
+        parts.append(Part(rows=rows.height, path=str(path), rank=final, held=held))
+    store = RankStore(parts)
+    assert [len(run) for run in store._runs()] == [2, 1, 3, 1, 1]
+    whole = pl.concat(expect)
+    assert store.lazy().collect().equals(whole)
+    assert store.frame().equals(whole)
+    assert store.lazy(["step", "wall_ns"]).collect().equals(whole.select("step", "wall_ns"))
+    offsets = pl.DataFrame({"rank": list(range(8)), "offset_ns": [3 * r for r in range(8)]})
+    moved = whole.with_columns(pl.col("start_ns", "end_ns") - 3 * pl.col("rank"))
+    got = store.with_offsets(offsets).lazy(["rank", "start_ns", "end_ns"]).collect()
+    assert got.equals(moved.select("rank", "start_ns", "end_ns"))
+    view = store.restricted(3, 5)
+    assert view.lazy().collect().equals(whole.filter(pl.col("rank").is_between(3, 5)))
 
 
 def test_per_window_folds_whole_ranks_on_their_clock():

@@ -351,3 +351,40 @@ def test_storms_on_real_traces_run_and_respect_the_size_limit(samples: dict[str,
         found = storms(rep.collectives, min_calls=2)
         assert found.schema == pl.Schema(STORM_SCHEMA), name
         assert (found["bytes"] < 64 * 1024 * found["calls"]).all()
+
+
+@pytest.mark.parametrize("scenario", ["ddp-4", "pp-4"])
+def test_first_call_positions_are_medians_over_a_sample_of_steps_on_big_jobs(
+    scenario, monkeypatch
+):
+    """Where a group's first call falls in a step is the median over every (rank, step);
+    above lazy.SAMPLE_ROWS steps of all ranks, over every k-th step only (the same steps on
+    every rank), so that the parent holds a bounded number of positions."""
+    from kineto_comm.analysis import roles
+
+    report = kineto_comm.analyze(SAMPLES / scenario, jobs=1)
+    calls, steps = report.rank_collectives, report.rank_steps
+    pos = pl.col("_pos")
+    per_step = (
+        roles._calls(calls, steps)
+        .filter(pos.is_not_null())
+        .group_by("process_group", "rank", "step")
+        .agg(_f=pos.min(), _fa=pos.filter(pl.col("collective") == "all_reduce").min())
+        .collect()
+    )
+
+    def medians(rows: pl.DataFrame) -> pl.DataFrame:
+        return rows.group_by("process_group").agg(
+            _first=pl.col("_f").median(), _ar_first=pl.col("_fa").median()
+        )
+
+    full = roles._first_positions(calls, steps)
+    assert full.height > 0
+    assert full.sort("process_group").equals(medians(per_step).sort("process_group"))
+    monkeypatch.setattr(lazy, "SAMPLE_ROWS", steps.height // 3)
+    every = -(-steps.height // lazy.SAMPLE_ROWS)
+    picked = per_step.filter(pl.col("step") % every == 0)
+    assert 0 < picked.height < per_step.height
+    sampled = roles._first_positions(calls, steps).sort("process_group")
+    assert sampled.equals(medians(picked).sort("process_group"))
+    assert not sampled.equals(full.sort("process_group"))

@@ -56,7 +56,7 @@ from collections.abc import Iterable
 import polars as pl
 
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP, group_key, is_p2p
-from kineto_comm.lazy import collect, collect_all
+from kineto_comm.lazy import collect, collect_all, sample
 from kineto_comm.model.steps import steps_per_rank
 from kineto_comm.rank_store import RankStore, as_store
 
@@ -188,12 +188,17 @@ def _first_positions(collectives: pl.DataFrame | RankStore, steps: RankStore) ->
     (group, rank, step), 0.5 GB at 2048 ranks of 950 steps. The positions per (group, rank,
     step) are kept with the group Categorical and let go once the medians are taken: held as
     text until the groups were decided, they raised the step's peak at 4096 ranks to 1.12
-    GiB (0.90 now)."""
+    GiB (0.90 now). Above lazy.SAMPLE_ROWS steps of all ranks, the medians are those of an
+    evenly spread sample of steps, the same ones on every rank (docs/scale.md): the
+    positions of every (group, rank, step) would be 0.3 GiB at 8192 ranks of 950 steps."""
     pos, coll = pl.col("_pos"), pl.col("collective")
     # Each batch joins only its own ranks' steps, not every rank's.
     found = [
         collect(
-            _calls(batch, _windows_of(steps, batch["rank"].unique()))
+            _calls(
+                collect(sample(batch.lazy(), steps.height, "step")),
+                _windows_of(steps, batch["rank"].unique()),
+            )
             .filter(pos.is_not_null())
             .group_by("process_group", "rank", "step")
             .agg(_f=pos.min(), _fa=pos.filter(coll == "all_reduce").min())
