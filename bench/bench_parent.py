@@ -91,9 +91,9 @@ print(r.ranks.height, calls, r.collective_instances.height, wall, base, peak, he
 
 
 # Marks a complete tables folder; renamed when what workers put in files changes (steps
-# since the twenty-third session, the rank their rows hold since the twenty-fourth), so
-# that older folders are built again.
-DONE = "done-held"
+# since the twenty-third session; since the twenty-fourth, the rank their rows hold and
+# their layouts), so that older folders are built again.
+DONE = "done-layouts"
 
 
 def tables(job: Path) -> Path:

@@ -138,7 +138,8 @@ def _contiguous(frames: list[pl.DataFrame]) -> pl.DataFrame:
 def _part(r: RankTables, name: str, frame: pl.DataFrame) -> Part:
     """Rank `r`'s rows of table `name`: the file a worker wrote them to, else `frame`."""
     if name in r.files:
-        return Part(r.meta["rows"][name], path=r.files[name], rank=r.rank, held=r.held)
+        path, layout = r.files[name], r.meta.get("layouts", {}).get(name)
+        return Part(r.meta["rows"][name], path=path, rank=r.rank, held=r.held, layout=layout)
     return Part(rows=frame.height, frame=frame, rank=r.rank)
 
 

@@ -24,6 +24,7 @@ from kineto_comm.load.discover import rank_from_name
 from kineto_comm.model.collectives import build_collectives
 from kineto_comm.model.kernels import KERNEL_COLUMNS, build_kernels
 from kineto_comm.model.steps import assign_steps, cpu_steps, device_windows
+from kineto_comm.rank_store import layout
 
 TABLES = ("kernels", "collectives", "steps", "totals")
 # The tables with a row per kernel, call or step: what big jobs keep in files
@@ -45,7 +46,8 @@ class RankTables:
     totals: pl.DataFrame = field(default_factory=pl.DataFrame)
     warnings: list[str] = field(default_factory=list)
     # Table name -> the Arrow IPC file its rows were written to (`spill`); the table is then
-    # empty and meta["rows"][name] says how many rows the file holds.
+    # empty, meta["rows"][name] says how many rows the file holds and meta["layouts"][name]
+    # its columns' fingerprint (kineto_comm.rank_store.layout).
     files: dict[str, str] = field(default_factory=dict)
     # The rank the model wrote into the rows (`provisional`): `with_rank` relabels the tables
     # in memory, not those in `files`. None: not known.
@@ -271,6 +273,7 @@ def spill(tables: RankTables, folder: str | Path) -> RankTables:
     `folder` (see kineto_comm.rank_store: what keeps the parent's memory bounded on big
     jobs); a table that cannot be written stays in memory, with a warning."""
     files, rows, moved, warnings = dict(tables.files), {}, {}, list(tables.warnings)
+    layouts = {}
     for name in SPILLED:
         if name in files:
             continue
@@ -287,7 +290,12 @@ def spill(tables: RankTables, folder: str | Path) -> RankTables:
         # No columns left behind either: an empty frame's columns cost some 14 kB a rank
         # in the parent (0.1 GiB at 8192 ranks).
         files[name], rows[name], moved[name] = str(path), frame.height, pl.DataFrame()
-    meta = {**tables.meta, "rows": {**tables.meta.get("rows", {}), **rows}}
+        layouts[name] = layout(path)
+    meta = {
+        **tables.meta,
+        "rows": {**tables.meta.get("rows", {}), **rows},
+        "layouts": {**tables.meta.get("layouts", {}), **layouts},
+    }
     return replace(tables, files=files, meta=meta, warnings=warnings, **moved)
 
 

@@ -18,6 +18,7 @@ merged table costs.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 import uuid
@@ -55,10 +56,13 @@ class Part:
     rows: int
     frame: pl.DataFrame | None = None
     path: str | None = None
-    rank: int | None = None  # the final rank of a file's rows (files hold provisional ones)
+    rank: int | None = None  # the final rank of a file's rows (the file holds `held`)
     span: tuple[int, int] | None = None  # lowest and highest rank of a part of several ranks
     # The rank a file's rows hold (what the trace claimed, -1 when it did not); None: unknown.
     held: int | None = None
+    # The file's columns and types (`layout`): files are read by one scan only when theirs
+    # agree (a column of nulls has no type of its own); None: unknown.
+    layout: str | None = None
 
     @property
     def bounds(self) -> tuple[int, int] | None:
@@ -125,6 +129,12 @@ class Part:
         return _scan_files(
             [self], self.schema() if schema is None else schema, columns, where, categorical
         )
+
+
+def layout(path: str | Path) -> str:
+    """A short fingerprint of an IPC file's columns and their types."""
+    columns = repr(list(pl.read_ipc_schema(path).items())).encode()
+    return hashlib.blake2b(columns, digest_size=8).hexdigest()
 
 
 def _scan_files(
@@ -303,23 +313,27 @@ class RankStore:
 
     def _runs(self) -> list[list[Part]]:
         """The parts in order, consecutive files grouped where one scan can read them all:
-        files whose rows hold their final ranks, or files of one rank each whose rows hold
-        distinct provisional ones. A query holds state per scan (about 140 kB), so a store of
-        thousands of rank files read one scan per file would hold a few GB."""
+        files of one layout whose rows hold their final ranks, or files of one layout and one
+        rank each whose rows hold distinct provisional ones. A query holds state per scan
+        (about 140 kB), so a store of thousands of rank files read one scan per file would
+        hold a few GB."""
         runs: list[list[Part]] = []
-        kinds: list[str | None] = []
+        kinds: list[tuple[str, str] | None] = []
         held: set[int | None] = set()
         for p in self._parts:
             kind = None
-            if p.path is not None and self._mask(p) is None:
-                kind = "stored" if not p.relabels else ("moved" if p.held is not None else None)
+            if p.path is not None and p.layout is not None and self._mask(p) is None:
+                if not p.relabels:
+                    kind = ("stored", p.layout)
+                elif p.held is not None:
+                    kind = ("moved", p.layout)
             if kind is not None and kinds and kinds[-1] == kind and p.held not in held:
                 runs[-1].append(p)
             else:
                 runs.append([p])
                 kinds.append(kind)
                 held = set()
-            if kind == "moved":
+            if kind is not None and kind[0] == "moved":
                 held.add(p.held)
         return runs
 
@@ -384,4 +398,4 @@ def keep(frame: pl.DataFrame, folder: SpillFolder | None) -> Part:
 
     path = folder.path / f"{uuid.uuid4().hex}.arrow"
     write_frame(frame, path)
-    return Part(rows=frame.height, path=str(path), span=span)
+    return Part(rows=frame.height, path=str(path), span=span, layout=layout(path))

@@ -503,37 +503,43 @@ def test_batches_hold_whole_ranks_on_their_clock():
 
 
 def test_files_read_in_one_scan_keep_each_rows_final_rank(tmp_path):
-    """Consecutive rank files are read by one scan where their rows hold their final ranks,
-    or distinct provisional ones (relabelled as read); files whose rows hold the same
-    provisional rank, or an unknown one, and in-memory parts are read on their own. Every
-    way gives each row its final rank, in the store's order."""
+    """Consecutive rank files of one layout are read by one scan where their rows hold their
+    final ranks, or distinct provisional ones (relabelled as read); files whose rows hold
+    the same provisional rank or an unknown one, files of another layout (a column of nulls
+    only) and in-memory parts are read on their own. Every way gives each row its final
+    rank, in the store's order."""
     import polars as pl
 
     from kineto_comm.per_rank import write_frame
-    from kineto_comm.rank_store import Part, RankStore
+    from kineto_comm.rank_store import Part, RankStore, layout
 
     steps = analyze(SAMPLES / "ddp-4", jobs=1, align=False).steps
     source = [g for _, g in steps.group_by("rank", maintain_order=True)]
-    # (final rank, rank the rows hold, `held` as told to the part, in a file?)
-    layout = [(0, 0, 0, True), (1, 1, 1, True), (2, 2, None, False), (3, 7, 7, True)]
-    layout += [(4, 0, 0, True), (5, -1, -1, True), (6, -1, -1, True), (7, 99, None, True)]
+    # (final rank, rank the rows hold, `held` as told to the part, where the rows are)
+    plan = [(0, 0, 0, "file"), (1, 1, 1, "file"), (8, 8, 8, "nulls"), (2, 2, None, "memory")]
+    plan += [(3, 7, 7, "file"), (4, 0, 0, "file"), (5, -1, -1, "file"), (6, -1, -1, "file")]
+    plan += [(7, 99, None, "file")]
     parts, expect = [], []
-    for i, (final, holds, held, in_file) in enumerate(layout):
+    for i, (final, holds, held, where) in enumerate(plan):
         rows = source[i % 4].with_columns(rank=pl.lit(holds, dtype=pl.Int64))
+        if where == "nulls":
+            rows = rows.with_columns(wall_ns=pl.lit(None))
         expect.append(rows.with_columns(rank=pl.lit(final, dtype=pl.Int64)))
-        if not in_file:
+        if where == "memory":
             parts.append(Part(rows=rows.height, frame=rows, rank=final))
             continue
         path = tmp_path / f"{i}.arrow"
         write_frame(rows, path)
-        parts.append(Part(rows=rows.height, path=str(path), rank=final, held=held))
+        shape = layout(path)
+        parts.append(Part(rows.height, path=str(path), rank=final, held=held, layout=shape))
+    assert parts[2].layout != parts[1].layout == parts[4].layout
     store = RankStore(parts)
-    assert [len(run) for run in store._runs()] == [2, 1, 3, 1, 1]
-    whole = pl.concat(expect)
+    assert [len(run) for run in store._runs()] == [2, 1, 1, 3, 1, 1]
+    whole = pl.concat(expect, how="vertical_relaxed")
     assert store.lazy().collect().equals(whole)
     assert store.frame().equals(whole)
     assert store.lazy(["step", "wall_ns"]).collect().equals(whole.select("step", "wall_ns"))
-    offsets = pl.DataFrame({"rank": list(range(8)), "offset_ns": [3 * r for r in range(8)]})
+    offsets = pl.DataFrame({"rank": list(range(9)), "offset_ns": [3 * r for r in range(9)]})
     moved = whole.with_columns(pl.col("start_ns", "end_ns") - 3 * pl.col("rank"))
     got = store.with_offsets(offsets).lazy(["rank", "start_ns", "end_ns"]).collect()
     assert got.equals(moved.select("rank", "start_ns", "end_ns"))
