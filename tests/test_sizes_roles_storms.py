@@ -354,9 +354,7 @@ def test_storms_on_real_traces_run_and_respect_the_size_limit(samples: dict[str,
 
 
 @pytest.mark.parametrize("scenario", ["ddp-4", "pp-4"])
-def test_first_call_positions_are_medians_over_a_sample_of_steps_on_big_jobs(
-    scenario, monkeypatch
-):
+def test_first_call_positions_are_medians_over_a_sample_of_steps_on_big_jobs(scenario, monkeypatch):
     """Where a group's first call falls in a step is the median over every (rank, step);
     above lazy.SAMPLE_ROWS steps of all ranks, over every k-th step only (the same steps on
     every rank), so that the parent holds a bounded number of positions."""
