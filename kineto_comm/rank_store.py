@@ -8,8 +8,10 @@ therefore keep each rank's rows in its own uncompressed Arrow IPC file (written 
 that built them, or by the cross-rank step that derived them), and the parent reads them in
 batches of whole ranks (`batches`), as one lazy query for the streaming engine (`lazy`), or a
 window of ranks at a time (`per_window`): it holds one batch, or a query's bounded state,
-whatever the rank count. Clock offsets are applied as rows are read, so the files never
-change.
+whatever the rank count. A query reads a run of files whose rows hold their final ranks (what
+workers write where the trace's rank claim holds) with one scan: the streaming engine holds
+state per scan, some 140 kB, a GB over 8192 files read one scan each. Clock offsets are
+applied as rows are read, so the files never change.
 
 `frame()` still gives every rank's rows as one DataFrame (`Report.kernels`,
 `Report.collectives`, `Report.steps`) for users who ask: on a big job that costs what a
