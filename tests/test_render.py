@@ -310,6 +310,25 @@ def test_json_text_is_the_document_dumped_whatever_the_file_names():
         assert all(rank["steps"] for rank in json.loads(whole)["ranks"])
 
 
+def test_step_rows_become_the_text_json_dumps_gives_them() -> None:
+    """A rank's step rows are written by one query where every column is an integer (nulls
+    and negative numbers included), by json.dumps otherwise (floats, NaN as null): the text
+    is json.dumps' either way, re-indented to its place in the document."""
+    import polars as pl
+
+    frames = [
+        pl.DataFrame({"step": [1, None, 3], "start_ns": [-5, 2**62, 0]}),
+        pl.DataFrame({"step": [7]}, schema={"step": pl.Int32}),
+        pl.DataFrame({"wall_ns": [1.5, float("nan")], "step": [1, 2]}),
+        pl.DataFrame(schema={"step": pl.Int64}),
+    ]
+    for frame in frames:
+        for pad in ("", " " * 6):
+            listed = json_doc.clean(frame.to_dicts())
+            expected = json.dumps(listed, indent=2, allow_nan=False).replace("\n", "\n" + pad)
+            assert json_doc._rows_json(frame, pad) == expected
+
+
 def test_write_gives_the_rendered_text_to_files_and_streams(ddp: Report, tmp_path: Path) -> None:
     """`write` is how the CLI outputs: the JSON document in pieces (a rank's steps each), the
     other formats whole, the same text as `render` either way."""

@@ -361,9 +361,26 @@ def json_pieces(report: Report, fail_on: Severity = Severity.error) -> Iterator[
         key = f'"steps": "{token}"'
         found = text.index(key, at)
         indent = found - text.rindex("\n", 0, found) - 1
-        listed = [] if rows is None else clean(rows().to_dicts())
-        steps = json.dumps(listed, indent=2, default=str, allow_nan=False)
         yield text[at:found] + '"steps": '
-        yield steps.replace("\n", "\n" + " " * indent)
+        yield _rows_json(pl.DataFrame() if rows is None else rows(), " " * indent)
         at = found + len(key)
     yield text[at:]
+
+
+def _rows_json(rows: pl.DataFrame, pad: str) -> str:
+    """`json.dumps(rows.to_dicts(), indent=2)` with `pad` after each newline, built by one
+    query where every column is an integer (a rank's step rows): turning each row into a
+    dict and then into text took 3 minutes for the 3.9 million step rows of 4096 ranks
+    (bench/README.md, twenty-fifth session). Other columns go the way of json.dumps."""
+    if rows.height == 0:
+        return "[]"
+    if not all(dtype.is_integer() for dtype in rows.dtypes):
+        text = json.dumps(clean(rows.to_dicts()), indent=2, default=str, allow_nan=False)
+        return text.replace("\n", "\n" + pad)
+    parts: list[pl.Expr] = []
+    for i, name in enumerate(rows.columns):
+        head = ("{" if i == 0 else ",") + f"\n{pad}    {json.dumps(name)}: "
+        parts += [pl.lit(head), pl.col(name).cast(pl.String).fill_null("null")]
+    parts.append(pl.lit(f"\n{pad}  }}"))
+    objects = pl.concat_str(parts).str.join(f",\n{pad}  ")
+    return f"[\n{pad}  " + rows.select(objects).item() + f"\n{pad}]"
