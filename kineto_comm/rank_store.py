@@ -293,10 +293,11 @@ class RankStore:
         rank at a time over thousands of one-rank files, found without a pass over them all."""
         if wanted is None:
             return self._parts
-        if self._index is None:
-            self._index = {}
+        if self._index is None:  # built whole before it is shared: threads may read stores
+            index: dict[int | None, list[int]] = {}
             for i, part in enumerate(self._parts):
-                self._index.setdefault(part.rank, []).append(i)
+                index.setdefault(part.rank, []).append(i)
+            self._index = index
         found = [i for r in (*wanted, None) for i in self._index.get(r, ())]
         return [self._parts[i] for i in sorted(found)]
 

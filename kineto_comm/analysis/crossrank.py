@@ -8,6 +8,8 @@ docs/tables.md.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from kineto_comm.analysis.align import estimate_offsets, no_offsets, shift
@@ -40,18 +42,25 @@ def cross_rank(
     out["kernels"] = tables["kernels"].with_offsets(offsets)
     out["collectives"] = collectives = calls.with_offsets(offsets)
     keyed = keyed.with_offsets(offsets)
-    table = instances(keyed)
-    per_rank_waits = waits(keyed, table, folder)
-    keyed.discard()
-    out.update(
-        offsets=offsets,
-        collective_instances=table,
-        collective_waits=per_rank_waits,
-        stragglers=stragglers(table, per_rank_waits),
-        message_sizes=message_sizes(collectives),
-        message_size_summary=message_size_summary(collectives),
-        process_groups=process_groups(collectives, out["steps"], tables["ranks"]),
-        pipeline=pipeline(out["kernels"], collectives, out["steps"]),
-        storms=storms(collectives),
-    )
+    # The groups' roles read only the calls and steps. On a small job (nothing in files)
+    # they are found in a thread beside the steps below: each step there is mostly the
+    # fixed cost of a few queries, which then overlap (bench/README.md, twenty-fifth
+    # session). On a big job they come after them, so that their transients never add up.
+    roles_of = partial(process_groups, collectives, out["steps"], tables["ranks"])
+    with ThreadPoolExecutor(1) as side:
+        roles = side.submit(roles_of) if folder is None else None
+        table = instances(keyed)
+        per_rank_waits = waits(keyed, table, folder)
+        keyed.discard()
+        out.update(
+            offsets=offsets,
+            collective_instances=table,
+            collective_waits=per_rank_waits,
+            stragglers=stragglers(table, per_rank_waits),
+            message_sizes=message_sizes(collectives),
+            message_size_summary=message_size_summary(collectives),
+            pipeline=pipeline(out["kernels"], collectives, out["steps"]),
+            storms=storms(collectives),
+        )
+        out["process_groups"] = roles_of() if roles is None else roles.result()
     return out
