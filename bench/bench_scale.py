@@ -3,6 +3,7 @@
     python bench/bench_scale.py --ranks 8 --size-mb 10            # with HTA
     python bench/bench_scale.py --ranks 64 --size-mb 50 --no-hta  # the 64 x 50 MB target
     python bench/bench_scale.py --folder bench/out/h100-nccl/ddp-8  # real traces instead
+    python bench/bench_scale.py --ranks 8 --size-mb 10 --runs 5   # alternated, with medians
 
 A synthetic data-parallel job is generated under bench/out/ (kept and reused), unless
 --folder names a folder of real trace files (.json) to run on. kineto-comm
@@ -21,6 +22,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from statistics import median
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -72,6 +74,9 @@ def main() -> None:
     ap.add_argument("--size-mb", type=float, default=10.0)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-hta", action="store_true")
+    ap.add_argument(
+        "--runs", type=int, default=1, help="runs of each tool, alternated; medians are printed"
+    )
     ap.add_argument("--folder", type=Path, help="real traces to run on (no job is generated)")
     args = ap.parse_args()
 
@@ -84,25 +89,53 @@ def main() -> None:
         f"{len(files)} ranks x {total / len(files):.0f} MB = {total:,.0f} MB; "
         f"{args.jobs} workers on {os.cpu_count()} cores"
     )
-    out, wall, _ = run_child(KINETO, [str(folder)], {"BENCH_JOBS": str(args.jobs)})
+    ours, theirs = [], []
+    for run in range(args.runs):  # alternated, so that both see the same moments of the VM
+        if args.runs > 1:
+            print(f"run {run + 1} of {args.runs}")
+        ours.append(_kineto(folder, total, args.jobs))
+        if not args.no_hta:
+            theirs.append(_hta(files, total))
+            print(f"ratio (HTA / kineto-comm): {theirs[-1] / ours[-1]:.1f}x")
+    if args.runs > 1:
+        print(f"median of {args.runs}: kineto-comm {median(ours):.2f} s", end="")
+        if theirs:
+            ratios = sorted(t / o for t, o in zip(theirs, ours, strict=True))
+            print(
+                f", HTA {median(theirs):.2f} s,"
+                f" ratio of the medians {median(theirs) / median(ours):.1f}x"
+                f" (per run {ratios[0]:.1f}-{ratios[-1]:.1f}x, median {median(ratios):.1f}x)",
+                end="",
+            )
+        print()
+
+
+def _kineto(folder: Path, total: float, jobs: int) -> float:
+    """One run of kineto-comm in a child process: its `analyze()` seconds, printed with the
+    rest of what the child measured."""
+    out, _, _ = run_child(KINETO, [str(folder)], {"BENCH_JOBS": str(jobs)})
     inner, analysed, rules, parent_rss, ranks, instances, findings = out.split()
-    inner = float(inner)
+    seconds = float(inner)
     print(
-        f"kineto-comm: {inner:7.2f} s ({total / inner:6.1f} MB/s), parent peak RSS "
+        f"kineto-comm: {seconds:7.2f} s ({total / seconds:6.1f} MB/s), parent peak RSS "
         f"{float(analysed):.2f} GiB, {ranks} ranks, {instances} matched calls"
     )
     print(
         f"  then all rules + text and HTML reports: {float(rules):.2f} s ({findings} findings);"
         f" parent peak RSS over both {float(parent_rss):.2f} GiB"
     )
-    if not args.no_hta:
-        with tempfile.TemporaryDirectory() as tmp:
-            for f in files:  # HTA would read truth.json as a trace: give it the traces only
-                os.symlink(f.resolve(), Path(tmp) / f.name)
-            out, hwall, hrss = run_child(HTA, [tmp])
-        hta = float(out.split()[0])
-        print(f"HTA:         {hta:7.2f} s ({total / hta:6.1f} MB/s), peak RSS {hrss:.2f} GiB")
-        print(f"ratio (HTA / kineto-comm): {hta / inner:.1f}x")
+    return seconds
+
+
+def _hta(files: list[Path], total: float) -> float:
+    """One run of HTA on the same files in a child process: its seconds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in files:  # HTA would read truth.json as a trace: give it the traces only
+            os.symlink(f.resolve(), Path(tmp) / f.name)
+        out, _, hrss = run_child(HTA, [tmp])
+    seconds = float(out.split()[0])
+    print(f"HTA:         {seconds:7.2f} s ({total / seconds:6.1f} MB/s), peak RSS {hrss:.2f} GiB")
+    return seconds
 
 
 if __name__ == "__main__":
