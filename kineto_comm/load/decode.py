@@ -364,7 +364,9 @@ def _read_blocks(path: Path, whole_below: int = _READ_BYTES) -> Iterator[Block]:
 
 def _whole(fh: Any, size: int) -> mmap.mmap | bytearray:
     """The first `size` bytes of the open file, mapped (or read, where the file system
-    cannot map it); the file's position moves past them."""
+    cannot map it); the file's position moves past them. A map assumes the file is not cut
+    shorter while it is read (reading past a file's new end stops the process): traces are
+    read once the job has written them."""
     try:
         whole: mmap.mmap | bytearray = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
         fh.seek(size)
