@@ -116,26 +116,6 @@ def test_large_file_is_decoded_in_pieces_with_identical_results(tmp_path, monkey
     assert pieces.base_time_ns == 5 and pieces.rank == 0
 
 
-def test_a_file_that_cannot_be_mapped_is_read_with_the_same_tables(tmp_path, monkeypatch):
-    """Whole rank files are mapped, not read; where the file system cannot map one (some
-    network and FUSE mounts), it is read into memory and gives the same tables."""
-    import mmap
-
-    events = [kernel(f"k{i}", 10.0 * i, 5.0, corr=i) for i in range(500)]
-    events += [launch(10.0 * i - 3, i) for i in range(500)]
-    path = write_trace(tmp_path / "t.json", events)
-    mapped = decode_file(path)
-
-    class Unmappable(mmap.mmap):
-        def __new__(cls, *args, **kwargs):
-            raise OSError("no mapping here")
-
-    monkeypatch.setattr(decode.mmap, "mmap", Unmappable)
-    read = decode_file(path)
-    assert read.gpu.height == 500
-    assert read.gpu.equals(mapped.gpu) and read.runtime.equals(mapped.runtime)
-
-
 def test_nested_object_lists_in_args_survive_piece_cuts(tmp_path, monkeypatch):
     # `}, {` inside an event's args must not be taken for an event boundary.
     events = [cpu("op", float(i), 1.0, extra=[{"a": j} for j in range(50)]) for i in range(400)]

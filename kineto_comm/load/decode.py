@@ -21,7 +21,6 @@ all of them, keyed by file; most of that work is fixed cost per query, not per r
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import zlib
@@ -315,24 +314,20 @@ class RawTrace:
 # ---------------------------------------------------------------------------- bytes
 
 
-Block = bytes | bytearray | mmap.mmap
-
-
-def _read_blocks(path: Path, whole_below: int = _READ_BYTES) -> Iterator[Block]:
+def _read_blocks(path: Path, whole_below: int = _READ_BYTES) -> Iterator[bytes | bytearray]:
     """Yield the file's (decompressed) bytes in blocks; a truncated gzip stream just ends.
-
-    A plain file of at most `whole_below` bytes comes whole, as a read-only map of the file
-    (the reader adopts it as its buffer). Read into memory instead, each 10 MB rank file
-    cost its own 2,500 page faults, the zeroing of a fresh buffer and a copy, ~6 ms of the
-    ~40 ms it takes to analyse; mapped, the scanner reads the page cache where it is
-    (bench/README.md, twenty-fifth session). Bigger files come in blocks."""
+    A plain file of at most `whole_below` bytes comes whole, in a bytearray read straight
+    into place (the reader adopts it as its buffer: no copy); bigger ones in blocks."""
     with open(path, "rb") as fh:
         head = fh.read(2)
         fh.seek(0)
         if head != b"\x1f\x8b":
             size = os.fstat(fh.fileno()).st_size
             if 0 < size <= whole_below:
-                yield _whole(fh, size)
+                whole = bytearray(size)
+                got = fh.readinto(whole)
+                del whole[got:]
+                yield whole
             while block := fh.read(_READ_BYTES):  # the rest (all of a bigger file)
                 yield block
             return
@@ -360,20 +355,6 @@ def _read_blocks(path: Path, whole_below: int = _READ_BYTES) -> Iterator[Block]:
         tail = inflater.flush()
         if tail:
             yield tail
-
-
-def _whole(fh: Any, size: int) -> mmap.mmap | bytearray:
-    """The first `size` bytes of the open file, mapped (or read, where the file system
-    cannot map it); the file's position moves past them. A map assumes the file is not cut
-    shorter while it is read (reading past a file's new end stops the process): traces are
-    read once the job has written them."""
-    try:
-        whole: mmap.mmap | bytearray = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
-        fh.seek(size)
-    except (OSError, ValueError):
-        whole = bytearray(size)
-        del whole[fh.readinto(whole) :]
-    return whole
 
 
 class _Corrupt(Exception):
@@ -416,7 +397,7 @@ class _Reader:
     def __init__(self, name: str, piece_bytes: int | None = None) -> None:
         self.name = name
         self.piece_bytes = piece_bytes or PIECE_BYTES
-        self.buf: bytearray | mmap.mmap = bytearray()
+        self.buf = bytearray()
         self.pos = -1
         self.header: Top | None = None
         self.bare_list = False
@@ -427,12 +408,11 @@ class _Reader:
         self.notes = _Annotations()
         self.cut = False  # whether a piece has been decoded off the front
 
-    def feed(self, block: Block) -> Iterator[list[Event]]:
+    def feed(self, block: bytes | bytearray) -> Iterator[list[Event]]:
         self._compact()
-        if not self.buf and isinstance(block, (bytearray, mmap.mmap)):
+        if not self.buf and isinstance(block, bytearray):
             self.buf = block  # the reader's own block: adopt it rather than copy it
         else:
-            self._writable()
             self.buf += block
         self.nbytes += len(block)
         if self.pos < 0 and not self._find_start():
@@ -449,17 +429,11 @@ class _Reader:
         """Drop decoded bytes (once the previous piece's events, and their views, are gone)."""
         if self.pos <= 0:
             return
-        self._writable()
         try:
             del self.buf[: self.pos]
         except BufferError:  # a view is still alive somewhere: copy instead
             self.buf = bytearray(self.buf[self.pos :])
         self.pos = 0
-
-    def _writable(self) -> None:
-        """A buffer the reader may change: a map of the file (read-only) becomes a copy."""
-        if isinstance(self.buf, mmap.mmap):
-            self.buf = bytearray(self.buf)
 
     def _find_start(self) -> bool:
         head = bytes(self.buf[:64]).lstrip()
@@ -467,7 +441,7 @@ class _Reader:
             return False
         if head[:1] == b"[":
             self.bare_list = True
-            self.pos = self.buf.find(b"[")
+            self.pos = self.buf.index(b"[")
             return True
         if head[:1] != b"{":
             raise TraceError(self.name, "not a JSON trace (does not start with '{' or '[')")
@@ -487,12 +461,11 @@ class _Reader:
             m = _BOUNDARY.search(self.buf, search_from)
             if m is None:
                 return None
-            comma = self.buf.find(b",", m.start())
+            comma = self.buf.index(b",", m.start())
             scanned = _scan_piece(self.buf, self.pos, comma)
             if scanned is not None:
                 events: Any = scanned[0]
             else:
-                self._writable()
                 try:
                     events = _decode_events(self.buf, self.pos, comma)
                 except (msgspec.DecodeError, msgspec.ValidationError):
