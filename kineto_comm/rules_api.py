@@ -470,14 +470,10 @@ def hosts_of(ranks: pl.Expr, ranks_per_host: int) -> pl.Expr:
     return (ranks.list.eval(pl.element() // max(1, ranks_per_host))).list.n_unique()
 
 
-def _merge(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """Disjoint union of [start_ns, end_ns) intervals per `by` group, sorted."""
-    return merge_intervals(intervals, by).sort([*by, "start_ns"])
-
-
-def _prepared(union: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """`union` (from _merge) with, per interval, the union's length before it (`_acc`),
-    ready for _covered_before."""
+def _union(cover: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """The disjoint union of `cover`'s [start_ns, end_ns) intervals per `by` group, each
+    with the union's length before it (`_acc`), ready for _covered_before."""
+    union = merge_intervals(cover, by).sort([*by, "start_ns"])
     return (
         union.with_columns(
             _acc=(pl.col("end_ns") - pl.col("start_ns")).cum_sum().over(by)
@@ -489,7 +485,7 @@ def _prepared(union: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 
 
 def _covered_before(t: str, u: pl.DataFrame, by: list[str], frame: pl.DataFrame) -> pl.Series:
-    """For each row of `frame`, the length of the union (`u`, from _prepared) per `by` lying
+    """For each row of `frame`, the length of the union (`u`, from _union) per `by` lying
     before time column `t`."""
     hit = (
         frame.select(*by, _t=pl.col(t))
@@ -526,9 +522,7 @@ def _uncovered(
     if cover.height == 0:
         return [length.alias("uncovered_ns").cast(pl.Int64) for length in lengths]
     cast = {c: frame.schema[c] for c in by}
-    union = _prepared(
-        _merge(cover.with_columns(pl.col(c).cast(t) for c, t in cast.items()), by), by
-    )
+    union = _union(cover.with_columns(pl.col(c).cast(t) for c, t in cast.items()), by)
     ends = _covered_before("end_ns", union, by, frame)
     return [
         (length - (ends - _covered_before(s, union, by, frame)))
