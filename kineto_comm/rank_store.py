@@ -21,7 +21,9 @@ merged table costs.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import socket
 import tempfile
 import uuid
 import weakref
@@ -41,13 +43,69 @@ SLICE_ROWS = 2_000_000
 TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
 
 
+SPILL_PREFIX = "kineto-comm-tables-"
+_OWNER = "owner"  # in each spill folder: the host, pid and start time of the process
+
+
 class SpillFolder:
     """A temporary folder for per-rank files, removed when the last store using it is gone
-    (or at exit)."""
+    (or at exit).
 
-    def __init__(self) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="kineto-comm-tables-"))
+    A process that is killed (SIGKILL, SIGTERM, an out-of-memory kill, `os._exit`) never
+    removes its folder, which can hold GBs: so each new folder first removes those whose
+    owner, on this host, is gone (`sweep`)."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        sweep(root)
+        self.path = Path(tempfile.mkdtemp(prefix=SPILL_PREFIX, dir=root))
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, True)
+        (self.path / _OWNER).write_text(_owner(os.getpid()))
+
+
+def _started(pid: int) -> str:
+    """When process `pid` started (Linux: clock ticks since boot, field 22 of
+    /proc/PID/stat), so that a pid used again by a later process is not taken for the
+    owner; "-" where that is not known."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "-"
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else "-"
+
+
+def _owner(pid: int) -> str:
+    return f"{socket.gethostname()}\n{pid}\n{_started(pid)}\n"
+
+
+def _alive(pid: int, started: str) -> bool:
+    """Whether the process that wrote an owner record may still be running."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (PermissionError), or cannot tell
+        return True
+    return started == "-" or _started(pid) in ("-", started)
+
+
+def sweep(root: str | Path | None = None) -> list[Path]:
+    """Remove the spill folders under `root` (default: the temporary folder) left by
+    processes of this host that are gone; returns them. Folders of other hosts (a shared
+    temporary folder), of live processes, or without an owner record are left alone."""
+    if os.name != "posix":  # os.kill(pid, 0) is no liveness test elsewhere
+        return []
+    host, removed = socket.gethostname(), []
+    for folder in Path(root or tempfile.gettempdir()).glob(SPILL_PREFIX + "*"):
+        try:
+            lines = (folder / _OWNER).read_text().splitlines()
+            mine, pid, started = lines[0] == host, int(lines[1]), lines[2]
+        except (OSError, ValueError, IndexError):
+            continue
+        if mine and not _alive(pid, started):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 @dataclass(frozen=True)

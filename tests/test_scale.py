@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from multiprocessing import get_context
+from pathlib import Path
 
 import pytest
 
@@ -478,6 +479,60 @@ def test_kernel_files_go_with_the_report(tmp_path, monkeypatch):
     del same
     gc.collect()
     assert not folder.exists()
+
+
+LEAVE_FOLDER = """
+import os, sys
+from kineto_comm import analyze, budget
+budget.SPILL_ABOVE = 0  # the kernels go to a spill folder under TMPDIR
+report = analyze(sys.argv[1], jobs=1)
+print(report.rank_kernels._folder.path, flush=True)
+os._exit(0)  # no finalizers: the folder stays, as after a kill
+"""
+
+
+def test_a_killed_runs_folder_is_removed_by_the_next_run(tmp_path, monkeypatch):
+    """A run that dies without cleaning up leaves its spill folder (GBs on a big job); the
+    next run that needs one removes it. Folders of live processes, of other hosts (a shared
+    temporary folder) and without an owner record are left alone."""
+    import socket
+    import tempfile
+
+    from kineto_comm import rank_store
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", LEAVE_FOLDER, str(SAMPLES / "tp-2")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    left = Path(run.stdout.strip())
+    assert left.parent == tmp_path and any(left.glob("*.arrow"))
+    # A live process's folder (a run going on beside this one), another host's, one without
+    # an owner record, and one whose pid is now another process's (start time differs).
+    live = rank_store.SpillFolder(tmp_path)
+    host = socket.gethostname()
+    others = {}
+    for name, owner in {
+        "other-host": f"{host}-elsewhere\n1\n-\n",
+        "no-owner": None,
+        "pid-reused": f"{host}\n{os.getpid()}\n1\n",
+    }.items():
+        folder = Path(tempfile.mkdtemp(prefix=rank_store.SPILL_PREFIX, dir=tmp_path))
+        if owner is not None:
+            (folder / "owner").write_text(owner)
+        others[name] = folder
+    started = rank_store._started(os.getpid())
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
+    report = analyze(SAMPLES / "tp-2", jobs=1)
+    assert report.rank_kernels.spilled
+    assert not left.exists()
+    assert live.path.exists() and others["other-host"].exists() and others["no-owner"].exists()
+    # Linux gives the start time: the pid's process is not the one that wrote the record.
+    assert others["pid-reused"].exists() == (started == "-")
 
 
 def test_batches_hold_whole_ranks_on_their_clock():
