@@ -1067,8 +1067,11 @@ def _scanned_columns(
 ) -> dict[str, pl.DataFrame]:
     """_columns for a piece read by the scanner (or a batch of whole files: `notes` and
     `host` per file): the same tables, from its columns, with the `_file` column."""
-    # One pass splits the rows by role (rows keep their order within a role).
-    by_role = split(piece_.table, "role", 4)
+    # A filter per role (rows keep their order): a sequential copy of each role's rows,
+    # where one partition_by pass hashes the key and gathers them (a third slower on a
+    # batch's 90,000 rows).
+    roles = piece_.table.get_column("role")
+    by_role = [piece_.table.filter(roles == role) for role in range(4)]
     out: dict[str, pl.DataFrame] = {}
     for code, key, schema, detail in _DEVICE_ROLES:
         rows = by_role[code]
