@@ -26,6 +26,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from math import isfinite
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -959,22 +960,33 @@ _PH_OF = pl.Series("ph", [chr(i) if chr(i) in "XBEM" else None for i in range(12
 class Scanned:
     """A piece read by the compiled scanner (or the whole files of a batch, one above the
     other: _scanned_batch): one row per kept event (device, runtime, CPU and metadata
-    events) with columns code (category code, see _CODE) and role (code // 16), ph, name,
-    the _NAME_TESTS of the name, pid, tid, ts_us, dur_us, external_id, external_id_old,
-    correlation, stream, device, _file (the file's position in the batch; 0 for a piece)
-    and the event's byte span in its file's `data` (span_start, span_end), from which the
-    few rows that need more fields (metadata, collectives) are decoded again with msgspec."""
+    events) with columns code (category code, see _CODE) and role (code // 16), ph (its
+    character code), name (a row of `names`), pid, tid, ts_us, dur_us, external_id,
+    external_id_old, correlation, stream, device, _file (the file's position in the batch;
+    0 for a piece) and the event's byte span in its file's `data` (span_start, span_end),
+    from which the few rows that need more fields (metadata, collectives) are decoded again
+    with msgspec.
+
+    Names and phases stay codes until a role's rows are tabulated (_scanned_frame): most
+    rows (runtime calls, CPU ops other than annotations) never need their name as text."""
 
     table: pl.DataFrame
     data: bytes | bytearray | None
+    # One row per distinct name: the name and its _NAME_TESTS (_names).
+    names: pl.DataFrame
     # Once `data` is let go (a file waiting for its batch, see _settle): the events of the
     # rows that need more fields, decoded beforehand; the table's `_obj` indexes them.
     decoded: list[Any] = field(default_factory=list)
 
     def by_name(self, rows: pl.DataFrame, test: pl.Expr) -> pl.Series:
-        """`test` (one of _NAME_TESTS) for these rows: a column of the table, evaluated once
-        per distinct name (a few hundred per piece, not one per row) when it was scanned."""
-        return rows.get_column(next(c for c, t in _NAME_TESTS.items() if t is test))
+        """`test` (one of _NAME_TESTS) for these rows, from their names' (each name was
+        tested once, not once per row)."""
+        column = next(c for c, t in _NAME_TESTS.items() if t is test)
+        return self.names.get_column(column).gather(rows.get_column("name")).fill_null(False)
+
+    def name_of(self, test: str) -> pl.Expr:
+        """The `test` column of `names` (or `name` itself) for each row of the table."""
+        return pl.lit(self.names.get_column(test)).gather(pl.col("name")).fill_null(False)
 
     def decode(self, rows: pl.DataFrame) -> list[Any]:
         """The events of these rows (of `table`), decoded with msgspec from their spans."""
@@ -986,11 +998,37 @@ class Scanned:
         return _EVENTS.decode(b"[" + text + b"]")
 
 
-# The rows of a scanned piece whose events are decoded again for more fields: metadata
-# (thread names), communication kernels and communication CPU ops (collective details).
-_NEEDS_EVENT = (pl.col("role") == 3) | (
-    ((pl.col("role") == 0) & pl.col("_comm_kernel")) | ((pl.col("role") == 2) & pl.col("_comm_op"))
-)
+def _needs_event(piece_: Scanned) -> pl.Expr:
+    """The rows of a scanned piece whose events are decoded again for more fields: metadata
+    (thread names), communication kernels and communication CPU ops (collective details)."""
+    role = pl.col("role")
+    kernel, op = piece_.name_of("_comm_kernel"), piece_.name_of("_comm_op")
+    return (role == 3) | ((role == 0) & kernel) | ((role == 2) & op)
+
+
+# _NAME_TESTS for Python strings (the same tests; names are tested once each, as the
+# scanner hands them over).
+_COMM_KERNEL_RE = re.compile(r"(?i)^(nccl|rccl)")
+_COLLECTIVE_SPAN_RE = re.compile(COLLECTIVE_SPAN)
+
+
+def _names(names: list[str]) -> pl.DataFrame:
+    """One row per distinct name of a piece: the name and its _NAME_TESTS."""
+    kernel = [_COMM_KERNEL_RE.match(n) is not None for n in names]
+    comm_op = [
+        n.startswith("record_param_comms") or _COLLECTIVE_SPAN_RE.match(n) is not None
+        for n in names
+    ]
+    op_name = [c or n.startswith("ProfilerStep#") for n, c in zip(names, comm_op, strict=True)]
+    return pl.DataFrame(
+        {"name": names, "_comm_kernel": kernel, "_op_name": op_name, "_comm_op": comm_op},
+        schema={
+            "name": _STR,
+            "_comm_kernel": pl.Boolean,
+            "_op_name": pl.Boolean,
+            "_comm_op": pl.Boolean,
+        },
+    )
 
 
 def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
@@ -999,11 +1037,12 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
     batch numbers them, see _scanned_batch), and its annotation sizes are read now if
     _needs_shapes will want them (the same test). The caller lets go of the bytes, so the
     next file reuses their memory."""
-    rows = piece_.table.filter(_NEEDS_EVENT)
+    rows = piece_.table.filter(_needs_event(piece_))
     events = piece_.decode(rows)
     # What _needs_shapes counts: all of it is in communication CPU ops, so among `rows`.
     host = annotated = described = 0
-    roles, names = rows["role"].to_list(), rows["name"].to_list()
+    roles = rows["role"].to_list()
+    names = piece_.names.get_column("name").gather(rows["name"]).to_list()
     for role, name, event in zip(roles, names, events, strict=True):
         if role != 2:
             continue
@@ -1023,7 +1062,7 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
         return shapes
 
     notes.find = find
-    return Scanned(piece_.table, None, events)
+    return Scanned(piece_.table, None, piece_.names, events)
 
 
 def _scan_piece(data: bytes | bytearray, start: int, stop: int) -> tuple[Scanned, int] | None:
@@ -1044,19 +1083,10 @@ def _scan_piece(data: bytes | bytearray, start: int, stop: int) -> tuple[Scanned
     except (UnicodeDecodeError, msgspec.DecodeError):
         return None  # msgspec reports it
     table = pl.DataFrame([pl.Series(_Arrow(schema, array)) for _, schema, array in columns])
-    uniques = pl.Series("name", names, dtype=_STR)
-    tests = pl.DataFrame([uniques]).select(
-        t.fill_null(False).alias(c) for c, t in _NAME_TESTS.items()
-    )
-    name_id = pl.col("name")
-    table = table.with_columns(
-        *[pl.lit(tests[c]).gather(name_id).fill_null(False).alias(c) for c in _NAME_TESTS],
-        name=pl.lit(uniques).gather(name_id),
-        ph=pl.lit(_PH_OF).gather(pl.col("ph")),
-        role=pl.col("code") // 16,
-        _file=pl.lit(0, dtype=pl.Int64),
-    )
-    return Scanned(table, data), end
+    # Series operations: no query to plan for two columns.
+    role = (table.get_column("code") // 16).alias("role")
+    file = pl.Series("_file", dtype=pl.Int64).extend_constant(0, table.height)
+    return Scanned(table.hstack([role, file]), data, _names(names)), end
 
 
 def _scanned_columns(
@@ -1123,13 +1153,16 @@ def _scanned_frame(
         fallback_for = _FALLBACK.get(key) if "device" in schema else None
         if fallback_for is not None and not rows[fallback_for].null_count():
             continue
-        col = pl.col(key).cast(_STR) if key in _INT_LIKE else pl.col(key)
+        if key == "name":
+            col = pl.lit(piece_.names.get_column("name")).gather(pl.col("name")).alias("name")
+        else:
+            col = pl.col(key).cast(_STR) if key in _INT_LIKE else pl.col(key)
         if fallback_for is not None and piece_.data is None:
             # Only the files that lack some device/stream carry their host coordinates.
             needed = pl.col(fallback_for).is_null().any().over("_file")
             col = pl.when(needed).then(col).alias(key)
         cols.append(col)
-    frame = rows.select(*cols, "ph", "_file")
+    frame = rows.select(*cols, pl.lit(_PH_OF).gather(pl.col("ph")).alias("ph"), "_file")
     idx = [] if detail is None else piece_.by_name(rows, detail).arg_true().to_list()
     spans = rows.select(c for c in ("span_start", "span_end", "_obj") if c in rows.columns)
     details = _details(frame, schema, idx, lambda idx: _args_of(piece_.decode(spans[idx])))
@@ -1295,16 +1328,24 @@ def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
     """The RawTraces of files read whole by the scanner, built by one set of queries over
     their rows one above the other (each row's `_file`: its file's position here)."""
     table = stack([p.scanned.table for p in pending], "_file")
+    # The files' names one above the other: each file's name rows move down by the names
+    # of the files before it.
+    names = [p.scanned.names for p in pending]
+    before = list(accumulate((n.height for n in names[:-1]), initial=0))
+    moved = pl.col("name") + pl.lit(pl.Series(before, dtype=pl.UInt32)).gather(pl.col("_file"))
+    both = Scanned(pl.DataFrame(), None, pl.concat(names, rechunk=True))
     # The settled events, numbered in table order (as each file's were decoded).
-    number = pl.when(_NEEDS_EVENT).then(_NEEDS_EVENT.cum_sum().cast(pl.Int64) - 1)
-    both = Scanned(
-        collect(table.select(pl.all().exclude("span_start", "span_end"), _obj=number)),
-        None,
-        [e for p in pending for e in p.scanned.decoded],
+    need = _needs_event(both)
+    number = pl.when(need).then(need.cum_sum().cast(pl.Int64) - 1)
+    both.table = collect(
+        table.select(pl.all().exclude("span_start", "span_end"))
+        .with_columns(name=moved)
+        .with_columns(_obj=number)
     )
+    both.decoded = [e for p in pending for e in p.scanned.decoded]
     del table
     for p in pending:
-        p.scanned = Scanned(p.scanned.table.clear(), None)
+        p.scanned = Scanned(p.scanned.table.clear(), None, p.scanned.names.clear())
     part = _scanned_columns(both, [p.notes for p in pending], [p.host for p in pending], 0)
     del both
     return _assemble([p.about for p in pending], [part])
