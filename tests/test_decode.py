@@ -207,3 +207,42 @@ def test_process_group_config_with_text_rank_lists(tmp_path):
         ("0", 4, [0, 1, 2, 3]),
         ("7", 2, [0, 1]),
     ]
+
+
+def test_a_batchs_read_buffer_is_used_again_only_when_nothing_reads_it():
+    """Whole rank files of a batch are read into one buffer, one after the other: a file
+    whose bytes something still reads (a table, a closure, an exception) or views must not
+    be overwritten by the next file."""
+    if not decode._PRIVATE:
+        pytest.skip("no private anonymous maps here: every file gets a new bytearray")
+    buffer = decode._Buffer()
+    first = buffer.take(100)
+    first[:5] = b"first"
+    held = first  # still read by someone: the next file gets new memory
+    second = buffer.take(80)
+    assert second is not held and bytes(held[:5]) == b"first"
+    del first, held
+    mine = id(second)
+    del second
+    third = buffer.take(4 << 20)  # nothing reads it but the buffer: used again, grown
+    assert id(third) == mine and len(third) == 4 << 20
+    third[-5:] = b"grown"  # pages past the first size are there (no bus error)
+    view = memoryview(third)  # a view of it: it cannot change under the view
+    assert buffer.take(10) is not third and len(view) == 4 << 20
+    view.release()
+
+
+def test_the_files_of_a_batch_share_one_read_buffer_and_keep_their_own_tables(tmp_path):
+    """decode_files reads each whole file into the batch's buffer; every file still gets
+    the tables it gets alone, and a file that fails in between costs only itself."""
+    paths = []
+    for i in range(3):
+        events = [kernel(f"k{i}_{j}", 1000 * j, 10, corr=j) for j in range(50 + 10 * i)]
+        paths.append(write_trace(tmp_path / f"r{i}.json", events))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "name": ')
+    got = decode.decode_files([paths[0], bad, paths[1], paths[2]])
+    assert isinstance(got[1], TraceError)
+    for path, raw in zip(paths, [got[0], got[2], got[3]], strict=True):
+        alone = decode_file(path)
+        assert raw.gpu.equals(alone.gpu) and raw.gpu.height == alone.gpu.height > 0

@@ -21,8 +21,10 @@ all of them, keyed by file; most of that work is fixed cost per query, not per r
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
+import sys
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -315,19 +317,64 @@ class RawTrace:
 # ---------------------------------------------------------------------------- bytes
 
 
-def _read_blocks(path: Path, whole_below: int = _READ_BYTES) -> Iterator[bytes | bytearray]:
+_Whole = bytearray | mmap.mmap
+
+
+class _Buffer:
+    """Memory that the whole rank files of a batch are read into, one after the other.
+
+    A new buffer per file is zeroed and faulted in again: the read buffers were a quarter
+    of a small job's page faults (bench/README.md, twenty-sixth session). This one is an
+    anonymous mapping, resized to each file (no zeroing of pages already in place). It is
+    used again only when nothing refers to it any more (no table, closure or exception
+    still reads the previous file's bytes) and nothing holds a view of it (resize refuses
+    then); else the next file gets a new one."""
+
+    def __init__(self) -> None:
+        self.map: mmap.mmap | None = None
+
+    def take(self, size: int) -> _Whole:
+        """A writable buffer of `size` (> 0) bytes, its contents undefined."""
+        if not _PRIVATE:
+            return bytearray(size)
+        held = self.map
+        # Its references when free: self.map, `held` and getrefcount's argument.
+        if held is not None and hasattr(sys, "getrefcount") and sys.getrefcount(held) == 3:
+            try:
+                held.resize(size)
+                return held
+            except (BufferError, OSError, ValueError, SystemError):
+                pass  # a view of it is alive, or this platform cannot resize it
+        # Private: a shared anonymous map is a fixed-size memory file, and touching it past
+        # that size after growing it is a bus error.
+        self.map = mmap.mmap(-1, size, flags=_PRIVATE)
+        return self.map
+
+
+# Private anonymous memory (POSIX); elsewhere whole files are read into new bytearrays.
+_PRIVATE = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if hasattr(mmap, "MAP_ANONYMOUS") else 0
+
+
+def _read_blocks(
+    path: Path, whole_below: int = _READ_BYTES, buffer: _Buffer | None = None
+) -> Iterator[bytes | _Whole]:
     """Yield the file's (decompressed) bytes in blocks; a truncated gzip stream just ends.
-    A plain file of at most `whole_below` bytes comes whole, in a bytearray read straight
-    into place (the reader adopts it as its buffer: no copy); bigger ones in blocks."""
+    A plain file of at most `whole_below` bytes comes whole, read straight into place (the
+    reader adopts it as its buffer: no copy): into `buffer` when given, else into a new
+    bytearray; bigger ones in blocks."""
     with open(path, "rb") as fh:
         head = fh.read(2)
         fh.seek(0)
         if head != b"\x1f\x8b":
             size = os.fstat(fh.fileno()).st_size
             if 0 < size <= whole_below:
-                whole = bytearray(size)
+                whole: _Whole = bytearray(size) if buffer is None else buffer.take(size)
                 got = fh.readinto(whole)
-                del whole[got:]
+                if got < size:  # cut short since fstat: what was read
+                    if isinstance(whole, bytearray):
+                        del whole[got:]
+                    else:
+                        whole = bytearray(whole[:got])
                 yield whole
             while block := fh.read(_READ_BYTES):  # the rest (all of a bigger file)
                 yield block
@@ -409,11 +456,13 @@ class _Reader:
         self.notes = _Annotations()
         self.cut = False  # whether a piece has been decoded off the front
 
-    def feed(self, block: bytes | bytearray) -> Iterator[list[Event]]:
+    def feed(self, block: bytes | _Whole) -> Iterator[list[Event]]:
         self._compact()
-        if not self.buf and isinstance(block, bytearray):
+        if not self.buf and isinstance(block, (bytearray, mmap.mmap)):
             self.buf = block  # the reader's own block: adopt it rather than copy it
         else:
+            if not isinstance(self.buf, bytearray):  # a whole file, and then more came
+                self.buf = bytearray(self.buf)
             self.buf += block
         self.nbytes += len(block)
         if self.pos < 0 and not self._find_start():
@@ -431,6 +480,8 @@ class _Reader:
         if self.pos <= 0:
             return
         try:
+            if not isinstance(self.buf, bytearray):  # a whole file's buffer, and more came
+                raise BufferError
             del self.buf[: self.pos]
         except BufferError:  # a view is still alive somewhere: copy instead
             self.buf = bytearray(self.buf[self.pos :])
@@ -442,7 +493,7 @@ class _Reader:
             return False
         if head[:1] == b"[":
             self.bare_list = True
-            self.pos = self.buf.index(b"[")
+            self.pos = self.buf.find(b"[")
             return True
         if head[:1] != b"{":
             raise TraceError(self.name, "not a JSON trace (does not start with '{' or '[')")
@@ -1198,9 +1249,10 @@ def decode_files(
     """
     out: list[RawTrace | Exception | None] = [None] * len(paths)
     waiting: list[tuple[int, _Pending]] = []
+    buffer = _Buffer()
     for i, path in enumerate(paths):
         try:
-            got = _decode_file(Path(path), None, piece_bytes, defer=True)
+            got = _decode_file(Path(path), None, piece_bytes, defer=True, buffer=buffer)
             if isinstance(got, _Pending):
                 waiting.append((i, got))
             else:
@@ -1260,10 +1312,15 @@ class _Pending:
 
 
 def _decode_file(
-    path: Path, host: bool | None, piece_bytes: int | None, defer: bool
+    path: Path,
+    host: bool | None,
+    piece_bytes: int | None,
+    defer: bool,
+    buffer: _Buffer | None = None,
 ) -> RawTrace | _Pending:
     """Decode one file; `host=None` keeps the host table unless the header lists devices.
-    With `defer`, a file read whole by the scanner comes back as a _Pending."""
+    With `defer`, a file read whole by the scanner comes back as a _Pending. A file read
+    whole goes into `buffer` when given (the files of a batch share it, see _Buffer)."""
     name = str(path)
     reader = _Reader(name, piece_bytes)
     parts: list[dict[str, pl.DataFrame]] = []
@@ -1279,7 +1336,7 @@ def _decode_file(
         parts.append(_columns(events, reader.notes, host, len(parts)))
 
     try:
-        for block in _read_blocks(path, reader.piece_bytes):
+        for block in _read_blocks(path, reader.piece_bytes, buffer):
             for events in reader.feed(block):
                 tabulate(events)
                 del events
@@ -1317,9 +1374,8 @@ def _decode_file(
         return _Pending(about, whole, reader.notes, bool(host))
     if objects or reader.cut:
         # The decoded objects' heap, or the pieces' buffers, before the Polars work below.
-        # Not after a file read whole by the scanner: its buffer is what the next file
-        # reuses, and handing it back makes every file fault its pages in again (a quarter
-        # of a 10 MB file's decode here).
+        # Not after a file read whole by the scanner: there is nothing of it to hand back
+        # (its bytes are in the batch's _Buffer, for the next file).
         release_free_memory()
     return _assemble([about], parts)[0]
 
