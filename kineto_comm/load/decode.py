@@ -1035,9 +1035,13 @@ class Scanned:
         column = next(c for c, t in _NAME_TESTS.items() if t is test)
         return self.names.get_column(column).gather(rows.get_column("name")).fill_null(False)
 
-    def name_of(self, test: str) -> pl.Expr:
-        """The `test` column of `names` (or `name` itself) for each row of the table."""
-        return pl.lit(self.names.get_column(test)).gather(pl.col("name")).fill_null(False)
+    def names_where(self, test: str) -> pl.Expr:
+        """The names (rows of `names`) for which `test` holds, as one list to test rows'
+        `name` against (a few names: faster than a column gathered for every row)."""
+        held = self.names.get_column(test).to_list()
+        return pl.lit(
+            pl.Series([i for i, yes in enumerate(held) if yes], dtype=pl.UInt32).implode()
+        )
 
     def decode(self, rows: pl.DataFrame) -> list[Any]:
         """The events of these rows (of `table`), decoded with msgspec from their spans."""
@@ -1052,9 +1056,9 @@ class Scanned:
 def _needs_event(piece_: Scanned) -> pl.Expr:
     """The rows of a scanned piece whose events are decoded again for more fields: metadata
     (thread names), communication kernels and communication CPU ops (collective details)."""
-    role = pl.col("role")
-    kernel, op = piece_.name_of("_comm_kernel"), piece_.name_of("_comm_op")
-    return (role == 3) | ((role == 0) & kernel) | ((role == 2) & op)
+    role, name = pl.col("role"), pl.col("name")
+    kernel, op = piece_.names_where("_comm_kernel"), piece_.names_where("_comm_op")
+    return (role == 3) | ((role == 0) & name.is_in(kernel)) | ((role == 2) & name.is_in(op))
 
 
 # _NAME_TESTS for Python strings (the same tests; names are tested once each, as the
@@ -1092,11 +1096,9 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
     events = piece_.decode(rows)
     # What _needs_shapes counts: all of it is in communication CPU ops, so among `rows`.
     host = annotated = described = 0
-    roles = rows["role"].to_list()
-    names = piece_.names.get_column("name").gather(rows["name"]).to_list()
-    for role, name, event in zip(roles, names, events, strict=True):
-        if role != 2:
-            continue
+    ops = [i for i, role in enumerate(rows["role"].to_list()) if role == 2]
+    names = piece_.names.get_column("name").gather(rows["name"].gather(ops)).to_list()
+    for name, event in zip(names, _take(events, ops), strict=True):
         if name.startswith(HOST_SPANS):
             host += 1
         elif name.startswith(_NCCL_SPANS):
