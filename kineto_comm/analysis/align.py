@@ -140,10 +140,16 @@ def shift(table: pl.DataFrame, offsets: pl.DataFrame, columns: list[str]) -> pl.
 
 def shifted(offsets: pl.DataFrame, columns: list[str]) -> list[pl.Expr]:
     """Expressions for `columns` less each row's rank offset (none when no offset moves)."""
-    moved = offsets.filter(pl.col("offset_ns").fill_null(0) != 0)
-    if moved.height == 0 or not columns:
+    # Read as Python lists: a row per rank, and every read of a store asks (a query here
+    # cost as much as some of the reads).
+    ranks, values = offsets.get_column("rank").to_list(), offsets["offset_ns"].to_list()
+    moved = [(rank, value) for rank, value in zip(ranks, values, strict=True) if value]
+    if not moved or not columns:
         return []
     by_rank = pl.col("rank").replace_strict(
-        moved["rank"], moved["offset_ns"], default=0, return_dtype=pl.Int64
+        pl.Series([r for r, _ in moved], dtype=pl.Int64),
+        pl.Series([v for _, v in moved], dtype=pl.Int64),
+        default=0,
+        return_dtype=pl.Int64,
     )
     return [pl.col(c) - by_rank for c in columns]
