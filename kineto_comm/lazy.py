@@ -79,8 +79,14 @@ def split(frame: pl.DataFrame, key: str, n: int, keep_key: bool = True) -> list[
     read its key, and an eager `drop` is a query too; on a batch of small rank files those
     fixed costs added up to a tenth of the per-rank time (bench/README.md, sixteenth
     session)."""
-    if n == 1:
+    keys = None if n == 1 else frame.get_column(key)
+    if keys is None:
         out = [frame]
+    elif keys.null_count() == 0 and keys.is_sorted():
+        # Each value's rows are one run (a batch's tables are stacked file by file): views
+        # of the frame, not copies.
+        bounds = keys.search_sorted(pl.Series(range(n + 1), dtype=keys.dtype)).to_list()
+        out = [frame.slice(a, b - a) for a, b in zip(bounds, bounds[1:], strict=False)]
     else:
         out = [frame.clear()] * n
         for part in frame.partition_by(key, maintain_order=True):
