@@ -1154,15 +1154,19 @@ def _scanned_columns(
     # A filter per role (rows keep their order): a sequential copy of each role's rows,
     # where one partition_by pass hashes the key and gathers them (a third slower on a
     # batch's 90,000 rows). Runtime calls, a third of the rows, copy only the columns of
-    # a launch.
+    # a launch; CPU ops, another third, only the annotations and communication ops unless
+    # some file keeps all of them.
     role = pl.col("role")
     table = piece_.table.lazy()
+    op = (pl.col("code") == _CODE["user_annotation"]) | pl.col("name").is_in(
+        piece_.names_where("_op_name")
+    )
     by_role = collect_all(
         [
-            table.filter(role == code).select(_RUNTIME_READS)
-            if code == 1
-            else table.filter(role == code)
-            for code in range(4)
+            table.filter(role == 0),
+            table.filter(role == 1).select(_RUNTIME_READS),
+            table.filter((role == 2) & (op if not any(host) else pl.lit(True))),
+            table.filter(role == 3),
         ]
     )
     out: dict[str, pl.DataFrame] = {}
@@ -1175,13 +1179,13 @@ def _scanned_columns(
         else:
             out[key] = pl.DataFrame(schema=schema)
     cpu = by_role[2]
-    is_op = (cpu["code"] == _CODE["user_annotation"]) | piece_.by_name(cpu, _OP_NAME)
-    if not any(host):
-        cpu, is_op = cpu.filter(is_op), None
-    elif not all(host):  # only the files that keep all CPU ops keep the others
-        keep_all = pl.lit(pl.Series(host, dtype=pl.Boolean)).gather(pl.col("_file"))
-        cpu = cpu.filter(is_op | keep_all)
-        is_op = (cpu["code"] == _CODE["user_annotation"]) | piece_.by_name(cpu, _OP_NAME)
+    is_op = None  # without host tables, every row left is an op
+    if any(host):
+        is_op = cpu.select(op.fill_null(False)).to_series()
+        if not all(host):  # only the files that keep all CPU ops keep the others
+            keep_all = pl.lit(pl.Series(host, dtype=pl.Boolean)).gather(pl.col("_file"))
+            cpu = cpu.filter(is_op | keep_all)
+            is_op = cpu.select(op.fill_null(False)).to_series()
     frame = pl.DataFrame(schema=OPS_SCHEMA)
     if cpu.height:
         frame, details = _scanned_frame(piece_, cpu, OPS_SCHEMA, _COMM_OP, piece, notes)
