@@ -1023,7 +1023,7 @@ class Scanned:
     rows (runtime calls, CPU ops other than annotations) never need their name as text."""
 
     table: pl.DataFrame
-    data: bytes | bytearray | None
+    data: bytes | _Whole | None
     # One row per distinct name: the name and its _NAME_TESTS (_names).
     names: pl.DataFrame
     # Once `data` is let go (a file waiting for its batch, see _settle): the events of the
@@ -1119,7 +1119,7 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
     return Scanned(piece_.table, None, piece_.names, events)
 
 
-def _scan_piece(data: bytes | bytearray, start: int, stop: int) -> tuple[Scanned, int] | None:
+def _scan_piece(data: bytes | _Whole, start: int, stop: int) -> tuple[Scanned, int] | None:
     """The events after data[start] up to data[stop] (stop < 0: the array's end), read by the
     compiled scanner, and where the array closed; None where msgspec has to decode them (no
     scanner, invalid JSON, or a shape the scanner leaves alone)."""
