@@ -11,6 +11,7 @@ import sys
 from multiprocessing import get_context
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from kineto_comm import analyze, budget, per_rank, workers
@@ -646,3 +647,19 @@ def test_plan_runs_small_jobs_in_threads_and_keeps_big_jobs_kernels_in_files(tmp
     monkeypatch.setattr(budget, "SPILL_ABOVE", 1 << 40)
     kept = budget.plan([big, small], parent + 2 * need, jobs=2)
     assert not kept.spill and kept.jobs == 1
+
+
+@pytest.mark.parametrize("keys", [[0, 0, 2, 2, 2, 3], [2, 0, 3, 0, 2, 2]])
+def test_split_gives_each_values_rows_in_order_whether_or_not_they_come_in_runs(keys):
+    """Keys in runs (a batch's tables, file by file) come back as slices, others by
+    partition: either way each value's rows in the table's order, an empty frame for a value
+    without rows, and the key dropped when asked."""
+    from kineto_comm.lazy import split
+
+    frame = pl.DataFrame({"k": keys, "v": range(len(keys))})
+    parts = split(frame, "k", 5)
+    for value, part in enumerate(parts):
+        assert part["v"].to_list() == [i for i, k in enumerate(keys) if k == value]
+        assert part.columns == ["k", "v"]
+    assert [p.columns for p in split(frame, "k", 5, keep_key=False)] == [["v"]] * 5
+    assert frame.height == len(keys) and frame.columns == ["k", "v"]  # left as it was
