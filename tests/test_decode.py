@@ -246,3 +246,21 @@ def test_the_files_of_a_batch_share_one_read_buffer_and_keep_their_own_tables(tm
     for path, raw in zip(paths, [got[0], got[2], got[3]], strict=True):
         alone = decode_file(path)
         assert raw.gpu.equals(alone.gpu) and raw.gpu.height == alone.gpu.height > 0
+
+
+def test_a_file_that_grows_after_its_size_was_read_keeps_all_its_events(tmp_path, monkeypatch):
+    """A rank file still being written: its size is read, it grows, and what came after is
+    read in blocks behind the part read whole (into the batch's buffer): all events count."""
+    events = [kernel(f"k{j}", 1000 * j, 10, corr=j) for j in range(400)]
+    path = write_trace(tmp_path / "r0.json", events)
+    alone = decode_file(path)
+    real = decode.os.fstat
+
+    class Half:
+        def __init__(self, fd: int) -> None:
+            self.st_size = real(fd).st_size // 2
+
+    monkeypatch.setattr(decode.os, "fstat", Half)
+    (grown,) = decode.decode_files([path])
+    assert not isinstance(grown, Exception)
+    assert grown.gpu.equals(alone.gpu) and grown.gpu.height == 400
