@@ -96,6 +96,16 @@ def split(frame: pl.DataFrame, key: str, n: int, keep_key: bool = True) -> list[
     return [_without(part, key) for part in out]
 
 
+def in_rank_order(rows: pl.DataFrame) -> pl.DataFrame:
+    """`rows` sorted by rank, then start_ns: as they are when every rank's rows are stored in
+    start order (kernels, calls), checked in one pass and sorted only when they are not."""
+    rank, start = pl.col("rank"), pl.col("start_ns")
+    later = (rank > rank.shift(1)) | ((rank == rank.shift(1)) & (start >= start.shift(1)))
+    if rows.select(later.slice(1).all(ignore_nulls=False).fill_null(False)).item():
+        return rows
+    return rows.sort("rank", "start_ns")
+
+
 def _without(frame: pl.DataFrame, column: str) -> pl.DataFrame:
     """The frame less one column, without a query (the columns are shared, not copied)."""
     out = frame.clone()

@@ -33,7 +33,7 @@ import polars as pl
 from kineto_comm.analysis.bandwidth import busbw_factor
 from kineto_comm.analysis.overlap import merge_intervals
 from kineto_comm.findings import Finding, Severity
-from kineto_comm.lazy import collect, sample
+from kineto_comm.lazy import collect, in_rank_order, sample
 from kineto_comm.rank_store import RankStore, SpillFolder, keep
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "group_roles",
     "hosts_of",
     "impact_per_step",
+    "in_rank_order",
     "make_finding",
     "mean_step_ns",
     "median_of_counts",

@@ -23,7 +23,7 @@ import polars as pl
 
 from kineto_comm.analysis.bandwidth import algbw_gbps, busbw_gbps
 from kineto_comm.keys import pair_key
-from kineto_comm.lazy import collect
+from kineto_comm.lazy import collect, in_rank_order
 from kineto_comm.rank_store import RankStore, SpillFolder, as_store, keep
 
 P2P = ("send", "recv", "send_recv")
@@ -140,7 +140,7 @@ def _distinct(batches: Iterable[pl.DataFrame]) -> pl.DataFrame:
 
 def _parts(rows: pl.DataFrame, seq_groups: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Whole ranks' calls (in call order) and, row for row, the parts of their keys."""
-    rows = rows if _in_call_order(rows) else rows.sort("rank", "start_ns")
+    rows = in_rank_order(rows)
     is_p2p = pl.col("collective").is_in(P2P)
     p2p = is_p2p & pl.col("peer").is_not_null()
     sender = pl.when(pl.col("collective") == "recv").then(pl.col("peer")).otherwise(pl.col("rank"))
@@ -230,13 +230,6 @@ def one_row_per_call(keyed: RankStore) -> bool:
         if batch.select(both.filter(pl.col("instance").is_not_null()).is_duplicated().any()).item():
             return False
     return True
-
-
-def _in_call_order(rows: pl.DataFrame) -> bool:
-    """Whether the rows are already sorted by rank, then start time."""
-    rank, start = pl.col("rank"), pl.col("start_ns")
-    later = (rank > rank.shift(1)) | ((rank == rank.shift(1)) & (start >= start.shift(1)))
-    return bool(rows.select(later.slice(1).all(ignore_nulls=False).fill_null(False)).item())
 
 
 def _ordinal(rows: pl.DataFrame, *keys: str) -> pl.Series:
