@@ -21,6 +21,7 @@ all of them, keyed by file; most of that work is fixed cost per query, not per r
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -349,11 +350,18 @@ class _Buffer:
         # Private: a shared anonymous map is a fixed-size memory file, and touching it past
         # that size after growing it is a bus error.
         self.map = mmap.mmap(-1, size, flags=_PRIVATE)
+        if _HUGE is not None:
+            # In 2 MB pages where the system allows: a tenth of the page faults, and the
+            # first file of a batch is read in half the time (bench/README.md,
+            # twenty-seventh session).
+            with contextlib.suppress(OSError):
+                self.map.madvise(_HUGE)
         return self.map
 
 
 # Private anonymous memory (POSIX); elsewhere whole files are read into new bytearrays.
 _PRIVATE = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if hasattr(mmap, "MAP_ANONYMOUS") else 0
+_HUGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
 def _read_blocks(
