@@ -255,6 +255,7 @@ def test_a_batchs_read_buffer_asks_for_huge_pages_where_linux_has_them():
     assert flags is not None, "the buffer's mapping is not in smaps"
     assert "hg" in flags
 
+
 def test_the_files_of_a_batch_share_one_read_buffer_and_keep_their_own_tables(tmp_path):
     """decode_files reads each whole file into the batch's buffer; every file still gets
     the tables it gets alone, and a file that fails in between costs only itself."""
