@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import json
 from pathlib import Path
@@ -233,13 +234,11 @@ def test_a_batchs_read_buffer_is_used_again_only_when_nothing_reads_it():
 
 
 def test_a_batchs_read_buffer_asks_for_huge_pages_where_linux_has_them():
-    """The read buffer is marked for transparent huge pages (VmFlags `hg` in smaps): a file
-    of a few MB then costs a few page faults, not one per 4 kB page."""
+    """The read buffer is marked for transparent huge pages (VmFlags `hg` in smaps): reading
+    a file of a few MB into it then faults in 2 MB pages, not one fault per 4 kB page."""
     smaps, thp = Path("/proc/self/smaps"), Path("/sys/kernel/mm/transparent_hugepage")
     if not decode._PRIVATE or decode._HUGE is None or not (smaps.exists() and thp.exists()):
         pytest.skip("no private anonymous maps or no transparent huge pages here")
-    import ctypes
-
     buffer = decode._Buffer()
     mapped = buffer.take(4 << 20)
     at = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
