@@ -842,10 +842,14 @@ def _finish(
 # The host-side span of a collective call, as record_function names it (nccl:all_reduce,
 # gloo:broadcast, ...).
 COLLECTIVE_SPAN = r"^(nccl|gloo|ucc|mpi|xccl):"
-_COMM_KERNEL = pl.col("name").str.contains(r"(?i)^(nccl|rccl)").fill_null(False)
+# The name tests below, as Polars expressions here and in Python for the scanner's distinct
+# names (_names), share these.
+_COMM_KERNEL_NAME = r"(?i)^(nccl|rccl)"
+_PARAM_COMMS = "record_param_comms"
+_STEP_MARK = "ProfilerStep#"
+_COMM_KERNEL = pl.col("name").str.contains(_COMM_KERNEL_NAME).fill_null(False)
 _COMM_OP = (
-    pl.col("name").str.starts_with("record_param_comms")
-    | pl.col("name").str.contains(COLLECTIVE_SPAN)
+    pl.col("name").str.starts_with(_PARAM_COMMS) | pl.col("name").str.contains(COLLECTIVE_SPAN)
 ).fill_null(False)
 # Each kept category has a code, role * 16 + its index here; code // 16 is the role: 0 device,
 # 1 runtime calls, 2 CPU ops, 3 metadata. Roles and the `cat` column come from these codes,
@@ -861,7 +865,7 @@ _CAT_OF = pl.Series("cat", [next((c for c, k in _CODE.items() if k == i), None) 
 
 
 # CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
-_OP_NAME = _COMM_OP | pl.col("name").str.starts_with("ProfilerStep#").fill_null(False)
+_OP_NAME = _COMM_OP | pl.col("name").str.starts_with(_STEP_MARK).fill_null(False)
 _IS_OP = (pl.col("cat") == "user_annotation") | _OP_NAME
 # Tests of an event's name alone, evaluated per distinct name of a scanned piece (Scanned).
 _NAME_TESTS = {"_comm_kernel": _COMM_KERNEL, "_op_name": _OP_NAME, "_comm_op": _COMM_OP}
@@ -909,9 +913,7 @@ def _needs_shapes(
     described = pl.lit(0, dtype=pl.UInt32)
     if details is not None:
         with_args = details["_seq"].filter(details["collective"].is_not_null())
-        described = (
-            pl.col("_seq").filter(name == "record_param_comms").is_in(with_args.implode()).sum()
-        )
+        described = pl.col("_seq").filter(name == _PARAM_COMMS).is_in(with_args.implode()).sum()
     counts = [
         pl.any_horizontal(name.str.starts_with(p) for p in HOST_SPANS).any().alias("host"),
         pl.any_horizontal(name.str.starts_with(p) for p in _NCCL_SPANS).sum().alias("annotated"),
@@ -1072,7 +1074,7 @@ def _needs_event(piece_: Scanned) -> pl.Expr:
 
 # _NAME_TESTS for Python strings (the same tests; names are tested once each, as the
 # scanner hands them over).
-_COMM_KERNEL_RE = re.compile(r"(?i)^(nccl|rccl)")
+_COMM_KERNEL_RE = re.compile(_COMM_KERNEL_NAME)
 _COLLECTIVE_SPAN_RE = re.compile(COLLECTIVE_SPAN)
 
 
@@ -1080,10 +1082,9 @@ def _names(names: list[str]) -> pl.DataFrame:
     """One row per distinct name of a piece: the name and its _NAME_TESTS."""
     kernel = [_COMM_KERNEL_RE.match(n) is not None for n in names]
     comm_op = [
-        n.startswith("record_param_comms") or _COLLECTIVE_SPAN_RE.match(n) is not None
-        for n in names
+        n.startswith(_PARAM_COMMS) or _COLLECTIVE_SPAN_RE.match(n) is not None for n in names
     ]
-    op_name = [c or n.startswith("ProfilerStep#") for n, c in zip(names, comm_op, strict=True)]
+    op_name = [c or n.startswith(_STEP_MARK) for n, c in zip(names, comm_op, strict=True)]
     return pl.DataFrame(
         {"name": names, "_comm_kernel": kernel, "_op_name": op_name, "_comm_op": comm_op},
         schema={
@@ -1112,7 +1113,7 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
             host += 1
         elif name.startswith(_NCCL_SPANS):
             annotated += 1
-        elif name == "record_param_comms":
+        elif name == _PARAM_COMMS:
             args = event.args
             described += args is not None and args.collective is not None
     wanted, _ = _wants_shapes(host > 0, annotated, described, notes.spare)
