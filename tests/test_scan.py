@@ -157,6 +157,20 @@ META = b'{"ph":"M","name":"thread_name","pid":1,"tid":2,"args":{"name":"main"}}'
     "events, taken",
     [
         (b"[" + KERNEL + b"," + OP + b"," + META + b"]", True),
+        # Collective fields read by the scanner: args before the other fields, a null args
+        # after an object, and values of the types only msgspec reads (an integer group
+        # name, an integer beyond int64) beside ones the scanner reads.
+        (
+            b'[{"ph":"X","args":{"Collective name":"allreduce","In msg nelems":8,'
+            b'"Process Group Name":"0","Process Group Ranks":"[0, 1]","Seq":4,"Src Rank":1},'
+            b'"cat":"kernel","name":"ncclDevKernel_AllReduce_Sum_f32_RING_LL","pid":0,"tid":7,'
+            b'"ts":1,"dur":2},{"ph":"X","cat":"cpu_op","name":"record_param_comms","pid":1,'
+            b'"tid":2,"ts":1,"dur":2,"args":{"Collective name":"send","Dst Rank":3},"args":null}'
+            b',{"ph":"X","cat":"cpu_op","name":"record_param_comms","pid":1,"tid":2,"ts":4,'
+            b'"dur":2,"args":{"Collective name":"recv","Process Group Name":5,'
+            b'"Out msg nelems":99999999999999999999,"dtype":"Float"}}]',
+            True,
+        ),
         (b"[]", True),
         (b"[ \n" + OP + b" ,\t" + OP + b" \r\n]", True),
         # Whitespace of every kind and length around every token (one space is a fast path).
@@ -244,7 +258,7 @@ def _names_agree(scanner: Any, events_json: bytes) -> None:
         assert got is None, events_json
         return
     if got is not None:
-        names = {msgspec.json.decode(b'"' + raw + b'"') for raw in got[2]}
+        names = {msgspec.json.decode(b'"' + raw + b'"') for raw in got[3]}
         assert names == {e.name for e in pure}, events_json
 
 

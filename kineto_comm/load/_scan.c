@@ -16,8 +16,10 @@
  * accepts is one msgspec accepts too.
  *
  * Rows are kept for device, runtime and CPU events (by category) and for metadata (M)
- * events; everything else is skipped. Metadata rows and the few rows that need more fields
- * (collectives) are decoded again by msgspec from their byte span (span_start, span_end).
+ * events; everything else is skipped. The collective fields of the events that have them
+ * (record_param_comms, NCCL kernels) go to a second, small table. Metadata rows, and the
+ * rare event whose collective fields are of a type that table does not hold, are decoded
+ * again by msgspec from their byte span (span_start, span_end).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -85,29 +87,54 @@ static void array_capsule_free(PyObject *capsule) {
 
 /* ------------------------------------------------------------------------- columns */
 
+/* A column: its name, Arrow format (C uint8, I uint32, l int64, g float64) and width. */
+typedef struct {
+    const char *name, *format;
+    int width;
+} Col;
+
+/* The events' table: a row per kept event. `_detail` is the event's row in the details
+ * table (null: its args hold none of the collective fields). */
 enum {
     COL_CODE, COL_PH, COL_NAME, COL_PID, COL_TID, COL_TS, COL_DUR, COL_EXT, COL_EXT_OLD,
-    COL_CORR, COL_STREAM, COL_DEVICE, COL_START, COL_END, N_COLS
+    COL_CORR, COL_STREAM, COL_DEVICE, COL_START, COL_END, COL_DETAIL, N_COLS
+};
+static const Col COLS[N_COLS] = {
+    {"code", "C", 1},        {"ph", "C", 1},          {"name", "I", 4},
+    {"pid", "l", 8},         {"tid", "l", 8},         {"ts_us", "g", 8},
+    {"dur_us", "g", 8},      {"external_id", "l", 8}, {"external_id_old", "l", 8},
+    {"correlation", "l", 8}, {"stream", "l", 8},      {"device", "l", 8},
+    {"span_start", "l", 8},  {"span_end", "l", 8},    {"_detail", "I", 4},
 };
 
-static const char *COL_NAMES[N_COLS] = {
-    "code", "ph", "name", "pid", "tid", "ts_us", "dur_us", "external_id", "external_id_old",
-    "correlation", "stream", "device", "span_start", "span_end",
+/* The details table: a row per kept event whose args name a collective field, with the
+ * decoder's `Args` fields that the collectives table reads (text as ids of `names`). `raw`
+ * marks a row with a value of a type the columns do not hold (a list of ranks, a string
+ * Seq, an integer group name, an integer beyond int64): decode.py decodes that event with
+ * msgspec, and the row's other columns are not read. */
+enum {
+    D_COLL, D_IN, D_OUT, D_GSIZE, D_DTYPE, D_PGNAME, D_PGDESC, D_PGRANKS, D_SEQ, D_SRC, D_DST,
+    D_RAW, N_DCOLS
 };
-/* Arrow formats: C uint8, I uint32, l int64, g float64. */
-static const char *COL_FORMATS[N_COLS] = {"C", "C", "I", "l", "l", "g", "g",
-                                          "l", "l", "l", "l", "l", "l", "l"};
-static const int COL_WIDTH[N_COLS] = {1, 1, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+static const Col DCOLS[N_DCOLS] = {
+    {"collective", "I", 4}, {"in_nelems", "l", 8}, {"out_nelems", "l", 8},
+    {"group_size", "l", 8}, {"dtype", "I", 4},     {"pg_name", "I", 4},
+    {"pg_desc", "I", 4},    {"pg_ranks", "I", 4},  {"seq", "l", 8},
+    {"src_rank", "l", 8},   {"dst_rank", "l", 8},  {"raw", "C", 1},
+};
+#define MAX_COLS 16
 
 typedef struct {
-    char *data[N_COLS];
-    uint8_t *valid[N_COLS]; /* a byte per row (packed into a bitmap on export) */
-    int64_t nulls[N_COLS];
+    const Col *cols;
+    int n_cols;
+    char *data[MAX_COLS];
+    uint8_t *valid[MAX_COLS]; /* a byte per row (packed into a bitmap on export) */
+    int64_t nulls[MAX_COLS];
     int64_t n, cap;
 } Table;
 
 static void table_free(Table *t) {
-    for (int c = 0; c < N_COLS; c++) {
+    for (int c = 0; c < t->n_cols; c++) {
         free(t->data[c]);
         free(t->valid[c]);
         t->data[c] = NULL;
@@ -117,8 +144,8 @@ static void table_free(Table *t) {
 
 static int table_grow(Table *t) {
     int64_t cap = t->cap ? t->cap * 2 : 4096;
-    for (int c = 0; c < N_COLS; c++) {
-        char *d = realloc(t->data[c], (size_t)cap * COL_WIDTH[c]);
+    for (int c = 0; c < t->n_cols; c++) {
+        char *d = realloc(t->data[c], (size_t)cap * t->cols[c].width);
         if (d == NULL) return -1;
         t->data[c] = d;
         uint8_t *v = realloc(t->valid[c], (size_t)cap);
@@ -130,12 +157,12 @@ static int table_grow(Table *t) {
 }
 
 static inline void put(Table *t, int c, const void *value) {
-    memcpy(t->data[c] + (size_t)t->n * COL_WIDTH[c], value, COL_WIDTH[c]);
+    memcpy(t->data[c] + (size_t)t->n * t->cols[c].width, value, t->cols[c].width);
     t->valid[c][t->n] = 1;
 }
 
 static inline void put_null(Table *t, int c) {
-    memset(t->data[c] + (size_t)t->n * COL_WIDTH[c], 0, COL_WIDTH[c]);
+    memset(t->data[c] + (size_t)t->n * t->cols[c].width, 0, t->cols[c].width);
     t->valid[c][t->n] = 0;
     t->nulls[c]++;
 }
@@ -158,8 +185,8 @@ static PyObject *export_column(Table *t, int c) {
         t->data[c] = malloc(8);
         if (t->data[c] == NULL) goto nomem;
     }
-    schema->format = COL_FORMATS[c];
-    schema->name = COL_NAMES[c];
+    schema->format = t->cols[c].format;
+    schema->name = t->cols[c].name;
     schema->flags = ARROW_FLAG_NULLABLE;
     schema->release = release_schema;
     buffers[0] = bitmap;
@@ -184,7 +211,7 @@ static PyObject *export_column(Table *t, int c) {
         Py_DECREF(s);
         return NULL;
     }
-    return Py_BuildValue("(sNN)", COL_NAMES[c], s, a);
+    return Py_BuildValue("(sNN)", t->cols[c].name, s, a);
 nomem:
     free(schema);
     free(array);
@@ -742,7 +769,11 @@ static int skip_value(Cur *c, Value *v, int depth) {
 #define STR_OK (V_STR | V_NULL)
 #define INT_OK (V_ANYINT | V_NULL)
 #define INT_STR_OK (V_ANYINT | V_STR | V_NULL)
-enum { A_EXT, A_EXT_OLD, A_CORR, A_STREAM, A_DEVICE, N_KEPT_ARGS };
+enum {
+    A_EXT, A_EXT_OLD, A_CORR, A_STREAM, A_DEVICE, N_KEPT_ARGS,
+    A_COLL = N_KEPT_ARGS, A_IN, A_OUT, A_GSIZE, A_DTYPE, A_PGNAME, A_PGDESC, A_PGRANKS, A_PGID,
+    A_SEQ, A_SRC, A_DST, A_LABEL
+};
 static const struct {
     const char *key;
     int ok;
@@ -796,7 +827,8 @@ enum { F_PH, F_CAT, F_NAME, F_PID, F_TID, F_TS, F_DUR, F_ARGS, N_FIELDS };
 
 typedef struct {
     Value f[N_FIELDS];
-    Value arg[N_KEPT_ARGS];
+    Value arg[N_ARG_KEYS]; /* every Args field: the kept ones V_ABSENT when missing, */
+    uint32_t has;          /* the others only valid where their bit is set here */
     int wrong; /* bit per field: a value msgspec would reject (sticky over duplicates) */
     int seen;  /* bit per field */
 } Event;
@@ -817,8 +849,9 @@ static int arg_member(Cur *c, const Value *key, void *event) {
             break;
         }
     }
-    /* A kept arg's value is read into its place (not copied there after). */
-    Value scratch, *value = (k >= 0 && k < N_KEPT_ARGS) ? &ev->arg[k] : &scratch;
+    /* An Args field's value is read into its place (not copied there after). */
+    Value scratch, *value = k >= 0 ? &ev->arg[k] : &scratch;
+    if (k >= 0) ev->has |= 1u << k;
     if (!skip_value(c, value, 1)) return 0;
     if (k >= 0 && (!(value->kind & ARG_KEYS[k].ok) || !str_ok(value))) ev->wrong |= 1 << F_ARGS;
     return 1;
@@ -826,6 +859,7 @@ static int arg_member(Cur *c, const Value *key, void *event) {
 
 static void parse_args(Cur *c, Event *ev) {
     for (int k = 0; k < N_KEPT_ARGS; k++) ev->arg[k].kind = V_ABSENT;
+    ev->has = 0;
     walk_object(c, 1, arg_member, ev);
 }
 
@@ -878,8 +912,10 @@ static int event_member(Cur *c, const Value *key, void *event) {
                 return 0;
             }
             if (!(value->kind & FIELD_OK[f]) || !str_ok(value)) ev->wrong |= 1 << f;
-            if (f == F_ARGS) /* null args: no kept args */
+            if (f == F_ARGS) { /* null args: no args */
                 for (int k = 0; k < N_KEPT_ARGS; k++) ev->arg[k].kind = V_ABSENT;
+                ev->has = 0;
+            }
         }
     }
     if (f >= 0) ev->seen |= 1 << f;
@@ -891,6 +927,7 @@ static void parse_event(Cur *c, Event *ev) {
     ev->seen = 0;
     for (int k = 0; k < N_FIELDS; k++) ev->f[k].kind = V_ABSENT;
     for (int k = 0; k < N_KEPT_ARGS; k++) ev->arg[k].kind = V_ABSENT;
+    ev->has = 0;
     if (c->p >= c->end || *c->p != '{') {
         c->bad = 1;
         return;
@@ -903,6 +940,49 @@ typedef struct {
     size_t n;
     int code;
 } Category;
+
+/* The Args fields of each details column, and which of them are text. */
+static const int DETAIL_ARG[D_RAW] = {A_COLL,   A_IN,     A_OUT,     A_GSIZE, A_DTYPE, A_PGNAME,
+                                      A_PGDESC, A_PGRANKS, A_SEQ,    A_SRC,   A_DST};
+static const int DETAIL_TEXT[D_RAW] = {1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0};
+#define DETAIL_MASK                                                                          \
+    ((1u << A_COLL) | (1u << A_IN) | (1u << A_OUT) | (1u << A_GSIZE) | (1u << A_DTYPE) |     \
+     (1u << A_PGNAME) | (1u << A_PGDESC) | (1u << A_PGRANKS) | (1u << A_SEQ) | (1u << A_SRC) | \
+     (1u << A_DST))
+
+/* A details row for the event when its args give any of the fields a value: its row, -1
+ * when they give none, -2 when out of memory. Text goes into `names` (decode.py reads ids
+ * of both kinds from one list). */
+static int64_t put_details(Table *d, const Event *ev, Interner *names) {
+    static const Value absent = {.kind = V_ABSENT};
+    const Value *values[D_RAW];
+    int any = 0;
+    if (!(ev->has & DETAIL_MASK)) return -1; /* most events */
+    for (int k = 0; k < D_RAW; k++) {
+        int a = DETAIL_ARG[k];
+        values[k] = (ev->has >> a) & 1 ? &ev->arg[a] : &absent;
+        any |= values[k]->kind > V_NULL;
+    }
+    if (!any) return -1;
+    if (d->n == d->cap && table_grow(d) < 0) return -2;
+    uint8_t raw = 0;
+    for (int k = 0; k < D_RAW; k++) {
+        const Value *v = values[k];
+        if (DETAIL_TEXT[k] && v->kind == V_STR) {
+            int64_t id = intern(names, v->s, v->n);
+            if (id < 0) return -2;
+            uint32_t id32 = (uint32_t)id;
+            put(d, k, &id32);
+        } else if (!DETAIL_TEXT[k] && v->kind == V_INT) {
+            put(d, k, &v->i);
+        } else {
+            put_null(d, k);
+            raw |= v->kind > V_NULL; /* a value of another type: msgspec's to read */
+        }
+    }
+    put(d, D_RAW, &raw);
+    return d->n++;
+}
 
 /* ------------------------------------------------------------------------- scan() */
 
@@ -936,7 +1016,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         else known[n_known++] = (Category){PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), code};
     }
 
-    Table t = {0};
+    Table t = {.cols = COLS, .n_cols = N_COLS}, d = {.cols = DCOLS, .n_cols = N_DCOLS};
     Interner names;
     Cur c = {base + start + 1, base + (stop >= 0 ? stop : len), 0};
     int unsupported = 0, nomem = 0;
@@ -1038,8 +1118,20 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         put(&t, COL_END, &span1);
         if (ph == 'M') { /* decode.py reads metadata from the span */
             for (int k = COL_NAME; k < COL_START; k++) put_null(&t, k);
+            put_null(&t, COL_DETAIL);
             t.n++;
             continue;
+        }
+        int64_t details = put_details(&d, &ev, &names);
+        if (details < -1) {
+            nomem = 1;
+            break;
+        }
+        if (details >= 0) {
+            uint32_t row = (uint32_t)details;
+            put(&t, COL_DETAIL, &row);
+        } else {
+            put_null(&t, COL_DETAIL);
         }
         if (ev.f[F_NAME].kind == V_STR) {
             int64_t id = intern(&names, ev.f[F_NAME].s, ev.f[F_NAME].n);
@@ -1082,13 +1174,19 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_None);
     } else {
         PyObject *columns = PyList_New(N_COLS);
+        PyObject *detail_columns = PyList_New(N_DCOLS);
         PyObject *texts = PyList_New(names.count);
-        if (columns != NULL && texts != NULL) {
+        if (columns != NULL && detail_columns != NULL && texts != NULL) {
             int ok = 1;
             for (int k = 0; ok && k < N_COLS; k++) {
                 PyObject *col = export_column(&t, k);
                 if (col == NULL) ok = 0;
                 else PyList_SET_ITEM(columns, k, col);
+            }
+            for (int k = 0; ok && k < N_DCOLS; k++) {
+                PyObject *col = export_column(&d, k);
+                if (col == NULL) ok = 0;
+                else PyList_SET_ITEM(detail_columns, k, col);
             }
             for (uint32_t k = 0; ok && k < names.count; k++) {
                 PyObject *text = PyBytes_FromStringAndSize((const char *)names.names[k].p,
@@ -1096,12 +1194,16 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 if (text == NULL) ok = 0;
                 else PyList_SET_ITEM(texts, k, text);
             }
-            if (ok) result = Py_BuildValue("(nOOn)", (Py_ssize_t)t.n, columns, texts, closed_at);
+            if (ok)
+                result = Py_BuildValue("(nOOOn)", (Py_ssize_t)t.n, columns, detail_columns, texts,
+                                       closed_at);
         }
         Py_XDECREF(columns);
+        Py_XDECREF(detail_columns);
         Py_XDECREF(texts);
     }
     table_free(&t);
+    table_free(&d);
     interner_free(&names);
     PyBuffer_Release(&view);
     return result;

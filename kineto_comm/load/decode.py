@@ -269,6 +269,9 @@ OPS_SCHEMA = {
 }
 HOST_SCHEMA = {**_COMMON, "cat": _STR, "name": _STR}
 _INT_LIKE = frozenset({"pid", "tid", "pg_name"})
+# The scanner's details columns that hold text (as rows of the piece's names).
+_DETAIL_TEXT = frozenset({"collective", "dtype", "pg_name", "pg_desc", "pg_ranks"})
+_IDS = pl.List(pl.UInt32())
 _PARSED_INT = frozenset({"stream", "device"})
 
 
@@ -1025,9 +1028,14 @@ class Scanned:
     events) with columns code (category code, see _CODE) and role (code // 16), ph (its
     character code), name (a row of `names`), pid, tid, ts_us, dur_us, external_id,
     external_id_old, correlation, stream, device, _file (the file's position in the batch;
-    0 for a piece) and the event's byte span in its file's `data` (span_start, span_end),
-    from which the few rows that need more fields (metadata, collectives) are decoded again
+    0 for a piece), _detail (its row in `details`, see below) and the event's byte span in
+    its file's `data` (span_start, span_end), from which metadata rows are decoded again
     with msgspec.
+
+    `details` holds the collective fields of the events whose args have any (the scanner's
+    details table: collective, in_nelems, out_nelems, group_size, dtype, pg_name, pg_desc,
+    pg_ranks, seq, src_rank, dst_rank, text as rows of `names`), and `raw`: a value of a
+    type those columns do not hold, so that event is decoded with msgspec too (rare).
 
     Names and phases stay codes until a role's rows are tabulated (_scanned_frame): most
     rows (runtime calls, CPU ops other than annotations) never need their name as text."""
@@ -1039,6 +1047,7 @@ class Scanned:
     # Once `data` is let go (a file waiting for its batch, see _settle): the events of the
     # rows that need more fields, decoded beforehand; the table's `_obj` indexes them.
     decoded: list[Any] = field(default_factory=list)
+    details: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     def by_name(self, rows: pl.DataFrame, test: pl.Expr) -> pl.Series:
         """`test` (one of _NAME_TESTS) for these rows, from their names' (each name was
@@ -1065,11 +1074,13 @@ class Scanned:
 
 
 def _needs_event(piece_: Scanned) -> pl.Expr:
-    """The rows of a scanned piece whose events are decoded again for more fields: metadata
-    (thread names), communication kernels and communication CPU ops (collective details)."""
-    role, name = pl.col("role"), pl.col("name")
-    kernel, op = piece_.names_where("_comm_kernel"), piece_.names_where("_comm_op")
-    return (role == 3) | ((role == 0) & name.is_in(kernel)) | ((role == 2) & name.is_in(op))
+    """The rows of a scanned piece whose events are decoded again with msgspec: metadata
+    (thread names), and the events whose collective fields the scanner left to it (`raw`)."""
+    meta = pl.col("role") == 3
+    raw = (piece_.details.get_column("raw") == 1).arg_true() if piece_.details.height else None
+    if raw is None or raw.is_empty():
+        return meta
+    return meta | pl.col("_detail").is_in(pl.lit(pl.Series([raw.to_list()], dtype=_IDS)))
 
 
 # _NAME_TESTS for Python strings (the same tests; names are tested once each, as the
@@ -1085,15 +1096,33 @@ def _names(names: list[str]) -> pl.DataFrame:
         n.startswith(_PARAM_COMMS) or _COLLECTIVE_SPAN_RE.match(n) is not None for n in names
     ]
     op_name = [c or n.startswith(_STEP_MARK) for n, c in zip(names, comm_op, strict=True)]
+    span = [_span_kind(n) if c else 0 for n, c in zip(names, comm_op, strict=True)]
     return pl.DataFrame(
-        {"name": names, "_comm_kernel": kernel, "_op_name": op_name, "_comm_op": comm_op},
+        {
+            "name": names,
+            "_comm_kernel": kernel,
+            "_op_name": op_name,
+            "_comm_op": comm_op,
+            "_span": span,
+        },
         schema={
             "name": _STR,
             "_comm_kernel": pl.Boolean,
             "_op_name": pl.Boolean,
             "_comm_op": pl.Boolean,
+            "_span": pl.UInt8,
         },
     )
+
+
+def _span_kind(name: str) -> int:
+    """What _settle counts of a communication op of this name: 1 a host-backend span, 2 an
+    NCCL annotation, 3 a record_param_comms, 0 none of them."""
+    if name.startswith(HOST_SPANS):
+        return 1
+    if name.startswith(_NCCL_SPANS):
+        return 2
+    return 3 if name == _PARAM_COMMS else 0
 
 
 def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
@@ -1102,20 +1131,27 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
     batch numbers them, see _scanned_batch), and its annotation sizes are read now if
     _needs_shapes will want them (the same test). The caller lets go of the bytes, so the
     next file reuses their memory."""
-    rows = piece_.table.filter(_needs_event(piece_))
-    events = piece_.decode(rows)
-    # What _needs_shapes counts: all of it is in communication CPU ops, so among `rows`.
-    host = annotated = described = 0
-    ops = [i for i, role in enumerate(rows["role"].to_list()) if role == 2]
-    names = piece_.names.get_column("name").gather(rows["name"].gather(ops)).to_list()
-    for name, event in zip(names, _take(events, ops), strict=True):
-        if name.startswith(HOST_SPANS):
-            host += 1
-        elif name.startswith(_NCCL_SPANS):
-            annotated += 1
-        elif name == _PARAM_COMMS:
-            args = event.args
-            described += args is not None and args.collective is not None
+    table = piece_.table
+    events = piece_.decode(table.filter(_needs_event(piece_)))
+    # What _needs_shapes counts, over the communication CPU ops: each name's kind (host
+    # span, NCCL annotation, record_param_comms) is found once, as the names are tested.
+    kind = pl.lit(piece_.names.get_column("_span")).gather(pl.col("name"))
+    if piece_.details.height:
+        collective = pl.lit(piece_.details.get_column("collective")).gather(pl.col("_detail"))
+        named = collective.is_not_null()
+    else:
+        named = pl.lit(False)
+    host, annotated, described = (
+        table.lazy()
+        .filter(pl.col("role") == 2)
+        .select(
+            (kind == 1).sum().alias("host"),
+            (kind == 2).sum().alias("annotated"),
+            ((kind == 3) & named).sum().alias("described"),
+        )
+        .pipe(collect)
+        .row(0)
+    )
     wanted, _ = _wants_shapes(host > 0, annotated, described, notes.spare)
     shapes = notes.find() if wanted else None
 
@@ -1125,7 +1161,7 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
         return shapes
 
     notes.find = find
-    return Scanned(piece_.table, None, piece_.names, events)
+    return Scanned(piece_.table, None, piece_.names, events, piece_.details)
 
 
 def _scan_piece(data: bytes | _Whole, start: int, stop: int) -> tuple[Scanned, int] | None:
@@ -1137,7 +1173,7 @@ def _scan_piece(data: bytes | _Whole, start: int, stop: int) -> tuple[Scanned, i
     got = _scanner.scan(data, start, stop, _SCAN_CODES, _OTHER_PHASES)
     if got is None:
         return None
-    _, columns, raw_names, end = got
+    _, columns, detail_columns, raw_names, end = got
     try:
         names = [
             msgspec.json.decode(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
@@ -1146,10 +1182,11 @@ def _scan_piece(data: bytes | _Whole, start: int, stop: int) -> tuple[Scanned, i
     except (UnicodeDecodeError, msgspec.DecodeError):
         return None  # msgspec reports it
     table = pl.DataFrame([pl.Series(_Arrow(schema, array)) for _, schema, array in columns])
+    details = pl.DataFrame([pl.Series(_Arrow(sch, array)) for _, sch, array in detail_columns])
     # Series operations: no query to plan for two columns.
     role = (table.get_column("code") // 16).alias("role")
     file = pl.Series("_file", dtype=pl.Int64).extend_constant(0, table.height)
-    return Scanned(table.hstack([role, file]), data, _names(names)), end
+    return Scanned(table.hstack([role, file]), data, _names(names), details=details), end
 
 
 def _scanned_columns(
@@ -1240,9 +1277,46 @@ def _scanned_frame(
         cols.append(col)
     frame = rows.select(*cols, pl.lit(_PH_OF).gather(pl.col("ph")).alias("ph"), "_file")
     idx = [] if detail is None else piece_.by_name(rows, detail).arg_true().to_list()
-    spans = rows.select(c for c in ("span_start", "span_end", "_obj") if c in rows.columns)
-    details = _details(frame, schema, idx, lambda idx: _args_of(piece_.decode(spans[idx])))
+    details = _scanned_details(piece_, rows, frame, schema, idx)
     return _with_shapes(frame, details, notes), details
+
+
+def _scanned_details(
+    piece_: Scanned,
+    rows: pl.DataFrame,
+    frame: pl.DataFrame,
+    schema: dict[str, pl.DataType],
+    idx: list[int],
+) -> pl.DataFrame | None:
+    """_details for rows `idx` of a scanned role's `rows` (and their `frame`), from the
+    scanner's details table; the few rows it marks `raw` from their events, decoded."""
+    rest = [k for k in _COLL if k in schema]
+    if not rest or not idx:
+        return None
+    found, names = piece_.details, pl.lit(piece_.names.get_column("name"))
+    out = pl.DataFrame([frame["_seq"].gather(idx), rows.get_column("_detail").gather(idx)])
+    if not found.height:  # no event of the piece has any
+        return out.select("_seq", *[pl.lit(None, dtype=schema[k]).alias(k) for k in rest])
+
+    def value(column: str) -> pl.Expr:
+        got = pl.lit(found.get_column(column)).gather(pl.col("_detail"))
+        return names.gather(got) if column in _DETAIL_TEXT else got
+
+    # One query for all the columns (a Series operation per column cost as much as the
+    # msgspec decode this replaces).
+    out = out.select(
+        "_seq",
+        *[value(k).cast(schema[k]).alias(k) for k in rest],
+        _raw=(value("raw") == 1).fill_null(False),
+    )
+    raw = out.drop_in_place("_raw").arg_true()
+    if raw.is_empty():
+        return out
+    spans = rows.select(c for c in ("span_start", "span_end", "_obj") if c in rows.columns)
+    picked = [idx[i] for i in raw.to_list()]
+    decoded = _details(frame, schema, picked, lambda i: _args_of(piece_.decode(spans[i])))
+    assert decoded is not None
+    return out.with_columns(out.get_column(k).scatter(raw, decoded.get_column(k)) for k in rest)
 
 
 def decode_file(path: str | Path, piece_bytes: int | None = None) -> RawTrace:
@@ -1413,14 +1487,26 @@ def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
     # of the files before it.
     names = [p.scanned.names for p in pending]
     before = list(accumulate((n.height for n in names[:-1]), initial=0))
-    moved = pl.col("name") + pl.lit(pl.Series(before, dtype=pl.UInt32)).gather(pl.col("_file"))
-    both = Scanned(pl.DataFrame(), None, pl.concat(names, rechunk=True))
+    shift = pl.lit(pl.Series(before, dtype=pl.UInt32)).gather(pl.col("_file"))
+    moved = pl.col("name") + shift
+    # The details one above the other too: each file's rows (and text ids) move down.
+    found = [p.scanned.details for p in pending]
+    rows_before = list(accumulate((d.height for d in found[:-1]), initial=0))
+    moved_detail = pl.col("_detail") + pl.lit(pl.Series(rows_before, dtype=pl.UInt32)).gather(
+        pl.col("_file")
+    )
+    details = collect(
+        stack(found, "_file").select(
+            pl.col(c) + shift if c in _DETAIL_TEXT else pl.col(c) for c in found[0].columns
+        )
+    )
+    both = Scanned(pl.DataFrame(), None, pl.concat(names, rechunk=True), details=details)
     # The settled events, numbered in table order (as each file's were decoded).
     need = _needs_event(both)
     number = pl.when(need).then(need.cum_sum().cast(pl.Int64) - 1)
     both.table = collect(
         table.select(pl.all().exclude("span_start", "span_end"))
-        .with_columns(name=moved)
+        .with_columns(name=moved, _detail=moved_detail)
         .with_columns(_obj=number)
     )
     both.decoded = [e for p in pending for e in p.scanned.decoded]
