@@ -111,7 +111,8 @@ static const Col COLS[N_COLS] = {
  * decoder's `Args` fields that the collectives table reads (text as ids of `names`). `raw`
  * marks a row with a value of a type the columns do not hold (a list of ranks, a string
  * Seq, an integer group name, an integer beyond int64): decode.py decodes that event with
- * msgspec, and the row's other columns are not read. */
+ * msgspec and takes its fields from there (only the collective name, text or null in
+ * every event the scanner takes, is still read from this row). */
 enum {
     D_COLL, D_IN, D_OUT, D_GSIZE, D_DTYPE, D_PGNAME, D_PGDESC, D_PGRANKS, D_SEQ, D_SRC, D_DST,
     D_RAW, N_DCOLS
