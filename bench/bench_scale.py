@@ -87,7 +87,7 @@ def main() -> None:
     total = sum(f.stat().st_size for f in files) / 1e6
     print(
         f"{len(files)} ranks x {total / len(files):.0f} MB = {total:,.0f} MB; "
-        f"{args.jobs} workers on {os.cpu_count()} cores"
+        f"{args.jobs} workers on {os.cpu_count()} cores ({_cpu_model()})"
     )
     ours, theirs = [], []
     for run in range(args.runs):  # alternated, so that both see the same moments of the VM
@@ -108,6 +108,24 @@ def main() -> None:
                 end="",
             )
         print()
+
+
+def _cpu_model() -> str:
+    """What /proc/cpuinfo says of the CPU (a VM may hide the model's name): the ratio to HTA
+    depends on it (bench/README.md, twenty-ninth session: a VM of the same size on another
+    CPU ran HTA 1.6x faster and kineto-comm 1.3x)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "CPU unknown"
+    info = dict(
+        (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines())
+    )
+    avx512 = "avx512f" in info.get("flags", "").split()
+    return (
+        f"{info.get('model name', '?')}, model {info.get('model', '?')}, "
+        f"{info.get('cache size', '?')} cache, AVX-512 {'yes' if avx512 else 'no'}"
+    )
 
 
 def _kineto(folder: Path, total: float, jobs: int) -> float:
