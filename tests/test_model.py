@@ -16,6 +16,7 @@ from kineto_comm.analysis.overlap import (
     merge_intervals,
     subtract_intervals,
 )
+from kineto_comm.model.collectives import _compute_before
 from kineto_comm.model.kernels import _launches
 from kineto_comm.model.names import kernel_fields, normalize_collective
 
@@ -322,6 +323,41 @@ def test_breakdowns_equal_a_nanosecond_by_nanosecond_count(apart):
                         expected[name] += holds(running)
                 assert {name: row[name] for name in metrics} == expected, row
                 assert row["idle_ns"] == row["wall_ns"] - expected["busy_ns"]
+
+
+def test_compute_before_is_the_share_of_the_steps_compute_started_by_then():
+    """Random kernel tables (several ranks, steps interleaved in time, step -1, compute and
+    communication kernels starting together, steps without compute, calls sharing a start):
+    each call's compute_before equals the share of its rank's step's compute time in the
+    compute kernels that started at or before it, counted row by row."""
+    rng = random.Random(11)
+    for _ in range(60):
+        rows = []
+        for rank in range(rng.randint(1, 3)):
+            for _ in range(rng.randint(0, 30)):
+                start = rng.randint(0, 60)
+                kind = rng.choice(["compute", "compute", "communication", "memcpy"])
+                step = rng.choice([-1, 0, 1, 2])
+                rows.append((rank, step, kind, start, start + rng.choice([0, 1, 5, 30])))
+        rng.shuffle(rows)
+        kernels = pl.DataFrame(
+            rows, schema=["rank", "step", "kind", "start_ns", "end_ns"], orient="row"
+        ).cast({"rank": pl.Int64, "step": pl.Int64})
+        calls = kernels.filter(pl.col("kind") == "communication").select(
+            "rank", "step", "start_ns", call=pl.int_range(pl.len())
+        )
+        got = _compute_before(calls.lazy(), kernels.lazy()).collect()
+        assert got.get_column("call").to_list() == calls.get_column("call").to_list()
+        for row in got.iter_rows(named=True):
+            mine = [
+                (a, b)
+                for r, s, k, a, b in rows
+                if (r, s) == (row["rank"], row["step"]) and k == "compute" and s >= 0
+            ]
+            total = sum(b - a for a, b in mine)
+            before = sum(b - a for a, b in mine if a <= row["start_ns"])
+            expected = round(before / total, 9) if total > 0 else None
+            assert row["compute_before"] == expected, (row, mine)
 
 
 @pytest.mark.parametrize("low", [0, -(1 << 40), (1 << 61)])

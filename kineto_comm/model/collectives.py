@@ -207,35 +207,55 @@ def build_collectives(
 
 def _compute_before(calls: pl.LazyFrame, kernels: pl.LazyFrame) -> pl.LazyFrame:
     """Add compute_before: the share of the call's step's compute kernel time that started
-    before the call.
+    before the call (a compute kernel starting with it counts as before).
 
     Why: the roles tell a gradient reduction (it cannot start before the forward pass, about
     a third of the compute) from a tensor-parallel one (inside the first layer) by where the
     call sits in the step. On the wall clock that breaks when communication takes most of
-    the step (a fast GPU, slow links): backward then starts a few percent into the step."""
-    step = ["rank", "step"]
-    compute = kernels.filter((pl.col("kind") == "compute") & (pl.col("step") >= 0)).select(
-        *step, "start_ns", _d=pl.col("end_ns") - pl.col("start_ns")
+    the step (a fast GPU, slow links): backward then starts a few percent into the step.
+
+    One sort of the kernels by (rank, step, start) and running sums over it, each group's
+    found at its boundaries: no per-group hashing (a window per step, a group-by and an as-of
+    join by step cost four times as much on a batch of rank files' first call:
+    bench/README.md, twenty-ninth session)."""
+    at = ["rank", "step", "start_ns"]
+    kind = pl.col("kind")
+
+    def changes(*keys: str, offset: int) -> pl.Expr:
+        """Whether the row differs in `keys` from the row `offset` away (none: it does)."""
+        return ~pl.all_horizontal(pl.col(k).eq_missing(pl.col(k).shift(offset)) for k in keys)
+
+    def at_last_of(*keys: str) -> pl.Expr:
+        """_upto at the last row of each run of rows with the same `keys`."""
+        return pl.when(changes(*keys, offset=-1)).then(pl.col("_upto")).backward_fill()
+
+    rows = kernels.select(
+        *at,
+        _c=pl.when((kind == "compute") & (pl.col("step") >= 0))
+        .then(pl.col("end_ns") - pl.col("start_ns"))
+        .otherwise(0),
+        _call=kind == "communication",
+    ).sort(at)
+    # The step's compute time up to and including each row (the running sum less its value
+    # where the step begins); then per row, at the end of its run of rows with the same
+    # start (_done) and at the end of the step (_all).
+    total = pl.col("_c").cum_sum()
+    upto = (
+        total - pl.when(changes("rank", "step", offset=1)).then(total - pl.col("_c")).forward_fill()
     )
-    done = compute.sort("start_ns").select(
-        *step, "start_ns", _done=pl.col("_d").cum_sum().over(step)
-    )
-    totals = compute.group_by(step).agg(_all=pl.col("_d").sum())
-    at = [*step, "start_ns"]
     share = (
-        calls.select(at)
-        .unique()
-        .sort("start_ns")
-        .join_asof(done, on="start_ns", by=step, strategy="backward", check_sortedness=False)
-        .join(totals, on=step, how="left")
+        rows.with_columns(_upto=upto)
+        .with_columns(_done=at_last_of(*at), _all=at_last_of("rank", "step"))
+        .filter("_call")
         .select(
             *at,
             # Rounded: the division's last bit varies with the memory layout (a file alone
             # or in a batch), and the same file must give the same table.
             compute_before=pl.when(pl.col("_all") > 0).then(
-                (pl.col("_done").fill_null(0) / pl.col("_all")).round(9)
+                (pl.col("_done") / pl.col("_all")).round(9)
             ),
         )
+        .unique(at, keep="first")
     )
     return calls.join(share, on=at, how="left", nulls_equal=True, maintain_order="left")
 
