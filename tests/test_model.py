@@ -16,8 +16,8 @@ from kineto_comm.analysis.overlap import (
     merge_intervals,
     subtract_intervals,
 )
+from kineto_comm.load.decode import _join_launches
 from kineto_comm.model.collectives import _compute_before
-from kineto_comm.model.kernels import _launches
 from kineto_comm.model.names import kernel_fields, normalize_collective
 
 from .conftest import SAMPLES, cpu, kernel, launch, shared, write_trace
@@ -214,23 +214,23 @@ def test_sweep_orders_events_by_rank_then_time_whatever_the_clocks():
 
 
 @pytest.mark.parametrize("base", [0, 1 << 45, -(1 << 45)])
-def test_kernels_get_the_first_runtime_call_with_their_rank_and_correlation(base):
+def test_kernels_get_the_first_runtime_call_with_their_file_and_correlation(base):
     runtime = pl.DataFrame(
         {
-            "rank": [0, 0, 1, 1, 0],
+            "_file": [0, 0, 1, 1, 0],
             "correlation": [base + 1, base + 2, base + 1, None, base + 1],
             "start_ns": [10, 20, 30, 40, 50],
             "tid": ["a", "b", "c", "d", "e"],
         }
     )
-    # The last: rank 0's id one key width above rank 1's call (no such call on rank 0).
+    # The last: file 0's id one key width above file 1's call (no such call in file 0).
     gpu = pl.DataFrame(
         {
-            "rank": [1, 0, 0, 1, 0],
+            "_file": [1, 0, 0, 1, 0],
             "correlation": [base + 1, base + 1, base + 3, None, base + 1 + (1 << 40)],
         }
     )
-    got = _launches(runtime, gpu)
+    got = _join_launches(gpu, runtime).select("launch_ns", "launch_tid")
     assert got.rows() == [(30, "c"), (10, "a"), (None, None), (None, None), (None, None)]
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -297,6 +298,74 @@ def _edge_traces(folder) -> list:
     ]
     (folder / "bad.json").write_bytes(b"hello world")
     return [*files, folder / "bad.json"]
+
+
+def _launches(folder) -> Any:
+    """Kernels and the runtime calls that launched them, every way the first call with a
+    kernel's correlation can be found: after the kernel in the file, a second call with the
+    same correlation (the first counts), a call without a time before one with it (it does
+    not count), no call, no correlation."""
+    from .conftest import kernel, launch, write_trace
+
+    untimed = {**launch(0, 7, tid=103), "ts": None}
+    return write_trace(
+        folder / "launches.json",
+        [
+            kernel("a", 10, 1, corr=5),
+            launch(2, 5),
+            launch(3, 6, tid=101),
+            launch(4, 6, tid=102),
+            kernel("b", 11, 1, corr=6),
+            untimed,
+            launch(9, 7, tid=104),
+            kernel("c", 12, 1, corr=7),
+            kernel("d", 13, 1, corr=8),
+            kernel("e", 14, 1),
+        ],
+    )
+
+
+def _launch_pairs(folder) -> Any:
+    """A launch written as a B/E pair before a complete call with the same correlation:
+    pairing puts it after that call, which is then the first (the scanner's link would
+    take the pair)."""
+    from .conftest import kernel, launch, write_trace
+
+    begin = {**launch(1, 9, tid=105), "ph": "B"}
+    del begin["dur"]
+    end = {"ph": "E", "cat": "cuda_runtime", "pid": 1, "tid": 105, "ts": 2}
+    return write_trace(
+        folder / "launch-pairs.json", [begin, end, launch(3, 9, tid=106), kernel("f", 5, 1, corr=9)]
+    )
+
+
+def test_kernels_get_the_first_timed_runtime_call_with_their_correlation(tmp_path, monkeypatch):
+    """The scanner's links (a batch of whole files) and the join (a file alone) agree, and
+    find what the trace says; a batch with a B/E launch is joined instead."""
+    joined = []
+    real = decode._join_launches
+
+    def spy(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
+        joined.append(gpu.height)
+        return real(gpu, runtime)
+
+    monkeypatch.setattr(decode, "_join_launches", spy)
+    files = [_launches(tmp_path), *sorted((SAMPLES / "tp-2").iterdir())]
+    for batch, linked in ((files, True), ([*files, _launch_pairs(tmp_path)], False)):
+        joined.clear()
+        together = decode.decode_files(batch)
+        assert (not joined) == linked
+        for f, got in zip(batch, together, strict=True):
+            assert got.gpu.equals(decode.decode_file(f).gpu), f
+    got = together[0].gpu.select("name", "launch_ns", "launch_tid").rows()
+    assert got == [
+        ("a", 2000, "100"),
+        ("b", 3000, "101"),
+        ("c", 9000, "104"),
+        ("d", None, None),
+        ("e", None, None),
+    ]
+    assert together[-1].gpu.select("launch_ns", "launch_tid").row(0) == (3000, "106")
 
 
 @pytest.mark.parametrize("piece", [None, 1 << 20])

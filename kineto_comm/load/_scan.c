@@ -94,10 +94,12 @@ typedef struct {
 } Col;
 
 /* The events' table: a row per kept event. `_detail` is the event's row in the details
- * table (null: its args hold none of the collective fields). */
+ * table (null: its args hold none of the collective fields); `_launch`, a device event's
+ * launch: the first runtime call with its correlation, as its position among the runtime
+ * rows (see link_launches). */
 enum {
     COL_CODE, COL_PH, COL_NAME, COL_PID, COL_TID, COL_TS, COL_DUR, COL_EXT, COL_EXT_OLD,
-    COL_CORR, COL_STREAM, COL_DEVICE, COL_START, COL_END, COL_DETAIL, N_COLS
+    COL_CORR, COL_STREAM, COL_DEVICE, COL_START, COL_END, COL_DETAIL, COL_LAUNCH, N_COLS
 };
 static const Col COLS[N_COLS] = {
     {"code", "C", 1},        {"ph", "C", 1},          {"name", "I", 4},
@@ -105,6 +107,7 @@ static const Col COLS[N_COLS] = {
     {"dur_us", "g", 8},      {"external_id", "l", 8}, {"external_id_old", "l", 8},
     {"correlation", "l", 8}, {"stream", "l", 8},      {"device", "l", 8},
     {"span_start", "l", 8},  {"span_end", "l", 8},    {"_detail", "I", 4},
+    {"_launch", "I", 4},
 };
 
 /* The details table: a row per kept event whose args name a collective field, with the
@@ -985,6 +988,63 @@ static int64_t put_details(Table *d, const Event *ev, Interner *names) {
     return d->n++;
 }
 
+/* Each device row's `_launch`: the first runtime call, in file order, with its correlation
+ * and a time (the join decode.py would make: runtime calls without a time are dropped, the
+ * first of the others kept), as its position among the table's runtime rows. Roles are
+ * code / 16 (decode.py's _CODES): 0 device, 1 runtime. A hash table of the runtime calls,
+ * then a look-up per device row: the same join in Polars cost a batch of rank files more
+ * than scanning its runtime calls (bench/README.md, twenty-ninth session). Where some
+ * runtime call is a B/E event, pairing reorders the runtime table and the join may find
+ * another call: scan() then says the links are not to be used. -1 when out of memory. */
+static int link_launches(Table *t) {
+    const uint8_t *code = (const uint8_t *)t->data[COL_CODE];
+    const int64_t *corr = (const int64_t *)t->data[COL_CORR];
+    const uint8_t *has_corr = t->valid[COL_CORR], *has_ts = t->valid[COL_TS];
+    int64_t calls = 0;
+    for (int64_t i = 0; i < t->n; i++) calls += code[i] >> 4 == 1 && has_corr[i] && has_ts[i];
+    if (calls == 0) return 0;
+    int bits = 4;
+    while (((int64_t)1 << bits) < 2 * calls) bits++;
+    size_t cap = (size_t)1 << bits, mask = cap - 1;
+    int64_t *keys = malloc(cap * sizeof *keys);
+    uint32_t *rows = malloc(cap * sizeof *rows); /* positions among the runtime rows */
+    uint8_t *used = calloc(cap, 1);
+    if (keys == NULL || rows == NULL || used == NULL) {
+        free(keys);
+        free(rows);
+        free(used);
+        return -1;
+    }
+#define SLOT(key) ((size_t)(((uint64_t)(key)*0x9E3779B97F4A7C15ull) >> (64 - bits)))
+    uint32_t call = 0; /* the runtime row's position among the runtime rows */
+    for (int64_t i = 0; i < t->n; i++) {
+        if (code[i] >> 4 != 1) continue;
+        call++;
+        if (!has_corr[i] || !has_ts[i]) continue;
+        size_t h = SLOT(corr[i]);
+        while (used[h] && keys[h] != corr[i]) h = (h + 1) & mask;
+        if (used[h]) continue; /* a later call with the same correlation */
+        used[h] = 1;
+        keys[h] = corr[i];
+        rows[h] = call - 1;
+    }
+    uint32_t *launch = (uint32_t *)t->data[COL_LAUNCH];
+    for (int64_t i = 0; i < t->n; i++) {
+        if (code[i] >> 4 != 0 || !has_corr[i]) continue;
+        size_t h = SLOT(corr[i]);
+        while (used[h] && keys[h] != corr[i]) h = (h + 1) & mask;
+        if (!used[h]) continue;
+        launch[i] = rows[h];
+        t->valid[COL_LAUNCH][i] = 1;
+        t->nulls[COL_LAUNCH]--;
+    }
+#undef SLOT
+    free(keys);
+    free(rows);
+    free(used);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------- scan() */
 
 static PyObject *scan(PyObject *self, PyObject *args) {
@@ -1021,6 +1081,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Interner names;
     Cur c = {base + start + 1, base + (stop >= 0 ? stop : len), 0};
     int unsupported = 0, nomem = 0;
+    int64_t unpaired_calls = 0; /* runtime calls as B/E events */
     Py_ssize_t closed_at = -1;
     if (interner_init(&names) < 0) nomem = 1;
 
@@ -1111,12 +1172,14 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             nomem = 1;
             break;
         }
+        if (code >> 4 == 1 && ph != 'X') unpaired_calls++; /* see link_launches */
         uint8_t code8 = (uint8_t)code;
         put(&t, COL_CODE, &code8);
         put(&t, COL_PH, &ph);
         int64_t span0 = at - base, span1 = after - base;
         put(&t, COL_START, &span0);
         put(&t, COL_END, &span1);
+        put_null(&t, COL_LAUNCH); /* link_launches sets it */
         if (ph == 'M') { /* decode.py reads metadata from the span */
             for (int k = COL_NAME; k < COL_START; k++) put_null(&t, k);
             put_null(&t, COL_DETAIL);
@@ -1166,6 +1229,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         t.n++;
     }
+    if (!nomem && !unsupported && !c.bad && link_launches(&t) < 0) nomem = 1;
     Py_END_ALLOW_THREADS
 
     PyObject *result = NULL;
@@ -1196,8 +1260,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 else PyList_SET_ITEM(texts, k, text);
             }
             if (ok)
-                result = Py_BuildValue("(nOOOn)", (Py_ssize_t)t.n, columns, detail_columns, texts,
-                                       closed_at);
+                result = Py_BuildValue("(nOOOnO)", (Py_ssize_t)t.n, columns, detail_columns,
+                                       texts, closed_at, unpaired_calls ? Py_False : Py_True);
         }
         Py_XDECREF(columns);
         Py_XDECREF(detail_columns);
@@ -1226,15 +1290,17 @@ static PyObject *arg_keys(PyObject *self, PyObject *unused) {
 
 static PyMethodDef METHODS[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(buffer, start, stop, categories, skipped) -> (rows, columns, names, end) | None\n\n"
+     "scan(buffer, start, stop, categories, skipped)\n"
+     "    -> (rows, columns, detail_columns, names, end, linked) | None\n\n"
      "Read the events after buffer[start] (an array's '[' or the comma before an event) up\n"
      "to buffer[stop] (taken as the array's ']'; stop < 0: up to the array's real ']',\n"
      "whose index is `end`). `categories` maps category bytes to a code (b'' is the code of\n"
      "metadata events); events of the phases in `skipped` are checked, not kept. Other\n"
      "phases than those, X, B, E and M give None. `columns` is a list of (name,\n"
      "arrow_schema, arrow_array) capsules; `names` the distinct event names as raw JSON\n"
-     "string contents, indexed by the `name` column. None: the piece needs the msgspec\n"
-     "decoder (invalid, or a shape not handled)."},
+     "string contents, indexed by the `name` column; `linked`: whether the `_launch`\n"
+     "column may be used (no runtime call is a B/E event). None: the piece needs the\n"
+     "msgspec decoder (invalid, or a shape not handled)."},
     {"arg_keys", arg_keys, METH_NOARGS, "The JSON names of the Args fields the scanner checks."},
     {NULL, NULL, 0, NULL},
 };

@@ -27,7 +27,7 @@ import os
 import re
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from math import isfinite
@@ -39,6 +39,7 @@ import msgspec
 import polars as pl
 
 from kineto_comm.errors import TraceError
+from kineto_comm.keys import pair_key
 from kineto_comm.lazy import collect, collect_all, split, stack
 from kineto_comm.memory import release_free_memory
 
@@ -255,6 +256,9 @@ GPU_SCHEMA = {
     "correlation": _I64,
     "stream": _I64,
     "device": _I64,
+    # The launching runtime call's time and thread (see _join_launches).
+    "launch_ts_us": _F64,
+    "launch_tid": _STR,
     **_COLL,
 }
 RUNTIME_SCHEMA = {"ph": _STR, "tid": _STR, "ts_us": _F64, "correlation": _I64}  # launches only
@@ -290,9 +294,11 @@ class RawTrace:
     """One file's events split by role, with exact start_ns/end_ns, and its metadata.
 
     Each table has its schema's columns except ph, ts_us and dur_us, which become
-    start_ns and end_ns.
+    start_ns and end_ns (and launch_ts_us, which becomes launch_ns).
 
-    - `gpu`: kernels, memcpy and memset on the device timeline (GPU_SCHEMA).
+    - `gpu`: kernels, memcpy and memset on the device timeline (GPU_SCHEMA), each with
+      launch_ns and launch_tid: when and on which thread the first runtime call with its
+      correlation started (null if none).
     - `runtime`: CUDA/HIP runtime and driver calls on the host, to link launches
       (RUNTIME_SCHEMA: no duration, so start_ns only).
     - `ops`: communication ops (record_param_comms, nccl:*, gloo:*) and user annotations
@@ -875,10 +881,11 @@ _NAME_TESTS = {"_comm_kernel": _COMM_KERNEL, "_op_name": _OP_NAME, "_comm_op": _
 
 
 # The roles tabulated alike (code // 16, table, schema, which rows carry collective details);
-# CPU ops (2) and metadata (3) need more and are handled on their own.
+# CPU ops (2) and metadata (3) need more and are handled on their own. Runtime calls first:
+# whole files' kernels read their launches from that table (_launch).
 _DEVICE_ROLES = (
-    (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
     (1, "runtime", RUNTIME_SCHEMA, None),
+    (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
 )
 
 
@@ -1048,6 +1055,10 @@ class Scanned:
     # rows that need more fields, decoded beforehand; the table's `_obj` indexes them.
     decoded: list[Any] = field(default_factory=list)
     details: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # Whether the scanner's `_launch` column is the launch _join_launches would find: not
+    # where a runtime call is a B/E event (pairing reorders the runtime table). Of use for
+    # a whole file only (_scanned_batch): a piece's runtime calls are not its file's.
+    linked: bool = False
 
     def by_name(self, rows: pl.DataFrame, test: pl.Expr) -> pl.Series:
         """`test` (one of _NAME_TESTS) for these rows, from their names' (each name was
@@ -1161,7 +1172,7 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
         return shapes
 
     notes.find = find
-    return Scanned(piece_.table, None, piece_.names, events, piece_.details)
+    return Scanned(piece_.table, None, piece_.names, events, piece_.details, linked=piece_.linked)
 
 
 def _scan_piece(data: bytes | _Whole, start: int, stop: int) -> tuple[Scanned, int] | None:
@@ -1173,7 +1184,7 @@ def _scan_piece(data: bytes | _Whole, start: int, stop: int) -> tuple[Scanned, i
     got = _scanner.scan(data, start, stop, _SCAN_CODES, _OTHER_PHASES)
     if got is None:
         return None
-    _, columns, detail_columns, raw_names, end = got
+    _, columns, detail_columns, raw_names, end, linked = got
     try:
         names = [
             msgspec.json.decode(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
@@ -1186,7 +1197,8 @@ def _scan_piece(data: bytes | _Whole, start: int, stop: int) -> tuple[Scanned, i
     # Series operations: no query to plan for two columns.
     role = (table.get_column("code") // 16).alias("role")
     file = pl.Series("_file", dtype=pl.Int64).extend_constant(0, table.height)
-    return Scanned(table.hstack([role, file]), data, _names(names), details=details), end
+    table = table.hstack([role, file])
+    return Scanned(table, data, _names(names), details=details, linked=linked), end
 
 
 def _scanned_columns(
@@ -1194,9 +1206,12 @@ def _scanned_columns(
     notes: list[_Annotations] | None,
     host: list[bool],
     piece: int,
+    linked: bool = False,
 ) -> dict[str, pl.DataFrame]:
     """_columns for a piece read by the scanner (or a batch of whole files: `notes` and
-    `host` per file): the same tables, from its columns, with the `_file` column."""
+    `host` per file): the same tables, from its columns, with the `_file` column. With
+    `linked` (whole files whose links hold, see Scanned.linked) the device rows get their
+    launch from the scanner's links, else _assemble joins them."""
     # A filter per role (rows keep their order): a sequential copy of each role's rows,
     # where one partition_by pass hashes the key and gathers them (a third slower on a
     # batch's 90,000 rows). Runtime calls, a third of the rows, copy only the columns of
@@ -1219,7 +1234,8 @@ def _scanned_columns(
     for code, key, schema, detail in _DEVICE_ROLES:
         rows = by_role[code]
         if rows.height:
-            out[key], details = _scanned_frame(piece_, rows, schema, detail, piece)
+            launch = _launch(out["runtime"], len(host)) if code == 0 and linked else []
+            out[key], details = _scanned_frame(piece_, rows, schema, detail, piece, None, launch)
             if details is not None:
                 out[f"{key}_details"] = details
         else:
@@ -1245,6 +1261,20 @@ def _scanned_columns(
     return out
 
 
+def _launch(calls: pl.DataFrame, files: int) -> list[pl.Expr]:
+    """The launch_ts_us and launch_tid columns of whole files' device rows: their `_launch`
+    (the scanner's link, a position among its file's runtime calls) read from `calls`, the
+    files' runtime table, where each file's calls follow those of the files before."""
+    if not calls.height:
+        return []
+    first = calls.get_column("_file").search_sorted(pl.Series(range(files), dtype=pl.Int64))
+    at = pl.col("_launch") + pl.lit(first).gather(pl.col("_file"))
+    return [
+        pl.lit(calls.get_column("ts_us")).gather(at).alias("launch_ts_us"),
+        pl.lit(calls.get_column("tid")).gather(at).alias("launch_tid"),
+    ]
+
+
 def _scanned_frame(
     piece_: Scanned,
     rows: pl.DataFrame,
@@ -1252,8 +1282,10 @@ def _scanned_frame(
     detail: pl.Expr | None,
     piece: int,
     notes: list[_Annotations] | None = None,
+    launch: Sequence[pl.Expr] = (),
 ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """_frame for one role's rows of a scanned piece (or batch)."""
+    """_frame for one role's rows of a scanned piece (or batch); `launch`: the device rows'
+    launch columns (_launch)."""
     cols = [pl.int_range(pl.len(), dtype=pl.Int64).alias("_seq") + (piece << 32)]
     if "cat" in schema:
         cols.append(_CATEGORY)
@@ -1275,7 +1307,7 @@ def _scanned_frame(
             needed = pl.col(fallback_for).is_null().any().over("_file")
             col = pl.when(needed).then(col).alias(key)
         cols.append(col)
-    frame = rows.select(*cols, pl.lit(_PH_OF).gather(pl.col("ph")).alias("ph"), "_file")
+    frame = rows.select(*cols, *launch, pl.lit(_PH_OF).gather(pl.col("ph")).alias("ph"), "_file")
     idx = [] if detail is None else piece_.by_name(rows, detail).arg_true().to_list()
     details = _scanned_details(piece_, rows, frame, schema, idx)
     return _with_shapes(frame, details, notes), details
@@ -1500,6 +1532,7 @@ def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
             pl.col(c) + shift if c in _DETAIL_TEXT else pl.col(c) for c in found[0].columns
         )
     )
+    linked = all(p.scanned.linked for p in pending)
     both = Scanned(pl.DataFrame(), None, pl.concat(names, rechunk=True), details=details)
     # The settled events, numbered in table order (as each file's were decoded).
     need = _needs_event(both)
@@ -1513,9 +1546,10 @@ def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
     del table
     for p in pending:
         p.scanned = Scanned(p.scanned.table.clear(), None, p.scanned.names.clear())
-    part = _scanned_columns(both, [p.notes for p in pending], [p.host for p in pending], 0)
+    notes, host = [p.notes for p in pending], [p.host for p in pending]
+    part = _scanned_columns(both, notes, host, 0, linked)
     del both
-    return _assemble([p.about for p in pending], [part])
+    return _assemble([p.about for p in pending], [part], linked)
 
 
 def _describe(exc: Exception) -> str:
@@ -1525,9 +1559,12 @@ def _describe(exc: Exception) -> str:
     return f"invalid JSON trace ({text})"
 
 
-def _assemble(files: list[_About], parts: list[dict[str, pl.DataFrame]]) -> list[RawTrace]:
+def _assemble(
+    files: list[_About], parts: list[dict[str, pl.DataFrame]], linked: bool = False
+) -> list[RawTrace]:
     """The files' RawTraces from their pieces' tables: one file's pieces, or one piece
-    holding several files (rows keyed by `_file`, their position in `files`)."""
+    holding several files (rows keyed by `_file`, their position in `files`). `linked`:
+    the device rows carry their launch already (the scanner's, see _scanned_batch)."""
     many = len(files) > 1
     bases = [_base_ns(about.tops) for about in files]
     base = pl.lit(pl.Series(bases, dtype=pl.Int64)).gather("_file") if many else pl.lit(bases[0])
@@ -1542,6 +1579,8 @@ def _assemble(files: list[_About], parts: list[dict[str, pl.DataFrame]]) -> list
     tables = dict(zip(roles, collect_all([timed(k, t) for k, t in roles.items()]), strict=True))
     threads = [p["threads"] if many else p["threads"].drop("_file", strict=False) for p in parts]
     tables["threads"] = pl.concat(threads, how="vertical") if len(threads) > 1 else threads[0]
+    if not linked and tables["gpu"].height:
+        tables["gpu"] = _join_launches(tables["gpu"], tables["runtime"])
     split = {key: _per_file(frame, len(files)) for key, frame in tables.items()}
     return [_raw(about, {key: split[key][i] for key in split}) for i, about in enumerate(files)]
 
@@ -1649,16 +1688,50 @@ def _timed(
 def _to_ns(events: pl.LazyFrame, base_ns: pl.Expr, clean: bool) -> pl.LazyFrame:
     """Exact integer-nanosecond start/end columns (absolute when the trace gives a base) in
     place of the microsecond ones and the phase (every row is a complete event by now);
-    rows without a finite time are dropped unless `clean` says there are none."""
+    rows without a finite time are dropped unless `clean` says there are none. A launch
+    time (launch_ts_us) becomes launch_ns exactly as its runtime call's start does."""
     ts = pl.col("ts_us")
-    whole = ts.floor()
-    start = whole.cast(pl.Int64) * 1000 + ((ts - whole) * 1000).round().cast(pl.Int64) + base_ns
+    start = _ns(ts, base_ns)
     if not clean:
         events = events.filter(ts.is_not_null() & ts.is_finite())
-    if "dur_us" not in events.collect_schema():  # launches: only their start matters
+    schema = events.collect_schema()
+    if "dur_us" not in schema:  # launches: only their start matters
         return events.with_columns(start_ns=start).drop("ph", "ts_us")
     dur = (pl.col("dur_us").fill_null(0.0).clip(lower_bound=0.0) * 1000).round().cast(pl.Int64)
-    return events.with_columns(start_ns=start, end_ns=start + dur).drop("ph", "ts_us", "dur_us")
+    times = {"start_ns": start, "end_ns": start + dur}
+    dropped = ["ph", "ts_us", "dur_us"]
+    if "launch_ts_us" in schema:
+        times["launch_ns"] = _ns(pl.col("launch_ts_us"), base_ns)
+        dropped.append("launch_ts_us")
+    return events.with_columns(**times).drop(dropped)
+
+
+def _ns(ts: pl.Expr, base_ns: pl.Expr) -> pl.Expr:
+    """Microseconds (float) as integer nanoseconds from `base_ns`: the whole microseconds
+    and the rounded fraction apart, so that no nanosecond is lost to the float."""
+    whole = ts.floor()
+    return whole.cast(pl.Int64) * 1000 + ((ts - whole) * 1000).round().cast(pl.Int64) + base_ns
+
+
+def _join_launches(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
+    """`gpu` with launch_ns and launch_tid from the first runtime call with each row's file
+    and correlation (`_file` where the tables hold several files), in the rows' order: for
+    files whose scan did not link them (kineto_comm/load/_scan.c, link_launches). Only the
+    key columns of the (wide) kernel table take part in the join. Where they fit, file and
+    correlation are one integer key (kineto_comm.keys): an order-keeping join on two keys
+    took twice as long."""
+    by = [c for c in ("_file",) if c in gpu.columns and c in runtime.columns]
+    pair = pair_key([runtime, gpu], by[0], "correlation") if by else None
+    on = [*by, "correlation"] if pair is None else ["_key"]
+    key = [pl.col(c) for c in on] if pair is None else [pair.alias("_key")]
+    calls = (
+        runtime.lazy()
+        .select(*key, launch_ns="start_ns", launch_tid="tid")
+        .drop_nulls(on)
+        .unique(on, keep="first", maintain_order=True)
+    )
+    joined = gpu.lazy().select(*key).join(calls, on=on, how="left", maintain_order="left")
+    return gpu.with_columns(collect(joined.select("launch_ns", "launch_tid")).get_columns())
 
 
 def _parse_int_list(text: str) -> list[int]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.overlap import subtract_intervals
-from kineto_comm.keys import pair_key
 from kineto_comm.lazy import collect
 from kineto_comm.load.decode import HOST_SPANS, RawTrace, parse_int
 from kineto_comm.model.names import comm_kernel_expr
@@ -55,26 +54,6 @@ ARG_COLUMNS = (
 )
 
 
-def _launches(runtime: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
-    """launch_ns and launch_tid of the first runtime call with each row's (rank,
-    correlation), in the rows' order. Only the key columns of the (wide) kernel table take
-    part in the join: the table itself is not copied. Where they fit, rank and correlation
-    are one integer key (kineto_comm.keys): an order-keeping join on two keys took twice as
-    long."""
-    pair = pair_key([runtime, gpu], "rank", "correlation")
-    on = ["rank", "correlation"] if pair is None else ["_key"]
-    key = [pl.col(c) for c in on] if pair is None else [pair.alias("_key")]
-    calls = (
-        runtime.lazy()
-        .select(*key, launch_ns="start_ns", launch_tid="tid")
-        .drop_nulls(on)
-        .unique(on, keep="first", maintain_order=True)
-    )
-    keys = gpu.lazy().select(*key)
-    joined = keys.join(calls, on=on, how="left", maintain_order="left")
-    return collect(joined.select("launch_ns", "launch_tid"))
-
-
 def build_kernels(raw: RawTrace, comm_patterns: tuple[str, ...] = ()) -> pl.DataFrame:
     """Device activity of the ranks in `raw` (their host timelines when it has no device
     activity), in (rank, start) order.
@@ -85,7 +64,7 @@ def build_kernels(raw: RawTrace, comm_patterns: tuple[str, ...] = ()) -> pl.Data
     """
     if raw.gpu.height == 0:
         return host_timeline(raw)
-    gpu = raw.gpu.hstack(_launches(raw.runtime, raw.gpu).get_columns())
+    gpu = raw.gpu  # launch_ns and launch_tid: decode.RawTrace
     kind = (
         pl.when(pl.col("cat").is_in(["gpu_memcpy", "Memcpy"]))
         .then(pl.lit("memcpy"))
