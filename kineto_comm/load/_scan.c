@@ -1297,7 +1297,8 @@ static PyMethodDef METHODS[] = {
      "whose index is `end`). `categories` maps category bytes to a code (b'' is the code of\n"
      "metadata events); events of the phases in `skipped` are checked, not kept. Other\n"
      "phases than those, X, B, E and M give None. `columns` is a list of (name,\n"
-     "arrow_schema, arrow_array) capsules; `names` the distinct event names as raw JSON\n"
+     "arrow_schema, arrow_array) capsules, `detail_columns` those of the details table;\n"
+     "`names` the distinct event names and detail texts as raw JSON\n"
      "string contents, indexed by the `name` column; `linked`: whether the `_launch`\n"
      "column may be used (no runtime call is a B/E event). None: the piece needs the\n"
      "msgspec decoder (invalid, or a shape not handled)."},
