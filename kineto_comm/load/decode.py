@@ -1720,8 +1720,8 @@ def _join_launches(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
     key columns of the (wide) kernel table take part in the join. Where they fit, file and
     correlation are one integer key (kineto_comm.keys): an order-keeping join on two keys
     took twice as long."""
-    by = [c for c in ("_file",) if c in gpu.columns and c in runtime.columns]
-    pair = pair_key([runtime, gpu], by[0], "correlation") if by else None
+    by = ["_file"] if "_file" in gpu.columns and "_file" in runtime.columns else []
+    pair = pair_key([runtime, gpu], "_file", "correlation") if by else None
     on = [*by, "correlation"] if pair is None else ["_key"]
     key = [pl.col(c) for c in on] if pair is None else [pair.alias("_key")]
     calls = (
