@@ -749,17 +749,13 @@ def _frame(
     phased: bool,
     schema: dict[str, pl.DataType],
     detail: pl.Expr | None,
-    piece: int,
     notes: _Annotations | None = None,
-) -> tuple[pl.DataFrame, pl.DataFrame | None]:
-    """One role's rows of one piece, and the collective columns (the rest of `schema`) of
-    the rows where `detail` holds. Both carry `_seq` (piece and position) so that the
-    details are joined back once per file (_assemble), not once per piece. `cat` is the
-    events' category column; `phased`: whether they may be other than complete (X) events."""
+) -> pl.DataFrame:
+    """One role's rows of one piece, with the collective columns (the rest of `schema`) of
+    the rows where `detail` holds (null on the others). `cat` is the events' category
+    column; `phased`: whether they may be other than complete (X) events."""
     n = len(events)
-    cols: dict[str, pl.Series] = {
-        "_seq": pl.int_range(n, dtype=pl.Int64, eager=True).alias("_seq") + (piece << 32)
-    }
+    cols: dict[str, pl.Series] = {}
     if "cat" in schema:
         cols["cat"] = cat
     args = _args_of(events) if any(k in schema for k in _ARG_ATTRS) else []
@@ -787,21 +783,23 @@ def _frame(
         return _args_of(_take(events, idx)) if not args else _take(args, idx)
 
     idx = [] if detail is None else frame.select(pl.arg_where(detail)).to_series().to_list()
-    details = _details(frame, schema, idx, args_at)
-    frame = _with_shapes(frame, details, None if notes is None else [notes])
+    details = _details(schema, idx, args_at)
+    if details is not None:
+        # Each row's position among the rows `idx` (null elsewhere) picks its values.
+        at = pl.Series(dtype=pl.UInt32).extend_constant(None, n)
+        at.scatter(idx, pl.int_range(len(idx), dtype=pl.UInt32, eager=True))
+        frame = frame.with_columns(pl.lit(column).gather(at) for column in details.get_columns())
+    frame = _with_shapes(frame, None if notes is None else [notes])
     if phs is not None and phs.count("X") != n:  # only complete events and B/E pairs last
         frame = frame.filter(pl.col("ph").is_in(list(_DURATION_PH)))
-    return frame, details
+    return frame
 
 
 def _details(
-    frame: pl.DataFrame,
-    schema: dict[str, pl.DataType],
-    idx: list[int],
-    args_at: Callable[[list[int]], list[Args]],
+    schema: dict[str, pl.DataType], idx: list[int], args_at: Callable[[list[int]], list[Args]]
 ) -> pl.DataFrame | None:
     """The collective columns (those of `schema` in _COLL) of rows `idx` (communication
-    kernels or ops), with their `_seq`; `args_at(idx)` gives those rows' decoded args."""
+    kernels or ops), a row each; `args_at(idx)` gives those rows' decoded args."""
     rest = [k for k in _COLL if k in schema]
     if not rest or not idx:
         return None
@@ -809,21 +807,17 @@ def _details(
     sub = {key: _values(sub_args, key) for key in rest}
     if "pg_ranks" in sub:
         sub["pg_ranks"] = [str(r) if isinstance(r, list) else r for r in sub["pg_ranks"]]
-    return pl.DataFrame(
-        [frame["_seq"].gather(idx)] + [_series(k, v, schema[k]) for k, v in sub.items()]
-    )
+    return pl.DataFrame([_series(k, v, schema[k]) for k, v in sub.items()])
 
 
-def _with_shapes(
-    frame: pl.DataFrame, details: pl.DataFrame | None, notes: list[_Annotations] | None
-) -> pl.DataFrame:
+def _with_shapes(frame: pl.DataFrame, notes: list[_Annotations] | None) -> pl.DataFrame:
     """The CPU ops with the Input Dims / Input type of their annotations, where needed
     (`notes`: per file, the frame's `_file` column telling whose a row is)."""
     if notes is None:
         return frame
     batch = "_file" in frame.columns
     found = []
-    for f in _needs_shapes(frame, details, notes):
+    for f in _needs_shapes(frame, notes):
         shapes = notes[f].find()
         if shapes.height:
             found.append(shapes.with_columns(_file=pl.lit(f, dtype=pl.Int64)) if batch else shapes)
@@ -832,20 +826,6 @@ def _with_shapes(
         shapes = pl.concat(found, how="vertical") if len(found) > 1 else found[0]
         frame = frame.join(shapes, on=keys, how="left", maintain_order="left")
     return frame
-
-
-def _finish(
-    frames: list[pl.DataFrame], details: list[pl.DataFrame]
-) -> tuple[pl.DataFrame, pl.LazyFrame]:
-    """A role's pieces as one table, and a query giving its rows with the details put back
-    (by `_seq`; columns are cast to the role's schema afterwards, in `_timed`, in the same
-    query)."""
-    frame = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
-    if not details:
-        return frame, frame.lazy()
-    found = pl.concat(details, how="vertical") if len(details) > 1 else details[0]
-    rows = frame.lazy().drop([c for c in found.columns[1:] if c in frame.columns])
-    return frame, rows.join(found.lazy(), on="_seq", how="left", maintain_order="left")
 
 
 # The host-side span of a collective call, as record_function names it (nccl:all_reduce,
@@ -915,15 +895,12 @@ def _wants_shapes(host: bool, annotated: int, described: int, spare: int) -> tup
     return annotated > available, min(described, max(0, available - annotated))
 
 
-def _needs_shapes(
-    cpu: pl.DataFrame, details: pl.DataFrame | None, notes: list[_Annotations]
-) -> list[int]:
+def _needs_shapes(cpu: pl.DataFrame, notes: list[_Annotations]) -> list[int]:
     """The files (positions in `notes`) whose ops gain from annotation sizes (_wants_shapes)."""
     name = pl.col("name")
     described = pl.lit(0, dtype=pl.UInt32)
-    if details is not None:
-        with_args = details["_seq"].filter(details["collective"].is_not_null())
-        described = pl.col("_seq").filter(name == _PARAM_COMMS).is_in(with_args.implode()).sum()
+    if "collective" in cpu.columns:
+        described = ((name == _PARAM_COMMS) & pl.col("collective").is_not_null()).sum()
     counts = [
         pl.any_horizontal(name.str.starts_with(p) for p in HOST_SPANS).any().alias("host"),
         pl.any_horizontal(name.str.starts_with(p) for p in _NCCL_SPANS).sum().alias("annotated"),
@@ -945,14 +922,13 @@ def _columns(
     events: list[Event],
     notes: _Annotations | None = None,
     host: bool = True,
-    piece: int = 0,
 ) -> dict[str, pl.DataFrame]:
-    """Split piece number `piece`'s decoded events by role (by category, looked up in C) and
+    """Split a piece's decoded events by role (by category, looked up in C) and
     tabulate each role; `notes` supplies the annotations' Input Dims / Input type when they
     are needed. Without `host`, the CPU ops that are neither communication nor annotations are
-    left out. Collective details come separately as `gpu_details` / `ops_details`."""
+    left out."""
     if isinstance(events, Scanned):
-        return _scanned_columns(events, None if notes is None else [notes], [host], piece)
+        return _scanned_columns(events, None if notes is None else [notes], [host])
     cats = _values(events, "cat")
     tagged = not (events and isinstance(events[0], Event))
     if not tagged:  # the permissive fallback: M has no class
@@ -972,9 +948,7 @@ def _columns(
     for code, role, schema, detail in _DEVICE_ROLES:
         picked, cat = pick(code)
         if picked:
-            out[role], details = _frame(picked, cat, phased, schema, detail, piece)
-            if details is not None:
-                out[f"{role}_details"] = details
+            out[role] = _frame(picked, cat, phased, schema, detail)
         else:
             out[role] = pl.DataFrame(schema=schema)
     cpu, cat = pick(2)
@@ -985,9 +959,7 @@ def _columns(
         cpu, cat = _take(cpu, keep.to_list()), cat.gather(keep)
     frame = pl.DataFrame(schema=OPS_SCHEMA)
     if cpu:
-        frame, details = _frame(cpu, cat, phased, OPS_SCHEMA, _COMM_OP, piece, notes)
-        if details is not None:
-            out["ops_details"] = details
+        frame = _frame(cpu, cat, phased, OPS_SCHEMA, _COMM_OP, notes)
     out["ops"] = frame.filter(_IS_OP)
     out["host"] = frame.filter(~_IS_OP).select(list(HOST_SCHEMA))
     out["threads"] = _threads(_take(events, (roles == 3).arg_true().to_list()))
@@ -1205,7 +1177,6 @@ def _scanned_columns(
     piece_: Scanned,
     notes: list[_Annotations] | None,
     host: list[bool],
-    piece: int,
     linked: bool = False,
 ) -> dict[str, pl.DataFrame]:
     """_columns for a piece read by the scanner (or a batch of whole files: `notes` and
@@ -1235,9 +1206,7 @@ def _scanned_columns(
         rows = by_role[code]
         if rows.height:
             launch = _launch(out["runtime"], len(host)) if code == 0 and linked else []
-            out[key], details = _scanned_frame(piece_, rows, schema, detail, piece, None, launch)
-            if details is not None:
-                out[f"{key}_details"] = details
+            out[key] = _scanned_frame(piece_, rows, schema, detail, None, launch)
         else:
             out[key] = pl.DataFrame(schema=schema)
     cpu = by_role[2]
@@ -1250,9 +1219,7 @@ def _scanned_columns(
             is_op = cpu.select(op.fill_null(False)).to_series()
     frame = pl.DataFrame(schema=OPS_SCHEMA)
     if cpu.height:
-        frame, details = _scanned_frame(piece_, cpu, OPS_SCHEMA, _COMM_OP, piece, notes)
-        if details is not None:
-            out["ops_details"] = details
+        frame = _scanned_frame(piece_, cpu, OPS_SCHEMA, _COMM_OP, notes)
     out["ops"] = frame if is_op is None else frame.filter(is_op)
     out["host"] = frame.clear() if is_op is None else frame.filter(~is_op)
     out["host"] = out["host"].select(*HOST_SCHEMA, *_FILE.intersection(frame.columns))
@@ -1280,13 +1247,12 @@ def _scanned_frame(
     rows: pl.DataFrame,
     schema: dict[str, pl.DataType],
     detail: pl.Expr | None,
-    piece: int,
     notes: list[_Annotations] | None = None,
     launch: Sequence[pl.Expr] = (),
-) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+) -> pl.DataFrame:
     """_frame for one role's rows of a scanned piece (or batch); `launch`: the device rows'
     launch columns (_launch)."""
-    cols = [pl.int_range(pl.len(), dtype=pl.Int64).alias("_seq") + (piece << 32)]
+    cols: list[pl.Expr] = []
     if "cat" in schema:
         cols.append(_CATEGORY)
     if "external_id" in schema:
@@ -1307,48 +1273,41 @@ def _scanned_frame(
             needed = pl.col(fallback_for).is_null().any().over("_file")
             col = pl.when(needed).then(col).alias(key)
         cols.append(col)
-    frame = rows.select(*cols, *launch, pl.lit(_PH_OF).gather(pl.col("ph")).alias("ph"), "_file")
-    idx = [] if detail is None else piece_.by_name(rows, detail).arg_true().to_list()
-    details = _scanned_details(piece_, rows, frame, schema, idx)
-    return _with_shapes(frame, details, notes), details
+    rest = [k for k in _COLL if k in schema] if detail is not None else []
+    held = piece_.by_name(rows, detail) if rest and detail is not None else None
+    fields = _scanned_details(piece_, held, schema, rest) if held is not None and held.any() else []
+    # The collective columns in the same query as the others (no join of them afterwards).
+    frame = rows.select(
+        *cols, *launch, pl.lit(_PH_OF).gather(pl.col("ph")).alias("ph"), "_file", *fields
+    )
+    raw = frame.drop_in_place("_raw").arg_true() if "_raw" in frame.columns else None
+    if raw is not None and not raw.is_empty():
+        spans = rows.select(c for c in ("span_start", "span_end", "_obj") if c in rows.columns)
+        decoded = _details(schema, raw.to_list(), lambda i: _args_of(piece_.decode(spans[i])))
+        assert decoded is not None
+        frame = frame.with_columns(frame.get_column(k).scatter(raw, decoded[k]) for k in rest)
+    return _with_shapes(frame, notes)
 
 
 def _scanned_details(
-    piece_: Scanned,
-    rows: pl.DataFrame,
-    frame: pl.DataFrame,
-    schema: dict[str, pl.DataType],
-    idx: list[int],
-) -> pl.DataFrame | None:
-    """_details for rows `idx` of a scanned role's `rows` (and their `frame`), from the
-    scanner's details table; the few rows it marks `raw` from their events, decoded."""
-    rest = [k for k in _COLL if k in schema]
-    if not rest or not idx:
-        return None
+    piece_: Scanned, held: pl.Series, schema: dict[str, pl.DataType], rest: list[str]
+) -> list[pl.Expr]:
+    """Over a scanned role's rows, the collective columns `rest` where `held` (the rows of
+    communication kernels or ops; null elsewhere), from the scanner's details table, and
+    `_raw`: the rows whose fields the scanner left to msgspec (their events are decoded)."""
     found, names = piece_.details, pl.lit(piece_.names.get_column("name"))
-    out = pl.DataFrame([frame["_seq"].gather(idx), rows.get_column("_detail").gather(idx)])
     if not found.height:  # no event of the piece has any
-        return out.select("_seq", *[pl.lit(None, dtype=schema[k]).alias(k) for k in rest])
+        return [pl.lit(None, dtype=schema[k]).alias(k) for k in rest]
+    at = pl.when(pl.lit(held)).then(pl.col("_detail"))
 
     def value(column: str) -> pl.Expr:
-        got = pl.lit(found.get_column(column)).gather(pl.col("_detail"))
+        got = pl.lit(found.get_column(column)).gather(at)
         return names.gather(got) if column in _DETAIL_TEXT else got
 
-    # One query for all the columns (a Series operation per column cost as much as the
-    # msgspec decode this replaces).
-    out = out.select(
-        "_seq",
+    return [
         *[value(k).cast(schema[k]).alias(k) for k in rest],
-        _raw=(value("raw") == 1).fill_null(False),
-    )
-    raw = out.drop_in_place("_raw").arg_true()
-    if raw.is_empty():
-        return out
-    spans = rows.select(c for c in ("span_start", "span_end", "_obj") if c in rows.columns)
-    picked = [idx[i] for i in raw.to_list()]
-    decoded = _details(frame, schema, picked, lambda i: _args_of(piece_.decode(spans[i])))
-    assert decoded is not None
-    return out.with_columns(out.get_column(k).scatter(raw, decoded.get_column(k)) for k in rest)
+        (value("raw") == 1).fill_null(False).alias("_raw"),
+    ]
 
 
 def decode_file(path: str | Path, piece_bytes: int | None = None) -> RawTrace:
@@ -1464,7 +1423,7 @@ def _decode_file(
         if host is None:  # the header (read before the first piece) decides
             host = reader.header is None or not reader.header.deviceProperties
         objects = objects or not isinstance(events, Scanned)
-        parts.append(_columns(events, reader.notes, host, len(parts)))
+        parts.append(_columns(events, reader.notes, host))
 
     try:
         for block in _read_blocks(path, reader.piece_bytes, buffer):
@@ -1547,7 +1506,7 @@ def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
     for p in pending:
         p.scanned = Scanned(p.scanned.table.clear(), None, p.scanned.names.clear())
     notes, host = [p.notes for p in pending], [p.host for p in pending]
-    part = _scanned_columns(both, notes, host, 0, linked)
+    part = _scanned_columns(both, notes, host, linked)
     del both
     return _assemble([p.about for p in pending], [part], linked)
 
@@ -1571,8 +1530,9 @@ def _assemble(
 
     def timed(key: str, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
         frames = [p[key] for p in parts]
-        details = [p[f"{key}_details"] for p in parts if f"{key}_details" in p]
-        return _timed(_finish(frames, details), schema, base, many)
+        # A role's pieces as one table (a piece without collective rows lacks their columns).
+        rows = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
+        return _timed(rows, schema, base, many)
 
     # The four roles' queries run together: one plan, on the pool's threads at once.
     roles = {"gpu": GPU_SCHEMA, "runtime": RUNTIME_SCHEMA, "ops": OPS_SCHEMA, "host": HOST_SCHEMA}
@@ -1660,17 +1620,13 @@ def _pair_begin_end(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def _timed(
-    finished: tuple[pl.DataFrame, pl.LazyFrame],
-    schema: dict[str, pl.DataType],
-    base_ns: pl.Expr,
-    many: bool = False,
+    events: pl.DataFrame, schema: dict[str, pl.DataType], base_ns: pl.Expr, many: bool = False
 ) -> pl.LazyFrame:
-    """The query for a role's rows (`_finish`) as `schema`'s columns (and `_file` for
-    `many` files), B/E pairs made complete events, times in nanoseconds (see _to_ns):
-    nothing is computed before it runs where the trace has no B/E events (the usual case)."""
-    events, rows = finished
-    present = rows.collect_schema()
-    typed = rows.select(
+    """The query for a role's rows as `schema`'s columns (and `_file` for `many` files),
+    B/E pairs made complete events, times in nanoseconds (see _to_ns): nothing is computed
+    before it runs where the trace has no B/E events (the usual case)."""
+    present = events.schema
+    typed = events.lazy().select(
         *[
             pl.col(k).cast(t) if k in present else pl.lit(None, dtype=t).alias(k)
             for k, t in schema.items()
