@@ -115,13 +115,17 @@ def _process_groups(raws: list[RawTrace]) -> pl.DataFrame:
 
 
 _ROLES = ("gpu", "runtime", "ops", "host", "threads")
+# The tables the model reads: runtime calls only serve to link launches, done in decode.
+_MODELLED = ("gpu", "ops", "host", "threads")
 
 
 def stack(raws: list[RawTrace]) -> RawTrace:
-    """The files' event tables one above the other, each row with a `rank` column holding
-    its file's position in `raws` (the model's tables are keyed by it)."""
-    queries = [stack_frames([getattr(raw, role) for raw in raws], "rank") for role in _ROLES]
-    return replace(raws[0], file="", **dict(zip(_ROLES, collect_all(queries), strict=True)))
+    """The files' event tables that the model reads one above the other, each row with a
+    `rank` column holding its file's position in `raws` (the model's tables are keyed by
+    it); `runtime` is left empty."""
+    queries = [stack_frames([getattr(raw, role) for raw in raws], "rank") for role in _MODELLED]
+    stacked = dict(zip(_MODELLED, collect_all(queries), strict=True))
+    return replace(raws[0], file="", runtime=raws[0].runtime.clear(), **stacked)
 
 
 def process_file(
@@ -169,7 +173,6 @@ def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTab
     stacked = replace(
         stacked,
         gpu=stacked.gpu.clear(),
-        runtime=stacked.runtime.clear(),
         host=stacked.host.clear(),
         threads=stacked.threads.clear(),
     )
