@@ -123,7 +123,51 @@ def test_nested_object_lists_in_args_survive_piece_cuts(tmp_path, monkeypatch):
     path = write_trace(tmp_path / "t.json", events)
     monkeypatch.setattr(decode, "PIECE_BYTES", 20_000)
     monkeypatch.setattr(decode, "_READ_BYTES", 4_096)
+    tries = []
+    real = decode._decode_events
+    monkeypatch.setattr(decode, "_decode_events", lambda *a: tries.append(1) or real(*a))
     assert decode_file(path).host.height == 400
+    # A cut inside an event is followed by one twice as far past it, not by every `}, {`
+    # of the event's args (each try decodes the piece from its start again).
+    assert len(tries) <= 3 * (path.stat().st_size // 20_000 + 1)
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (b"@", "JSON is malformed"),
+        (b'{"ts": "soon"}, ', "counting events from byte"),
+    ],
+    ids=["bad-character", "wrong-type"],
+)
+def test_damage_inside_a_large_file_is_reported_without_trying_every_later_cut(
+    tmp_path, monkeypatch, damage, problem
+):
+    # A piece that does not decode is cut further on only while its end falls inside a
+    # value: damaged JSON used to be retried at every later event boundary, each time
+    # decoding the piece from its start (hours on a 90 MB file).
+    events = [kernel(f"k{i}", 10.0 * i, 5.0, corr=i) for i in range(4000)]
+    full = write_trace(tmp_path / "full.json", events).read_bytes()
+    at = decode._BOUNDARY.search(full, int(len(full) * 0.6)).end() - 1  # an event's `{`
+    path = tmp_path / "bad.json"
+    path.write_bytes(full[:at] + damage + full[at:])
+    monkeypatch.setattr(decode, "PIECE_BYTES", 50_000)
+    monkeypatch.setattr(decode, "_READ_BYTES", 16_384)
+    tries = []
+    real = decode._decode_events
+    monkeypatch.setattr(decode, "_decode_events", lambda *a: tries.append(1) or real(*a))
+    raw = decode_file(path)
+    assert len(tries) == 1
+    kept = raw.gpu["name"].to_list()
+    assert 0 < len(kept) < 4000 * 0.6
+    assert kept == [f"k{i}" for i in range(len(kept))]
+    [warning] = [w for w in raw.warnings if "invalid JSON" in w]
+    assert problem in warning and str(path) in warning and "kept the events before byte" in warning
+    # The same damage in the first piece leaves nothing to keep: one line, naming the file.
+    monkeypatch.setattr(decode, "PIECE_BYTES", int(len(full) * 0.7))
+    with pytest.raises(TraceError, match=problem) as info:
+        decode_file(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
 def test_unknown_or_missing_phase_falls_back_without_losing_events(tmp_path):

@@ -424,7 +424,24 @@ def _read_blocks(
 
 
 class _Corrupt(Exception):
-    pass
+    """Damaged data after some events were read: `kept` says which of them stay."""
+
+    def __init__(self, text: str, kept: str = "kept the events before the damage") -> None:
+        super().__init__(text)
+        self.kept = kept
+
+
+# A piece boundary that lies inside an event (a `}, {` in a string or in nested args) makes
+# the piece end mid-value: msgspec says the input was truncated, and a boundary further on
+# is tried, first this many bytes past it, then twice as far each time (every try decodes
+# the piece from its start again). Any other error is damage inside the piece: trying every
+# later boundary then took hours on a 90 MB file.
+_FIRST_REACH = 1024
+
+
+def _cut_inside(exc: Exception) -> bool:
+    """Whether a piece's decoding error says it ended inside a value."""
+    return isinstance(exc, msgspec.DecodeError) and "truncated" in str(exc)
 
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -473,6 +490,10 @@ class _Reader:
         # stay in the buffer until the next feed()).
         self.notes = _Annotations()
         self.cut = False  # whether a piece has been decoded off the front
+        self.dropped = 0  # bytes decoded and dropped off the front of buf
+        # Where the next piece's boundary search goes on (past pos), and how far past a
+        # boundary inside an event the next cut is looked for (see _next_piece).
+        self.resume = self.reach = 0
 
     def feed(self, block: bytes | _Whole) -> Iterator[list[Event]]:
         self._compact()
@@ -503,6 +524,7 @@ class _Reader:
             del self.buf[: self.pos]
         except BufferError:  # a view is still alive somewhere: copy instead
             self.buf = bytearray(self.buf[self.pos :])
+        self.dropped += self.pos
         self.pos = 0
 
     def _find_start(self) -> bool:
@@ -526,10 +548,11 @@ class _Reader:
         return True
 
     def _next_piece(self) -> list[Event] | None:
-        search_from = self.pos + self.piece_bytes
+        search_from = self.pos + (self.resume or self.piece_bytes)
         while True:
             m = _BOUNDARY.search(self.buf, search_from)
             if m is None:
+                self.resume = search_from - self.pos  # go on from there once more has come
                 return None
             comma = self.buf.index(b",", m.start())
             scanned = _scan_piece(self.buf, self.pos, comma)
@@ -538,13 +561,33 @@ class _Reader:
             else:
                 try:
                     events = _decode_events(self.buf, self.pos, comma)
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    search_from = m.end()  # not between two top-level events: look further
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    if not _cut_inside(exc):
+                        raise self._damaged(exc) from None
+                    # The cut fell inside an event: cut further on (_FIRST_REACH).
+                    self.reach = 2 * self.reach or _FIRST_REACH
+                    search_from = comma + self.reach
                     continue
             self.notes.find = _lazy_shapes(self.buf, self.pos, comma)
             self.pos = comma
             self.cut = True
+            self.resume = self.reach = 0
             return events
+
+    def _damaged(self, exc: Exception) -> _Corrupt:
+        """The error for a piece whose decoding failed other than by ending inside a value:
+        the JSON is damaged inside it. Byte offsets are the file's (of its decompressed
+        JSON)."""
+        start = self.dropped + self.pos
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "(byte " in text:  # msgspec counts from the piece's start
+            text = re.sub(r"\(byte (\d+)\)", lambda b: f"(byte {start + int(b[1])})", text)
+        else:  # a value of the wrong type; msgspec numbers events from the piece's start
+            text = f"{text}, counting events from byte {start}"
+        return _Corrupt(
+            f"invalid JSON trace ({text})",
+            kept=f"kept the events before byte {start}",
+        )
 
     def finish(self) -> tuple[list[Event], Top | None]:
         """The last events and the trailer (keys after traceEvents), salvaging a cut-off end."""
@@ -1446,7 +1489,7 @@ def _decode_file(
     except _Corrupt as exc:
         if not parts:
             raise TraceError(name, str(exc)) from None
-        reader.warnings.append(f"{name}: {exc}; kept the events before the damage")
+        reader.warnings.append(f"{name}: {exc}; {exc.kept}")
     except OSError as exc:
         raise TraceError(name, f"cannot read file ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
