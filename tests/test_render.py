@@ -272,6 +272,22 @@ def test_every_format_renders_and_unknown_fails(ddp: Report) -> None:
         render(ddp, "yaml")
 
 
+def test_every_format_renders_a_report_whose_every_file_was_unusable(tmp_path: Path) -> None:
+    # What a CI script gets from analyze() on a job whose traces are all damaged: each
+    # format still says what was wrong with each file (the text one used to raise).
+    (tmp_path / "rank-0.json").write_text('{"traceEvents": [], "deviceProperties": "x"}')
+    (tmp_path / "rank-1.json").write_text("not json")
+    report = kineto_comm.analyze(tmp_path)
+    assert report.ranks.height == 0 and len(report.errors) == 2
+    for fmt in FORMATS:
+        out = render(report, fmt)
+        if fmt != "github":  # annotations are for findings only
+            assert "rank-1.json" in out, fmt
+    text = render(report, "text")
+    assert "No rank could be analysed." in text
+    assert "error: " + str(tmp_path / "rank-0.json") in text
+
+
 def test_exit_code_policy(ddp: Report, clean_report: Report) -> None:
     assert exit_code(ddp, Severity.error, exit_zero=False) == 1
     assert exit_code(ddp, Severity.error, exit_zero=True) == 0

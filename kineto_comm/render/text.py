@@ -50,6 +50,10 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
     from kineto_comm.render.findings import render_findings  # rules engine: what to do first
 
     render_findings(report, console)
+    if report.ranks.height == 0:  # every file was unusable: what was wrong with each
+        console.print("No rank could be analysed.")
+        _render_problems(report, console)
+        return
     ranks = report.ranks.join(report.totals, on="rank", how="left")
     store = report.rank_steps
     if store.height:
@@ -130,6 +134,11 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
     else:
         console.print("No communication kernels found.")
     _render_cross_rank(report, console)
+    _render_problems(report, console)
+
+
+def _render_problems(report: Report, console: Console) -> None:
+    """The warnings, then one line per unusable file."""
     for w in report.warnings:
         console.print(f"warning: {w}", markup=False)
     for file, message in report.errors:
