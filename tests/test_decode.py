@@ -170,6 +170,21 @@ def test_damage_inside_a_large_file_is_reported_without_trying_every_later_cut(
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_base_time_beyond_int64_nanoseconds_is_ignored_with_a_warning(tmp_path):
+    # A damaged header (2**63) made the times Int128 in one file and an OverflowError in a
+    # batch; with other files the merged tables could not be stacked.
+    events = [kernel("k", 10.0, 5.0)]
+    bad = write_trace(tmp_path / "bad.json", events, baseTimeNanoseconds=2**63)
+    good = write_trace(tmp_path / "good.json", events, rank=1, baseTimeNanoseconds=7_000)
+    alone = decode_file(bad)
+    batch = decode.decode_files([bad, good])
+    for raw in (alone, batch[0]):
+        assert raw.gpu["start_ns"].dtype == pl.Int64
+        assert raw.gpu["start_ns"].to_list() == [10_000]
+        assert [w for w in raw.warnings if "baseTimeNanoseconds" in w and "ignored" in w]
+    assert batch[1].gpu["start_ns"].to_list() == [17_000] and not batch[1].warnings
+
+
 def test_unknown_or_missing_phase_falls_back_without_losing_events(tmp_path):
     # Phase-tagged decoding skips flows cheaply; a phase it does not know (or none) sends
     # the piece to the permissive decoder, which must give the same tables.

@@ -1569,6 +1569,12 @@ def _assemble(
     the device rows carry their launch already (the scanner's, see _scanned_batch)."""
     many = len(files) > 1
     bases = [_base_ns(about.tops) for about in files]
+    for about in files:
+        if _stated_base_ns(about.tops) != _base_ns(about.tops):
+            about.warnings.append(
+                f"{about.name}: baseTimeNanoseconds {_stated_base_ns(about.tops)} is out of"
+                " range; ignored (times stay on the trace's own clock)"
+            )
     base = pl.lit(pl.Series(bases, dtype=pl.Int64)).gather("_file") if many else pl.lit(bases[0])
 
     def timed(key: str, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
@@ -1596,8 +1602,18 @@ def _per_file(frame: pl.DataFrame, n: int) -> list[pl.DataFrame]:
 
 
 def _base_ns(tops: list[Top]) -> int:
-    """The file's baseTimeNanoseconds (0 without one)."""
+    """The file's baseTimeNanoseconds: 0 without one, or with one so far out (a damaged
+    header) that times from it would not fit the tables' int64 nanoseconds."""
+    base = _stated_base_ns(tops)
+    return base if abs(base) <= _MAX_BASE_NS else 0
+
+
+def _stated_base_ns(tops: list[Top]) -> int:
     return int(next((t.baseTimeNanoseconds for t in tops if t.baseTimeNanoseconds), None) or 0)
+
+
+# A quarter of int64's range (year 2116): room for the trace's own times on top.
+_MAX_BASE_NS = 2**62
 
 
 def _raw(about: _About, tables: dict[str, pl.DataFrame]) -> RawTrace:
