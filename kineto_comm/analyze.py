@@ -19,6 +19,7 @@ from kineto_comm import budget
 from kineto_comm.analysis.crossrank import cross_rank
 from kineto_comm.errors import UsageError
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
+from kineto_comm.model.names import check_comm_patterns
 from kineto_comm.per_rank import SPILLED, TABLES, RankTables, spill
 from kineto_comm.rank_store import Part, RankStore, SpillFolder
 from kineto_comm.report import Report
@@ -187,6 +188,7 @@ def analyze(
     if isinstance(paths, (str, Path)):
         paths = [paths]
     patterns = tuple(comm_patterns)
+    check_comm_patterns(patterns)
     dask_scheduler = dask_scheduler or os.environ.get("KINETO_COMM_DASK_SCHEDULER") or None
     files, missing = discover(list(paths))
     errors: list[tuple[str, str]] = [(e.file, e.problem) for e in missing]

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from kineto_comm import analyze
 from kineto_comm.cli import app
+from kineto_comm.errors import UsageError
 
 from .conftest import SAMPLES, all_real_traces, kernel, shared, write_trace
 
@@ -203,14 +204,26 @@ def test_every_real_trace_renders_in_every_format(path):
     from kineto_comm.rules_engine import run_rules
 
     report = analyze(path, jobs=1)
-    if report.ranks.height == 0:
-        assert report.errors  # not a usable trace: it was reported, nothing to render
-        return
+    assert report.ranks.height or report.errors  # an unusable trace is reported
     report = dataclasses.replace(report, findings=tuple(run_rules(report)))
     for fmt in FORMATS:
         text = render(report, fmt, fail_on=Severity.error)
         # GitHub annotations are one line per finding: none without findings.
         assert text or (fmt == "github" and not report.findings), fmt
+
+
+def test_an_invalid_comm_pattern_is_one_line_and_exit_2():
+    # It used to reach every rank file's model and fail each one with a multi-line
+    # "internal error" (Polars' regex engine: Rust syntax, no look-around).
+    for pattern, why in (("(", "unclosed group"), ("(?<=x)k", "look-around")):
+        bad = run("report", str(SAMPLES / "tp-2"), "--comm-pattern", pattern)
+        assert bad.returncode == 2 and why in bad.stderr, bad.stderr
+        assert bad.stderr.strip().count("\n") == 0
+        assert_no_traceback(bad)
+    ok = run("report", str(SAMPLES / "tp-2"), "--comm-pattern", "dispatch|combine", "--exit-zero")
+    assert ok.returncode == 0
+    with pytest.raises(UsageError, match="not a valid regular expression"):
+        analyze(SAMPLES / "tp-2", comm_patterns=["("])
 
 
 def test_memory_limit_option():

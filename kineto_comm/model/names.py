@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import polars as pl
 
+from kineto_comm.errors import UsageError
+
 # Kernels that move data between ranks. HTA uses `^nccl.*Kernel`; this also covers any case,
 # RCCL and NCCL's symmetric-memory kernels (`ncclSymkDevKernel_*`).
 DEFAULT_COMM_KERNEL_PATTERNS: tuple[str, ...] = (r"(?i)^(nccl|rccl)\w*kernel",)
@@ -165,6 +167,21 @@ _canonical_collective = _lookup(_COLLECTIVE, pl.String())
 _kernel_collective = _lookup(_KERNEL_COLLECTIVE, pl.String())
 _canonical_dtype = _lookup(_DTYPES, pl.String())
 _dtype_bytes = _lookup(DTYPE_BYTES, pl.Int64())
+
+
+def check_comm_patterns(patterns: tuple[str, ...]) -> None:
+    """Raise UsageError for the first pattern Polars' regex engine (Rust syntax: no
+    look-around) rejects; else every rank file would fail on it alone."""
+    for pattern in patterns:
+        try:
+            pl.select(pl.lit("", dtype=pl.String).str.contains(pattern))
+        except pl.exceptions.ComputeError as exc:
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            why = next((line[len("error: ") :] for line in lines if line.startswith("error: ")), "")
+            why = why or lines[0].removeprefix("regex error: ")
+            raise UsageError(
+                f"comm pattern {pattern!r} is not a valid regular expression ({why})"
+            ) from None
 
 
 def comm_kernel_expr(name: pl.Expr, extra_patterns: tuple[str, ...] = ()) -> pl.Expr:
