@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm import budget
+from kineto_comm import budget, cache
 from kineto_comm.analysis.crossrank import cross_rank
 from kineto_comm.errors import UsageError
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
@@ -199,6 +199,10 @@ def analyze(
     budgeted = budget.plan(files, limit or budget.default_limit(), workers)
     workers = budgeted.jobs
     cache_arg = None if cache_dir is None else str(cache_dir)
+    notes = list(budgeted.warnings)
+    if cache_dir is not None and (why := cache.unwritable(Path(cache_dir))):
+        notes.append(f"cache {cache_dir} cannot be written ({why}): nothing is cached")
+        cache_arg = None
     folder = _spill_folder() if budgeted.spill else None
     settings = Settings(
         patterns, cache_arg, budgeted.piece_bytes, None if folder is None else str(folder.path)
@@ -209,7 +213,7 @@ def analyze(
     assignment = assign_ranks([RankClaim(r.file, r.rank, r.world_size) for r in results])
     errors.extend((e.file, e.problem) for e in assignment.rejected)
     kept = [r.with_rank(assignment.ranks[r.file]) for r in results if r.file in assignment.ranks]
-    warnings = [*budgeted.warnings] + [w for r in kept for w in r.warnings]
+    warnings = notes + [w for r in kept for w in r.warnings]
     warnings += assignment.warnings
     # The ranks table and the merged ones are in rank order (then each rank's own order):
     # matching reads the calls in that order and need not sort a copy of them all (the

@@ -48,6 +48,17 @@ def load(cache_dir: Path, key: str) -> RankTables | None:
     return RankTables.from_parts(meta, frames)
 
 
+def unwritable(cache_dir: Path) -> str | None:
+    """Why entries cannot be written under cache_dir (None when they can): checked once
+    per run, so that a cache that will never fill is said, not silently skipped."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tempfile.mkdtemp(dir=cache_dir, prefix=".tmp-"))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def store(cache_dir: Path, key: str, tables: RankTables) -> None:
     """Write an entry atomically (best effort: a cache that cannot be written is skipped)."""
     try:

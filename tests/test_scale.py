@@ -64,6 +64,19 @@ def test_cache_reuses_tables_and_misses_on_changed_content(tmp_path, monkeypatch
     assert calls == [str(victim)]
 
 
+def test_a_cache_that_cannot_be_written_is_a_warning_not_a_silent_skip(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cache = blocker / "cache"  # under a file: no directory can be made there, even as root
+    plain = analyze(SAMPLES / "tp-2", jobs=1)
+    report = analyze(SAMPLES / "tp-2", jobs=1, cache_dir=cache)
+    _same(plain, report)
+    [warning] = [w for w in report.warnings if "cache" in w]
+    assert str(cache) in warning and "nothing is cached" in warning
+    assert report.options["cache_dir"] is None
+    assert not any("cache" in w for w in plain.warnings)
+
+
 def test_dask_cluster_gives_the_same_report_as_local():
     distributed = pytest.importorskip("distributed")
     local = analyze(SAMPLES / "ddp-4", jobs=1)
