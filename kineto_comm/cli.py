@@ -240,10 +240,9 @@ def _load_model(path: Path) -> tuple[Any, Any]:
 
     try:
         return load_config(path), load_hardware(path)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        text = str(exc)  # reading and TOML errors name the file already
+        raise ValueError(text if text.startswith(f"{path}:") else f"{path}: {text}") from None
 
 
 def _progress_bar() -> Any:
@@ -376,6 +375,10 @@ def main() -> None:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
+    except OSError as exc:  # a file or directory it was told to write or read
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        sys.exit(2)
     except Exception as exc:  # never show a traceback to users
         print(f"error: internal error ({type(exc).__name__}: {exc})", file=sys.stderr)
         sys.exit(2)

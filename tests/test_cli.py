@@ -226,6 +226,32 @@ def test_an_invalid_comm_pattern_is_one_line_and_exit_2():
         analyze(SAMPLES / "tp-2", comm_patterns=["("])
 
 
+def test_an_unreadable_model_file_is_named_once(tmp_path):
+    missing = tmp_path / "missing.toml"
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[model\n")
+    for path, why in ((missing, "cannot read"), (broken, "invalid TOML")):
+        for args in (("model", str(path)), ("report", str(SAMPLES / "tp-2"), "--model", str(path))):
+            out = run(*args)
+            assert out.returncode == 2 and why in out.stderr, out.stderr
+            assert out.stderr.count(str(path)) == 1, out.stderr
+            assert_no_traceback(out)
+
+
+def test_a_path_it_cannot_write_is_one_line_naming_it(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for args in (
+        ("synth", "baseline", "--out", str(blocker / "job"), "--ranks", "2"),
+        ("report", str(SAMPLES / "tp-2"), "--output", str(blocker / "out.txt")),
+    ):
+        out = run(*args)
+        assert out.returncode == 2, out.stderr
+        assert str(blocker) in out.stderr and "internal error" not in out.stderr, out.stderr
+        assert out.stderr.strip().count("\n") == 0
+        assert_no_traceback(out)
+
+
 def test_memory_limit_option():
     bad = run("report", str(SAMPLES / "tp-2"), "--memory-limit", "plenty")
     assert bad.returncode == 2 and "not a memory size" in bad.stderr

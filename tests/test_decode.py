@@ -170,6 +170,18 @@ def test_damage_inside_a_large_file_is_reported_without_trying_every_later_cut(
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_json_object_without_trace_events_is_not_an_empty_trace(tmp_path):
+    # A config or report JSON beside the traces became a rank with no events (it took a
+    # rank number, and its world size of none made the job look mixed).
+    other = tmp_path / "config.json"
+    other.write_text('{"lr": 0.1, "ranks": [0, 1]}')
+    with pytest.raises(TraceError, match="not a trace") as info:
+        decode_file(other)
+    assert str(other) in str(info.value)
+    empty = write_trace(tmp_path / "empty.json", [])  # a trace without events still is one
+    assert decode_file(empty).gpu.height == 0
+
+
 def test_a_base_time_beyond_int64_nanoseconds_is_ignored_with_a_warning(tmp_path):
     # A damaged header (2**63) made the times Int128 in one file and an OverflowError in a
     # batch; with other files the merged tables could not be stacked.

@@ -596,11 +596,12 @@ class _Reader:
                 raise TraceError(self.name, "file is empty")
             if self._find_start() is False:
                 try:
-                    top = _TOP.decode(self.buf)
+                    _TOP.decode(self.buf)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     raise TraceError(self.name, _describe(exc)) from None
-                self.notes.find = _lazy_shapes(self.buf, 0, len(self.buf))
-                return top.traceEvents, top
+                # An object without a traceEvents array (_find_start found none): some
+                # other JSON file, not an empty trace.
+                raise TraceError(self.name, "not a trace (a JSON object without traceEvents)")
         scanned = self._finish_scanned()
         if scanned is not None:
             return scanned
