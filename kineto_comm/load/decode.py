@@ -1570,11 +1570,11 @@ def _assemble(
     the device rows carry their launch already (the scanner's, see _scanned_batch)."""
     many = len(files) > 1
     bases = [_base_ns(about.tops) for about in files]
-    for about in files:
-        if _stated_base_ns(about.tops) != _base_ns(about.tops):
+    for about, used in zip(files, bases, strict=True):
+        if (stated := _stated_base_ns(about.tops)) != used:
             about.warnings.append(
-                f"{about.name}: baseTimeNanoseconds {_stated_base_ns(about.tops)} is out of"
-                " range; ignored (times stay on the trace's own clock)"
+                f"{about.name}: baseTimeNanoseconds {stated} is out of range; ignored"
+                " (times stay on the trace's own clock)"
             )
     base = pl.lit(pl.Series(bases, dtype=pl.Int64)).gather("_file") if many else pl.lit(bases[0])
 
