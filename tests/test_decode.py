@@ -137,8 +137,9 @@ def test_nested_object_lists_in_args_survive_piece_cuts(tmp_path, monkeypatch):
     [
         (b"@", "JSON is malformed"),
         (b'{"ts": "soon"}, ', "counting events from byte"),
+        (b'{"ph": "X", "cat": "kernel", "name": "k\xff", "ts": 1, "dur": 1}, ', "not UTF-8"),
     ],
-    ids=["bad-character", "wrong-type"],
+    ids=["bad-character", "wrong-type", "not-utf8"],
 )
 def test_damage_inside_a_large_file_is_reported_without_trying_every_later_cut(
     tmp_path, monkeypatch, damage, problem
@@ -168,6 +169,22 @@ def test_damage_inside_a_large_file_is_reported_without_trying_every_later_cut(
     with pytest.raises(TraceError, match=problem) as info:
         decode_file(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_byte_that_is_not_utf8_in_the_last_part_keeps_the_pieces_before_it(tmp_path, monkeypatch):
+    # The part after the last piece is decoded by finish(): a string there that is not
+    # UTF-8 made the whole file "not a JSON trace (binary data)", pieces read or not.
+    events = [kernel(f"k{i}", 10.0 * i, 5.0, corr=i) for i in range(4000)]
+    full = write_trace(tmp_path / "full.json", events).read_bytes()
+    at = full.index(b'"k3000"') + 2
+    path = tmp_path / "bad.json"
+    path.write_bytes(full[:at] + b"\xff" + full[at + 1 :])
+    monkeypatch.setattr(decode, "PIECE_BYTES", len(full) // 2)
+    raw = decode_file(path)
+    kept = raw.gpu["name"].to_list()
+    assert 0 < len(kept) < 3000 and kept == [f"k{i}" for i in range(len(kept))]
+    [warning] = raw.warnings
+    assert "byte 0xff, not UTF-8" in warning and "kept the events before byte" in warning
 
 
 def test_a_json_object_without_trace_events_is_not_an_empty_trace(tmp_path):
@@ -247,6 +264,7 @@ def test_host_ops_are_kept_when_a_trace_listing_devices_has_no_device_activity(t
         (b"hello world", "not a JSON trace"),
         (b'{"traceEvents": [{"ph": "X", "ts": ', "truncated"),
         (b"\x00\x01\x02binary", "not a JSON trace"),
+        (b'{"traceEvents": [{"ph": "X", "name": "a\xffb", "ts": 1}]}', "0xff, not UTF-8"),
     ],
 )
 def test_unusable_files_raise_one_line_trace_errors(tmp_path, content, problem):

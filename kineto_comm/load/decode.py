@@ -439,6 +439,12 @@ class _Corrupt(Exception):
 _FIRST_REACH = 1024
 
 
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    """What a string that is not UTF-8 holds (a damaged byte, most often)."""
+    bad = bytes(exc.object[exc.start : exc.end])
+    return f"a string holds byte{'s' if len(bad) > 1 else ''} 0x{bad.hex()}, not UTF-8"
+
+
 def _cut_inside(exc: Exception) -> bool:
     """Whether a piece's decoding error says it ended inside a value."""
     return isinstance(exc, msgspec.DecodeError) and "truncated" in str(exc)
@@ -561,7 +567,7 @@ class _Reader:
             else:
                 try:
                     events = _decode_events(self.buf, self.pos, comma)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
                     if not _cut_inside(exc):
                         raise self._damaged(exc) from None
                     # The cut fell inside an event: cut further on (_FIRST_REACH).
@@ -580,7 +586,9 @@ class _Reader:
         JSON)."""
         start = self.dropped + self.pos
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "(byte " in text:  # msgspec counts from the piece's start
+        if isinstance(exc, UnicodeDecodeError):  # msgspec gives the string, not its place
+            text = f"{_not_utf8(exc)}, in the events from byte {start}"
+        elif "(byte " in text:  # msgspec counts from the piece's start
             text = re.sub(r"\(byte (\d+)\)", lambda b: f"(byte {start + int(b[1])})", text)
         else:  # a value of the wrong type; msgspec numbers events from the piece's start
             text = f"{text}, counting events from byte {start}"
@@ -615,6 +623,7 @@ class _Reader:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 pass  # truncated or damaged: the salvage path below
         rest = bytes(self.buf[self.pos + 1 :])
+        self.dropped += self.pos + 1  # rest starts there in the file
         self.buf = bytearray()
         self.pos = 0
         self.notes.find = _lazy_shapes(rest, 0, len(rest))
@@ -624,6 +633,8 @@ class _Reader:
             top = _TOP.decode(b'{"traceEvents":[' + rest)
             events, top.traceEvents = top.traceEvents, []
             return events, top
+        except UnicodeDecodeError as exc:  # a damaged byte: no cut to salvage before
+            raise self._damaged(exc) from None
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             salvaged = _salvage(rest)
             if salvaged is None:
@@ -1493,8 +1504,8 @@ def _decode_file(
         reader.warnings.append(f"{name}: {exc}; {exc.kept}")
     except OSError as exc:
         raise TraceError(name, f"cannot read file ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise TraceError(name, "not a JSON trace (binary data)") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(name, f"invalid JSON trace ({_not_utf8(exc)})") from None
     if whole is not None:
         empty = whole.table.height == 0
     else:
