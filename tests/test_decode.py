@@ -171,20 +171,30 @@ def test_damage_inside_a_large_file_is_reported_without_trying_every_later_cut(
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
-def test_a_byte_that_is_not_utf8_in_the_last_part_keeps_the_pieces_before_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("damage", "inside", "problem"),
+    [(b"\xff", 2, "a string holds byte 0xff, not UTF-8"), (b"@", 0, "JSON is malformed")],
+    ids=["not-utf8", "bad-character"],
+)
+def test_damage_in_the_last_part_keeps_the_pieces_before_it(
+    tmp_path, monkeypatch, damage, inside, problem
+):
     # The part after the last piece is decoded by finish(): a string there that is not
-    # UTF-8 made the whole file "not a JSON trace (binary data)", pieces read or not.
+    # UTF-8 made the whole file "not a JSON trace (binary data)", pieces read or not, and
+    # other damage was called a cut.
     events = [kernel(f"k{i}", 10.0 * i, 5.0, corr=i) for i in range(4000)]
     full = write_trace(tmp_path / "full.json", events).read_bytes()
-    at = full.index(b'"k3000"') + 2
+    at = full.index(b'"k3000"') + inside  # in the name, or in place of its opening quote
     path = tmp_path / "bad.json"
-    path.write_bytes(full[:at] + b"\xff" + full[at + 1 :])
+    path.write_bytes(full[:at] + damage + full[at + 1 :])
     monkeypatch.setattr(decode, "PIECE_BYTES", len(full) // 2)
     raw = decode_file(path)
     kept = raw.gpu["name"].to_list()
     assert 0 < len(kept) < 3000 and kept == [f"k{i}" for i in range(len(kept))]
     [warning] = raw.warnings
-    assert "byte 0xff, not UTF-8" in warning and "kept the events before byte" in warning
+    assert problem in warning and "kept the events before byte" in warning
+    if not inside:  # msgspec says where: the byte given is the file's
+        assert f"(byte {at})" in warning
 
 
 def test_a_json_object_without_trace_events_is_not_an_empty_trace(tmp_path):

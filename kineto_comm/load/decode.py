@@ -580,16 +580,17 @@ class _Reader:
             self.resume = self.reach = 0
             return events
 
-    def _damaged(self, exc: Exception) -> _Corrupt:
+    def _damaged(self, exc: Exception, head: int = 0) -> _Corrupt:
         """The error for a piece whose decoding failed other than by ending inside a value:
         the JSON is damaged inside it. Byte offsets are the file's (of its decompressed
-        JSON)."""
+        JSON); `head`: bytes put before the piece to decode it."""
         start = self.dropped + self.pos
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, UnicodeDecodeError):  # msgspec gives the string, not its place
             text = f"{_not_utf8(exc)}, in the events from byte {start}"
         elif "(byte " in text:  # msgspec counts from the piece's start
-            text = re.sub(r"\(byte (\d+)\)", lambda b: f"(byte {start + int(b[1])})", text)
+            at = start - head
+            text = re.sub(r"\(byte (\d+)\)", lambda b: f"(byte {at + int(b[1])})", text)
         else:  # a value of the wrong type; msgspec numbers events from the piece's start
             text = f"{text}, counting events from byte {start}"
         return _Corrupt(
@@ -627,10 +628,11 @@ class _Reader:
         self.buf = bytearray()
         self.pos = 0
         self.notes.find = _lazy_shapes(rest, 0, len(rest))
+        head = b"[" if self.bare_list else b'{"traceEvents":['
         try:
             if self.bare_list:
-                return _EVENTS.decode(b"[" + rest), None
-            top = _TOP.decode(b'{"traceEvents":[' + rest)
+                return _EVENTS.decode(head + rest), None
+            top = _TOP.decode(head + rest)
             events, top.traceEvents = top.traceEvents, []
             return events, top
         except UnicodeDecodeError as exc:  # a damaged byte: no cut to salvage before
@@ -640,6 +642,8 @@ class _Reader:
             if salvaged is None:
                 if self.nbytes and not rest.strip(b" \t\r\n]}"):
                     return [], None
+                if not _cut_inside(exc):  # damaged before the end, not cut off
+                    raise self._damaged(exc, len(head)) from None
                 raise _Unsalvageable(_describe(exc)) from None
             events, dropped = salvaged
             self.warnings.append(
