@@ -18,9 +18,10 @@ import polars as pl
 from kineto_comm import budget, cache
 from kineto_comm.analysis.crossrank import cross_rank
 from kineto_comm.errors import UsageError
+from kineto_comm.load.decode import empty_trace
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
 from kineto_comm.model.names import check_comm_patterns
-from kineto_comm.per_rank import SPILLED, TABLES, RankTables, spill
+from kineto_comm.per_rank import SPILLED, TABLES, RankTables, spill, tabulate
 from kineto_comm.rank_store import Part, RankStore, SpillFolder
 from kineto_comm.report import Report
 from kineto_comm.workers import (
@@ -248,19 +249,24 @@ def analyze(
     # Kernels, calls and steps become stores: one merged frame, or the files of a big
     # job's ranks.
     small = [name for name in TABLES if name != "kernels"]
-    pieces = {name: [getattr(r, name) for r in kept] for name in small}
+    # With no usable file, the tables of a trace without events: every table of the Report
+    # keeps its columns (docs/tables.md), so a script reading one finds no rows, not a
+    # missing column.
+    merging = kept or tabulate([empty_trace()])
+    pieces = {name: [getattr(r, name) for r in merging] for name in small}
     results.clear()
-    kept = [replace(r, **{name: pl.DataFrame() for name in small}) for r in kept]
+    merging = [replace(r, **{name: pl.DataFrame() for name in small}) for r in merging]
+    kept = merging if kept else []
     merged: dict[str, Any] = {
         name: _contiguous(pieces[name]) for name in small if name not in SPILLED
     }
     merged["ranks"] = ranks
-    merged["kernels"] = RankStore([_part(r, "kernels", r.kernels) for r in kept], folder=folder)
-    merged["collectives"] = _store(kept, "collectives", pieces["collectives"], folder)
-    merged["steps"] = _store(kept, "steps", pieces["steps"], folder)
-    if kept:
-        spilled = folder if merged["collectives"].spilled else None
-        merged.update(cross_rank(merged, align=align, folder=spilled))
+    merged["kernels"] = RankStore([_part(r, "kernels", r.kernels) for r in merging], folder=folder)
+    merged["collectives"] = _store(merging, "collectives", pieces["collectives"], folder)
+    merged["steps"] = _store(merging, "steps", pieces["steps"], folder)
+    del merging
+    spilled = folder if merged["collectives"].spilled else None
+    merged.update(cross_rank(merged, align=align, folder=spilled))
     merged["rank_kernels"] = merged.pop("kernels")
     merged["rank_collectives"] = merged.pop("collectives")
     merged["rank_steps"] = merged.pop("steps")

@@ -316,3 +316,21 @@ def test_straggler_tie_in_a_step_goes_to_the_lowest_rank_whatever_the_row_order(
     conf = dict(zip(table["rank"], table["confidence"], strict=True))
     # Step 0 is a tie, so rank 1 wins both steps: 2/2 x its 2/3 of the lateness.
     assert conf[1] > conf[2] and conf[2] == 0.0, conf
+
+
+def test_a_job_without_a_usable_file_has_every_table_with_its_columns(tmp_path):
+    # A CI script reading report.totals["exposed_comm_ns"] on a job whose traces are all
+    # damaged gets no rows, not ColumnNotFoundError: every table has the columns and types
+    # it has on a real job (they had none but `ranks`).
+    (tmp_path / "rank-0.json").write_text("not json")
+    empty = analyze(tmp_path)
+    real = analyze(SAMPLES / "ddp-4")
+    assert empty.errors and not real.errors
+    tables = ["ranks", "totals", "offsets", "collective_instances", "stragglers", "storms"]
+    tables += ["message_sizes", "message_size_summary", "process_groups", "pipeline"]
+    for name in tables:
+        assert getattr(empty, name).schema == getattr(real, name).schema, name
+        assert getattr(empty, name).height == 0, name
+    for name in ("rank_kernels", "rank_collectives", "rank_steps", "rank_waits"):
+        store, full = getattr(empty, name), getattr(real, name)
+        assert store.height == 0 and store.frame().schema == full.frame().schema, name

@@ -1384,6 +1384,11 @@ def decode_file(path: str | Path, piece_bytes: int | None = None) -> RawTrace:
     return _with_host(raw, piece_bytes)
 
 
+def empty_trace() -> RawTrace:
+    """A RawTrace without events or metadata: its tables have their columns and no rows."""
+    return _assemble([_About("", [], 0, [], False)], [_columns([], _Annotations(), True)])[0]
+
+
 def decode_files(
     paths: list[str] | list[Path], piece_bytes: int | None = None
 ) -> list[RawTrace | Exception]:
