@@ -193,11 +193,14 @@ def analyze(
     dask_scheduler = dask_scheduler or os.environ.get("KINETO_COMM_DASK_SCHEDULER") or None
     files, missing = discover(list(paths))
     errors: list[tuple[str, str]] = [(e.file, e.problem) for e in missing]
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"jobs must be at least 1 (got {jobs})")
     workers = jobs if jobs is not None else min(os.cpu_count() or 1, len(files))
-    limit = memory_limit if memory_limit is not None else os.environ.get(budget.ENV)
-    if isinstance(limit, str):
-        limit = budget.parse_size(limit)
-    budgeted = budget.plan(files, limit or budget.default_limit(), workers)
+    stated = memory_limit if memory_limit is not None else os.environ.get(budget.ENV)
+    limit = budget.parse_size(stated) if isinstance(stated, str) else stated
+    if limit is not None and limit <= 0:
+        raise UsageError(f"memory limit must be more than 0 bytes (got {stated!r})")
+    budgeted = budget.plan(files, budget.default_limit() if limit is None else limit, workers)
     workers = budgeted.jobs
     cache_arg = None if cache_dir is None else str(cache_dir)
     notes = list(budgeted.warnings)

@@ -258,3 +258,19 @@ def test_memory_limit_option():
     assert_no_traceback(bad)
     ok = run("report", str(SAMPLES / "tp-2"), "--memory-limit", "64M", "--exit-zero")
     assert ok.returncode == 0 and "memory limit" in ok.stdout + ok.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("--jobs", "0", "jobs must be at least 1 (got 0)"),
+        ("--jobs", "-2", "jobs must be at least 1 (got -2)"),
+        ("--memory-limit", "0", "memory limit must be more than 0 bytes (got '0')"),
+    ],
+)
+def test_a_setting_that_cannot_run_is_a_usage_error(option, value, problem):
+    # They ran, with one worker or the default memory limit, without a word.
+    out = run("report", str(SAMPLES / "tp-2"), option, value, "--exit-zero")
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {problem}", out.stderr
+    with pytest.raises(UsageError, match="must be"):
+        analyze(SAMPLES / "tp-2", **{option[2:].replace("-", "_"): int(value)})
