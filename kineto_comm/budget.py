@@ -1,12 +1,13 @@
 """How much memory a run may use, and what that decides: worker processes and piece size.
 
 Peak memory of one rank's analysis grows with its trace: about WORKER_BASE (interpreter,
-Polars, the piece being decoded) plus WORKER_SHARE of the uncompressed JSON (its tables;
+Polars, the piece being decoded; a file of up to decode.WHOLE_PIECES pieces is held whole,
+which the share below covers) plus WORKER_SHARE of the uncompressed JSON (its tables;
 measured 0.20 GiB at 153 MB, 0.44 GiB at 512 MB, 0.71 GiB at 1 GB, a slope near 0.6: see
 bench/README.md; WORKER_SHARE keeps a margin). The parent holds every rank's reduced tables: about
 PARENT_BASE plus PARENT_SHARE of all the JSON. A plan runs as many workers at once as the
-limit holds (never fewer than one) and decodes smaller pieces under small limits; the
-tables are the same whatever the plan.
+limit holds (never fewer than one) and decodes smaller pieces (and reads only smaller
+files whole) under small limits; the tables are the same whatever the plan.
 """
 
 from __future__ import annotations

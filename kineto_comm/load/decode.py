@@ -56,6 +56,12 @@ except ImportError:  # pragma: no cover - depends on the platform
     _zlib = zlib  # type: ignore[assignment]
 
 PIECE_BYTES = 16 * 1024 * 1024
+# A plain file of up to this many pieces is read whole when the scanner is built: it scans
+# all of it at once (and its tables join a batch's), where pieces cost a query set each and
+# msgspec's piece boundaries a search: 8 x 20 MB files took 375 ms in pieces, 313 ms whole
+# (bench/README.md, thirty-third session). Only a file the scanner hands back (damaged,
+# truncated, unusual) is then decoded by msgspec, in pieces of PIECE_BYTES as before.
+WHOLE_PIECES = 4
 _READ_BYTES = 4 * 1024 * 1024
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
@@ -486,6 +492,10 @@ class _Reader:
     def __init__(self, name: str, piece_bytes: int | None = None) -> None:
         self.name = name
         self.piece_bytes = piece_bytes or PIECE_BYTES
+        # Files up to this size come whole (_read_blocks); see WHOLE_PIECES.
+        self.whole_bytes = self.piece_bytes * (WHOLE_PIECES if _scanner is not None else 1)
+        # A whole file that the scanner read in feed(), for finish() to return.
+        self.scanned: tuple[Scanned, Top | None] | None = None
         self.buf = bytearray()
         self.pos = -1
         self.header: Top | None = None
@@ -503,7 +513,9 @@ class _Reader:
 
     def feed(self, block: bytes | _Whole) -> Iterator[list[Event]]:
         self._compact()
-        if not self.buf and isinstance(block, (bytearray, mmap.mmap)):
+        self.scanned = None  # more came after a whole file: it was not all of it
+        whole = not self.buf and isinstance(block, (bytearray, mmap.mmap))
+        if whole:
             self.buf = block  # the reader's own block: adopt it rather than copy it
         else:
             if not isinstance(self.buf, bytearray):  # a whole file, and then more came
@@ -512,6 +524,12 @@ class _Reader:
         self.nbytes += len(block)
         if self.pos < 0 and not self._find_start():
             return
+        if whole and len(self.buf) - self.pos > self.piece_bytes:
+            # A whole file of more than a piece: the scanner reads all of it, or else
+            # msgspec decodes it in pieces below.
+            self.scanned = self._finish_scanned()
+            if self.scanned is not None:
+                return
         while len(self.buf) - self.pos > self.piece_bytes:
             events = self._next_piece()
             if events is None:
@@ -611,7 +629,7 @@ class _Reader:
                 # An object without a traceEvents array (_find_start found none): some
                 # other JSON file, not an empty trace.
                 raise TraceError(self.name, "not a trace (a JSON object without traceEvents)")
-        scanned = self._finish_scanned()
+        scanned = self.scanned or self._finish_scanned()
         if scanned is not None:
             return scanned
         if self.header is not None and not self.cut and not self.bare_list:
@@ -1395,7 +1413,8 @@ def decode_files(
     """decode_file for each file, in order; the exception it raised in place of a file that
     cannot be used (a file that fails costs only itself).
 
-    A file read whole by the scanner (a rank file of up to `piece_bytes`, the usual case)
+    A file read whole by the scanner (a rank file of up to WHOLE_PIECES x `piece_bytes`,
+    the usual case)
     has its tables built together with the other such files: one set of queries for all of
     them, each row keyed by its file, rather than one set per file. Most of that work's cost
     on a file of a few MB is fixed, so a batch of small files costs little more than one.
@@ -1490,7 +1509,7 @@ def _decode_file(
         parts.append(_columns(events, reader.notes, host))
 
     try:
-        for block in _read_blocks(path, reader.piece_bytes, buffer):
+        for block in _read_blocks(path, reader.whole_bytes, buffer):
             for events in reader.feed(block):
                 tabulate(events)
                 del events
