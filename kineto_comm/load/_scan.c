@@ -146,8 +146,8 @@ static void table_free(Table *t) {
     }
 }
 
-static int table_grow(Table *t) {
-    int64_t cap = t->cap ? t->cap * 2 : 4096;
+/* Room for `cap` rows (more than now): each column's buffer is moved, its rows copied. */
+static int table_reserve(Table *t, int64_t cap) {
     for (int c = 0; c < t->n_cols; c++) {
         char *d = realloc(t->data[c], (size_t)cap * t->cols[c].width);
         if (d == NULL) return -1;
@@ -159,6 +159,15 @@ static int table_grow(Table *t) {
     t->cap = cap;
     return 0;
 }
+
+static int table_grow(Table *t) { return table_reserve(t, t->cap ? t->cap * 2 : 4096); }
+
+/* A trace event takes 100-450 bytes of JSON: room for one row per ROW_BYTES of the range
+ * scanned holds every kept event of a real trace at once. Growing from a few thousand rows
+ * by doubling copied every column three to five times, and those copies into new memory
+ * were a sixth of a small job's page faults (bench/README.md, thirty-third session). Rows
+ * reserved and never written cost address space only: their pages are never touched. */
+#define ROW_BYTES 128
 
 static inline void put(Table *t, int c, const void *value) {
     memcpy(t->data[c] + (size_t)t->n * t->cols[c].width, value, t->cols[c].width);
@@ -1084,6 +1093,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     int64_t unpaired_calls = 0; /* runtime calls as B/E events */
     Py_ssize_t closed_at = -1;
     if (interner_init(&names) < 0) nomem = 1;
+    if (!nomem && table_reserve(&t, (c.end - c.p) / ROW_BYTES + 4096) < 0) nomem = 1;
 
     Py_BEGIN_ALLOW_THREADS
     skip_ws(&c);
