@@ -58,7 +58,7 @@ except ImportError:  # pragma: no cover - depends on the platform
 PIECE_BYTES = 16 * 1024 * 1024
 # A plain file of up to this many pieces is read whole when the scanner is built: it scans
 # all of it at once (and its tables join a batch's), where pieces cost a query set each and
-# msgspec's piece boundaries a search: 8 x 20 MB files took 375 ms in pieces, 313 ms whole
+# msgspec's piece boundaries a search: 8 x 20 MB files took 372 ms in pieces, 307 ms whole
 # (bench/README.md, thirty-third session). Only a file the scanner hands back (damaged,
 # truncated, unusual) is then decoded by msgspec, in pieces of PIECE_BYTES as before.
 WHOLE_PIECES = 4
@@ -1414,11 +1414,10 @@ def decode_files(
     cannot be used (a file that fails costs only itself).
 
     A file read whole by the scanner (a rank file of up to WHOLE_PIECES x `piece_bytes`,
-    the usual case)
-    has its tables built together with the other such files: one set of queries for all of
-    them, each row keyed by its file, rather than one set per file. Most of that work's cost
-    on a file of a few MB is fixed, so a batch of small files costs little more than one.
-    The tables are the same as decode_file's.
+    the usual case) has its tables built together with the other such files: one set of
+    queries for all of them, each row keyed by its file, rather than one set per file. Most
+    of that work's cost on a file of a few MB is fixed, so a batch of small files costs
+    little more than one. The tables are the same as decode_file's.
     """
     out: list[RawTrace | Exception | None] = [None] * len(paths)
     waiting: list[tuple[int, _Pending]] = []
