@@ -252,22 +252,21 @@ def analyze(
     # Kernels, calls and steps become stores: one merged frame, or the files of a big
     # job's ranks.
     small = [name for name in TABLES if name != "kernels"]
+    meta = {r.rank: r.meta for r in kept}
     # With no usable file, the tables of a trace without events: every table of the Report
     # keeps its columns (docs/tables.md), so a script reading one finds no rows, not a
     # missing column.
-    merging = kept or tabulate([empty_trace()])
-    pieces = {name: [getattr(r, name) for r in merging] for name in small}
+    kept = kept or tabulate([empty_trace()])
+    pieces = {name: [getattr(r, name) for r in kept] for name in small}
     results.clear()
-    merging = [replace(r, **{name: pl.DataFrame() for name in small}) for r in merging]
-    kept = merging if kept else []
+    kept = [replace(r, **{name: pl.DataFrame() for name in small}) for r in kept]
     merged: dict[str, Any] = {
         name: _contiguous(pieces[name]) for name in small if name not in SPILLED
     }
     merged["ranks"] = ranks
-    merged["kernels"] = RankStore([_part(r, "kernels", r.kernels) for r in merging], folder=folder)
-    merged["collectives"] = _store(merging, "collectives", pieces["collectives"], folder)
-    merged["steps"] = _store(merging, "steps", pieces["steps"], folder)
-    del merging
+    merged["kernels"] = RankStore([_part(r, "kernels", r.kernels) for r in kept], folder=folder)
+    merged["collectives"] = _store(kept, "collectives", pieces["collectives"], folder)
+    merged["steps"] = _store(kept, "steps", pieces["steps"], folder)
     spilled = folder if merged["collectives"].spilled else None
     merged.update(cross_rank(merged, align=align, folder=spilled))
     merged["rank_kernels"] = merged.pop("kernels")
@@ -286,6 +285,6 @@ def analyze(
             "cache_dir": cache_arg,
             "dask_scheduler": dask_scheduler,
         },
-        meta={r.rank: r.meta for r in kept},
+        meta=meta,
         **merged,
     )
