@@ -79,18 +79,23 @@ def run_child(
     code: str, args: list[str], env: dict[str, str] | None = None
 ) -> tuple[str, float, float]:
     """Run python -c code args; return (stdout, wall seconds, peak RSS in GB)."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **(env or {})},
-        cwd=REPO,
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    out = proc.stdout.read().decode() if proc.stdout else ""
-    err = proc.stderr.read().decode() if proc.stderr else ""
+    # Output goes to files, not pipes: a child that writes more than a pipe holds (HTA logs
+    # a line per rank file) would block on a full pipe while this waits for it to end.
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+        t = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            stdout=out_file,
+            stderr=err_file,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        out_file.seek(0)
+        err_file.seek(0)
+        out = out_file.read().decode(errors="replace")
+        err = err_file.read().decode(errors="replace")
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"child failed: {err[-2000:]}")
     return out.strip(), wall, usage.ru_maxrss / 1024 / 1024  # KiB -> GiB

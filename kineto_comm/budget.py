@@ -28,7 +28,11 @@ PARENT_BASE = 200 * MiB
 PARENT_SHARE = 0.1
 SPILLED_SHARE = 0.015
 SPILL_ABOVE = 1 * GiB
-THREADS_BELOW = 256 * MiB  # a job this small runs in threads (kineto_comm.workers)
+# A job of up to this much JSON runs in threads (kineto_comm.workers): a worker process takes
+# ~0.7 s to start, while the scanner and Polars run without the GIL. On 2 cores threads were
+# faster up to 1.2 GB (64 x 10 MB: 0.95 s against 1.06 s; 2 x 600 MB: 1.9 s against 2.2-3.9
+# s), not at 3.2 GB (bench/README.md, thirty-fourth session). Bigger jobs spill anyway.
+THREADS_BELOW = SPILL_ABOVE
 BATCH_BYTES = 64 * MiB  # rank files are modelled together up to this much JSON (batches)
 MIN_PIECE = 1 * MiB
 ENV = "KINETO_COMM_MEMORY_LIMIT"
