@@ -315,7 +315,7 @@ def read_frame(source: bytes | str | Path, columns: list[str] | None = None) -> 
     parent's memory small)."""
     data = io.BytesIO(source) if isinstance(source, bytes) else source
     frame = pl.read_ipc(data, columns=columns)
-    return _shared_text(frame)
+    return shared_text(frame)
 
 
 def to_wire(batch: list[RankTables]) -> dict[str, Any]:
@@ -350,7 +350,7 @@ def from_wire(wire: dict[str, Any]) -> list[RankTables]:
     return out
 
 
-def _shared_text(frame: pl.DataFrame) -> pl.DataFrame:
+def shared_text(frame: pl.DataFrame) -> pl.DataFrame:
     """The frame with its Categorical columns as text whose rows point at one copy of each
     distinct value, in two queries whatever the number of columns.
 

@@ -329,13 +329,14 @@ class RankStore:
         wanted = None if ranks is None else set(ranks)
         pending: list[pl.DataFrame] = []
         held = 0
-        for part in self._holding(wanted):
-            frame = part.read(columns)
+        for group in self._groups(self._holding(wanted), rows):
+            frame = _read_group(group, columns)
             if self._offsets is not None:
                 frame = shift(frame, self._offsets, TIME_COLUMNS)
-            if wanted is not None and part.rank is None:
+            if wanted is not None and any(part.rank is None for part in group):
                 frame = frame.filter(pl.col("rank").is_in(sorted(wanted)))
-            mask = self._mask(part)
+            masks = [self._mask(part) for part in group]
+            mask = next((m for m in masks if m is not None), None)
             if mask is not None:
                 frame = frame.filter(mask)
             pending.append(frame)
@@ -345,6 +346,35 @@ class RankStore:
                 pending, held = [], 0
         if pending:
             yield pl.concat(pending, how="vertical_relaxed")
+
+    def _groups(self, parts: Iterable[Part], rows: int) -> Iterator[list[Part]]:
+        """`parts` in order, consecutive files that one read can take together (see _runs)
+        grouped, up to about `rows` rows a group: a read of a rank file has a fixed cost
+        (some 1.6 ms, a third of it turning text into shared strings), which a read per
+        file paid 1,283 times in the cross-rank steps of 256 ranks (bench/README.md,
+        thirty-fourth session)."""
+        group: list[Part] = []
+        kind: tuple[str, str] | None = None
+        held: set[int | None] = set()
+        count = 0
+        for part in parts:
+            this = _file_kind(part)
+            fits = (
+                this is not None
+                and this == kind
+                and count < rows
+                and (this[0] == "stored" or part.held not in held)
+            )
+            if group and not fits:
+                yield group
+                group, held, count = [], set(), 0
+            group.append(part)
+            kind = this
+            count += part.rows
+            if this is not None and this[0] == "moved":
+                held.add(part.held)
+        if group:
+            yield group
 
     def _holding(self, wanted: set[int] | None) -> Iterable[Part]:
         """The parts that may hold rows of the `wanted` ranks (all when None), in order: a
@@ -382,12 +412,7 @@ class RankStore:
         kinds: list[tuple[str, str] | None] = []
         held: set[int | None] = set()
         for p in self._parts:
-            kind = None
-            if p.path is not None and p.layout is not None and self._mask(p) is None:
-                if not p.relabels:
-                    kind = ("stored", p.layout)
-                elif p.held is not None:
-                    kind = ("moved", p.layout)
+            kind = _file_kind(p) if self._mask(p) is None else None
             if kind is not None and kinds and kinds[-1] == kind and p.held not in held:
                 runs[-1].append(p)
             else:
@@ -439,6 +464,40 @@ class RankStore:
         schema = query.collect_schema()
         moved = shifted(self._offsets, [c for c in TIME_COLUMNS if c in schema])
         return query.with_columns(moved) if moved else query
+
+
+def _file_kind(part: Part) -> tuple[str, str] | None:
+    """What decides whether file parts can be read together: ("stored", layout) for a file
+    whose rows hold their final rank, ("moved", layout) for one whose rows are relabelled
+    (each such file in a read must hold a provisional rank no other one does); None for a
+    part read alone (an in-memory frame, a file of unknown layout or held rank)."""
+    if part.path is None or part.layout is None:
+        return None
+    if not part.relabels:
+        return ("stored", part.layout)
+    return None if part.held is None else ("moved", part.layout)
+
+
+def _read_group(parts: list[Part], columns: list[str] | None) -> pl.DataFrame:
+    """The rows of `parts` (one part, or files _groups put together), final ranks in
+    `rank`, only `columns` (in that order) when given."""
+    if len(parts) == 1:
+        return parts[0].read(columns)
+    from kineto_comm.per_rank import shared_text
+
+    query = pl.scan_ipc([p.path for p in parts], glob=False)
+    moved = [p for p in parts if p.relabels]
+    if moved:
+        rank = pl.col("rank").replace_strict(
+            [p.held for p in moved],
+            [p.rank for p in moved],
+            default=pl.col("rank"),
+            return_dtype=pl.Int64,
+        )
+        query = query.with_columns(rank=rank)
+    if columns is not None:
+        query = query.select(columns)
+    return shared_text(collect(query))
 
 
 def as_store(table: pl.DataFrame | RankStore) -> RankStore:

@@ -683,6 +683,20 @@ def test_files_read_in_one_scan_keep_each_rows_final_rank(tmp_path):
     assert got.equals(moved.select("rank", "start_ns", "end_ns"))
     view = store.restricted(3, 5)
     assert view.lazy().collect().equals(whole.filter(pl.col("rank").is_between(3, 5)))
+    # batches() reads those runs with one read each, cut at `rows` rows; offsets, a window
+    # and a choice of ranks apply to what each read gives.
+    assert [len(g) for g in store._groups(store._parts, 2**62)] == [2, 1, 1, 3, 1, 1]
+    assert [len(g) for g in store._groups(store._parts, 1)] == [1] * len(plan)
+    two = [len(g) for g in store._groups(store._parts, parts[4].rows + 1)]
+    assert two == [2, 1, 1, 2, 1, 1, 1]
+    times = ["start_ns", "end_ns", "cpu_start_ns", "cpu_end_ns"]
+    on_clock = whole.with_columns(pl.col(times) - 3 * pl.col("rank"))
+    for rows in (1, parts[4].rows + 1, 2**62):
+        got = pl.concat(store.with_offsets(offsets).batches(rows=rows), how="vertical_relaxed")
+        assert got.equals(on_clock)
+    assert view.frame().equals(whole.filter(pl.col("rank").is_between(3, 5)))
+    picked = store.frame([6, 4, 0], ["step", "start_ns"])
+    assert picked.equals(whole.filter(pl.col("rank").is_in([0, 4, 6])).select(picked.columns))
 
 
 def test_per_window_folds_whole_ranks_on_their_clock():
