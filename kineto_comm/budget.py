@@ -27,12 +27,17 @@ WORKER_SHARE = 0.8
 PARENT_BASE = 200 * MiB
 PARENT_SHARE = 0.1
 SPILLED_SHARE = 0.015
-SPILL_ABOVE = 1 * GiB
-# A job of up to this much JSON runs in threads (kineto_comm.workers): a worker process takes
-# ~0.7 s to start, while the scanner and Polars run without the GIL. On 2 cores threads were
-# faster up to 1.2 GB (64 x 10 MB: 0.95 s against 1.06 s; 2 x 600 MB: 1.9 s against 2.2-3.9
-# s), not at 3.2 GB (bench/README.md, thirty-fourth session). Bigger jobs spill anyway.
-THREADS_BELOW = SPILL_ABOVE
+# Above this much JSON every rank's kernels, calls and steps stay in files (rank_store): the
+# parent would hold ~PARENT_SHARE of it. Files cost a write and a read per rank: 256 x 10 MB
+# took 4.4 s spilled, 3.7 s not, with a parent of 0.44 GiB (bench/README.md, thirty-fourth
+# session).
+SPILL_ABOVE = 4 * GiB
+# A job of up to this much JSON runs in threads (kineto_comm.workers): a worker process
+# takes a while to start, while the scanner and Polars run without the GIL. On 2 cores
+# threads were faster up to 1.2 GB (64 x 10 MB: 0.95 s against 1.06 s; 2 x 600 MB: 1.9 s
+# against 2.2-3.9 s), not at 2.6 GB (256 x 10 MB: 4.75 s against 4.46 s) (bench/README.md,
+# thirty-fourth session).
+THREADS_BELOW = 1 * GiB
 BATCH_BYTES = 64 * MiB  # rank files are modelled together up to this much JSON (batches)
 MIN_PIECE = 1 * MiB
 ENV = "KINETO_COMM_MEMORY_LIMIT"
@@ -97,10 +102,13 @@ def plan(files: list[Path], limit: int, jobs: int) -> Plan:
     sizes = {f: uncompressed_size(f) for f in files}
     piece = max(MIN_PIECE, min(PIECE_BYTES, limit // 64))
     total = sum(sizes.values())
-    spill = total > SPILL_ABOVE
-    parent = PARENT_BASE + int((SPILLED_SHARE if spill else PARENT_SHARE) * total)
     biggest = max(sizes, key=sizes.__getitem__, default=None)
     need = WORKER_BASE + int(WORKER_SHARE * sizes[biggest]) if biggest else WORKER_BASE
+    # Kernels and calls go to files on a big job, or where holding them would leave no room
+    # under the limit for a worker beside the parent.
+    merged = PARENT_BASE + int(PARENT_SHARE * total)
+    spill = total > SPILL_ABOVE or merged + need > limit
+    parent = PARENT_BASE + int(SPILLED_SHARE * total) if spill else merged
     fits = max(1, (limit - parent) // need) if limit > parent else 1
     warnings = []
     if biggest is not None and parent + need > limit:

@@ -743,6 +743,11 @@ def test_plan_runs_small_jobs_in_threads_and_keeps_big_jobs_kernels_in_files(tmp
     monkeypatch.setattr(budget, "SPILL_ABOVE", 1 << 40)
     kept = budget.plan([big, small], parent + 2 * need, jobs=2)
     assert not kept.spill and kept.jobs == 1
+    # Below SPILL_ABOVE, a limit that cannot hold every rank's tables beside one worker
+    # keeps them in files too.
+    merged = budget.PARENT_BASE + int(budget.PARENT_SHARE * (big.stat().st_size + 1000))
+    assert budget.plan([big, small], merged + need, jobs=2).spill is False
+    assert budget.plan([big, small], merged + need - 1, jobs=2).spill is True
 
 
 @pytest.mark.parametrize("keys", [[0, 0, 2, 2, 2, 3], [2, 0, 3, 0, 2, 2]])
