@@ -329,14 +329,13 @@ class RankStore:
         wanted = None if ranks is None else set(ranks)
         pending: list[pl.DataFrame] = []
         held = 0
-        for group in self._groups(self._holding(wanted), rows):
+        for group in _groups(self._holding(wanted), rows):
             frame = _read_group(group, columns)
             if self._offsets is not None:
                 frame = shift(frame, self._offsets, TIME_COLUMNS)
             if wanted is not None and any(part.rank is None for part in group):
                 frame = frame.filter(pl.col("rank").is_in(sorted(wanted)))
-            masks = [self._mask(part) for part in group]
-            mask = next((m for m in masks if m is not None), None)
+            mask = next((m for p in group if (m := self._mask(p)) is not None), None)
             if mask is not None:
                 frame = frame.filter(mask)
             pending.append(frame)
@@ -346,35 +345,6 @@ class RankStore:
                 pending, held = [], 0
         if pending:
             yield pl.concat(pending, how="vertical_relaxed")
-
-    def _groups(self, parts: Iterable[Part], rows: int) -> Iterator[list[Part]]:
-        """`parts` in order, consecutive files that one read can take together (see _runs)
-        grouped, up to about `rows` rows a group: a read of a rank file has a fixed cost
-        (some 1.6 ms, a third of it turning text into shared strings), which a read per
-        file paid 1,283 times in the cross-rank steps of 256 ranks (bench/README.md,
-        thirty-fourth session)."""
-        group: list[Part] = []
-        kind: tuple[str, str] | None = None
-        held: set[int | None] = set()
-        count = 0
-        for part in parts:
-            this = _file_kind(part)
-            fits = (
-                this is not None
-                and this == kind
-                and count < rows
-                and (this[0] == "stored" or part.held not in held)
-            )
-            if group and not fits:
-                yield group
-                group, held, count = [], set(), 0
-            group.append(part)
-            kind = this
-            count += part.rows
-            if this is not None and this[0] == "moved":
-                held.add(part.held)
-        if group:
-            yield group
 
     def _holding(self, wanted: set[int] | None) -> Iterable[Part]:
         """The parts that may hold rows of the `wanted` ranks (all when None), in order: a
@@ -464,6 +434,36 @@ class RankStore:
         schema = query.collect_schema()
         moved = shifted(self._offsets, [c for c in TIME_COLUMNS if c in schema])
         return query.with_columns(moved) if moved else query
+
+
+def _groups(parts: Iterable[Part], rows: int) -> Iterator[list[Part]]:
+    """`parts` in order, consecutive files that one read can take together (see _runs)
+    grouped, up to about `rows` rows a group: a read of a rank file has a fixed cost
+    (some 1.6 ms, nearly half of it making text shared strings), which a read per
+    file paid 1,283 times in the cross-rank steps of 256 ranks (bench/README.md,
+    thirty-fourth session)."""
+    group: list[Part] = []
+    kind: tuple[str, str] | None = None
+    held: set[int | None] = set()
+    count = 0
+    for part in parts:
+        this = _file_kind(part)
+        fits = (
+            this is not None
+            and this == kind
+            and count < rows
+            and (this[0] == "stored" or part.held not in held)
+        )
+        if group and not fits:
+            yield group
+            group, held, count = [], set(), 0
+        group.append(part)
+        kind = this
+        count += part.rows
+        if this is not None and this[0] == "moved":
+            held.add(part.held)
+    if group:
+        yield group
 
 
 def _file_kind(part: Part) -> tuple[str, str] | None:

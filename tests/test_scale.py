@@ -649,7 +649,7 @@ def test_files_read_in_one_scan_keep_each_rows_final_rank(tmp_path):
     import polars as pl
 
     from kineto_comm.per_rank import write_frame
-    from kineto_comm.rank_store import Part, RankStore, layout
+    from kineto_comm.rank_store import Part, RankStore, _groups, layout
 
     steps = analyze(SAMPLES / "ddp-4", jobs=1, align=False).steps
     source = [g for _, g in steps.group_by("rank", maintain_order=True)]
@@ -685,9 +685,9 @@ def test_files_read_in_one_scan_keep_each_rows_final_rank(tmp_path):
     assert view.lazy().collect().equals(whole.filter(pl.col("rank").is_between(3, 5)))
     # batches() reads those runs with one read each, cut at `rows` rows; offsets, a window
     # and a choice of ranks apply to what each read gives.
-    assert [len(g) for g in store._groups(store._parts, 2**62)] == [2, 1, 1, 3, 1, 1]
-    assert [len(g) for g in store._groups(store._parts, 1)] == [1] * len(plan)
-    two = [len(g) for g in store._groups(store._parts, parts[4].rows + 1)]
+    assert [len(g) for g in _groups(store._parts, 2**62)] == [2, 1, 1, 3, 1, 1]
+    assert [len(g) for g in _groups(store._parts, 1)] == [1] * len(plan)
+    two = [len(g) for g in _groups(store._parts, parts[4].rows + 1)]
     assert two == [2, 1, 1, 2, 1, 1, 1]
     times = ["start_ns", "end_ns", "cpu_start_ns", "cpu_end_ns"]
     on_clock = whole.with_columns(pl.col(times) - 3 * pl.col("rank"))
