@@ -378,20 +378,9 @@ class RankStore:
         rank each whose rows hold distinct provisional ones. A query holds state per scan
         (about 140 kB), so a store of thousands of rank files read one scan per file would
         hold a few GB."""
-        runs: list[list[Part]] = []
-        kinds: list[tuple[str, str] | None] = []
-        held: set[int | None] = set()
-        for p in self._parts:
-            kind = _file_kind(p) if self._mask(p) is None else None
-            if kind is not None and kinds and kinds[-1] == kind and p.held not in held:
-                runs[-1].append(p)
-            else:
-                runs.append([p])
-                kinds.append(kind)
-                held = set()
-            if kind is not None and kind[0] == "moved":
-                held.add(p.held)
-        return runs
+        return list(
+            _groups(self._parts, 2**62, lambda p: _file_kind(p) if self._mask(p) is None else None)
+        )
 
     def lazy(
         self,
@@ -436,18 +425,34 @@ class RankStore:
         return query.with_columns(moved) if moved else query
 
 
-def _groups(parts: Iterable[Part], rows: int) -> Iterator[list[Part]]:
-    """`parts` in order, consecutive files that one read can take together (see _runs)
-    grouped, up to about `rows` rows a group: a read of a rank file has a fixed cost
-    (some 1.6 ms, nearly half of it making text shared strings), which a read per
-    file paid 1,283 times in the cross-rank steps of 256 ranks (bench/README.md,
-    thirty-fourth session)."""
+def _file_kind(part: Part) -> tuple[str, str] | None:
+    """What decides whether file parts can be read together: ("stored", layout) for a file
+    whose rows hold their final rank, ("moved", layout) for one whose rows are relabelled
+    (each such file in a read must hold a provisional rank no other one does); None for a
+    part read alone (an in-memory frame, a file of unknown layout or held rank)."""
+    if part.path is None or part.layout is None:
+        return None
+    if not part.relabels:
+        return ("stored", part.layout)
+    return None if part.held is None else ("moved", part.layout)
+
+
+def _groups(
+    parts: Iterable[Part],
+    rows: int,
+    kind_of: Callable[[Part], tuple[str, str] | None] = _file_kind,
+) -> Iterator[list[Part]]:
+    """`parts` in order, consecutive files that one read can take together grouped (those
+    of one `kind_of`, see _file_kind; None: a part alone), up to about `rows` rows a group:
+    a read of a rank file has a fixed cost (some 1.6 ms, nearly half of it making text
+    shared strings), which a read per file paid 1,283 times in the cross-rank steps of 256
+    ranks (bench/README.md, thirty-fourth session)."""
     group: list[Part] = []
     kind: tuple[str, str] | None = None
     held: set[int | None] = set()
     count = 0
     for part in parts:
-        this = _file_kind(part)
+        this = kind_of(part)
         fits = (
             this is not None
             and this == kind
@@ -466,18 +471,6 @@ def _groups(parts: Iterable[Part], rows: int) -> Iterator[list[Part]]:
         yield group
 
 
-def _file_kind(part: Part) -> tuple[str, str] | None:
-    """What decides whether file parts can be read together: ("stored", layout) for a file
-    whose rows hold their final rank, ("moved", layout) for one whose rows are relabelled
-    (each such file in a read must hold a provisional rank no other one does); None for a
-    part read alone (an in-memory frame, a file of unknown layout or held rank)."""
-    if part.path is None or part.layout is None:
-        return None
-    if not part.relabels:
-        return ("stored", part.layout)
-    return None if part.held is None else ("moved", part.layout)
-
-
 def _read_group(parts: list[Part], columns: list[str] | None) -> pl.DataFrame:
     """The rows of `parts` (one part, or files _groups put together), final ranks in
     `rank`, only `columns` (in that order) when given."""
@@ -485,19 +478,9 @@ def _read_group(parts: list[Part], columns: list[str] | None) -> pl.DataFrame:
         return parts[0].read(columns)
     from kineto_comm.per_rank import shared_text
 
-    query = pl.scan_ipc([p.path for p in parts], glob=False)
-    moved = [p for p in parts if p.relabels]
-    if moved:
-        rank = pl.col("rank").replace_strict(
-            [p.held for p in moved],
-            [p.rank for p in moved],
-            default=pl.col("rank"),
-            return_dtype=pl.Int64,
-        )
-        query = query.with_columns(rank=rank)
-    if columns is not None:
-        query = query.select(columns)
-    return shared_text(collect(query))
+    schema = parts[0].schema()
+    text = tuple(c for c, kind in schema.items() if kind == pl.Categorical)
+    return shared_text(collect(_scan_files(parts, schema, columns, None, text)))
 
 
 def as_store(table: pl.DataFrame | RankStore) -> RankStore:
