@@ -35,8 +35,11 @@ SPILL_ABOVE = 4 * GiB
 # A job of up to this much JSON runs in threads (kineto_comm.workers): a worker process
 # takes a while to start, while the scanner and Polars run without the GIL. On 2 cores
 # threads were faster up to 1.2 GB (64 x 10 MB: 0.95 s against 1.06 s; 2 x 600 MB: 1.9 s
-# against 2.2-3.9 s), not at 2.6 GB (256 x 10 MB: 4.75 s against 4.46 s) (bench/README.md,
-# thirty-fourth session).
+# against 2.2-3.9 s), not at 2.6 GB (256 x 10 MB: 4.75 s against 4.46 s); on 16 cores
+# they were faster at every size (2.6 GB: 2.76 s against 3.39 s), but the parent then holds
+# every batch in flight: 1.1-1.2 GiB at 1-2.6 GB in 16 threads, against 0.3-0.5 GiB with
+# processes. A bound in bytes keeps it there whatever the core count (bench/README.md,
+# thirty-fourth and thirty-fifth sessions).
 THREADS_BELOW = 1 * GiB
 BATCH_BYTES = 64 * MiB  # rank files are modelled together up to this much JSON (batches)
 MIN_PIECE = 1 * MiB
