@@ -52,10 +52,12 @@ ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
         "DeepSpeed ZeRO-3: overlap_comm: true, stage3_prefetch_bucket_size, allgather_bucket_size.",
     ),
     ("fsdp", "reduce_scatter"): (
+        "FSDP: wrap each transformer block as its own unit, so that its gradients are "
+        "reduce-scattered while the earlier blocks' backward runs (one unit for the whole "
+        "model scatters everything after backward); with gradient accumulation use no_sync() "
+        "(FSDP2: set_requires_gradient_sync(False)) on all but the last micro-batch.",
         "DeepSpeed ZeRO: overlap_comm: true and a smaller reduce_bucket_size so gradients "
         "are reduce-scattered while backward runs.",
-        "FSDP: do not force synchronisation after backward; with gradient accumulation use "
-        "no_sync() on all but the last micro-batch.",
         "Megatron-LM: --overlap-grad-reduce with --use-distributed-optimizer.",
     ),
 }

@@ -124,6 +124,9 @@ def test_sharded_collective_exposed_positive_and_negative(job) -> None:
     found = only(bad, "COMM102")
     assert found[0].evidence["collective"] == "reduce_scatter"
     assert any("overlap_comm" in a for a in found[0].advice)
+    # The role is PyTorch FSDP's: its own API is the advice shown first (text and markdown
+    # print only the first line), for the gathers and the scatters alike.
+    assert found and all(f.advice[0].startswith("FSDP:") for f in found)
     good, _ = job("exposed-allreduce", "dp")
     assert only(good, "COMM102") == []
 
