@@ -257,3 +257,59 @@ def test_unnamed_groups_keep_their_role_on_a_real_capture() -> None:
     exposed = [f for f in findings if f.code == "COMM101"]
     assert exposed and "data-parallel" in exposed[0].title
     assert any("bucket_cap_mb" in a for a in exposed[0].advice)
+
+
+def _turns_trace(tmp: Path, late: list[int], delay_us: float = 600.0) -> Report:
+    """Four ranks, one step per entry of `late`: a 1 ms GEMM, then an all-reduce that ends
+    200 us after the last rank reaches it; in step s rank late[s] computes `delay_us`
+    longer, so the three others wait that long in the all-reduce with nothing to hide it."""
+    for rank in range(4):
+        events, corr = [], 1
+        for s, slow in enumerate(late):
+            t0 = 10_000.0 + s * 3_000.0
+            gemm = 1_000.0 + (delay_us if rank == slow else 0.0)
+            events.append(cpu(f"ProfilerStep#{s}", t0, 2_900.0))
+            events += [launch(t0 + 1, corr), kernel("sm90_gemm", t0 + 10, gemm, corr=corr)]
+            corr += 1
+            start, end = t0 + 10 + gemm, t0 + 10 + 1_000.0 + delay_us + 200.0
+            events += [
+                launch(t0 + 5, corr),
+                kernel(
+                    "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                    start,
+                    end - start,
+                    stream=20,
+                    corr=corr,
+                    **{
+                        "Collective name": "allreduce",
+                        "In msg nelems": 1 << 20,
+                        "Out msg nelems": 1 << 20,
+                        "Group size": 4,
+                        "dtype": "Float",
+                        "Process Group Name": "0",
+                        "Process Group Ranks": "[0, 1, 2, 3]",
+                        "Seq": s,
+                    },
+                ),
+            ]
+            corr += 1
+        write_trace(tmp / f"rank-{rank}.json", events, rank=rank, world_size=4)
+    return analyze(tmp, jobs=1)
+
+
+def test_arrival_imbalance_positive_and_negative(tmp_path: Path) -> None:
+    """Ranks late in turn: each step three ranks wait 600 us, so a rank waits 450 us per step
+    on average, and no one rank is to blame (SYNC104, not SYNC101). One rank late every step
+    is SYNC101's straggler, and nothing is left for SYNC104."""
+    (tmp_path / "turns").mkdir()
+    (tmp_path / "one").mkdir()
+    turns = _turns_trace(tmp_path / "turns", late=[0, 1, 2, 3, 0, 1, 2, 3])
+    (f,) = only(turns, "SYNC104")
+    assert abs(f.impact_ns_per_step - 450_000) <= 0.1 * 450_000, f
+    assert f.severity.level >= Severity.warning.level
+    assert f.evidence["ranks_ever_last"] == 4 and f.evidence["most_late_share"] < 0.5
+    assert only(turns, "SYNC101") == []
+    one = _turns_trace(tmp_path / "one", late=[2] * 8)
+    (s,) = only(one, "SYNC101")
+    assert s.ranks == (2,)
+    assert only(one, "SYNC104") == []
