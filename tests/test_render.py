@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import jsonschema
+import polars as pl
 import pytest
 
 import kineto_comm
@@ -408,3 +410,37 @@ def test_rank_means_are_the_means_of_the_documents_steps():
         assert got["rank"] == rank["rank"] and got["steps"] == len(rows) > 0
         for col in json_doc.MEANS:
             assert got[col] == sum(s[col] for s in rows) / len(rows), col
+
+
+def test_text_shows_a_big_jobs_extreme_ranks_and_median(tmp_path: Path) -> None:
+    """Above MAX_RANK_ROWS ranks the per-rank table holds the ranks with the most and the
+    least exposed communication around a median row, and the clock-offset line names the
+    largest offsets only (32 ranks, 24 of them shifted: three hosts of 8 off rank 0's)."""
+    import io
+
+    from kineto_comm.render.text import EXTREME_RANKS, MAX_RANK_ROWS, render_text
+    from kineto_comm.synth import Hardware, ModelConfig, generate
+
+    tiny = ModelConfig(layers=2, hidden=256, seq=256, micro_batch=1, vocab=1024, bucket_mb=2.0)
+    generate("clock-skew", tmp_path, ranks=32, layout="dp", steps=2, model=tiny,
+             hardware=Hardware(tflops=10.0))  # fmt: skip
+    report = kineto_comm.analyze(tmp_path, jobs=1)
+    assert report.ranks.height == 32 > MAX_RANK_ROWS
+    out = io.StringIO()
+    render_text(report, out, width=250)
+    text = out.getvalue()
+    table = text[text.index("Where each rank's device time went") : text.index("overlap = ")]
+    cells = [line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│")]
+    assert len(cells) == 2 * EXTREME_RANKS + 1 and cells[EXTREME_RANKS] == "median"
+    share = report.totals.select("rank", s=pl.col("exposed_comm_ns") / pl.col("wall_ns")).sort(
+        ["s", "rank"], descending=[True, False]
+    )
+    ranks = [str(r) for r in share["rank"]]
+    assert cells[:EXTREME_RANKS] == ranks[:EXTREME_RANKS]
+    assert cells[EXTREME_RANKS + 1 :] == ranks[-EXTREME_RANKS:]
+    offsets = report.offsets.filter(pl.col("offset_ns") != 0)
+    assert offsets.height == 24
+    line = next(x for x in text.splitlines() if x.startswith("Clock offsets applied"))
+    assert f"the largest {EXTREME_RANKS} of 24" in line
+    largest = offsets.sort(pl.col("offset_ns").abs(), descending=True).head(EXTREME_RANKS)
+    assert [int(r) for r in re.findall(r"rank (\d+):", line)] == largest["rank"].to_list()

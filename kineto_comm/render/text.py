@@ -42,6 +42,30 @@ def pct(part: float | None, whole: float | None) -> str:
     return f"{100 * part / whole:.1f}%"
 
 
+# Above this many ranks the per-rank table shows the extremes and the median, not every rank:
+# a 2,048-rank job would print thousands of lines.
+MAX_RANK_ROWS = 16
+EXTREME_RANKS = 5
+
+
+def _extremes(ranks: pl.DataFrame) -> pl.DataFrame:
+    """The ranks with the highest and the lowest share of exposed communication, with a
+    "median" row between them (each numeric column's median over every rank)."""
+    share = pl.col("exposed_comm_ns") / pl.col("wall_ns")
+    ordered = ranks.with_columns(_share=share).sort(
+        ["_share", "rank"], descending=[True, False], nulls_last=True
+    )
+    numeric = [c for c, t in ranks.schema.items() if t.is_numeric() and c != "rank"]
+    median = ranks.select(
+        pl.lit("median").alias("rank"),
+        *[pl.col(c).median().cast(ranks.schema[c]) for c in numeric],
+        *[pl.col(c).mode().first() for c in ranks.columns if c not in numeric and c != "rank"],
+    )
+    top, bottom = ordered.head(EXTREME_RANKS), ordered.tail(EXTREME_RANKS)
+    parts = [f.drop("_share").with_columns(pl.col("rank").cast(pl.String)) for f in (top, bottom)]
+    return pl.concat([parts[0], median.select(parts[0].columns), parts[1]], how="vertical_relaxed")
+
+
 def render_text(report: Report, out: TextIO | None = None, width: int | None = None) -> None:
     """Print the report: a per-rank summary, the collectives, then warnings and errors."""
     console = Console(file=out, width=width, highlight=False, soft_wrap=False)
@@ -65,7 +89,15 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
         )
         ranks = ranks.join(steps, on="rank", how="left")
     ranks = ranks.sort("rank")
-    table = Table(title="Where each rank's device time went (totals over the trace)")
+    title = "Where each rank's device time went (totals over the trace)"
+    if ranks.height > MAX_RANK_ROWS:
+        ranks = _extremes(ranks)
+        title += (
+            f"\n{report.ranks.height} ranks: the {EXTREME_RANKS} with the most and the "
+            f"{EXTREME_RANKS} with the least exposed communication, and each column's median "
+            "(every rank: --format json or html)"
+        )
+    table = Table(title=title)
     for col in (
         "rank",
         "device",
@@ -177,10 +209,19 @@ def _render_cross_rank(report: Report, console: Console) -> None:
     _render_groups(report, console)
     applied = report.offsets.filter(pl.col("offset_ns") != 0)
     if applied.height:
-        shifts = ", ".join(
-            f"rank {r}: {fmt_ns(o)}" for r, o in applied.select("rank", "offset_ns").iter_rows()
+        shown = applied.select("rank", "offset_ns")
+        more = ""
+        if applied.height > MAX_RANK_ROWS:
+            size = pl.col("offset_ns").abs()
+            shown = shown.sort(size, descending=True).head(EXTREME_RANKS)
+            more = (
+                f" (the largest {EXTREME_RANKS} of {applied.height}; median size "
+                f"{fmt_ns(applied.select(size.median()).item())})"
+            )
+        shifts = ", ".join(f"rank {r}: {fmt_ns(o)}" for r, o in shown.iter_rows())
+        console.print(
+            f"Clock offsets applied (estimated from collective end times): {shifts}{more}"
         )
-        console.print(f"Clock offsets applied (estimated from collective end times): {shifts}")
     for r in report.stragglers.filter(pl.col("is_straggler")).iter_rows(named=True):
         console.print(
             f"Straggler: rank {r['rank']} arrives last in {100 * r['last_share']:.0f}% of shared"
