@@ -170,7 +170,7 @@ def test_pipeline_bubble_positive_and_negative(job) -> None:
     assert f.evidence["micro_batches"] == truth["problems"][0]["micro_batches"]
     assert f.evidence["stages"] == truth["problems"][0]["stages"]
     assert abs(f.evidence["theory_bubble_fraction"] - 1 / 3) < 1e-3
-    assert any("micro-batches" in a for a in f.advice)
+    assert f.advice[0].startswith("Raise micro-batches")  # the bubble is the schedule's
     good = only(job("baseline", "pp-dp")[0], "PIPE101")
     assert all(g.severity is Severity.info for g in good)
     assert only(job("baseline")[0], "PIPE101") == []  # no pipeline at all
@@ -313,3 +313,20 @@ def test_arrival_imbalance_positive_and_negative(tmp_path: Path) -> None:
     (s,) = only(one, "SYNC101")
     assert s.ranks == (2,)
     assert only(one, "SYNC104") == []
+
+
+def test_pipeline_bubble_above_theory_on_a_real_capture() -> None:
+    """Real 4-stage NCCL pipeline (one H100, transfers over sockets): stages idle ~98% of the
+    step against 43% in 1F1B theory. The excess is reported, and since it is more than the
+    schedule's bubble, overlapping the transfers is the first advice, not more micro-batches."""
+    from .conftest import REPO
+
+    report = analyze(REPO / "tests" / "data" / "h100-nccl" / "pp-4", jobs=1)
+    (f,) = only(report, "PIPE101")
+    ev = f.evidence
+    assert ev["stages"] == 4 and ev["micro_batches"] == 4
+    excess = ev["measured_bubble_fraction"] - ev["theory_bubble_fraction"]
+    assert ev["bubble_above_theory"] == pytest.approx(excess, abs=1e-3)
+    assert excess > ev["theory_bubble_fraction"]
+    assert "above 1F1B theory" in f.advice[0] and "overlap-p2p-communication" in f.advice[0]
+    assert any(a.startswith("Raise micro-batches") for a in f.advice[1:])
