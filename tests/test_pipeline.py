@@ -353,3 +353,51 @@ def test_real_gloo_gpipe_capture() -> None:
     split = out["warmup_idle_ns"] + out["steady_idle_ns"] + out["cooldown_idle_ns"]
     assert split.equals(out["idle_ns"], check_names=False)
     assert ((out["bubble_fraction"] > 0) & (out["bubble_fraction"] < 1)).all()
+
+
+def test_compute_edges_match_their_definition_on_random_kernels() -> None:
+    """busy, first and last compute of each window against their definitions, computed
+    kernel by kernel: busy the length of the union of compute inside the window; first the
+    earliest moment of the window some compute runs (from the earliest overlapping kernel's
+    start, clipped to the window); last the latest. Windows with and without the steps' own
+    compute_ns give the same table."""
+    import random
+
+    from kineto_comm.analysis.pipeline import _compute_edges
+
+    rng = random.Random(7)
+    for _ in range(40):
+        rows = [
+            (rank, rng.choice(["compute", "compute", "communication"]), s, s + rng.randint(0, 120))
+            for rank in range(3)
+            for s in (rng.randint(0, 1000) for _ in range(rng.randint(1, 25)))
+        ]
+        kernels = pl.DataFrame(rows, schema=["rank", "kind", "start_ns", "end_ns"], orient="row")
+        wins = []
+        for rank in range(3):
+            t, step = 0, 0
+            while t < 1100:
+                wins.append((rank, step, t, t + rng.randint(1, 300)))
+                t, step = wins[-1][3], step + 1
+        windows = pl.DataFrame(wins, schema=["rank", "step", "start_ns", "end_ns"], orient="row")
+        got = _compute_edges(kernels, windows).sort("rank", "step")
+        expected = []
+        for rank, step, w0, w1 in wins:
+            spans = [
+                (max(s, w0), min(e, w1))
+                for r, kind, s, e in rows
+                if r == rank and kind == "compute" and s < w1 and e > w0
+            ]
+            covered = {t for a, b in spans for t in range(a, b)}
+            expected.append(
+                (rank, step, len(covered), min((a for a, _ in spans), default=None),
+                 max((b for _, b in spans), default=None))
+            )  # fmt: skip
+        want = pl.DataFrame(
+            expected, schema=["rank", "step", "busy_ns", "first_ns", "last_ns"], orient="row"
+        )
+        assert got.equals(want), (got, want)
+        measured = windows.join(
+            got.select("rank", "step", compute_ns="busy_ns"), on=["rank", "step"]
+        )
+        assert _compute_edges(kernels, measured).sort("rank", "step").equals(got)

@@ -35,19 +35,23 @@ def cross_rank(
     them whole."""
     ranks = tables["ranks"]["rank"].to_list() if tables["ranks"].height else []
     calls = tables["collectives"]
-    keyed = keyed_calls(calls, folder)
-    offsets = estimate_offsets(keyed, ranks) if align else no_offsets(ranks)
-    out: dict[str, Any] = {"totals": shift(tables["totals"], offsets, TIME_COLUMNS)}
-    out["steps"] = tables["steps"].with_offsets(offsets)
-    out["kernels"] = tables["kernels"].with_offsets(offsets)
-    out["collectives"] = collectives = calls.with_offsets(offsets)
-    keyed = keyed.with_offsets(offsets)
-    # The groups' roles read only the calls and steps. On a small job (nothing in files)
-    # they are found in a thread beside the steps below: each step there is mostly the
-    # fixed cost of a few queries, which then overlap (bench/README.md, twenty-fifth
-    # session). On a big job they come after them, so that their transients never add up.
-    roles_of = partial(process_groups, collectives, out["steps"], tables["ranks"])
-    with ThreadPoolExecutor(1) as side:
+    # The pipeline table compares no times across ranks (each rank's own clock is enough):
+    # it reads the tables before alignment. The groups' roles read only the calls and
+    # steps. On a small job (nothing in files) both run in threads beside the steps below:
+    # each step there is mostly the fixed cost of a few queries, which then overlap
+    # (bench/README.md, twenty-fifth and thirty-eighth sessions). On a big job they come
+    # after them, so that their transients never add up.
+    pipeline_of = partial(pipeline, tables["kernels"], calls, tables["steps"])
+    with ThreadPoolExecutor(2) as side:
+        stages = side.submit(pipeline_of) if folder is None else None
+        keyed = keyed_calls(calls, folder)
+        offsets = estimate_offsets(keyed, ranks) if align else no_offsets(ranks)
+        out: dict[str, Any] = {"totals": shift(tables["totals"], offsets, TIME_COLUMNS)}
+        out["steps"] = tables["steps"].with_offsets(offsets)
+        out["kernels"] = tables["kernels"].with_offsets(offsets)
+        out["collectives"] = collectives = calls.with_offsets(offsets)
+        keyed = keyed.with_offsets(offsets)
+        roles_of = partial(process_groups, collectives, out["steps"], tables["ranks"])
         roles = side.submit(roles_of) if folder is None else None
         table = instances(keyed)
         per_rank_waits = waits(keyed, table, folder)
@@ -59,7 +63,7 @@ def cross_rank(
             stragglers=stragglers(table, per_rank_waits),
             message_sizes=message_sizes(collectives),
             message_size_summary=message_size_summary(collectives),
-            pipeline=pipeline(out["kernels"], collectives, out["steps"]),
+            pipeline=pipeline_of() if stages is None else stages.result(),
             storms=storms(collectives),
         )
         out["process_groups"] = roles_of() if roles is None else roles.result()

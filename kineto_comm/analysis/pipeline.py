@@ -58,7 +58,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm import rank_store
-from kineto_comm.analysis.overlap import breakdown, merge_intervals
+from kineto_comm.analysis.overlap import breakdown
 from kineto_comm.lazy import collect
 from kineto_comm.rank_store import RankStore, as_store
 
@@ -165,8 +165,11 @@ def _summaries(
     p2p = _p2p_calls(collect(calls.lazy(names, where=where), calls.height))
     if p2p.height == 0:
         return None
+    # The steps' own compute time, where the per-rank model measured it (a Report's steps):
+    # the union of compute kernels in the same windows, which _idle would sweep for again.
+    measured = ["compute_ns"] if "compute_ns" in steps.columns else []
     windows = collect(
-        steps.lazy(list(_NEEDS["steps"]))
+        steps.lazy([*_NEEDS["steps"], *measured])
         .select(pl.all().cast(pl.Int64))
         .filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
         .join(p2p.select("rank").unique().lazy(), on="rank", how="semi"),
@@ -240,18 +243,26 @@ def _relax(edges: pl.DataFrame, values: pl.DataFrame, hop: int) -> pl.DataFrame:
     """(rank, value) lowered to min(value, a neighbour's value + hop) over the edges (src,
     dst) until nothing changes: at most one round per node of the longest path, a handful
     for a pipeline. Null values are unreached."""
+
+    # A value only falls or becomes known, so a round changed nothing exactly when as many
+    # values are known as before and their sum is the same.
+    def state(frame: pl.DataFrame) -> tuple[int, int | None]:
+        return frame.select(pl.col("value").null_count().alias("n"), pl.col("value").sum()).row(0)
+
+    before = state(values)
     for _ in range(max(1, values.height)):
         reach = (
             edges.join(values.drop_nulls("value"), left_on="dst", right_on="rank")
             .group_by("src")
             .agg((pl.col("value").min() + hop).alias("_via"))
         )
-        new = values.join(reach, left_on="rank", right_on="src", how="left").select(
+        values = values.join(reach, left_on="rank", right_on="src", how="left").select(
             "rank", value=pl.min_horizontal("value", "_via")
         )
-        if new.sort("rank").equals(values.sort("rank")):
+        after = state(values)
+        if after == before:
             break
-        values = new
+        before = after
     return values
 
 
@@ -405,8 +416,9 @@ _EDGES = {
 
 
 def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """Per window of the ranks in `kernels`: compute time (busy_ns) and when compute first
-    starts and last ends inside it (null without compute)."""
+    """Per window of the ranks in `kernels`: compute time (busy_ns; the windows' compute_ns
+    when they carry it) and when compute first starts and last ends inside it (null without
+    compute)."""
     compute = kernels.filter(pl.col("kind") == "compute").select(
         pl.col("rank").cast(pl.Int64),
         "kind",
@@ -416,17 +428,28 @@ def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame
     windows = windows.filter(
         pl.col("rank").is_in(kernels["rank"].unique().cast(pl.Int64).implode())
     )
-    metrics = breakdown(compute, windows.rename({"step": "window"})).select(
-        "rank", step="window", busy_ns="compute_ns"
+    if "compute_ns" in windows.columns:
+        busy = windows.select("rank", "step", busy_ns="compute_ns")
+    else:
+        busy = breakdown(compute, windows.rename({"step": "window"})).select(
+            "rank", step="window", busy_ns="compute_ns"
+        )
+    # In start order, `reach` is the latest end so far: it passes a time t exactly when some
+    # compute started so far runs past t. So the first kernel whose reach passes a window's
+    # start opens its compute (at the window start when it began before it), and the reach
+    # of the last kernel starting before the window's end is where its compute stops.
+    reach = compute.sort("rank", "start_ns").select(
+        "rank", "start_ns", reach=pl.col("end_ns").cum_max().over("rank")
     )
-    merged = merge_intervals(compute, ["rank"]).rename({"start_ns": "c_start", "end_ns": "c_end"})
-    w = windows.with_columns(_after=pl.col("start_ns") + 1, _before=pl.col("end_ns") - 1)
-    # The first compute interval that ends after the window starts, and the last one that
-    # starts before it ends (the intervals are disjoint, so nothing computes outside them).
+    w = windows.select(
+        "rank", "step", "start_ns", "end_ns", _after=pl.col("start_ns") + 1,
+        _before=pl.col("end_ns") - 1,
+    )  # fmt: skip
     first = w.sort("_after").join_asof(
-        merged.sort("c_end"),
+        # Among kernels of one reach, the earliest: the one that set it.
+        reach.sort("reach", "start_ns").select("rank", c_start="start_ns", c_reach="reach"),
         left_on="_after",
-        right_on="c_end",
+        right_on="c_reach",
         by="rank",
         strategy="forward",
         check_sortedness=False,
@@ -439,7 +462,7 @@ def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame
         ),
     )
     last = w.sort("_before").join_asof(
-        merged.sort("c_start"),
+        reach.select("rank", c_start="start_ns", c_reach="reach"),
         left_on="_before",
         right_on="c_start",
         by="rank",
@@ -449,13 +472,13 @@ def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame
     last = last.select(
         "rank",
         "step",
-        last_ns=pl.when(pl.col("c_end") > pl.col("start_ns")).then(
-            pl.min_horizontal("c_end", "end_ns")
+        last_ns=pl.when(pl.col("c_reach") > pl.col("start_ns")).then(
+            pl.min_horizontal("c_reach", "end_ns")
         ),
     )
     return (
         windows.select("rank", "step")
-        .join(metrics, on=["rank", "step"], how="left")
+        .join(busy, on=["rank", "step"], how="left")
         .join(first, on=["rank", "step"], how="left")
         .join(last, on=["rank", "step"], how="left")
         .select([pl.col(c).cast(t) for c, t in _EDGES.items()])
