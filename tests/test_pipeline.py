@@ -390,9 +390,14 @@ def test_compute_edges_match_their_definition_on_random_kernels() -> None:
             ]
             covered = {t for a, b in spans for t in range(a, b)}
             expected.append(
-                (rank, step, len(covered), min((a for a, _ in spans), default=None),
-                 max((b for _, b in spans), default=None))
-            )  # fmt: skip
+                (
+                    rank,
+                    step,
+                    len(covered),
+                    min((a for a, _ in spans), default=None),
+                    max((b for _, b in spans), default=None),
+                )
+            )
         want = pl.DataFrame(
             expected, schema=["rank", "step", "busy_ns", "first_ns", "last_ns"], orient="row"
         )

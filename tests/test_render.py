@@ -422,8 +422,15 @@ def test_text_shows_a_big_jobs_extreme_ranks_and_median(tmp_path: Path) -> None:
     from kineto_comm.synth import Hardware, ModelConfig, generate
 
     tiny = ModelConfig(layers=2, hidden=256, seq=256, micro_batch=1, vocab=1024, bucket_mb=2.0)
-    generate("clock-skew", tmp_path, ranks=32, layout="dp", steps=2, model=tiny,
-             hardware=Hardware(tflops=10.0))  # fmt: skip
+    generate(
+        "clock-skew",
+        tmp_path,
+        ranks=32,
+        layout="dp",
+        steps=2,
+        model=tiny,
+        hardware=Hardware(tflops=10.0),
+    )
     report = kineto_comm.analyze(tmp_path, jobs=1)
     assert report.ranks.height == 32 > MAX_RANK_ROWS
     out = io.StringIO()

@@ -442,9 +442,13 @@ def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame
         "rank", "start_ns", reach=pl.col("end_ns").cum_max().over("rank")
     )
     w = windows.select(
-        "rank", "step", "start_ns", "end_ns", _after=pl.col("start_ns") + 1,
+        "rank",
+        "step",
+        "start_ns",
+        "end_ns",
+        _after=pl.col("start_ns") + 1,
         _before=pl.col("end_ns") - 1,
-    )  # fmt: skip
+    )
     first = w.sort("_after").join_asof(
         # Among kernels of one reach, the earliest: the one that set it.
         reach.sort("reach", "start_ns").select("rank", c_start="start_ns", c_reach="reach"),
