@@ -5,6 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.rules_api import (
+    Option,
     Tables,
     collective_exposure_lazy,
     group_roles,
@@ -18,6 +19,12 @@ STORM_MAX_BYTES = 256 * 1024
 STORM_MIN_CALLS = 50
 SHARDED = ("all_gather", "reduce_scatter")
 P2P = ("send", "recv", "send_recv")
+# The severity ladder of the rules whose finding is a share of the step time.
+SHARE_OPTIONS = (
+    Option("warn_share", 0.10, "Warn when the cause costs this share of the step time."),
+    Option("error_share", 0.25, "Error at this share of the step time."),
+    Option("info_share", 0.02, "Report as info from this share (below: no finding)."),
+)
 
 
 def with_roles(tables: Tables, frame: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame | pl.LazyFrame:

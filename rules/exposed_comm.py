@@ -8,7 +8,6 @@ import polars as pl
 
 from kineto_comm.rules_api import (
     Finding,
-    Option,
     Severity,
     Tables,
     make_finding,
@@ -17,13 +16,7 @@ from kineto_comm.rules_api import (
     severity_for,
 )
 
-from ._common import SHARDED, exposure_by_cause
-
-SHARE_OPTIONS = (
-    Option("warn_share", 0.10, "Warn when the cause costs this share of the step time."),
-    Option("error_share", 0.25, "Error at this share of the step time."),
-    Option("info_share", 0.02, "Report as info from this share (below: no finding)."),
-)
+from ._common import SHARDED, SHARE_OPTIONS, exposure_by_cause
 
 ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
     ("data_parallel", "all_reduce"): (

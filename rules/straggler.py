@@ -20,7 +20,7 @@ from kineto_comm.rules_api import (
     severity_for,
 )
 
-from ._common import P2P, STORM_MAX_BYTES, STORM_MIN_CALLS, storm_keys
+from ._common import P2P, SHARE_OPTIONS, STORM_MAX_BYTES, STORM_MIN_CALLS, storm_keys
 
 
 def _lateness(tables: Tables) -> pl.DataFrame:
@@ -228,9 +228,7 @@ def _exposed_waits(tables: Tables) -> pl.DataFrame:
             "One rank causing this share of all arrival lateness is SYNC101's straggler: "
             "its lateness is not counted here.",
         ),
-        Option("info_share", 0.02, "Report as info from this share of step time."),
-        Option("warn_share", 0.10, "Warn when the waits cost this share of step time."),
-        Option("error_share", 0.25, "Error at this share of step time."),
+        *SHARE_OPTIONS,
     ),
 )
 def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
