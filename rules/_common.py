@@ -6,11 +6,13 @@ import polars as pl
 
 from kineto_comm.rules_api import (
     Option,
+    Severity,
     Tables,
     collective_exposure_lazy,
     group_roles,
     impact_per_step,
     median_of_counts,
+    severity_for,
 )
 
 # A (process group, collective) whose calls are this small and this many per rank and step
@@ -25,6 +27,14 @@ SHARE_OPTIONS = (
     Option("error_share", 0.25, "Error at this share of the step time."),
     Option("info_share", 0.02, "Report as info from this share (below: no finding)."),
 )
+
+
+def share_severity(share: float, options: dict) -> Severity | None:
+    """A finding's severity on SHARE_OPTIONS' ladder; None below `info_share`."""
+    sev = severity_for(share, options["warn_share"], options["error_share"])
+    if sev is None and share >= options["info_share"]:
+        sev = Severity.info
+    return sev
 
 
 def with_roles(tables: Tables, frame: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame | pl.LazyFrame:

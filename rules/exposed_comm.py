@@ -8,15 +8,13 @@ import polars as pl
 
 from kineto_comm.rules_api import (
     Finding,
-    Severity,
     Tables,
     make_finding,
     mean_step_ns,
     rule,
-    severity_for,
 )
 
-from ._common import SHARDED, SHARE_OPTIONS, exposure_by_cause
+from ._common import SHARDED, SHARE_OPTIONS, exposure_by_cause, share_severity
 
 ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
     ("data_parallel", "all_reduce"): (
@@ -72,9 +70,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
         share = c["impact_ns"] / step_ns if step_ns else 0.0
-        sev = severity_for(share, options["warn_share"], options["error_share"])
-        if sev is None and share >= options["info_share"]:
-            sev = Severity.info
+        sev = share_severity(share, options)
         if sev is None:
             continue
         groups = c["groups"] or []

@@ -20,7 +20,14 @@ from kineto_comm.rules_api import (
     severity_for,
 )
 
-from ._common import P2P, SHARE_OPTIONS, STORM_MAX_BYTES, STORM_MIN_CALLS, storm_keys
+from ._common import (
+    P2P,
+    SHARE_OPTIONS,
+    STORM_MAX_BYTES,
+    STORM_MIN_CALLS,
+    share_severity,
+    storm_keys,
+)
 
 
 def _lateness(tables: Tables) -> pl.DataFrame:
@@ -273,9 +280,7 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     impact = max(0.0, waited - blamed)
     step_ns = mean_step_ns(tables)
     share = impact / step_ns if step_ns else 0.0
-    sev = severity_for(share, options["warn_share"], options["error_share"])
-    if sev is None and share >= options["info_share"]:
-        sev = Severity.info
+    sev = share_severity(share, options)
     if sev is None:
         return []
     lasts = late.filter(pl.col("times_last") > 0)
