@@ -9,7 +9,7 @@ from kineto_comm import analyze
 from kineto_comm.analysis.match import instances, match_keys, waits
 from kineto_comm.synth import generate
 
-from .conftest import SAMPLES, shared
+from .conftest import REPO, SAMPLES, shared
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +18,8 @@ def jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("xr")
     specs = {
         "skew": ("clock-skew", "dp", 8),
+        "skew-tp": ("clock-skew", "tp-dp", 16),
+        "skew-pp": ("clock-skew", "pp-dp", 16),
         "straggler-dp": ("straggler", "dp", 8),
         "straggler-tp": ("straggler", "tp-dp", 8),
         "baseline": ("baseline", "dp", 8),
@@ -44,6 +46,60 @@ def test_clock_offsets_recovered_within_5us(jobs):
     unaligned = analyze(folder, jobs=1, align=False)
     assert (unaligned.offsets["offset_ns"] == 0).all()
     assert unaligned.collective_instances["arrival_skew_ns"].min() > offset / 2
+
+
+def test_clock_offsets_recovered_where_calls_across_hosts_are_few(jobs):
+    """Tensor parallel inside each of two hosts, data parallel across them: most of a rank's
+    calls are with its own host, and its few calls across hosts still set its offset."""
+    folder, truth = jobs["skew-tp"]
+    report = analyze(folder, jobs=1)
+    want = {int(r): v for r, v in truth["clock_offsets_ns"].items()}
+    assert len(set(want.values())) == 2  # two hosts, two clocks
+    got = dict(report.offsets.select("rank", "offset_ns").iter_rows())
+    for rank, offset in want.items():
+        assert abs(got[rank] - (offset - want[0])) <= 5_000, (rank, got[rank], offset)
+    assert report.offsets.filter(pl.col("method") == "reference")["rank"].to_list() == [0]
+
+
+def test_ranks_linked_only_by_point_to_point_keep_their_own_clocks(jobs):
+    """Pipeline stages exchange only sends and recvs, whose ends need not meet: each
+    data-parallel group (the ranks its all-reduces link) is on its lowest rank's clock, and
+    the text report says that the sets are not aligned with each other."""
+    import io
+
+    from kineto_comm.render.text import render_text
+
+    folder, truth = jobs["skew-pp"]
+    report = analyze(folder, jobs=1)
+    dp = [g["ranks"] for g in truth["process_groups"] if g["role"] == "dp"]
+    assert len(dp) > 1
+    offsets = report.offsets
+    refs = offsets.filter(pl.col("method") == "reference")["rank"].to_list()
+    assert refs == sorted(min(g) for g in dp)
+    assert (offsets["offset_ns"] == 0).all()  # one clock inside each group
+    out = io.StringIO()
+    render_text(report, out, width=400)
+    said = f"each set is on the clock of its lowest rank: {', '.join(map(str, refs))}"
+    assert said in out.getvalue()
+
+
+def test_offsets_never_come_from_point_to_point_calls():
+    """The real 4-stage pipeline capture (sends and recvs only, one clock) with 3 ms added to
+    the ends of stages 2 and 3: no offset is estimated or applied, whereas fitting the sends'
+    and recvs' ends would shift ranks by their 1-4 ms of misfit."""
+    from kineto_comm.analysis.align import estimate_offsets
+
+    report = analyze(REPO / "tests" / "data" / "h100-nccl" / "pp-4", jobs=1)
+    keyed = match_keys(report.collectives)
+    assert set(keyed["collective"].unique()) <= {"send", "recv", "send_recv"}
+    assert keyed["instance"].is_not_null().sum() > 100
+    moved = keyed.with_columns(
+        pl.col("end_ns") + pl.when(pl.col("rank") >= 2).then(3_000_000).otherwise(0)
+    )
+    ranks = report.ranks["rank"].to_list()
+    out = estimate_offsets(moved, ranks)
+    assert out["method"].to_list() == ["none"] * len(ranks)
+    assert (out["offset_ns"] == 0).all()
 
 
 @pytest.mark.parametrize("job", ["straggler-dp", "straggler-tp"])

@@ -222,6 +222,15 @@ def _render_cross_rank(report: Report, console: Console) -> None:
         console.print(
             f"Clock offsets applied (estimated from collective end times): {shifts}{more}"
         )
+    roots = report.offsets.filter(pl.col("method") == "reference")["rank"]
+    if roots.len() > 1:
+        shown = ", ".join(str(r) for r in roots.head(EXTREME_RANKS))
+        more = f" and {roots.len() - EXTREME_RANKS} more" if roots.len() > EXTREME_RANKS else ""
+        console.print(
+            f"Clocks not aligned across {roots.len()} sets of ranks that share no collective"
+            f" (point-to-point ends do not fix offsets); each set is on the clock of its"
+            f" lowest rank: {shown}{more}. Waits between the sets include any clock offset."
+        )
     for r in report.stragglers.filter(pl.col("is_straggler")).iter_rows(named=True):
         console.print(
             f"Straggler: rank {r['rank']} arrives last in {100 * r['last_share']:.0f}% of shared"
