@@ -63,8 +63,8 @@ def cross_rank(
             stragglers=stragglers(table, per_rank_waits),
             message_sizes=message_sizes(collectives),
             message_size_summary=message_size_summary(collectives),
-            pipeline=pipeline_of() if stages is None else stages.result(),
             storms=storms(collectives),
         )
+        out["pipeline"] = pipeline_of() if stages is None else stages.result()
         out["process_groups"] = roles_of() if roles is None else roles.result()
     return out
