@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm.analysis.overlap import breakdowns
+from kineto_comm.analysis.overlap import COMPUTE_EDGES, breakdowns
 from kineto_comm.lazy import collect_all, split
 from kineto_comm.lazy import stack as stack_frames
 from kineto_comm.load.decode import COLLECTIVE_SPAN, RawTrace, decode_file
@@ -192,7 +192,7 @@ def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTab
         on=["rank", "step"],
         how="left",
     ).sort("rank", "start_ns", maintain_order=True)
-    totals = totals.drop("window")
+    totals = totals.drop("window", *COMPUTE_EDGES)
     # Each row's rank: the provisional one; `_file` keeps the file's position to split by.
     claims = pl.Series([provisional(r) for r in raws], dtype=pl.Int64)
     relabel = {"_file": pl.col("rank"), "rank": pl.lit(claims).gather(pl.col("rank"))}

@@ -40,7 +40,15 @@ BATCH_ROWS = 100_000  # rows per batch: a few MB for the columns a rule reads
 # Calls per view of a few ranks (Tables.rank_slices): a fold over ranks holds state per
 # (rank, step) for about this many calls' ranks at a time.
 SLICE_ROWS = 2_000_000
-TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
+TIME_COLUMNS = [
+    "start_ns",
+    "end_ns",
+    "launch_ns",
+    "cpu_start_ns",
+    "cpu_end_ns",
+    "compute_start_ns",
+    "compute_end_ns",
+]
 
 
 SPILL_PREFIX = "kineto-comm-tables-"

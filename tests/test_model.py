@@ -282,8 +282,10 @@ def test_gloo_capture_uses_the_host_timeline():
 @pytest.mark.parametrize("apart", [0, 1 << 61])
 def test_breakdowns_equal_a_nanosecond_by_nanosecond_count(apart):
     """Random timelines (several ranks, overlapping and zero-length kernels, kinds outside
-    the four, two sets of windows): every metric equals counting each nanosecond. `apart`
-    puts each rank's clock that far from the previous one's (too far for one sort key)."""
+    the four, two sets of windows): every metric equals counting each nanosecond, and the
+    compute edges are the first and (one past) the last nanosecond with compute running.
+    `apart` puts each rank's clock that far from the previous one's (too far for one sort
+    key)."""
     rng = random.Random(7)
     metrics = {
         "compute_ns": lambda k: "compute" in k,
@@ -317,11 +319,16 @@ def test_breakdowns_equal_a_nanosecond_by_nanosecond_count(apart):
             assert got.height == wins.height
             for row in got.iter_rows(named=True):
                 expected = dict.fromkeys(metrics, 0)
+                computing = []
                 for t in range(row["start_ns"], row["end_ns"]):
                     running = {k for r, k, a, b in rows if r == row["rank"] and a <= t < b}
                     for name, holds in metrics.items():
                         expected[name] += holds(running)
+                    if "compute" in running:
+                        computing.append(t)
                 assert {name: row[name] for name in metrics} == expected, row
+                assert row["compute_start_ns"] == (computing[0] if computing else None), row
+                assert row["compute_end_ns"] == (computing[-1] + 1 if computing else None), row
                 assert row["idle_ns"] == row["wall_ns"] - expected["busy_ns"]
 
 

@@ -359,10 +359,13 @@ def test_compute_edges_match_their_definition_on_random_kernels() -> None:
     """busy, first and last compute of each window against their definitions, computed
     kernel by kernel: busy the length of the union of compute inside the window; first the
     earliest moment of the window some compute runs (from the earliest overlapping kernel's
-    start, clipped to the window); last the latest. Windows with and without the steps' own
-    compute_ns give the same table."""
+    start, clipped to the window; a kernel of no length runs none); last the latest. Windows
+    with and without the steps' own compute_ns give the same table, and so does the per-rank
+    sweep's measure of the same windows (overlap.breakdown: the steps' compute_ns,
+    compute_start_ns and compute_end_ns)."""
     import random
 
+    from kineto_comm.analysis.overlap import breakdown
     from kineto_comm.analysis.pipeline import _compute_edges
 
     rng = random.Random(7)
@@ -386,7 +389,7 @@ def test_compute_edges_match_their_definition_on_random_kernels() -> None:
             spans = [
                 (max(s, w0), min(e, w1))
                 for r, kind, s, e in rows
-                if r == rank and kind == "compute" and s < w1 and e > w0
+                if r == rank and kind == "compute" and s < w1 and e > w0 and e > s
             ]
             covered = {t for a, b in spans for t in range(a, b)}
             expected.append(
@@ -406,3 +409,11 @@ def test_compute_edges_match_their_definition_on_random_kernels() -> None:
             got.select("rank", "step", compute_ns="busy_ns"), on=["rank", "step"]
         )
         assert _compute_edges(kernels, measured).sort("rank", "step").equals(got)
+        swept = breakdown(kernels, windows.rename({"step": "window"})).select(
+            "rank",
+            step="window",
+            busy_ns="compute_ns",
+            first_ns="compute_start_ns",
+            last_ns="compute_end_ns",
+        )
+        assert swept.sort("rank", "step").equals(got)

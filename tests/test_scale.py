@@ -649,7 +649,7 @@ def test_files_read_in_one_scan_keep_each_rows_final_rank(tmp_path):
     import polars as pl
 
     from kineto_comm.per_rank import write_frame
-    from kineto_comm.rank_store import Part, RankStore, _groups, layout
+    from kineto_comm.rank_store import TIME_COLUMNS, Part, RankStore, _groups, layout
 
     steps = analyze(SAMPLES / "ddp-4", jobs=1, align=False).steps
     source = [g for _, g in steps.group_by("rank", maintain_order=True)]
@@ -689,7 +689,8 @@ def test_files_read_in_one_scan_keep_each_rows_final_rank(tmp_path):
     assert [len(g) for g in _groups(store._parts, 1)] == [1] * len(plan)
     two = [len(g) for g in _groups(store._parts, parts[4].rows + 1)]
     assert two == [2, 1, 1, 2, 1, 1, 1]
-    times = ["start_ns", "end_ns", "cpu_start_ns", "cpu_end_ns"]
+    times = [c for c in TIME_COLUMNS if c in whole.columns]
+    assert {"cpu_start_ns", "compute_start_ns", "compute_end_ns"} <= set(times)
     on_clock = whole.with_columns(pl.col(times) - 3 * pl.col("rank"))
     for rows in (1, parts[4].rows + 1, 2**62):
         got = pl.concat(store.with_offsets(offsets).batches(rows=rows), how="vertical_relaxed")

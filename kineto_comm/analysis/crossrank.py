@@ -19,9 +19,7 @@ from kineto_comm.analysis.roles import process_groups
 from kineto_comm.analysis.sizes import message_size_summary, message_sizes
 from kineto_comm.analysis.storms import storms
 from kineto_comm.analysis.stragglers import stragglers
-from kineto_comm.rank_store import SpillFolder
-
-TIME_COLUMNS = ["start_ns", "end_ns", "launch_ns", "cpu_start_ns", "cpu_end_ns"]
+from kineto_comm.rank_store import TIME_COLUMNS, SpillFolder
 
 
 def cross_rank(
@@ -35,15 +33,18 @@ def cross_rank(
     them whole."""
     ranks = tables["ranks"]["rank"].to_list() if tables["ranks"].height else []
     calls = tables["collectives"]
-    # The pipeline table compares no times across ranks (each rank's own clock is enough):
-    # it reads the tables before alignment. The groups' roles read only the calls and
-    # steps. On a small job (nothing in files) both run in threads beside the steps below:
-    # each step there is mostly the fixed cost of a few queries, which then overlap
-    # (bench/README.md, twenty-fifth and thirty-eighth sessions). On a big job they come
-    # after them, so that their transients never add up.
+    # The pipeline table and the groups' roles compare no times across ranks (each rank's
+    # own clock is enough: positions inside a rank's own step windows, its own gaps): they
+    # read the tables before alignment. On a small job (nothing in files) they run in
+    # threads beside the steps below from the start: each step there is mostly the fixed
+    # cost of a few queries, which then overlap (bench/README.md, twenty-fifth,
+    # thirty-eighth and thirty-ninth sessions). On a big job they come after them, so that
+    # their transients never add up.
     pipeline_of = partial(pipeline, tables["kernels"], calls, tables["steps"])
+    roles_of = partial(process_groups, calls, tables["steps"], tables["ranks"])
     with ThreadPoolExecutor(2) as side:
         stages = side.submit(pipeline_of) if folder is None else None
+        roles = side.submit(roles_of) if folder is None else None
         keyed = keyed_calls(calls, folder)
         offsets = estimate_offsets(keyed, ranks) if align else no_offsets(ranks)
         out: dict[str, Any] = {"totals": shift(tables["totals"], offsets, TIME_COLUMNS)}
@@ -51,8 +52,6 @@ def cross_rank(
         out["kernels"] = tables["kernels"].with_offsets(offsets)
         out["collectives"] = collectives = calls.with_offsets(offsets)
         keyed = keyed.with_offsets(offsets)
-        roles_of = partial(process_groups, collectives, out["steps"], tables["ranks"])
-        roles = side.submit(roles_of) if folder is None else None
         table = instances(keyed)
         per_rank_waits = waits(keyed, table, folder)
         keyed.discard()

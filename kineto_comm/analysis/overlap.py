@@ -16,6 +16,10 @@ goes to every metric its state satisfies:
     busy_ns           any bit;   idle_ns: no bit (nothing ran on the device)
     wall_ns           the window's length
 
+and the window's compute edges, `compute_start_ns` and `compute_end_ns`: where the first
+segment with the compute bit starts and the last one ends (null without compute), the
+warm-up and cool-down edges of a pipeline stage's step (kineto_comm.analysis.pipeline).
+
 This is HTA's definition of compute/communication overlap (`get_comm_comp_overlap`):
 overlap_ns / comm_ns equals its ratio when run over the same kernels.
 """
@@ -45,6 +49,7 @@ METRICS = (
     "memset_ns",
     "idle_ns",
 )
+COMPUTE_EDGES = ("compute_start_ns", "compute_end_ns")
 
 
 def merge_intervals(intervals: Frame, by: list[str]) -> Frame:
@@ -90,7 +95,8 @@ def breakdown(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     """Time metrics per window.
 
     kernels: rank, kind, start_ns, end_ns.  windows: rank, window, start_ns, end_ns (windows
-    of one rank must not overlap). Returns rank, window, start_ns, end_ns and METRICS.
+    of one rank must not overlap). Returns rank, window, start_ns, end_ns, METRICS and
+    COMPUTE_EDGES.
     """
     return breakdowns(kernels, [windows])[0]
 
@@ -175,10 +181,15 @@ def _per_window(segments: pl.LazyFrame, win: pl.LazyFrame, one_rank: bool) -> pl
         return pl.col("dur").filter(cond).sum()
 
     # Time per state first (at most 16 per window), then the metrics from those few rows.
-    by_state = placed.group_by("rank", "window", "state").agg(pl.col("dur").sum())
+    by_state = placed.group_by("rank", "window", "state").agg(
+        pl.col("dur").sum(), _from=pl.col("t").min(), _to=(pl.col("t") + pl.col("dur")).max()
+    )
+    computing = (s & 1) != 0
     sums = by_state.group_by("rank", "window").agg(
+        compute_start_ns=pl.col("_from").filter(computing).min(),
+        compute_end_ns=pl.col("_to").filter(computing).max(),
         busy_ns=total(s != 0),
-        compute_ns=total((s & 1) != 0),
+        compute_ns=total(computing),
         comm_ns=total((s & 2) != 0),
         overlap_ns=total((s & 3) == 3),
         exposed_comm_ns=total(((s & 2) != 0) & ((s & 1) == 0)),
@@ -193,4 +204,4 @@ def _per_window(segments: pl.LazyFrame, win: pl.LazyFrame, one_rank: bool) -> pl
     return out.with_columns(
         wall_ns=pl.col("end_ns") - pl.col("start_ns"),
         idle_ns=pl.col("end_ns") - pl.col("start_ns") - pl.col("busy_ns"),
-    ).select("rank", "window", "start_ns", "end_ns", *METRICS)
+    ).select("rank", "window", "start_ns", "end_ns", *METRICS, *COMPUTE_EDGES)

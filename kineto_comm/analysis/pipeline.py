@@ -165,9 +165,10 @@ def _summaries(
     p2p = _p2p_calls(collect(calls.lazy(names, where=where), calls.height))
     if p2p.height == 0:
         return None
-    # The steps' own compute time, where the per-rank model measured it (a Report's steps):
-    # the union of compute kernels in the same windows, which _idle would sweep for again.
-    measured = ["compute_ns"] if "compute_ns" in steps.columns else []
+    # The steps' own compute time and edges, where the per-rank model measured them (a
+    # Report's steps): the union of compute kernels in the same windows, where it starts and
+    # where it ends, which _idle would otherwise sweep the kernels for again.
+    measured = [c for c in _MEASURED if c in steps.columns]
     windows = collect(
         steps.lazy([*_NEEDS["steps"], *measured])
         .select(pl.all().cast(pl.Int64))
@@ -184,6 +185,10 @@ def _summaries(
         "firsts": _first_calls(p2p, windows),
         "idle": _idle(kernels, windows),
     }
+
+
+# What the per-rank model measures of each step window (kineto_comm.analysis.overlap).
+_MEASURED = ("compute_ns", "compute_start_ns", "compute_end_ns")
 
 
 def _p2p_calls(collectives: pl.DataFrame) -> pl.DataFrame:
@@ -395,13 +400,20 @@ def _micro_batches(counts: pl.DataFrame, stages: pl.DataFrame) -> pl.DataFrame:
 
 def _idle(kernels: RankStore, windows: pl.DataFrame) -> pl.DataFrame:
     """rank, step, wall/busy/idle and its warm-up / steady / cool-down split per window."""
-    ranks = windows["rank"].unique().sort().to_list()
-    need = list(_NEEDS["kernels"])
-    found = [_compute_edges(batch, windows) for batch in kernels.batches(ranks, need)]
-    edges = pl.concat(found) if found else pl.DataFrame(schema=_EDGES)
+    if set(_MEASURED) <= set(windows.columns):  # measured per rank: no kernel is read
+        placed = windows.with_columns(
+            busy_ns=pl.col("compute_ns"),
+            first_ns=pl.col("compute_start_ns"),
+            last_ns=pl.col("compute_end_ns"),
+        )
+    else:
+        ranks = windows["rank"].unique().sort().to_list()
+        need = list(_NEEDS["kernels"])
+        found = [_compute_edges(batch, windows) for batch in kernels.batches(ranks, need)]
+        edges = pl.concat(found) if found else pl.DataFrame(schema=_EDGES)
+        placed = windows.join(edges, on=["rank", "step"], how="left")
     out = (
-        windows.join(edges, on=["rank", "step"], how="left")
-        .with_columns(
+        placed.with_columns(
             pl.col("busy_ns").fill_null(0),
             wall_ns=pl.col("end_ns") - pl.col("start_ns"),
         )
@@ -439,7 +451,10 @@ def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame
     """Per window of the ranks in `kernels`: compute time (busy_ns; the windows' compute_ns
     when they carry it) and when compute first starts and last ends inside it (null without
     compute)."""
-    compute = kernels.filter(pl.col("kind") == "compute").select(
+    # A kernel of no length runs no compute (as in the per-rank sweep).
+    compute = kernels.filter(
+        (pl.col("kind") == "compute") & (pl.col("end_ns") > pl.col("start_ns"))
+    ).select(
         pl.col("rank").cast(pl.Int64),
         "kind",
         pl.col("start_ns").cast(pl.Int64),
