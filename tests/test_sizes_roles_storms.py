@@ -23,6 +23,7 @@ from kineto_comm.analysis.sizes import (
     message_sizes,
 )
 from kineto_comm.analysis.storms import STORM_SCHEMA, storms
+from kineto_comm.rank_store import TIME_COLUMNS
 from kineto_comm.report import Report
 from kineto_comm.synth import generate
 
@@ -196,6 +197,26 @@ def test_roles_on_the_streaming_engine_equal_the_in_memory_ones(
     assert expected.height > 0
     monkeypatch.setattr(lazy, "STREAMING_ROWS", 0)
     assert _roles(rep).equals(expected)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_roles_read_each_rank_on_its_own_clock(baselines: dict[str, Job], layout: str) -> None:
+    """The report's roles come from the tables before clock alignment (they compare no times
+    across ranks): the calls and steps of each rank moved by its own offset (tens of ms),
+    give the same table to the last digit."""
+    rep, _ = baselines[layout]
+    expected = _roles(rep)
+    ranks = rep.ranks["rank"].to_list()
+    moved = {r: (-1) ** r * 1_000_003 * r * r for r in ranks}
+    later = pl.col("rank").replace_strict(moved, return_dtype=pl.Int64)
+    calls = rep.collectives.with_columns(
+        pl.col(c) + later for c in TIME_COLUMNS if c in rep.collectives.columns
+    )
+    steps = rep.steps.with_columns(
+        pl.col(c) + later for c in TIME_COLUMNS if c in rep.steps.columns
+    )
+    assert not calls["start_ns"].equals(rep.collectives["start_ns"])
+    assert process_groups(calls, steps, rep.ranks).equals(expected)
 
 
 def test_role_evidence_gives_the_numbers(baselines: dict[str, Job]) -> None:
