@@ -12,7 +12,7 @@ import kineto_comm
 from kineto_comm.analysis.pipeline import PIPELINE_SCHEMA, pipeline
 from kineto_comm.synth import generate
 
-from .conftest import SAMPLES
+from .conftest import REPO, SAMPLES
 
 F, B = 1_000, 2_000  # forward / backward time of one micro-batch on one stage (ns)
 LAT = 10  # duration of a send
@@ -353,6 +353,18 @@ def test_real_gloo_gpipe_capture() -> None:
     split = out["warmup_idle_ns"] + out["steady_idle_ns"] + out["cooldown_idle_ns"]
     assert split.equals(out["idle_ns"], check_names=False)
     assert ((out["bubble_fraction"] > 0) & (out["bubble_fraction"] < 1)).all()
+
+
+@pytest.mark.parametrize("capture", [SAMPLES / "pp-4", REPO / "tests/data/h100-nccl/pp-4"])
+def test_measured_step_edges_give_the_kernels_table(capture: Path) -> None:
+    """Real pipeline captures (gloo on the host, NCCL on an H100): the table built from the
+    steps' own compute time and edges (the per-rank sweep's) equals the one found again
+    from every kernel, as for steps without them (a cache written before they existed)."""
+    r = kineto_comm.analyze(capture, jobs=1)
+    measured = pipeline(r.kernels, r.collectives, r.steps)
+    assert measured.height > 0 and measured["busy_ns"].sum() > 0
+    bare = r.steps.drop("compute_ns", "compute_start_ns", "compute_end_ns")
+    assert pipeline(r.kernels, r.collectives, bare).equals(measured)
 
 
 def test_compute_edges_match_their_definition_on_random_kernels() -> None:
