@@ -10,7 +10,8 @@ of their end differences is a link (robust to the few calls whose ends genuinely
 Offsets travel along the links outwards from the lowest rank of each linked set of ranks
 (_linked): ranks that never share a group with rank 0 are aligned through the ranks in
 between, and a rank's few calls across hosts count however many it has with its own host.
-A round of alternating medians then weighs all of a rank's calls. Offsets are
+Alternating medians then weigh all of a rank's calls, until no offset moves by more than
+a tenth of its residual (or 100 ns). Offsets are
 relative to the lowest rank of the set (method `reference`, offset 0): one set in a job
 whose collectives span it. `residual_ns` is each rank's median misfit after alignment, a
 measure of how much to trust it. An estimate smaller than SIGNIFICANCE times its residual
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from kineto_comm.rank_store import RankStore
 
 OFFSET_COLUMNS = ("rank", "offset_ns", "estimate_ns", "residual_ns", "matched", "method")
+_ROUNDS = 12  # at most, of alternating medians after linking
+SETTLED_NS = 100  # they stop once no offset moves by more than this
 # An estimate is applied only when it clearly exceeds its own misfit: ranks on one host
 # (one clock) otherwise get offsets that are noise of the collectives' end times.
 SIGNIFICANCE = 3.0
@@ -81,22 +84,24 @@ def estimate_offsets(keyed: pl.DataFrame | RankStore, ranks: list[int]) -> pl.Da
     if ends.height == 0 or not ranks:
         return no_offsets(ranks)
     linked = _linked(_links(ends))
-    # Then a round of alternating medians from there: each call's time as the median of its
-    # ranks' ends less their linked offsets, each rank's offset as the median of its ends
-    # less those times (every call of a rank weighs, not only those with its set's root),
-    # and its residual as the median misfit around that. Back on each root's clock last.
-    by_rank = pl.col("rank").replace_strict(linked["rank"], linked["offset"])
-    t = ends.group_by("instance").agg(t=(pl.col("end_ns") - by_rank).median())
-    misfit = pl.col("end_ns") - pl.col("instance").replace_strict(t["instance"], t["t"])
-    fit = ends.group_by("rank").agg(
-        offset=misfit.median(),
-        residual_ns=(misfit - misfit.median()).abs().median(),
-        matched=pl.len().cast(pl.Int64),
-    )
+    # Then alternating medians from there: each call's time as the median of its ranks'
+    # ends less their offsets, each rank's offset as the median of its ends less those
+    # times (every call of a rank weighs, not only those with its set's root), until no
+    # offset moves by more than a tenth of its residual or SETTLED_NS: a move well inside
+    # the misfit is noise (on the real single-GPU captures, whose ends differ by ms, the
+    # offsets kept moving by us for 12 rounds). From the linked offsets they only refine.
+    fit = linked
+    for _ in range(_ROUNDS):
+        before = fit["offset"]
+        fit = _refined(ends, fit)
+        limit = (fit["residual_ns"] / 10).clip(lower_bound=SETTLED_NS)
+        if ((fit["offset"] - before).abs() <= limit).all():
+            break
+    # Each set on its root's clock.
     at_root = pl.col("offset").filter(pl.col("rank") == pl.col("root")).first().over("root")
     offsets = (
         linked.select("rank", "root")
-        .join(fit, on="rank", how="left")
+        .with_columns(fit.select("offset", "residual_ns", "matched"))
         .with_columns(pl.col("offset") - at_root)
     )
     estimate = pl.col("offset").fill_null(0.0).round().cast(pl.Int64)
@@ -119,6 +124,26 @@ def estimate_offsets(keyed: pl.DataFrame | RankStore, ranks: list[int]) -> pl.Da
             .when(significant)
             .then(pl.lit("collective-end"))
             .otherwise(pl.lit("insignificant")),
+        )
+        .sort("rank")
+    )
+
+
+def _refined(ends: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
+    """One round of alternating medians from `offsets` (rank, offset; the ranks of `ends`
+    in rank order): rank, offset, residual_ns (the median misfit of the rank's ends around
+    it) and matched (its calls), in the same order. Eager: on a small job the round is a
+    few hundred rows, and planning it as a lazy query cost twice as much as running it."""
+    by_rank = pl.col("rank").replace_strict(offsets["rank"], offsets["offset"])
+    call_time = (pl.col("end_ns") - by_rank).median().over("instance")
+    misfit = pl.col("_misfit")
+    return (
+        ends.select("rank", _misfit=pl.col("end_ns") - call_time)
+        .group_by("rank")
+        .agg(
+            offset=misfit.median(),
+            residual_ns=(misfit - misfit.median()).abs().median(),
+            matched=pl.len().cast(pl.Int64),
         )
         .sort("rank")
     )
