@@ -1,9 +1,11 @@
-"""The tiny transformer and the four parallel layouts (ddp, fsdp, pp, tp).
+"""The tiny transformer and the five parallel layouts (ddp, fsdp, pp, tp, tp-dp).
 
 Why: each layout produces a distinct communication pattern in the trace: DDP
 bucketed gradient all-reduces, FSDP all-gathers and reduce-scatters, pipeline
-point-to-point sends/receives of activations and gradients, and tensor-parallel
-all-reduces inside every block's forward and backward. Models are kept tiny
+point-to-point sends/receives of activations and gradients, tensor-parallel
+all-reduces inside every block's forward and backward, and both at once in tp-dp
+(tensor parallel in pairs of neighbouring ranks, data parallel across the pairs, as
+Megatron lays a job out: many small calls inside a pair, fewer across). Models are kept tiny
 (hidden 64, sequence 32) so traces stay small and 4 ranks run on 2 CPU cores.
 
 Only imported by workers (and argument checks); torch is imported inside functions
@@ -27,6 +29,7 @@ SEQ = 32
 BATCH = 8
 LAYERS = 2
 LR = 1e-3
+TP_PAIR = 2  # tensor-parallel degree of the tp-dp layout
 
 
 def check_layout_ranks(layout: str, ranks: int) -> str | None:
@@ -35,12 +38,14 @@ def check_layout_ranks(layout: str, ranks: int) -> str | None:
         return f"pp needs 2..8 ranks (one pipeline stage each), got {ranks}"
     if layout == "tp" and (HEADS % ranks or FFN % ranks):
         return f"tp needs ranks dividing heads={HEADS} and ffn={FFN}, got {ranks}"
+    if layout == "tp-dp" and (ranks % TP_PAIR or ranks < 2 * TP_PAIR):
+        return f"tp-dp needs an even number of ranks, at least {2 * TP_PAIR}, got {ranks}"
     return None
 
 
 def build_workload(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
     """Build this rank's model, optimizer and data; return one training iteration."""
-    builders = {"ddp": _ddp, "fsdp": _fsdp, "pp": _pp, "tp": _tp}
+    builders = {"ddp": _ddp, "fsdp": _fsdp, "pp": _pp, "tp": _tp, "tp-dp": _tp_dp}
     return builders[cfg.layout](cfg, rank, device)
 
 
@@ -222,17 +227,46 @@ def _fsdp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
 
 
 def _tp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
-    """Megatron tensor parallelism: heads and FFN columns split across all ranks.
+    """Megatron tensor parallelism: heads and FFN columns split across all ranks."""
+    import torch.distributed as dist
+
+    model = _tp_model(cfg, rank, dist.get_world_size(), None, device)
+    return _simple_step(model, cfg, 0, device)  # same data on every TP rank
+
+
+def _tp_dp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
+    """Tensor parallel in pairs of neighbouring ranks (0-1, 2-3, ...), data parallel across
+    the pairs: DDP over the ranks with the same place in their pair (0, 2, 4, ... and
+    1, 3, 5, ...), whose gradient all-reduces are the only calls between pairs."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    world = dist.get_world_size()
+    # Every rank creates every group, in the same order (torch.distributed requires it).
+    pairs = [dist.new_group(list(range(s, s + TP_PAIR))) for s in range(0, world, TP_PAIR)]
+    across = [dist.new_group(list(range(t, world, TP_PAIR))) for t in range(TP_PAIR)]
+    model = _tp_model(cfg, rank % TP_PAIR, TP_PAIR, pairs[rank // TP_PAIR], device)
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = DDP(
+        model,
+        device_ids=ids,
+        process_group=across[rank % TP_PAIR],
+        bucket_cap_mb=cfg.bucket_cap_mb,
+    )
+    return _simple_step(ddp, cfg, rank // TP_PAIR, device)  # one batch per pair
+
+
+def _tp_model(cfg: CaptureConfig, tp_rank: int, tp_size: int, group: Any, device: Any) -> Any:
+    """The tiny transformer with heads and FFN columns split over a tensor-parallel group
+    (`group`, None for all ranks) of `tp_size` ranks, this one `tp_rank` of them.
 
     ``copy`` (f) is identity forward / all-reduce backward before each column-parallel
     linear; ``reduce`` (g) is all-reduce forward / identity backward after each
-    row-parallel linear. Embedding, norms and head are replicated, and every rank sees
-    the same batch, so replicated gradients stay identical without extra sync.
+    row-parallel linear. Embedding, norms and head are replicated, and every rank of the
+    group sees the same batch, so replicated gradients stay identical without extra sync.
     """
     import torch
     import torch.distributed as dist
-
-    world = dist.get_world_size()
 
     class _CopyToTP(torch.autograd.Function):
         @staticmethod
@@ -242,14 +276,14 @@ def _tp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
         @staticmethod
         def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
             grad = grad.contiguous()
-            dist.all_reduce(grad)
+            dist.all_reduce(grad, group=group)
             return grad
 
     class _ReduceFromTP(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
             x = x.contiguous()
-            dist.all_reduce(x)
+            dist.all_reduce(x, group=group)
             return x
 
         @staticmethod
@@ -261,13 +295,12 @@ def _tp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
         reduce = staticmethod(_ReduceFromTP.apply)
 
     torch.manual_seed(cfg.seed)  # replicated parts identical on every rank
-    model = _modules()["TinyTransformer"](tp=TP(), tp_size=world)
-    torch.manual_seed(cfg.seed + 1 + rank)  # each rank's shards differ
+    model = _modules()["TinyTransformer"](tp=TP(), tp_size=tp_size)
+    torch.manual_seed(cfg.seed + 1 + tp_rank)  # each rank's shards differ
     for blk in model.blocks:
         for m in (blk.attn.qkv, blk.attn.out, blk.mlp.fc1, blk.mlp.fc2):
             m.reset_parameters()
-    model.to(device)
-    return _simple_step(model, cfg, 0, device)  # same data on every TP rank
+    return model.to(device)
 
 
 # --------------------------------------------------------------------------- pp
