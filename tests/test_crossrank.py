@@ -83,6 +83,42 @@ def test_ranks_linked_only_by_point_to_point_keep_their_own_clocks(jobs):
     assert said in out.getvalue()
 
 
+def test_offsets_are_applied_per_link_and_a_tight_pair_stays_together():
+    """Ranks 0-1 and 2-3 are tensor-parallel pairs whose ends agree to 1 us (rank 1's clock
+    3 ms off rank 0's, rank 3's 1 ms off rank 2's); 0 and 2 meet only in calls whose ends
+    scatter by +-4 ms around 2 ms (a shared GPU's data-parallel group). Each pair's gap is
+    applied; the loose link's is not (its ranks may share a clock as far as the ends
+    tell), and it moves neither 2 nor 3: the pair keeps its 1 ms."""
+    import random
+
+    from kineto_comm.analysis.align import estimate_offsets
+
+    rng = random.Random(3)
+    rows = []
+    for call in range(40):  # the pairs' calls: many, tight
+        t = 1_000_000_000 + call * 10_000_000
+        rows += [(call, 0, t), (call, 1, t + 3_000_000 + rng.randint(-500, 500))]
+        rows += [(100 + call, 2, t + 2_000_000), (100 + call, 3, t + 3_000_000)]
+    for call in range(9):  # across the pairs: few, loose
+        t = 5_000_000_000 + call * 10_000_000
+        scatter = rng.choice([-4_000_000, 0, 4_000_000, 2_500_000, -2_500_000])
+        rows += [(200 + call, 0, t), (200 + call, 2, t + 2_000_000 + scatter)]
+    keyed = pl.DataFrame(rows, schema=["instance", "rank", "end_ns"], orient="row").with_columns(
+        device=pl.lit(0), collective=pl.lit("all_reduce")
+    )
+    out = {r["rank"]: r for r in estimate_offsets(keyed, [0, 1, 2, 3]).iter_rows(named=True)}
+    assert [out[r]["method"] for r in range(4)] == [
+        "reference",
+        "collective-end",
+        "insignificant",
+        "collective-end",
+    ]
+    assert abs(out[1]["offset_ns"] - 3_000_000) < 1_000
+    assert out[2]["offset_ns"] == 0 and abs(out[2]["estimate_ns"]) > 100_000
+    assert out[3]["offset_ns"] - out[2]["offset_ns"] == 1_000_000
+    assert out[3]["estimate_ns"] - out[2]["estimate_ns"] == 1_000_000
+
+
 def test_offsets_never_come_from_point_to_point_calls():
     """The real 4-stage pipeline capture (sends and recvs only, one clock) with 3 ms added to
     the ends of stages 2 and 3: no offset is estimated or applied, whereas fitting the sends'

@@ -5,19 +5,22 @@ instant on every rank of its group (nobody leaves before the last byte arrives),
 matched call's end times differ across ranks mostly by the clock offsets:
 `end(rank, call) = T(call) + offset(rank)`.
 
-The fit. Each call pairs its lowest rank with each of its other ranks; per pair, the median
-of their end differences is a link (robust to the few calls whose ends genuinely differ).
-Offsets travel along the links outwards from the lowest rank of each linked set of ranks
-(_linked): ranks that never share a group with rank 0 are aligned through the ranks in
-between, and a rank's few calls across hosts count however many it has with its own host.
-Alternating medians then weigh all of a rank's calls, until no offset moves by more than
-a tenth of its residual (or 100 ns). Offsets are
-relative to the lowest rank of the set (method `reference`, offset 0): one set in a job
-whose collectives span it. `residual_ns` is each rank's median misfit after alignment, a
-measure of how much to trust it. An estimate smaller than SIGNIFICANCE times its residual
-(or than MIN_OFFSET_NS) is reported in `estimate_ns` but not applied (`offset_ns` 0, method
-`insignificant`): collectives whose ends genuinely vary would otherwise shift ranks that
-share one clock.
+The fit. Each call pairs its lowest rank with each of its other ranks; per pair of ranks,
+the median of their end differences is a link (robust to the few calls whose ends
+genuinely differ), and the median distance of a difference from it, its spread. The
+tightest links that join all ranks (a minimum spanning tree by spread, _tree) carry the
+offsets outwards from the lowest rank of each linked set of ranks: ranks that never share
+a group with rank 0 are aligned through the ranks in between, and a rank's few calls
+across hosts count however many it has with its own host. Offsets are relative to that
+lowest rank (method `reference`, offset 0): one set in a job whose collectives span it.
+
+What is applied. A link moves its far end only when its gap is at least SIGNIFICANCE
+times its spread and MIN_OFFSET_NS: else the two ranks read one clock as far as the trace
+can tell (collectives whose ends genuinely vary would otherwise shift ranks that share
+one). `estimate_ns` sums every gap on a rank's way from its reference, `offset_ns` only
+the significant ones (method `collective-end` when there is one, else `insignificant`).
+`residual_ns` is the median distance of the rank's ends, less its estimate, from its calls'
+times (the median over each call's ranks): how far the estimate leaves it off.
 
 Calls not used. Host-timeline (gloo) calls: a send ends when the data is handed off, a
 ring all-reduce ends on each rank at its own last hop (tens of us apart, consistently),
@@ -43,9 +46,7 @@ if TYPE_CHECKING:
     from kineto_comm.rank_store import RankStore
 
 OFFSET_COLUMNS = ("rank", "offset_ns", "estimate_ns", "residual_ns", "matched", "method")
-_ROUNDS = 12  # at most, of alternating medians after linking
-SETTLED_NS = 100  # they stop once no offset moves by more than this
-# An estimate is applied only when it clearly exceeds its own misfit: ranks on one host
+# A link's gap is applied only when it clearly exceeds the link's spread: ranks on one host
 # (one clock) otherwise get offsets that are noise of the collectives' end times.
 SIGNIFICANCE = 3.0
 MIN_OFFSET_NS = 1_000
@@ -83,45 +84,25 @@ def estimate_offsets(keyed: pl.DataFrame | RankStore, ranks: list[int]) -> pl.Da
     base = pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int64})
     if ends.height == 0 or not ranks:
         return no_offsets(ranks)
-    linked = _linked(_links(ends))
-    # Then alternating medians from there: each call's time as the median of its ranks'
-    # ends less their offsets, each rank's offset as the median of its ends less those
-    # times (every call of a rank weighs, not only those with its set's root), until no
-    # offset moves by more than a tenth of its residual or SETTLED_NS: a move well inside
-    # the misfit is noise (on the real single-GPU captures, whose ends differ by ms, the
-    # offsets kept moving by us for 12 rounds). From the linked offsets they only refine.
-    fit = linked
-    for _ in range(_ROUNDS):
-        before = fit["offset"]
-        fit = _refined(ends, fit)
-        limit = (fit["residual_ns"] / 10).clip(lower_bound=SETTLED_NS)
-        if ((fit["offset"] - before).abs() <= limit).all():
-            break
-    # Each set on its root's clock.
-    at_root = pl.col("offset").filter(pl.col("rank") == pl.col("root")).first().over("root")
-    offsets = (
-        linked.select("rank", "root")
-        .with_columns(fit.select("offset", "residual_ns", "matched"))
-        .with_columns(pl.col("offset") - at_root)
-    )
-    estimate = pl.col("offset").fill_null(0.0).round().cast(pl.Int64)
-    residual = pl.col("residual_ns").round().cast(pl.Int64)
-    significant = (estimate.abs() >= MIN_OFFSET_NS) & (
-        estimate.abs() >= SIGNIFICANCE * residual.fill_null(0)
-    )
+    tree = _tree(_links(ends))
+    # How well each rank's ends fit the estimates: each call's time as the median of its
+    # ranks' ends less their estimates, the rank's misfit the median distance from it.
+    fit = _fit(ends, tree)
+    rounded = pl.col("estimate").round().cast(pl.Int64)
     return (
-        base.join(offsets, on="rank", how="left")
+        base.join(tree, on="rank", how="left")
+        .join(fit, on="rank", how="left")
         .select(
             "rank",
-            offset_ns=pl.when(significant).then(estimate).otherwise(0),
-            estimate_ns=estimate,
-            residual_ns=residual,
+            offset_ns=pl.col("offset").round().cast(pl.Int64).fill_null(0),
+            estimate_ns=rounded,
+            residual_ns=pl.col("residual_ns").round().cast(pl.Int64),
             matched=pl.col("matched").fill_null(0),
-            method=pl.when(pl.col("offset").is_null())
+            method=pl.when(pl.col("estimate").is_null())
             .then(pl.lit("none"))
             .when(pl.col("rank") == pl.col("root"))
             .then(pl.lit("reference"))
-            .when(significant)
+            .when(pl.col("applied"))
             .then(pl.lit("collective-end"))
             .otherwise(pl.lit("insignificant")),
         )
@@ -129,83 +110,107 @@ def estimate_offsets(keyed: pl.DataFrame | RankStore, ranks: list[int]) -> pl.Da
     )
 
 
-def _refined(ends: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
-    """One round of alternating medians from `offsets` (rank, offset; the ranks of `ends`
-    in rank order): rank, offset, residual_ns (the median misfit of the rank's ends around
-    it) and matched (its calls), in the same order. Eager: on a small job the round is a
-    few hundred rows, and planning it as a lazy query cost twice as much as running it."""
-    by_rank = pl.col("rank").replace_strict(offsets["rank"], offsets["offset"])
-    call_time = (pl.col("end_ns") - by_rank).median().over("instance")
-    misfit = pl.col("_misfit")
+def _fit(ends: pl.DataFrame, tree: pl.DataFrame) -> pl.DataFrame:
+    """rank, residual_ns (the median distance of the rank's ends, less its estimate, from
+    its calls' times: the median over each call's ranks) and matched (its calls). Eager:
+    a small job has a few hundred ends, and planning a lazy query cost twice the work."""
+    estimate = pl.col("rank").replace_strict(tree["rank"], tree["estimate"])
+    call_time = (pl.col("end_ns") - estimate).median().over("instance")
     return (
-        ends.select("rank", _misfit=pl.col("end_ns") - call_time)
+        ends.select("rank", _misfit=(pl.col("end_ns") - estimate - call_time).abs())
         .group_by("rank")
-        .agg(
-            offset=misfit.median(),
-            residual_ns=(misfit - misfit.median()).abs().median(),
-            matched=pl.len().cast(pl.Int64),
-        )
-        .sort("rank")
+        .agg(residual_ns=pl.col("_misfit").median(), matched=pl.len().cast(pl.Int64))
     )
 
 
 def _links(ends: pl.DataFrame) -> pl.DataFrame:
-    """Per pair of ranks that share calls (src, dst): `gap`, the median over those calls of
-    dst's end minus src's end (dst's offset minus src's, as far as clocks explain it), and
-    `calls`, how many. Each call pairs its lowest rank with each other rank, so a call adds
-    one pair per rank, not one per pair of ranks. Both directions are listed."""
+    """Per pair of ranks that share calls (src < dst): `gap`, the median over those calls of
+    dst's end minus src's end (dst's offset minus src's, as far as clocks explain it);
+    `spread`, the median distance of a call's difference from that gap (how far the link
+    can be trusted); and `calls`, how many. Each call pairs its lowest rank with each other
+    rank, so a call adds one pair per rank, not one per pair of ranks."""
     lead = pl.col("rank").min().over("instance")
     lead_end = pl.col("end_ns").filter(pl.col("rank") == lead).first().over("instance")
-    one_way = (
+    gap = pl.col("gap")
+    return (
         ends.select("instance", "rank", src=lead, gap=pl.col("end_ns") - lead_end)
         .filter(pl.col("rank") != pl.col("src"))
         .group_by("src", "rank")
-        .agg(pl.col("gap").median(), calls=pl.len())
-        .rename({"rank": "dst"})
-    )
-    return pl.concat(
-        [one_way, one_way.select(src="dst", dst="src", gap=-pl.col("gap"), calls="calls")]
+        .agg(gap.median(), spread=(gap - gap.median()).abs().median(), calls=pl.len())
+        .select("src", dst="rank", gap="gap", spread="spread", calls="calls")
     )
 
 
-def _linked(links: pl.DataFrame) -> pl.DataFrame:
-    """rank, root, offset: each linked set of ranks on the clock of its lowest rank (its
-    root), through the links (_links) from the root outwards.
+def _tree(links: pl.DataFrame) -> pl.DataFrame:
+    """rank, root, estimate, offset, applied: each linked set of ranks on the clock of its
+    lowest rank (its root), through the tightest links (_links) that join the set.
 
-    Breadth first from each root: a rank's offset is its nearest neighbour's plus the gap
-    between them (among neighbours as near, the one of most calls together, then the lowest
-    rank). The graph has a node per rank, and a walk goes one hop after another: in Python
-    it takes microseconds, where a Polars query per hop took ~0.7 ms.
+    The links kept are a minimum spanning tree by spread (Kruskal: the tightest first, then
+    the most calls, then the lowest ranks), so ranks whose ends agree closely (a
+    tensor-parallel pair) are always placed by their own link, and a set of them hangs
+    from the rest by one link. A rank's `estimate` is the sum of the gaps on its way from
+    the root; its `offset` (what is applied) sums only the links whose gap is significant
+    (at least SIGNIFICANCE times their spread and MIN_OFFSET_NS): an insignificant link
+    says both ranks read one clock as far as the trace can tell. `applied`: some link on
+    the way is. Deciding per link and not per rank never pulls apart two ranks whose own
+    link is sure: on the real tp-dp-8 capture, a pair whose ends agree to 1 us at a 2.24
+    ms gap kept it, whatever the data-parallel ends (scattered over 13 ms) said of the
+    pair against the rest.
 
-    Why offsets travel along links and are not fitted to all calls at once by alternating
-    medians: a median follows the majority of a rank's calls. A rank whose calls are mostly
-    with ranks of its own host (tensor parallel) kept the offset of its host-mates whatever
-    its few calls across hosts (data parallel) said: on a generated tensor- and
-    data-parallel job over two hosts 94 us apart, every rank stayed at 0.
+    Why a tree of links and not one fit of all calls by alternating medians: a median
+    follows the majority of a rank's calls. A rank whose calls are mostly with ranks of its
+    own host (tensor parallel) kept the offset of its host-mates whatever its few calls
+    across hosts (data parallel) said: on a generated tensor- and data-parallel job over
+    two hosts 94 us apart, every rank stayed at 0. The graph has a node per rank; walked
+    in Python it takes microseconds, where a Polars query per hop took ~0.7 ms.
     """
-    near: dict[int, list[tuple[int, float, int]]] = {}
-    for src, dst, gap, calls in links.select("src", "dst", "gap", "calls").iter_rows():
-        near.setdefault(src, []).append((dst, gap, calls))
-    root: dict[int, int] = {}
-    offset: dict[int, float] = {}
-    for start in sorted(near):  # ascending: each set is first met at its lowest rank
-        if start in root:
+    rows = links.sort("spread", "calls", "src", "dst", descending=[False, True, False, False])
+    leader: dict[int, int] = {}
+
+    def find(rank: int) -> int:
+        while leader.setdefault(rank, rank) != rank:
+            leader[rank] = leader[leader[rank]]
+            rank = leader[rank]
+        return rank
+
+    near: dict[int, list[tuple[int, float, bool]]] = {}
+    for src, dst, gap, spread, _ in rows.iter_rows():
+        near.setdefault(src, [])
+        near.setdefault(dst, [])
+        a, b = find(src), find(dst)
+        if a == b:
             continue
-        root[start], offset[start], frontier = start, 0.0, [start]
-        while frontier:
-            best: dict[int, tuple[tuple[int, int], float]] = {}
-            for prev in frontier:
-                for rank, gap, calls in near[prev]:
-                    choice = ((calls, -prev), offset[prev] + gap)
-                    if rank not in root and (rank not in best or choice[0] > best[rank][0]):
-                        best[rank] = choice
-            for rank, (_, value) in best.items():
-                root[rank], offset[rank] = start, value
-            frontier = sorted(best)
-    ranks = sorted(root)
+        leader[max(a, b)] = min(a, b)
+        sure = abs(gap) >= MIN_OFFSET_NS and abs(gap) >= SIGNIFICANCE * spread
+        near[src].append((dst, gap, sure))
+        near[dst].append((src, -gap, sure))
+    found: dict[int, tuple[int, float, float, bool]] = {}
+    for start in sorted(near):  # ascending: each set is first met at its lowest rank
+        if start in found:
+            continue
+        found[start] = (start, 0.0, 0.0, False)
+        todo = [start]
+        while todo:
+            prev = todo.pop()
+            _, estimate, offset, applied = found[prev]
+            for rank, gap, sure in near[prev]:
+                if rank not in found:
+                    moved = offset + gap if sure else offset
+                    found[rank] = (start, estimate + gap, moved, applied or sure)
+                    todo.append(rank)
+    ranks = sorted(found)
+    root, estimate, offset, applied = (
+        zip(*(found[r] for r in ranks), strict=True) if ranks else ((),) * 4
+    )
     return pl.DataFrame(
-        {"rank": ranks, "root": [root[r] for r in ranks], "offset": [offset[r] for r in ranks]},
-        schema={"rank": pl.Int64, "root": pl.Int64, "offset": pl.Float64},
+        {"rank": ranks, "root": root, "estimate": estimate, "offset": offset, "applied": applied},
+        schema={
+            "rank": pl.Int64,
+            "root": pl.Int64,
+            "estimate": pl.Float64,
+            "offset": pl.Float64,
+            "applied": pl.Boolean,
+        },
     )
 
 
