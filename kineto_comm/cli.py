@@ -306,7 +306,7 @@ def synth(
 
 @app.command()
 def capture(
-    layout: Annotated[str, typer.Argument(help="ddp, fsdp, pp or tp.")],
+    layout: Annotated[str, typer.Argument(help="ddp, fsdp, pp, tp or tp-dp.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for the rank traces.")],
     ranks: Annotated[int, typer.Option("--ranks")] = 2,
     steps: Annotated[int, typer.Option("--steps")] = 2,
