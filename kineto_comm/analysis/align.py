@@ -198,10 +198,8 @@ def _tree(links: pl.DataFrame) -> pl.DataFrame:
                     moved = offset + gap if sure else offset
                     found[rank] = (start, estimate + gap, moved, applied or sure)
                     todo.append(rank)
-    ranks = sorted(found)
-    root, estimate, offset, applied = (
-        zip(*(found[r] for r in ranks), strict=True) if ranks else ((),) * 4
-    )
+    ranks = sorted(found)  # never empty: every link has two ranks
+    root, estimate, offset, applied = zip(*(found[r] for r in ranks), strict=True)
     return pl.DataFrame(
         {"rank": ranks, "root": root, "estimate": estimate, "offset": offset, "applied": applied},
         schema={
