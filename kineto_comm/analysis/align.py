@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from kineto_comm.lazy import collect, sample
+from kineto_comm.model.names import POINT_TO_POINT
 
 if TYPE_CHECKING:
     from kineto_comm.rank_store import RankStore
@@ -51,7 +52,7 @@ OFFSET_COLUMNS = ("rank", "offset_ns", "estimate_ns", "residual_ns", "matched", 
 SIGNIFICANCE = 3.0
 MIN_OFFSET_NS = 1_000
 # Calls whose ends need not meet (module doc): never used for offsets.
-ONE_SIDED = ("send", "recv", "send_recv", "broadcast", "reduce", "gather", "scatter")
+ONE_SIDED = (*POINT_TO_POINT, "broadcast", "reduce", "gather", "scatter")
 
 
 def estimate_offsets(keyed: pl.DataFrame | RankStore, ranks: list[int]) -> pl.DataFrame:

@@ -448,13 +448,10 @@ _EDGES = {
 
 
 def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """Per window of the ranks in `kernels`: compute time (busy_ns; the windows' compute_ns
-    when they carry it) and when compute first starts and last ends inside it (null without
-    compute)."""
-    # A kernel of no length runs no compute (as in the per-rank sweep).
-    compute = kernels.filter(
-        (pl.col("kind") == "compute") & (pl.col("end_ns") > pl.col("start_ns"))
-    ).select(
+    """Per window of the ranks in `kernels`: compute time (busy_ns) and when compute first
+    starts and last ends inside it (null without compute), by the per-rank model's own sweep
+    (overlap.breakdown) over their compute kernels: for steps that do not carry them."""
+    compute = kernels.filter(pl.col("kind") == "compute").select(
         pl.col("rank").cast(pl.Int64),
         "kind",
         pl.col("start_ns").cast(pl.Int64),
@@ -463,62 +460,11 @@ def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame
     windows = windows.filter(
         pl.col("rank").is_in(kernels["rank"].unique().cast(pl.Int64).implode())
     )
-    if "compute_ns" in windows.columns:
-        busy = windows.select("rank", "step", busy_ns="compute_ns")
-    else:
-        busy = breakdown(compute, windows.rename({"step": "window"})).select(
-            "rank", step="window", busy_ns="compute_ns"
-        )
-    # In start order, `reach` is the latest end so far: it passes a time t exactly when some
-    # compute started so far runs past t. So the first kernel whose reach passes a window's
-    # start opens its compute (at the window start when it began before it), and the reach
-    # of the last kernel starting before the window's end is where its compute stops.
-    reach = compute.sort("rank", "start_ns").select(
-        "rank", "start_ns", reach=pl.col("end_ns").cum_max().over("rank")
-    )
-    w = windows.select(
+    swept = breakdown(compute, windows.rename({"step": "window"})).select(
         "rank",
-        "step",
-        "start_ns",
-        "end_ns",
-        _after=pl.col("start_ns") + 1,
-        _before=pl.col("end_ns") - 1,
+        step="window",
+        busy_ns="compute_ns",
+        first_ns="compute_start_ns",
+        last_ns="compute_end_ns",
     )
-    first = w.sort("_after").join_asof(
-        # Among kernels of one reach, the earliest: the one that set it.
-        reach.sort("reach", "start_ns").select("rank", c_start="start_ns", c_reach="reach"),
-        left_on="_after",
-        right_on="c_reach",
-        by="rank",
-        strategy="forward",
-        check_sortedness=False,
-    )
-    first = first.select(
-        "rank",
-        "step",
-        first_ns=pl.when(pl.col("c_start") < pl.col("end_ns")).then(
-            pl.max_horizontal("c_start", "start_ns")
-        ),
-    )
-    last = w.sort("_before").join_asof(
-        reach.select("rank", c_start="start_ns", c_reach="reach"),
-        left_on="_before",
-        right_on="c_start",
-        by="rank",
-        strategy="backward",
-        check_sortedness=False,
-    )
-    last = last.select(
-        "rank",
-        "step",
-        last_ns=pl.when(pl.col("c_reach") > pl.col("start_ns")).then(
-            pl.min_horizontal("c_reach", "end_ns")
-        ),
-    )
-    return (
-        windows.select("rank", "step")
-        .join(busy, on=["rank", "step"], how="left")
-        .join(first, on=["rank", "step"], how="left")
-        .join(last, on=["rank", "step"], how="left")
-        .select([pl.col(c).cast(t) for c, t in _EDGES.items()])
-    )
+    return swept.select([pl.col(c).cast(t) for c, t in _EDGES.items()])
