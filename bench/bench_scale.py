@@ -5,8 +5,9 @@
     python bench/bench_scale.py --folder bench/out/h100-nccl/ddp-8  # real traces instead
     python bench/bench_scale.py --ranks 8 --size-mb 10 --runs 5   # alternated, with medians
 
-A synthetic data-parallel job is generated under bench/out/ (kept and reused), unless
---folder names a folder of real trace files (.json) to run on. kineto-comm
+A synthetic data-parallel job is generated under bench/out/ (kept and reused), with as many
+CPU ops per kernel as real captures have (--host-ops), unless --folder names a folder of real
+trace files (.json) to run on. kineto-comm
 runs `analyze()` with one worker per core in a child process; the child's own peak RSS (the
 parent of the workers: they are not counted) and the wall time are reported. HTA runs
 `TraceAnalysis` load + `get_comm_comp_overlap` + `get_temporal_breakdown` on the same files.
@@ -28,6 +29,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_load import run_child  # noqa: E402
+
+# Real captures carry ~7 CPU ops per kernel (record_shapes view and metadata ops): 160-360
+# kernels per MB of JSON; without them a generated job has ~700 (bench/README.md, fortieth
+# session).
+HOST_OPS = 7
 
 KINETO = """
 import os, sys, time, resource
@@ -59,12 +65,15 @@ print(time.perf_counter() - t)
 """
 
 
-def job(ranks: int, size_mb: float) -> Path:
-    out = HERE / "out" / f"scale-dp-{ranks}r-{int(size_mb)}mb"
+def job(ranks: int, size_mb: float, host_ops: int = 0) -> Path:
+    ops = f"-ops{host_ops}" if host_ops else ""
+    out = HERE / "out" / f"scale-dp-{ranks}r-{int(size_mb)}mb{ops}"
     if not (out / "truth.json").exists():
         from kineto_comm.synth import generate
 
-        generate("baseline", out, ranks=ranks, layout="dp", size_mb=size_mb, seed=0)
+        generate(
+            "baseline", out, ranks=ranks, layout="dp", size_mb=size_mb, seed=0, host_ops=host_ops
+        )
     return out
 
 
@@ -77,10 +86,17 @@ def main() -> None:
     ap.add_argument(
         "--runs", type=int, default=1, help="runs of each tool, alternated; medians are printed"
     )
+    ap.add_argument(
+        "--host-ops",
+        type=int,
+        default=HOST_OPS,
+        help="CPU ops without kernels per compute kernel in the generated job (0: the denser"
+        " job of the earlier measurements)",
+    )
     ap.add_argument("--folder", type=Path, help="real traces to run on (no job is generated)")
     args = ap.parse_args()
 
-    folder = args.folder or job(args.ranks, args.size_mb)
+    folder = args.folder or job(args.ranks, args.size_mb, args.host_ops)
     files = sorted(
         p for p in folder.iterdir() if p.name.endswith(".json") and p.name != "truth.json"
     )

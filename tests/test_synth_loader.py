@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 import polars as pl
 import pytest
 
@@ -59,3 +62,40 @@ def test_report_runs_on_each_shipped_capture(sample):
     assert report.ranks.height == int(sample.split("-")[1])
     assert report.collectives.height > 0
     assert (report.totals["comm_ns"] > 0).all()
+
+
+def test_host_ops_add_real_cpu_op_mix_without_changing_results(tmp_path):
+    """The CPU ops that real traces carry around every launch (`host_ops`: what makes the
+    generated bench jobs as dense in kernels as real captures) are in the file, nested in
+    their launching op, and change no table the analysis builds (only the ids the kernels
+    point at: each op has its own)."""
+    generate("baseline", tmp_path / "plain", ranks=4, layout="tp-dp", steps=2)
+    truth = generate("baseline", tmp_path / "ops", ranks=4, layout="tp-dp", steps=2, host_ops=7)
+    hidden = truth["model"]["hidden"]
+    events = {
+        name: json.loads((tmp_path / name / "rank-0.pt.trace.json").read_text())["traceEvents"]
+        for name in ("plain", "ops")
+    }
+    count = {name: Counter(e.get("cat") for e in found) for name, found in events.items()}
+    kernels = count["plain"]["kernel"]
+    assert count["ops"]["kernel"] == kernels
+    compute = kernels - sum(
+        "ncclDevKernel" in e["name"] for e in events["plain"] if e.get("cat") == "kernel"
+    )
+    assert count["ops"]["cpu_op"] - count["plain"]["cpu_op"] == 7 * compute
+    # Each view op lies inside the op that launches the next kernel, before the launch.
+    ops = [e for e in events["ops"] if e.get("cat") in ("cpu_op", "cuda_runtime")]
+    views = {"aten::view", "aten::t", "aten::transpose", "aten::as_strided", "aten::empty"}
+    views |= {"aten::reshape", "aten::_unsafe_view"}
+    for i, e in enumerate(ops):
+        if e["name"] == "aten::t":
+            parent = next(p for p in reversed(ops[:i]) if p["name"] not in views)
+            launch = next(p for p in ops[i:] if p.get("cat") == "cuda_runtime")
+            assert parent["ts"] <= e["ts"] and e["ts"] + e["dur"] <= launch["ts"]
+            assert launch["ts"] + launch["dur"] <= parent["ts"] + parent["dur"]
+            assert e["args"]["Input Dims"] == [[hidden, hidden]]
+    plain, ops_report = (analyze(tmp_path / name, jobs=1) for name in ("plain", "ops"))
+    for table in ("kernels", "collectives", "steps", "totals", "collective_instances"):
+        a, b = getattr(plain, table), getattr(ops_report, table)
+        drop = [c for c in ("external_id",) if c in a.columns]
+        assert a.drop(drop).equals(b.drop(drop)), table

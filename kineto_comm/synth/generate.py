@@ -83,8 +83,13 @@ def _offsets(world: int, per_host: int, rng: random.Random, skew: bool) -> dict[
 class _Job:
     """One simulated job: plan, rank states and (optionally) the open output files."""
 
-    def __init__(self, plan: Plan, seed: int, offsets: dict[int, int], per_host: int) -> None:
+    def __init__(
+        self, plan: Plan, seed: int, offsets: dict[int, int], per_host: int, host_ops: int = 0
+    ) -> None:
         self.plan = plan
+        m = plan.model
+        helpers = K.host_ops(host_ops, m.micro_batch, m.seq, m.hidden)
+        self.kspecs = [replace(ks, helpers=helpers) for ks in KERNEL_LIST]
         cache: dict = {}
         builder = BUILDERS[plan.layout]
         self.progs = [builder(plan, r, cache) for r in range(plan.world)]
@@ -106,7 +111,7 @@ class _Job:
 
     def step(self, k: int) -> None:
         """Simulate step k; pipeline compute intervals are kept for the first few steps only."""
-        run_step(self.states, self.progs, KERNEL_LIST, k)
+        run_step(self.states, self.progs, self.kspecs, k)
         for st, marks in zip(self.states, self.pipe_marks, strict=True):
             if k < MEASURED_STEPS:
                 marks.append(len(st.pipe))
@@ -307,12 +312,16 @@ def generate(
     gzip: bool = False,
     model: ModelConfig | None = None,
     hardware: Hardware | None = None,
+    host_ops: int = 0,
 ) -> dict:
     """Write one trace per rank (rank-{r}.pt.trace.json[.gz]) plus truth.json into out_dir.
 
     ``size_mb`` (uncompressed MB per rank file) overrides ``steps``: the number of steps is
     chosen after the first one so each file comes out at about that size. ``model`` and
-    ``hardware`` override the defaults (tests use a tiny model). Returns the truth dict.
+    ``hardware`` override the defaults (tests use a tiny model). ``host_ops`` CPU ops that
+    launch nothing (with record_shapes arguments) are written inside every compute kernel's
+    launching op, as real traces have them (kineto.host_ops); they change no ground truth,
+    only how many events and bytes there are per kernel. Returns the truth dict.
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
@@ -371,7 +380,7 @@ def generate(
     slow_pg = rng.choice(cands) if scenario == "slow-link" else ""
 
     plan = plan_for(True)
-    job = _Job(plan, seed, offsets, per_host)
+    job = _Job(plan, seed, offsets, per_host, host_ops)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     suffix = ".pt.trace.json.gz" if gzip else ".pt.trace.json"

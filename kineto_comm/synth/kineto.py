@@ -25,6 +25,11 @@ CPU_OP = (
     '    "ts": %d.%03d, "dur": %d.%03d,\n    "args": {\n'
     '      "External id": %d,"Record function id": %d, "Ev Idx": %d\n    }\n  },'
 )
+SHAPED_OP = (
+    '\n  {\n    "ph": "X", "cat": "cpu_op", "name": "%s", "pid": %d, "tid": %d,\n'
+    '    "ts": %d.%03d, "dur": %d.%03d,\n    "args": {\n'
+    '      "External id": %d,"Record function id": %d, %s, "Ev Idx": %d\n    }\n  },'
+)
 RPC = (
     '\n  {\n    "ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": %d, "tid": %d,\n'
     '    "ts": %d.%03d, "dur": %d.%03d,\n    "args": {\n'
@@ -71,6 +76,69 @@ def launch_tail(regs: int, smem: int, grid: tuple[int, int, int], block: int, sm
         f'      "grid": [{grid[0]}, {grid[1]}, {grid[2]}],      "block": [{block}, 1, 1],'
         f'      "est. achieved occupancy %": {occ}'
     )
+
+
+def host_ops(count: int, batch: int, seq: int, hidden: int) -> tuple[tuple[str, str], ...]:
+    """`count` CPU ops that launch nothing (the view and metadata ops around a linear layer's
+    GEMM, repeated as needed), each with the arguments torch.profiler(record_shapes=True)
+    writes: (name, args) each. Real traces carry several such ops per kernel (the H100
+    captures of tests/data: ~7 CPU ops per kernel, two thirds of their bytes)."""
+    x, w = [batch, seq, hidden], [hidden, hidden]
+    t = batch * seq
+    ops = [
+        (
+            "aten::view",
+            ["", ""],
+            ["c10::BFloat16", "int[]"],
+            [[seq * hidden, hidden, 1], []],
+            [x, [2]],
+        ),
+        ("aten::t", [""], ["c10::BFloat16"], [[hidden, 1]], [w]),
+        (
+            "aten::transpose",
+            ["", "0", "1"],
+            ["c10::BFloat16", "Scalar", "Scalar"],
+            [[hidden, 1], [], []],
+            [w, [], []],
+        ),
+        (
+            "aten::as_strided",
+            ["", "", "", ""],
+            ["c10::BFloat16", "int[]", "int[]", ""],
+            [[hidden, 1], [], [], []],
+            [w, [2], [2], []],
+        ),
+        (
+            "aten::empty",
+            ["", "", "", "", "", ""],
+            ["int[]", "ScalarType", "", "Device", "Scalar", ""],
+            [[], [], [], [], [], []],
+            [[2], [], [], [], [], []],
+        ),
+        (
+            "aten::reshape",
+            ["", ""],
+            ["c10::BFloat16", "int[]"],
+            [[hidden, 1], []],
+            [[t, hidden], [3]],
+        ),
+        (
+            "aten::_unsafe_view",
+            ["", ""],
+            ["c10::BFloat16", "int[]"],
+            [[hidden, 1], []],
+            [[t, hidden], [3]],
+        ),
+    ]
+    out = []
+    for i in range(count):
+        name, concrete, types, strides, dims = ops[i % len(ops)]
+        args = (
+            f'"Concrete Inputs": {json.dumps(concrete)}, "Input type": {json.dumps(types)}, '
+            f'"Input Strides": {json.dumps(strides)}, "Input Dims": {json.dumps(dims)}'
+        )
+        out.append((name, args))
+    return tuple(out)
 
 
 def coll_kernel_tail(meta: dict[str, object]) -> str:

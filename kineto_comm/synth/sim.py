@@ -31,6 +31,9 @@ class KSpec:
     cpu_name: str
     kernel_name: str
     tail: str
+    # CPU ops that launch nothing, written inside the launching op before its launch (see
+    # kineto.host_ops): (name, args) each.
+    helpers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,17 @@ def run_rank(
             a, b = _ts(c0 + off)
             c, d = _ts(cdur)
             buf.append(K.CPU_OP % ("cpu_op", ks.cpu_name, pid, tid, a, b, c, d, ext, rf, ev))
+            if ks.helpers:  # one after the other, between the op's start and its launch
+                slot = (l0 - c0) // (len(ks.helpers) + 1)
+                c, d = _ts(slot * 3 // 4)
+                for i, (name, args) in enumerate(ks.helpers, 1):
+                    a, b = _ts(c0 + i * slot - slot // 2 + off)
+                    buf.append(
+                        K.SHAPED_OP % (name, pid, tid, a, b, c, d, st.ext, st.rf, args, st.ev)
+                    )
+                    st.ext += 1
+                    st.rf += 1
+                    st.ev += 1
             a, b = _ts(l0 + off)
             c, d = _ts(ldur)
             buf.append(K.RUNTIME % ("cudaLaunchKernel", pid, tid, a, b, c, d, ext, 211, corr))
