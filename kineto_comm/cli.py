@@ -284,6 +284,14 @@ def synth(
     ] = None,
     steps: Annotated[int, typer.Option("--steps")] = 3,
     gzip: Annotated[bool, typer.Option("--gzip/--no-gzip")] = False,
+    host_ops: Annotated[
+        int,
+        typer.Option(
+            "--host-ops",
+            help="CPU ops without kernels (record_shapes views) per compute kernel; real"
+            " captures have ~7.",
+        ),
+    ] = 0,
 ) -> None:
     """Write a synthetic multi-rank job with one known problem and its truth.json."""
     from kineto_comm.synth import generate
@@ -298,6 +306,7 @@ def synth(
             size_mb=size_mb,
             steps=steps,
             gzip=gzip,
+            host_ops=host_ops,
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None

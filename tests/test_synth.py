@@ -169,6 +169,8 @@ def test_bubble_forces_pipeline_and_bad_arguments_raise(tmp_path: Path) -> None:
         generate("baseline", tmp_path, ranks=1)
     with pytest.raises(ValueError, match="small-messages"):
         generate("small-messages", tmp_path, layout="fsdp")
+    with pytest.raises(ValueError, match="host_ops must be >= 0"):
+        generate("baseline", tmp_path, host_ops=-1)
 
 
 # -- determinism ----------------------------------------------------------------------------

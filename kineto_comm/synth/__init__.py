@@ -1,7 +1,7 @@
 """Synthetic multi-rank PyTorch Profiler (Kineto) traces with known ground truth.
 
-``generate(scenario, out_dir, ranks=8, layout="dp", seed=0, size_mb=None, steps=3, gzip=False)``
-simulates one training job and writes ``rank-{r}.pt.trace.json[.gz]`` per rank plus
+``generate(scenario, out_dir, ranks=8, layout="dp", seed=0, size_mb=None, steps=3, gzip=False,
+host_ops=0)`` simulates one training job and writes ``rank-{r}.pt.trace.json[.gz]`` per rank plus
 ``truth.json``. The traces follow the layout current Kineto writes (checked against the real
 HTA ``nccl_data`` trace): ``schemaVersion``, ``deviceProperties``, ``distributedInfo`` (backend,
 rank, world_size, pg_count, pg_config, nccl_version), ``traceEvents``, ``traceName``,
@@ -11,6 +11,10 @@ decimals relative to the base time. Per rank: ``ProfilerStep#k`` user annotation
 collective ``c10d::*`` -> ``record_param_comms`` (full collective args plus ``Seq``, and
 ``Src Rank``/``Dst Rank`` for send/recv) -> ``nccl:*`` annotation -> ``cudaLaunchKernelExC`` ->
 ``ncclDevKernel_*`` on the process group's stream carrying the same collective args.
+With ``host_ops=n`` each compute op also holds n CPU ops that launch nothing (views,
+``aten::empty``) with the ``Input Dims`` / ``Input type`` / ``Input Strides`` / ``Concrete
+Inputs`` arguments of ``record_shapes=True``: real captures carry ~7 per kernel, which puts the
+kernels per MB of JSON where theirs are (the bench jobs use 7; tests keep files small with 0).
 Note: HTA treats every ``*.json`` in a folder as a trace, so point it at the rank files only.
 
 Layouts (Psi = 12*L*h^2 + V*h parameters, B = 2 bytes for bf16, T = b*s tokens):

@@ -331,6 +331,8 @@ def generate(
         raise ValueError(f"steps must be >= 1, got {steps}")
     if size_mb is not None and size_mb <= 0:
         raise ValueError(f"size_mb must be > 0, got {size_mb}")
+    if host_ops < 0:
+        raise ValueError(f"host_ops must be >= 0, got {host_ops}")
     requested_layout = layout
     if scenario == "bubble":
         layout = "pp-dp"  # a pipeline bubble only exists with a pipeline
