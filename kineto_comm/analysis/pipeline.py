@@ -59,7 +59,7 @@ import polars as pl
 
 from kineto_comm import rank_store
 from kineto_comm.analysis.overlap import breakdown
-from kineto_comm.lazy import collect
+from kineto_comm.lazy import collect, collect_all
 from kineto_comm.rank_store import RankStore, as_store
 
 P2P = ("send", "recv", "send_recv")
@@ -162,7 +162,7 @@ def _summaries(
     (_first_calls), and idle (_idle) over their step windows. None without such calls."""
     names = [c for c in _READ if c in calls.columns]
     where = pl.col("collective").is_in(P2P)
-    p2p = _p2p_calls(collect(calls.lazy(names, where=where), calls.height))
+    p2p = collect(_p2p_calls(calls.lazy(names, where=where)), calls.height)
     if p2p.height == 0:
         return None
     # The steps' own compute time and edges, where the per-rank model measured them (a
@@ -173,31 +173,34 @@ def _summaries(
         steps.lazy([*_NEEDS["steps"], *measured])
         .select(pl.all().cast(pl.Int64))
         .filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
-        .join(p2p.select("rank").unique().lazy(), on="rank", how="semi"),
+        .join(p2p.lazy().select("rank").unique(), on="rank", how="semi"),
         steps.height,
     )
     is_send, is_recv = pl.col("collective").is_in(SENDS), pl.col("collective").is_in(RECVS)
-    return {
-        "ranks": p2p.select("rank").unique(),
-        "pairs": p2p.drop_nulls("peer").select(src="rank", dst="peer").unique(),
-        "groups": p2p.group_by("rank", "group").len(),
-        "counts": p2p.group_by("rank", "step").agg(sends=is_send.sum(), recvs=is_recv.sum()),
-        "firsts": _first_calls(p2p, windows),
+    calls_of = p2p.lazy()
+    # One plan for all of them (each alone is mostly a query's fixed cost).
+    queries = {
+        "ranks": calls_of.select("rank").unique(),
+        "pairs": calls_of.drop_nulls("peer").select(src="rank", dst="peer").unique(),
+        "groups": calls_of.group_by("rank", "group").len(),
+        "counts": calls_of.group_by("rank", "step").agg(sends=is_send.sum(), recvs=is_recv.sum()),
+        "firsts": _first_calls(calls_of, windows.lazy()),
         "idle": _idle(kernels, windows),
     }
+    return dict(zip(queries, collect_all(list(queries.values())), strict=True))
 
 
 # What the per-rank model measures of each step window (kineto_comm.analysis.overlap).
 _MEASURED = ("compute_ns", "compute_start_ns", "compute_end_ns")
 
 
-def _p2p_calls(collectives: pl.DataFrame) -> pl.DataFrame:
+def _p2p_calls(collectives: pl.LazyFrame) -> pl.LazyFrame:
     """The p2p calls: rank, step, collective, start_ns, end_ns, peer, group.
 
     A null peer is taken from a 2-rank process group (`pg_ranks`): the rank that is not this
     one. `group` is the process group name ("" when unknown), used for ranks without peers.
     """
-    cols = collectives.columns
+    cols = collectives.collect_schema().names()
     ranks_text = pl.col("pg_ranks") if "pg_ranks" in cols else pl.lit(None, dtype=pl.String)
     group = pl.col("process_group") if "process_group" in cols else pl.lit(None, pl.String)
     members = ranks_text.str.extract_all(r"-?\d+").list.eval(pl.element().cast(pl.Int64))
@@ -224,7 +227,7 @@ def _p2p_calls(collectives: pl.DataFrame) -> pl.DataFrame:
     ).filter(pl.col("rank").is_not_null())
 
 
-def _first_calls(p2p: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+def _first_calls(p2p: pl.LazyFrame, windows: pl.LazyFrame) -> pl.LazyFrame:
     """Per rank: send_first (share of steps whose first p2p call is a send) and lead_ns.
 
     lead_ns is the median over steps of (end of the first recv - the rank's window start).
@@ -398,10 +401,10 @@ def _micro_batches(counts: pl.DataFrame, stages: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _idle(kernels: RankStore, windows: pl.DataFrame) -> pl.DataFrame:
+def _idle(kernels: RankStore, windows: pl.DataFrame) -> pl.LazyFrame:
     """rank, step, wall/busy/idle and its warm-up / steady / cool-down split per window."""
     if set(_MEASURED) <= set(windows.columns):  # measured per rank: no kernel is read
-        placed = windows.with_columns(
+        placed = windows.lazy().with_columns(
             busy_ns=pl.col("compute_ns"),
             first_ns=pl.col("compute_start_ns"),
             last_ns=pl.col("compute_end_ns"),
@@ -411,7 +414,7 @@ def _idle(kernels: RankStore, windows: pl.DataFrame) -> pl.DataFrame:
         need = list(_NEEDS["kernels"])
         found = [_compute_edges(batch, windows) for batch in kernels.batches(ranks, need)]
         edges = pl.concat(found) if found else pl.DataFrame(schema=_EDGES)
-        placed = windows.join(edges, on=["rank", "step"], how="left")
+        placed = windows.lazy().join(edges.lazy(), on=["rank", "step"], how="left")
     out = (
         placed.with_columns(
             pl.col("busy_ns").fill_null(0),
