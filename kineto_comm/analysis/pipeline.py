@@ -58,6 +58,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm import rank_store
+from kineto_comm.analysis.graph import walk
 from kineto_comm.analysis.overlap import breakdown
 from kineto_comm.lazy import collect, collect_all
 from kineto_comm.rank_store import RankStore, as_store
@@ -247,6 +248,14 @@ def _first_calls(p2p: pl.LazyFrame, windows: pl.LazyFrame) -> pl.LazyFrame:
     return per_step.group_by("rank").agg(pl.col("send_first").mean(), pl.col("lead_ns").median())
 
 
+def _adjacency(edges: pl.DataFrame) -> dict[int, list[int]]:
+    """Each rank's neighbours in an edge list (src, dst): the peer graph (graph.walk)."""
+    links: dict[int, list[int]] = {}
+    for src, dst in zip(edges["src"].to_list(), edges["dst"].to_list(), strict=True):
+        links.setdefault(src, []).append(dst)
+    return links
+
+
 def _components(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     """Connected components (rank, comp = smallest rank in it) of an undirected edge list
     (src, dst, both directions) over `nodes` (rank)."""
@@ -256,7 +265,7 @@ def _components(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     for root in ranks:  # ascending: each component is first met at its smallest rank
         if root not in comp:
             comp[root] = root
-            comp.update((rank, root) for rank, _ in _walk(links, [root]))
+            comp.update((rank, root) for rank, _ in walk(links, [root]))
     return pl.DataFrame(
         {"rank": ranks, "comp": [comp[r] for r in ranks]},
         schema={"rank": pl.Int64, "comp": pl.Int64},
@@ -268,45 +277,12 @@ def _distances(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     ranks = nodes["rank"].to_list()
     starts = nodes.filter(pl.col("start"))["rank"].to_list()
     dist = dict.fromkeys(starts, 0)
-    for rank, prev in _walk(_adjacency(edges), starts):
+    for rank, prev in walk(_adjacency(edges), starts):
         dist[rank] = dist[prev] + 1
     return pl.DataFrame(
         {"rank": ranks, "dist": [dist.get(r) for r in ranks]},
         schema={"rank": pl.Int64, "dist": pl.Int64},
     )
-
-
-# The peer graph has a node per rank and an edge per pair of p2p peers. Its components and
-# distances are walked in Python: a walk goes one hop after another, and a Polars query per
-# hop cost ~0.85 ms (two relaxations of 8 hops were 13.7 ms of the 8-stage pipeline's 36 ms;
-# bench/README.md, thirty-ninth session), where the walk takes microseconds for thousands
-# of ranks.
-
-
-def _adjacency(edges: pl.DataFrame) -> dict[int, list[int]]:
-    """Each rank's neighbours in an edge list (src, dst)."""
-    links: dict[int, list[int]] = {}
-    for src, dst in zip(edges["src"].to_list(), edges["dst"].to_list(), strict=True):
-        links.setdefault(src, []).append(dst)
-    return links
-
-
-def _walk(links: dict[int, list[int]], starts: list[int]) -> list[tuple[int, int]]:
-    """Breadth first from `starts` (all at once) over `links`: (rank, the rank it was
-    reached from) for each rank not among the starts, nearest first."""
-    seen = set(starts)
-    frontier = list(starts)
-    order: list[tuple[int, int]] = []
-    while frontier:
-        ahead = []
-        for prev in frontier:
-            for rank in links.get(prev, ()):
-                if rank not in seen:
-                    seen.add(rank)
-                    order.append((rank, prev))
-                    ahead.append(rank)
-        frontier = ahead
-    return order
 
 
 def _stages(
