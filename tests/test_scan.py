@@ -150,22 +150,30 @@ def test_a_file_of_a_few_pieces_is_scanned_whole_and_joins_the_batch(
 # ------------------------------------------------------------- the scanner alone, piece-wise
 
 
-def _pieces(events_json: bytes) -> tuple[Any, Any]:
+def _pieces(events_json: bytes, host: bool = True) -> tuple[Any, Any]:
     """Columns of one piece (`[...]` of events) by the scanner (None: handed back) and by
-    msgspec (an exception: msgspec rejects it)."""
-    got = decode._scan_piece(events_json, 0, len(events_json) - 1)
+    msgspec (an exception: msgspec rejects it); `host`: whether every CPU op is kept (else
+    the scanner drops most of them itself)."""
+    got = decode._scan_piece(events_json, 0, len(events_json) - 1, host)
     patched = b"[" + events_json[1:-1] + b"]"  # as the reader patches a piece for msgspec
     try:
-        pure: Any = decode._columns(decode._EVENTS.decode(patched), host=True)
+        pure: Any = decode._columns(decode._EVENTS.decode(patched), host=host)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         pure = exc
-    fast = None if got is None else decode._columns(got[0], host=True)
+    fast = None if got is None else decode._columns(got[0], host=host)
     return fast, pure
 
 
 def _check(events_json: bytes) -> bool:
-    """Scanner and msgspec agree on this piece; True when the scanner took it."""
-    fast, pure = _pieces(events_json)
+    """Scanner and msgspec agree on this piece, with and without the host table; True when
+    the scanner took it."""
+    taken = [_check_one(events_json, host) for host in (True, False)]
+    assert taken[0] == taken[1], events_json
+    return taken[0]
+
+
+def _check_one(events_json: bytes, host: bool) -> bool:
+    fast, pure = _pieces(events_json, host)
     if isinstance(pure, Exception):
         assert fast is None, f"scanner accepted what msgspec rejects ({pure}): {events_json!r}"
         return False
@@ -178,6 +186,38 @@ def _check(events_json: bytes) -> bool:
             assert (scanned["_file"] == 0).all()
         assert_frame_equal(scanned.drop("_file", strict=False), pure[key])
     return True
+
+
+@pytest.mark.parametrize(
+    "name, kept",
+    [
+        ("record_param_comms", True),
+        ("nccl:all_reduce", True),
+        ("gloo:broadcast", True),
+        ("ProfilerStep#12", True),
+        ("ProfilerStep", False),  # no '#'
+        ("aten::mm", False),
+        ("NCCL:all_reduce", False),  # the span test is case-sensitive
+        ("nccl", False),
+        ("\\u006eccl:send", True),  # escaped: compared decoded
+        ("nccl:\\u0061ll_gather", True),
+        ("aten::\\u006dm", False),  # kept by the scanner, dropped after decoding
+        (None, False),
+    ],
+)
+def test_the_scanner_drops_only_the_cpu_ops_no_table_keeps(scanner, name, kept):
+    """Without a host table the scanner lets go of CPU ops by their name's prefix; the ops
+    table must be the one msgspec's path gives, whatever the name (annotations stay)."""
+    op = {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 2, "ts": 1, "dur": 2}
+    note = {**op, "cat": "user_annotation", "name": "my_region"}
+    events = ("[" + json.dumps(op) + "," + json.dumps(note) + "]").replace("\\\\", "\\")
+    assert _check(events.encode())
+    fast, _ = _pieces(events.encode(), host=False)
+    decoded = json.loads(events)[0]["name"]
+    assert fast["ops"]["name"].to_list() == ([decoded] if kept else []) + ["my_region"]
+    assert fast["host"].height == 0
+    fast, _ = _pieces(events.encode(), host=True)
+    assert fast["ops"].height + fast["host"].height == 2
 
 
 KERNEL = (

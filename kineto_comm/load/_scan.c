@@ -1056,13 +1056,48 @@ static int link_launches(Table *t) {
 
 /* ------------------------------------------------------------------------- scan() */
 
+/* Whether a CPU op's name may make it an `ops` row: it starts with one of the prefixes, or
+ * it has escapes (compared decoded, by decode.py). A missing or null name never does. */
+static int op_named(const Value *name, const Category *prefixes, int n) {
+    if (name->kind != V_STR) return 0;
+    if (name->flags & S_ESC) return 1;
+    for (int k = 0; k < n; k++)
+        if (name->n >= prefixes[k].n && !memcmp(name->s, prefixes[k].cat, prefixes[k].n))
+            return 1;
+    return 0;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, stop;
-    PyObject *cats;
+    PyObject *cats, *prefixes = Py_None;
     const char *skipped; /* the phases whose events are skipped unread */
-    if (!PyArg_ParseTuple(args, "y*nnO!s", &view, &start, &stop, &PyDict_Type, &cats, &skipped))
+    int op_code = -1;
+    if (!PyArg_ParseTuple(args, "y*nnO!s|Oi", &view, &start, &stop, &PyDict_Type, &cats,
+                          &skipped, &prefixes, &op_code))
         return NULL;
+    /* With a tuple of name prefixes: the CPU ops (role 2) kept are those of code `op_code`
+     * and those whose name starts with one of them (or has escapes: decode.py decides).
+     * The bytes objects live in the caller's arguments until the call returns. */
+    Category ops[16];
+    int n_ops = -1; /* -1: every CPU op kept */
+    if (prefixes != Py_None) {
+        if (!PyTuple_Check(prefixes) || PyTuple_GET_SIZE(prefixes) > 16) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_TypeError, "scan: prefixes are a tuple of bytes, at most 16");
+            return NULL;
+        }
+        n_ops = 0;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(prefixes); k++) {
+            PyObject *prefix = PyTuple_GET_ITEM(prefixes, k);
+            if (!PyBytes_Check(prefix)) {
+                PyBuffer_Release(&view);
+                PyErr_SetString(PyExc_TypeError, "scan: prefixes are a tuple of bytes");
+                return NULL;
+            }
+            ops[n_ops++] = (Category){PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix), 0};
+        }
+    }
     const uint8_t *base = view.buf;
     Py_ssize_t len = view.len;
     if (start < 0 || start >= len || stop >= len) {
@@ -1163,6 +1198,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             for (int k = 0; k < N_KEPT_ARGS; k++)
                 if (ev.arg[k].kind & ~(V_INT | V_NULL)) unsupported = 1;
             if (unsupported) break;
+            if (n_ops >= 0 && code >> 4 == 2 && code != op_code && !op_named(&ev.f[F_NAME], ops, n_ops))
+                continue; /* a CPU op that no table keeps */
         } else if (ph == 'M') {
             int checked = (1 << F_NAME) | (1 << F_PID) | (1 << F_TID) | (1 << F_ARGS);
             if (ev.wrong & checked) {
