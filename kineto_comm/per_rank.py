@@ -114,18 +114,16 @@ def _process_groups(raws: list[RawTrace]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-_ROLES = ("gpu", "runtime", "ops", "host", "threads")
-# The tables the model reads: runtime calls only serve to link launches, done in decode.
-_MODELLED = ("gpu", "ops", "host", "threads")
+_ROLES = ("gpu", "ops", "host", "threads")
 
 
 def stack(raws: list[RawTrace]) -> RawTrace:
     """The files' event tables that the model reads one above the other, each row with a
     `rank` column holding its file's position in `raws` (the model's tables are keyed by
-    it); `runtime` is left empty."""
-    queries = [stack_frames([getattr(raw, role) for raw in raws], "rank") for role in _MODELLED]
-    stacked = dict(zip(_MODELLED, collect_all(queries), strict=True))
-    return replace(raws[0], file="", runtime=raws[0].runtime.clear(), **stacked)
+    it)."""
+    queries = [stack_frames([getattr(raw, role) for raw in raws], "rank") for role in _ROLES]
+    stacked = dict(zip(_ROLES, collect_all(queries), strict=True))
+    return replace(raws[0], file="", **stacked)
 
 
 def process_file(

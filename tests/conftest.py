@@ -16,6 +16,24 @@ SAMPLES = REPO / "sample_traces"
 H100_TRACES = sorted((REPO / "tests" / "data" / "h100-nccl").rglob("*.pt.trace.json.gz"))
 
 
+@pytest.fixture(autouse=True)
+def _batches_must_not_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_files decodes every file of a batch again, one by one, when building the
+    batch raises (a bug must cost no file). That would hide the bug from every test that
+    compares tables: here it fails the test. A test of that fallback patches over this."""
+    from kineto_comm.load import decode
+
+    real = decode._scanned_batch
+
+    def strict(pending: Any) -> Any:
+        try:
+            return real(pending)
+        except Exception as exc:
+            pytest.fail(f"building a batch of rank files raised {exc!r}")
+
+    monkeypatch.setattr(decode, "_scanned_batch", strict)
+
+
 def shared(rel: str) -> Path:
     """Path of a real trace under ../shared/traces; fails (never skips) when it is missing."""
     path = SHARED_TRACES / rel

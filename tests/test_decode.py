@@ -23,11 +23,18 @@ def test_every_real_trace_decodes_with_the_same_event_counts_as_json(path):
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rb") as fh:
         events = json.load(fh)["traceEvents"]
-    gpu = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in decode.GPU_CATS)
-    runtime = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in decode.RUNTIME_CATS)
-    assert raw.gpu.height == gpu
-    assert raw.runtime.height == runtime
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in decode.GPU_CATS]
+    calls = {
+        (e.get("args") or {}).get("correlation")
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in decode.RUNTIME_CATS and e.get("ts") is not None
+    }
+    launched = sum(1 for e in gpu if (e.get("args") or {}).get("correlation") in calls - {None})
+    assert raw.gpu.height == len(gpu)
     assert raw.gpu["start_ns"].null_count() == 0
+    # Every device event whose correlation has a runtime call gets that call as its launch.
+    assert raw.gpu["launch_ns"].is_not_null().sum() == launched
+    assert raw.gpu["launch_tid"].is_not_null().sum() <= launched
 
 
 def test_float_microseconds_with_base_become_exact_nanoseconds(tmp_path):
@@ -112,8 +119,8 @@ def test_large_file_is_decoded_in_pieces_with_identical_results(tmp_path, monkey
     monkeypatch.setattr(decode, "PIECE_BYTES", 50_000)
     monkeypatch.setattr(decode, "_READ_BYTES", 16_384)
     pieces = decode_file(path)
-    assert pieces.gpu.equals(whole.gpu)
-    assert pieces.runtime.equals(whole.runtime)
+    assert pieces.gpu.equals(whole.gpu)  # linked by the scanner whole, by a join in pieces
+    assert pieces.gpu["launch_ns"].is_not_null().all()
     assert pieces.base_time_ns == 5 and pieces.rank == 0
 
 
@@ -234,9 +241,8 @@ def test_unknown_or_missing_phase_falls_back_without_losing_events(tmp_path):
     clean = decode_file(write_trace(tmp_path / "clean.json", events))
     odd = events + [{"ph": "Z", "cat": "other", "ts": 1.0}, {"cat": "cpu_op", "name": "x"}]
     fallback = decode_file(write_trace(tmp_path / "odd.json", odd))
-    assert clean.gpu.height == 50 and clean.runtime.height == 50
+    assert clean.gpu.height == 50 and clean.gpu["launch_ns"].is_not_null().all()
     assert fallback.gpu.equals(clean.gpu)
-    assert fallback.runtime.equals(clean.runtime)
     assert fallback.threads.equals(clean.threads)
     assert clean.threads["label"].to_list() == ["main"]
 

@@ -22,7 +22,7 @@ from kineto_comm.load import decode
 from kineto_comm.load.decode import Args, decode_file, decode_files
 from tests.conftest import all_shared_traces
 
-TABLES = ("gpu", "runtime", "ops", "host", "threads")
+TABLES = ("gpu", "ops", "host", "threads")
 
 
 @pytest.fixture

@@ -94,12 +94,13 @@ typedef struct {
 } Col;
 
 /* The events' table: a row per kept event. `_detail` is the event's row in the details
- * table (null: its args hold none of the collective fields); `_launch`, a device event's
- * launch: the first runtime call with its correlation, as its position among the runtime
- * rows (see link_launches). */
+ * table (null: its args hold none of the collective fields); `launch_ts_us` and
+ * `launch_tid`, a device event's launch: the time and thread of the first runtime call
+ * with its correlation, where scan() linked them (see link_launches). */
 enum {
     COL_CODE, COL_PH, COL_NAME, COL_PID, COL_TID, COL_TS, COL_DUR, COL_EXT, COL_EXT_OLD,
-    COL_CORR, COL_STREAM, COL_DEVICE, COL_START, COL_END, COL_DETAIL, COL_LAUNCH, N_COLS
+    COL_CORR, COL_STREAM, COL_DEVICE, COL_START, COL_END, COL_DETAIL, COL_LAUNCH_TS,
+    COL_LAUNCH_TID, N_COLS
 };
 static const Col COLS[N_COLS] = {
     {"code", "C", 1},        {"ph", "C", 1},          {"name", "I", 4},
@@ -107,7 +108,7 @@ static const Col COLS[N_COLS] = {
     {"dur_us", "g", 8},      {"external_id", "l", 8}, {"external_id_old", "l", 8},
     {"correlation", "l", 8}, {"stream", "l", 8},      {"device", "l", 8},
     {"span_start", "l", 8},  {"span_end", "l", 8},    {"_detail", "I", 4},
-    {"_launch", "I", 4},
+    {"launch_ts_us", "g", 8}, {"launch_tid", "l", 8},
 };
 
 /* The details table: a row per kept event whose args name a collective field, with the
@@ -126,7 +127,7 @@ static const Col DCOLS[N_DCOLS] = {
     {"pg_desc", "I", 4},    {"pg_ranks", "I", 4},  {"seq", "l", 8},
     {"src_rank", "l", 8},   {"dst_rank", "l", 8},  {"raw", "C", 1},
 };
-#define MAX_COLS 16
+#define MAX_COLS 17
 
 typedef struct {
     const Col *cols;
@@ -997,60 +998,85 @@ static int64_t put_details(Table *d, const Event *ev, Interner *names) {
     return d->n++;
 }
 
-/* Each device row's `_launch`: the first runtime call, in file order, with its correlation
- * and a time (the join decode.py would make: runtime calls without a time are dropped, the
- * first of the others kept), as its position among the table's runtime rows. Roles are
- * code / 16 (decode.py's _CODES): 0 device, 1 runtime. A hash table of the runtime calls,
- * then a look-up per device row: the same join in Polars cost a batch of rank files more
- * than scanning its runtime calls (bench/README.md, twenty-ninth session). Where some
- * runtime call is a B/E event, pairing reorders the runtime table and the join may find
- * another call: scan() then says the links are not to be used. -1 when out of memory. */
+/* Each device row's launch: the time and thread of the first runtime call, in file order,
+ * with its correlation and a time (the join decode.py would make: runtime calls without a
+ * time are dropped, the first of the others kept); then the runtime rows are let go: they
+ * serve no table but this link (a batch of rank files spent a third of its rows and
+ * queries on them, bench/README.md, forty-first session). Roles are code / 16 (decode.py's
+ * _CODES): 0 device, 1 runtime. A hash table of the runtime calls, then a look-up per
+ * device row: the same join in Polars cost a batch of rank files more than scanning its
+ * runtime calls (bench/README.md, twenty-ninth session). Only for a whole file whose
+ * runtime calls are all complete events: pairing B/E calls reorders them, and the join may
+ * then find another call. -1 when out of memory. */
 static int link_launches(Table *t) {
     const uint8_t *code = (const uint8_t *)t->data[COL_CODE];
     const int64_t *corr = (const int64_t *)t->data[COL_CORR];
     const uint8_t *has_corr = t->valid[COL_CORR], *has_ts = t->valid[COL_TS];
     int64_t calls = 0;
     for (int64_t i = 0; i < t->n; i++) calls += code[i] >> 4 == 1 && has_corr[i] && has_ts[i];
-    if (calls == 0) return 0;
-    int bits = 4;
-    while (((int64_t)1 << bits) < 2 * calls) bits++;
-    size_t cap = (size_t)1 << bits, mask = cap - 1;
-    int64_t *keys = malloc(cap * sizeof *keys);
-    uint32_t *rows = malloc(cap * sizeof *rows); /* positions among the runtime rows */
-    uint8_t *used = calloc(cap, 1);
-    if (keys == NULL || rows == NULL || used == NULL) {
+    if (calls > 0) {
+        int bits = 4;
+        while (((int64_t)1 << bits) < 2 * calls) bits++;
+        size_t cap = (size_t)1 << bits, mask = cap - 1;
+        int64_t *keys = malloc(cap * sizeof *keys);
+        int64_t *rows = malloc(cap * sizeof *rows); /* the runtime call's row */
+        uint8_t *used = calloc(cap, 1);
+        if (keys == NULL || rows == NULL || used == NULL) {
+            free(keys);
+            free(rows);
+            free(used);
+            return -1;
+        }
+#define SLOT(key) ((size_t)(((uint64_t)(key)*0x9E3779B97F4A7C15ull) >> (64 - bits)))
+        for (int64_t i = 0; i < t->n; i++) {
+            if (code[i] >> 4 != 1 || !has_corr[i] || !has_ts[i]) continue;
+            size_t h = SLOT(corr[i]);
+            while (used[h] && keys[h] != corr[i]) h = (h + 1) & mask;
+            if (used[h]) continue; /* a later call with the same correlation */
+            used[h] = 1;
+            keys[h] = corr[i];
+            rows[h] = i;
+        }
+        const double *ts = (const double *)t->data[COL_TS];
+        const int64_t *tid = (const int64_t *)t->data[COL_TID];
+        double *launch_ts = (double *)t->data[COL_LAUNCH_TS];
+        int64_t *launch_tid = (int64_t *)t->data[COL_LAUNCH_TID];
+        for (int64_t i = 0; i < t->n; i++) {
+            if (code[i] >> 4 != 0 || !has_corr[i]) continue;
+            size_t h = SLOT(corr[i]);
+            while (used[h] && keys[h] != corr[i]) h = (h + 1) & mask;
+            if (!used[h]) continue;
+            int64_t call = rows[h];
+            launch_ts[i] = ts[call];
+            t->valid[COL_LAUNCH_TS][i] = 1;
+            t->nulls[COL_LAUNCH_TS]--;
+            if (t->valid[COL_TID][call]) {
+                launch_tid[i] = tid[call];
+                t->valid[COL_LAUNCH_TID][i] = 1;
+                t->nulls[COL_LAUNCH_TID]--;
+            }
+        }
+#undef SLOT
         free(keys);
         free(rows);
         free(used);
-        return -1;
     }
-#define SLOT(key) ((size_t)(((uint64_t)(key)*0x9E3779B97F4A7C15ull) >> (64 - bits)))
-    uint32_t call = 0; /* the runtime row's position among the runtime rows */
+    /* The runtime rows out, the others moved up in place. */
+    int64_t kept = 0;
     for (int64_t i = 0; i < t->n; i++) {
-        if (code[i] >> 4 != 1) continue;
-        call++;
-        if (!has_corr[i] || !has_ts[i]) continue;
-        size_t h = SLOT(corr[i]);
-        while (used[h] && keys[h] != corr[i]) h = (h + 1) & mask;
-        if (used[h]) continue; /* a later call with the same correlation */
-        used[h] = 1;
-        keys[h] = corr[i];
-        rows[h] = call - 1;
+        if (code[i] >> 4 == 1) {
+            for (int c = 0; c < t->n_cols; c++) t->nulls[c] -= !t->valid[c][i];
+            continue;
+        }
+        if (kept != i)
+            for (int c = 0; c < t->n_cols; c++) {
+                int w = t->cols[c].width;
+                memcpy(t->data[c] + (size_t)kept * w, t->data[c] + (size_t)i * w, w);
+                t->valid[c][kept] = t->valid[c][i];
+            }
+        kept++;
     }
-    uint32_t *launch = (uint32_t *)t->data[COL_LAUNCH];
-    for (int64_t i = 0; i < t->n; i++) {
-        if (code[i] >> 4 != 0 || !has_corr[i]) continue;
-        size_t h = SLOT(corr[i]);
-        while (used[h] && keys[h] != corr[i]) h = (h + 1) & mask;
-        if (!used[h]) continue;
-        launch[i] = rows[h];
-        t->valid[COL_LAUNCH][i] = 1;
-        t->nulls[COL_LAUNCH]--;
-    }
-#undef SLOT
-    free(keys);
-    free(rows);
-    free(used);
+    t->n = kept;
     return 0;
 }
 
@@ -1072,9 +1098,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t start, stop;
     PyObject *cats, *prefixes = Py_None;
     const char *skipped; /* the phases whose events are skipped unread */
-    int op_code = -1;
-    if (!PyArg_ParseTuple(args, "y*nnO!s|Oi", &view, &start, &stop, &PyDict_Type, &cats,
-                          &skipped, &prefixes, &op_code))
+    int op_code = -1, link = 0; /* link: link_launches, for a whole file */
+    if (!PyArg_ParseTuple(args, "y*nnO!s|Oip", &view, &start, &stop, &PyDict_Type, &cats,
+                          &skipped, &prefixes, &op_code, &link))
         return NULL;
     /* With a tuple of name prefixes: the CPU ops (role 2) kept are those of code `op_code`
      * and those whose name starts with one of them (or has escapes: decode.py decides).
@@ -1124,7 +1150,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Table t = {.cols = COLS, .n_cols = N_COLS}, d = {.cols = DCOLS, .n_cols = N_DCOLS};
     Interner names;
     Cur c = {base + start + 1, base + (stop >= 0 ? stop : len), 0};
-    int unsupported = 0, nomem = 0;
+    int unsupported = 0, nomem = 0, linked = 0;
     int64_t unpaired_calls = 0; /* runtime calls as B/E events */
     Py_ssize_t closed_at = -1;
     if (interner_init(&names) < 0) nomem = 1;
@@ -1226,7 +1252,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         int64_t span0 = at - base, span1 = after - base;
         put(&t, COL_START, &span0);
         put(&t, COL_END, &span1);
-        put_null(&t, COL_LAUNCH); /* link_launches sets it */
+        put_null(&t, COL_LAUNCH_TS); /* link_launches sets them */
+        put_null(&t, COL_LAUNCH_TID);
         if (ph == 'M') { /* decode.py reads metadata from the span */
             for (int k = COL_NAME; k < COL_START; k++) put_null(&t, k);
             put_null(&t, COL_DETAIL);
@@ -1276,7 +1303,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         t.n++;
     }
-    if (!nomem && !unsupported && !c.bad && link_launches(&t) < 0) nomem = 1;
+    linked = link && !unpaired_calls;
+    if (linked && !nomem && !unsupported && !c.bad && link_launches(&t) < 0) nomem = 1;
     Py_END_ALLOW_THREADS
 
     PyObject *result = NULL;
@@ -1307,8 +1335,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 else PyList_SET_ITEM(texts, k, text);
             }
             if (ok)
-                result = Py_BuildValue("(nOOOnO)", (Py_ssize_t)t.n, columns, detail_columns,
-                                       texts, closed_at, unpaired_calls ? Py_False : Py_True);
+                result = Py_BuildValue("(nOOOn)", (Py_ssize_t)t.n, columns, detail_columns,
+                                       texts, closed_at);
         }
         Py_XDECREF(columns);
         Py_XDECREF(detail_columns);

@@ -304,9 +304,8 @@ class RawTrace:
 
     - `gpu`: kernels, memcpy and memset on the device timeline (GPU_SCHEMA), each with
       launch_ns and launch_tid: when and on which thread the first runtime call with its
-      correlation started (null if none).
-    - `runtime`: CUDA/HIP runtime and driver calls on the host, to link launches
-      (RUNTIME_SCHEMA: no duration, so start_ns only).
+      correlation started (null if none). The CUDA/HIP runtime calls serve only this link
+      and are not kept.
     - `ops`: communication ops (record_param_comms, nccl:*, gloo:*) and user annotations
       such as ProfilerStep#N (OPS_SCHEMA).
     - `host`: every other CPU op: name, where and when it ran (HOST_SCHEMA); only filled
@@ -316,7 +315,6 @@ class RawTrace:
 
     file: str
     gpu: pl.DataFrame
-    runtime: pl.DataFrame
     ops: pl.DataFrame
     host: pl.DataFrame
     threads: pl.DataFrame
@@ -682,7 +680,7 @@ class _Reader:
     def _finish_scanned(self) -> tuple[Scanned, Top | None] | None:
         """finish() by the compiled scanner: the events up to the array's end, then the
         trailer; None where the msgspec path has to take it (damaged, truncated, unusual)."""
-        got = _scan_piece(self.buf, self.pos, -1, self.keeps_host())
+        got = _scan_piece(self.buf, self.pos, -1, self.keeps_host(), not self.cut)
         if got is None:
             return None
         events, end = got
@@ -947,8 +945,7 @@ _NAME_TESTS = {"_comm_kernel": _COMM_KERNEL, "_op_name": _OP_NAME, "_comm_op": _
 
 
 # The roles tabulated alike (code // 16, table, schema, which rows carry collective details);
-# CPU ops (2) and metadata (3) need more and are handled on their own. Runtime calls first:
-# whole files' kernels read their launches from that table (_launch).
+# CPU ops (2) and metadata (3) need more and are handled on their own.
 _DEVICE_ROLES = (
     (1, "runtime", RUNTIME_SCHEMA, None),
     (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
@@ -1117,10 +1114,6 @@ class Scanned:
     # rows that need more fields, decoded beforehand; the table's `_obj` indexes them.
     decoded: list[Any] = field(default_factory=list)
     details: pl.DataFrame = field(default_factory=pl.DataFrame)
-    # Whether the scanner's `_launch` column is the launch _join_launches would find: not
-    # where a runtime call is a B/E event (pairing reorders the runtime table). Of use for
-    # a whole file only (_scanned_batch): a piece's runtime calls are not its file's.
-    linked: bool = False
 
     def by_name(self, rows: pl.DataFrame, test: pl.Expr) -> pl.Series:
         """`test` (one of _NAME_TESTS) for these rows, from their names' (each name was
@@ -1234,24 +1227,29 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
         return shapes
 
     notes.find = find
-    return Scanned(piece_.table, None, piece_.names, events, piece_.details, linked=piece_.linked)
+    return Scanned(piece_.table, None, piece_.names, events, piece_.details)
 
 
 def _scan_piece(
-    data: bytes | _Whole, start: int, stop: int, host: bool = True
+    data: bytes | _Whole, start: int, stop: int, host: bool = True, link: bool = False
 ) -> tuple[Scanned, int] | None:
     """The events after data[start] up to data[stop] (stop < 0: the array's end), read by the
     compiled scanner, and where the array closed; None where msgspec has to decode them (no
-    scanner, invalid JSON, or a shape the scanner leaves alone). Without `host` (the file
-    keeps no host table) the scanner drops the CPU ops that are not `ops` rows (it may keep
-    a few more, which _scanned_columns drops): on pp-8, 14,800 of 23,800 rows a file."""
+    scanner, invalid JSON, or a shape the scanner leaves alone).
+
+    Without `host` (the file keeps no host table) the scanner drops the CPU ops that are not
+    `ops` rows (it may keep a few more, which _scanned_columns drops): on pp-8, 14,800 of
+    23,800 rows a file. With `link` (a whole file) it gives the device rows their launch
+    (launch_ts_us, launch_tid) and drops the runtime calls, unless some of them are B/E
+    events: then they stay, for _join_launches (as in a piece, whose calls are not all its
+    file's)."""
     if _scanner is None:
         return None
     ops = None if host else _OP_PREFIXES
-    got = _scanner.scan(data, start, stop, _SCAN_CODES, _OTHER_PHASES, ops, _ANNOTATION)
+    got = _scanner.scan(data, start, stop, _SCAN_CODES, _OTHER_PHASES, ops, _ANNOTATION, link)
     if got is None:
         return None
-    _, columns, detail_columns, raw_names, end, linked = got
+    _, columns, detail_columns, raw_names, end = got
     try:
         names = [
             msgspec.json.decode(b'"' + raw + b'"') if b"\\" in raw else raw.decode()
@@ -1265,24 +1263,20 @@ def _scan_piece(
     role = (table.get_column("code") // 16).alias("role")
     file = pl.Series("_file", dtype=pl.Int64).extend_constant(0, table.height)
     table = table.hstack([role, file])
-    return Scanned(table, data, _names(names), details=details, linked=linked), end
+    return Scanned(table, data, _names(names), details=details), end
 
 
 def _scanned_columns(
-    piece_: Scanned,
-    notes: list[_Annotations] | None,
-    host: list[bool],
-    linked: bool = False,
+    piece_: Scanned, notes: list[_Annotations] | None, host: list[bool]
 ) -> dict[str, pl.DataFrame]:
     """_columns for a piece read by the scanner (or a batch of whole files: `notes` and
-    `host` per file): the same tables, from its columns, with the `_file` column. With
-    `linked` (whole files whose links hold, see Scanned.linked) the device rows get their
-    launch from the scanner's links, else _assemble joins them."""
+    `host` per file): the same tables, from its columns, with the `_file` column. The device
+    rows carry the launches the scanner linked (_scan_piece); _assemble joins the others."""
     # A filter per role (rows keep their order): a sequential copy of each role's rows,
     # where one partition_by pass hashes the key and gathers them (a third slower on a
-    # batch's 90,000 rows). Runtime calls, a third of the rows, copy only the columns of
-    # a launch; CPU ops, another third, only the annotations and communication ops unless
-    # some file keeps all of them.
+    # batch's 90,000 rows). Runtime calls (only where the scanner did not link the
+    # launches: pieces, B/E calls) copy only the columns of a launch; CPU ops only the
+    # annotations and communication ops unless some file keeps all of them.
     role = pl.col("role")
     table = piece_.table.lazy()
     op = (pl.col("code") == _CODE["user_annotation"]) | pl.col("name").is_in(
@@ -1300,7 +1294,8 @@ def _scanned_columns(
     for code, key, schema, detail in _DEVICE_ROLES:
         rows = by_role[code]
         if rows.height:
-            launch = _launch(out["runtime"], len(host)) if code == 0 and linked else []
+            linked = code == 0 and rows.get_column("launch_ts_us").null_count() < rows.height
+            launch = _SCANNED_LAUNCH if linked else []
             out[key] = _scanned_frame(piece_, rows, schema, detail, None, launch)
         else:
             out[key] = pl.DataFrame(schema=schema)
@@ -1323,18 +1318,8 @@ def _scanned_columns(
     return out
 
 
-def _launch(calls: pl.DataFrame, files: int) -> list[pl.Expr]:
-    """The launch_ts_us and launch_tid columns of whole files' device rows: their `_launch`
-    (the scanner's link, a position among its file's runtime calls) read from `calls`, the
-    files' runtime table, where each file's calls follow those of the files before."""
-    if not calls.height:
-        return []
-    first = calls.get_column("_file").search_sorted(pl.Series(range(files), dtype=pl.Int64))
-    at = pl.col("_launch") + pl.lit(first).gather(pl.col("_file"))
-    return [
-        pl.lit(calls.get_column("ts_us")).gather(at).alias("launch_ts_us"),
-        pl.lit(calls.get_column("tid")).gather(at).alias("launch_tid"),
-    ]
+# The device rows' launch columns as the scanner links them (null where it did not).
+_SCANNED_LAUNCH = [pl.col("launch_ts_us"), pl.col("launch_tid").cast(_STR)]
 
 
 def _scanned_frame(
@@ -1346,7 +1331,7 @@ def _scanned_frame(
     launch: Sequence[pl.Expr] = (),
 ) -> pl.DataFrame:
     """_frame for one role's rows of a scanned piece (or batch); `launch`: the device rows'
-    launch columns (_launch)."""
+    launch columns (_SCANNED_LAUNCH)."""
     cols: list[pl.Expr] = []
     if "cat" in schema:
         cols.append(_CATEGORY)
@@ -1592,7 +1577,6 @@ def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
             pl.col(c) + shift if c in _DETAIL_TEXT else pl.col(c) for c in found[0].columns
         )
     )
-    linked = all(p.scanned.linked for p in pending)
     both = Scanned(pl.DataFrame(), None, pl.concat(names, rechunk=True), details=details)
     # The settled events, numbered in table order (as each file's were decoded).
     need = _needs_event(both)
@@ -1607,9 +1591,9 @@ def _scanned_batch(pending: list[_Pending]) -> list[RawTrace]:
     for p in pending:
         p.scanned = Scanned(p.scanned.table.clear(), None, p.scanned.names.clear())
     notes, host = [p.notes for p in pending], [p.host for p in pending]
-    part = _scanned_columns(both, notes, host, linked)
+    part = _scanned_columns(both, notes, host)
     del both
-    return _assemble([p.about for p in pending], [part], linked)
+    return _assemble([p.about for p in pending], [part])
 
 
 def _describe(exc: Exception) -> str:
@@ -1619,12 +1603,10 @@ def _describe(exc: Exception) -> str:
     return f"invalid JSON trace ({text})"
 
 
-def _assemble(
-    files: list[_About], parts: list[dict[str, pl.DataFrame]], linked: bool = False
-) -> list[RawTrace]:
+def _assemble(files: list[_About], parts: list[dict[str, pl.DataFrame]]) -> list[RawTrace]:
     """The files' RawTraces from their pieces' tables: one file's pieces, or one piece
-    holding several files (rows keyed by `_file`, their position in `files`). `linked`:
-    the device rows carry their launch already (the scanner's, see _scanned_batch)."""
+    holding several files (rows keyed by `_file`, their position in `files`). The device
+    rows' launches come from the runtime calls, where the scanner has not linked them."""
     many = len(files) > 1
     bases = [_base_ns(about.tops) for about in files]
     for about, used in zip(files, bases, strict=True):
@@ -1639,15 +1621,20 @@ def _assemble(
         frames = [p[key] for p in parts]
         # A role's pieces as one table (a piece without collective rows lacks their columns).
         rows = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
-        return _timed(rows, schema, base, many)
+        # No rows, no `_file` column to find each row's base by.
+        return _timed(rows, schema, base if rows.height else pl.lit(0), many)
 
-    # The four roles' queries run together: one plan, on the pool's threads at once.
-    roles = {"gpu": GPU_SCHEMA, "runtime": RUNTIME_SCHEMA, "ops": OPS_SCHEMA, "host": HOST_SCHEMA}
+    # The roles' queries run together: one plan, on the pool's threads at once. Runtime calls
+    # are left where the scanner linked the launches (_scan_piece), to join them otherwise.
+    roles = {"gpu": GPU_SCHEMA, "ops": OPS_SCHEMA, "host": HOST_SCHEMA}
+    if any(p["runtime"].height for p in parts):
+        roles["runtime"] = RUNTIME_SCHEMA
     tables = dict(zip(roles, collect_all([timed(k, t) for k, t in roles.items()]), strict=True))
     threads = [p["threads"] if many else p["threads"].drop("_file", strict=False) for p in parts]
     tables["threads"] = pl.concat(threads, how="vertical") if len(threads) > 1 else threads[0]
-    if not linked and tables["gpu"].height:
-        tables["gpu"] = _join_launches(tables["gpu"], tables["runtime"])
+    calls = tables.pop("runtime", None)
+    if calls is not None and calls.height and tables["gpu"].height:
+        tables["gpu"] = _join_launches(tables["gpu"], calls)
     split = {key: _per_file(frame, len(files)) for key, frame in tables.items()}
     return [_raw(about, {key: split[key][i] for key in split}) for i, about in enumerate(files)]
 
@@ -1788,8 +1775,9 @@ def _ns(ts: pl.Expr, base_ns: pl.Expr) -> pl.Expr:
 
 def _join_launches(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
     """`gpu` with launch_ns and launch_tid from the first runtime call with each row's file
-    and correlation (`_file` where the tables hold several files), in the rows' order: for
-    files whose scan did not link them (kineto_comm/load/_scan.c, link_launches). Only the
+    and correlation (`_file` where the tables hold several files), in the rows' order, where
+    the scanner has not linked them (kineto_comm/load/_scan.c, link_launches: a file linked
+    there has no runtime calls left here). Only the
     key columns of the (wide) kernel table take part in the join. Where they fit, file and
     correlation are one integer key (kineto_comm.keys): an order-keeping join on two keys
     took twice as long."""
@@ -1804,7 +1792,10 @@ def _join_launches(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
         .unique(on, keep="first", maintain_order=True)
     )
     joined = gpu.lazy().select(*key).join(calls, on=on, how="left", maintain_order="left")
-    return gpu.with_columns(collect(joined.select("launch_ns", "launch_tid")).get_columns())
+    found = collect(joined.select("launch_ns", "launch_tid")).get_columns()
+    if "launch_ns" not in gpu.columns:
+        return gpu.with_columns(found)
+    return gpu.with_columns(pl.coalesce(gpu.get_column(f.name), f).alias(f.name) for f in found)
 
 
 def _parse_int_list(text: str) -> list[int]:
