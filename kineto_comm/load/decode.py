@@ -225,11 +225,15 @@ class _Decoder:
 
 _TOP = _Decoder(Top, _TopAny)
 _SHAPE = msgspec.json.Decoder(ShapeEvent)
-# Communication annotations (`nccl:all_reduce`, `gloo:send`, ...) carry the message size in
-# `Input Dims` / `Input type`, which every other CPU op carries too. Decoding those two
-# fields for every op costs a quarter of the decode, so they are read only for these events,
-# found by name in the raw bytes (see _shapes).
-_ANNOTATION_PREFIXES = (b'"nccl:', b'"gloo:', b'"ucc:', b'"mpi:', b'"xccl:')
+# CPU spans of collectives, as record_function names them: host-backend ones (gloo:broadcast,
+# ...), and NCCL annotations (nccl:all_reduce). The tests of names below are built from these.
+HOST_SPANS = ("gloo:", "ucc:", "mpi:")
+_NCCL_SPANS = ("nccl:", "xccl:")
+# Communication annotations carry the message size in `Input Dims` / `Input type`, which
+# every other CPU op carries too. Decoding those two fields for every op costs a quarter of
+# the decode, so they are read only for these events, found by name in the raw bytes (see
+# _shapes).
+_ANNOTATION_PREFIXES = tuple(b'"' + p.encode() for p in (*_NCCL_SPANS, *HOST_SPANS))
 _NAME_KEY = re.compile(rb'"name"\s*:\s*$')
 _EVENTS = _Decoder(list[TaggedEvent], list[Event])
 _EMPTY_ARGS = Args()
@@ -912,9 +916,8 @@ def _with_shapes(frame: pl.DataFrame, notes: list[_Annotations] | None) -> pl.Da
     return frame
 
 
-# The host-side span of a collective call, as record_function names it (nccl:all_reduce,
-# gloo:broadcast, ...).
-COLLECTIVE_SPAN = r"^(nccl|gloo|ucc|mpi|xccl):"
+# The host-side span of a collective call (a name starting with one of those prefixes).
+COLLECTIVE_SPAN = "^(" + "|".join(re.escape(p[:-1]) for p in (*_NCCL_SPANS, *HOST_SPANS)) + "):"
 # The name tests below, as Polars expressions here and in Python for the scanner's distinct
 # names (_names), share these.
 _COMM_KERNEL_NAME = r"(?i)^(nccl|rccl)"
@@ -962,9 +965,6 @@ class _Annotations:
     spare: int = 0
 
 
-# CPU spans of collectives: host-backend ones (gloo, ...), and NCCL annotations.
-HOST_SPANS = ("gloo:", "ucc:", "mpi:")
-_NCCL_SPANS = ("nccl:", "xccl:")
 # _OP_NAME as name prefixes, for the scanner: it lets go of the other CPU ops of a file
 # that keeps no host table (most of a GPU trace's rows) before they become rows at all.
 _OP_PREFIXES = tuple(p.encode() for p in (_PARAM_COMMS, *_NCCL_SPANS, *HOST_SPANS, _STEP_MARK))
