@@ -191,8 +191,10 @@ def _summaries(
     return dict(zip(queries, collect_all(list(queries.values())), strict=True))
 
 
-# What the per-rank model measures of each step window (kineto_comm.analysis.overlap).
-_MEASURED = ("compute_ns", "compute_start_ns", "compute_end_ns")
+# What the per-rank model's sweep measures of each step window (kineto_comm.analysis.overlap),
+# by the names this table gives it: compute time, where compute first starts, last ends.
+_SWEPT = {"busy_ns": "compute_ns", "first_ns": "compute_start_ns", "last_ns": "compute_end_ns"}
+_MEASURED = tuple(_SWEPT.values())
 
 
 def _p2p_calls(collectives: pl.LazyFrame) -> pl.LazyFrame:
@@ -380,11 +382,7 @@ def _micro_batches(counts: pl.DataFrame, stages: pl.DataFrame) -> pl.DataFrame:
 def _idle(kernels: RankStore, windows: pl.DataFrame) -> pl.LazyFrame:
     """rank, step, wall/busy/idle and its warm-up / steady / cool-down split per window."""
     if set(_MEASURED) <= set(windows.columns):  # measured per rank: no kernel is read
-        placed = windows.lazy().with_columns(
-            busy_ns=pl.col("compute_ns"),
-            first_ns=pl.col("compute_start_ns"),
-            last_ns=pl.col("compute_end_ns"),
-        )
+        placed = windows.lazy().with_columns(**{k: pl.col(c) for k, c in _SWEPT.items()})
     else:
         ranks = windows["rank"].unique().sort().to_list()
         need = list(_NEEDS["kernels"])
@@ -440,10 +438,6 @@ def _compute_edges(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame
         pl.col("rank").is_in(kernels["rank"].unique().cast(pl.Int64).implode())
     )
     swept = breakdown(compute, windows.rename({"step": "window"})).select(
-        "rank",
-        step="window",
-        busy_ns="compute_ns",
-        first_ns="compute_start_ns",
-        last_ns="compute_end_ns",
+        "rank", step="window", **_SWEPT
     )
     return swept.select([pl.col(c).cast(t) for c, t in _EDGES.items()])

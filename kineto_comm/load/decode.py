@@ -1506,8 +1506,7 @@ def _decode_file(
 
     def tabulate(events: list[Event]) -> None:
         nonlocal host, objects
-        if host is None:  # the header (read before the first piece) decides
-            host = reader.keeps_host()
+        host = reader.keeps_host()  # as told, else the header (read before the first piece)
         objects = objects or not isinstance(events, Scanned)
         parts.append(_columns(events, reader.notes, host))
 
@@ -1520,8 +1519,7 @@ def _decode_file(
             events, trailer = reader.finish()
             if defer and not parts and isinstance(events, Scanned):
                 whole = _settle(events, reader.notes)
-                if host is None:
-                    host = reader.keeps_host()
+                host = reader.keeps_host()
             else:
                 tabulate(events)
             del events
