@@ -432,11 +432,9 @@ def _read_blocks(
 
 
 class _Corrupt(Exception):
-    """Damaged data after some events were read: `kept` says which of them stay."""
-
-    def __init__(self, text: str, kept: str = "kept the events before the damage") -> None:
-        super().__init__(text)
-        self.kept = kept
+    """Damaged data (not a cut-off end): the file is rejected, whatever was read before it,
+    so that the answer does not depend on the piece size (a file read whole has nothing to
+    keep from before the damage)."""
 
 
 # A piece boundary that lies inside an event (a `}, {` in a string or in nested args) makes
@@ -456,6 +454,12 @@ def _not_utf8(exc: UnicodeDecodeError) -> str:
 def _cut_inside(exc: Exception) -> bool:
     """Whether a piece's decoding error says it ended inside a value."""
     return isinstance(exc, msgspec.DecodeError) and "truncated" in str(exc)
+
+
+def _ends_early(exc: Exception) -> bool:
+    """Whether a piece's decoding error says its array closed before the piece's end: the
+    events array ended there, and a later `traceEvents` may follow (see _next_piece)."""
+    return isinstance(exc, msgspec.DecodeError) and "trailing characters" in str(exc)
 
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -510,6 +514,10 @@ class _Reader:
         # stay in the buffer until the next feed()).
         self.notes = _Annotations()
         self.cut = False  # whether a piece has been decoded off the front
+        # Set when a later `traceEvents` array was found: what was read before it is void
+        # (JSON parsers keep the last of a key), and the caller drops its tables.
+        self.restarted = False
+        self.middle: Top | None = None  # the top-level keys between the two arrays
         self.dropped = 0  # bytes decoded and dropped off the front of buf
         # Where the next piece's boundary search goes on (past pos), and how far past a
         # boundary inside an event the next cut is looked for (see _next_piece).
@@ -582,6 +590,20 @@ class _Reader:
         self.pos = m.end() - 1
         return True
 
+    def _restart_at(self, key: re.Match[bytes]) -> None:
+        """Read on from a later `traceEvents` array (`key`, found in the buffer): the last
+        of a key is the one JSON parsers keep, whatever the piece size."""
+        # The keys between the two arrays: decoded with what is left of the first one.
+        between = b'{"traceEvents":[' + bytes(self.buf[self.pos + 1 : key.start()])
+        try:
+            self.middle = _TOP.decode(between + b'"traceEvents":[]}')
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise self._damaged(exc, 16) from None
+        self.pos = key.end() - 1
+        self.resume = self.reach = 0
+        self.restarted = True
+        self.warnings.append(_twice(self.name))
+
     def _next_piece(self) -> list[Event] | None:
         search_from = self.pos + (self.resume or self.piece_bytes)
         while True:
@@ -589,7 +611,11 @@ class _Reader:
             if m is None:
                 self.resume = search_from - self.pos  # go on from there once more has come
                 return None
-            comma = self.buf.index(b",", m.start())
+            comma = self.buf.find(b",", m.start())
+            if (again := _EVENTS_KEY.search(self.buf, self.pos + 1, comma)) is not None:
+                self._restart_at(again)
+                search_from = self.pos + self.piece_bytes
+                continue
             scanned = _scan_piece(self.buf, self.pos, comma, self.keeps_host())
             if scanned is not None:
                 events: Any = scanned[0]
@@ -597,7 +623,7 @@ class _Reader:
                 try:
                     events = _decode_events(self.buf, self.pos, comma)
                 except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
-                    if not _cut_inside(exc):
+                    if not _cut_inside(exc) and not _ends_early(exc):
                         raise self._damaged(exc) from None
                     # The cut fell inside an event: cut further on (_FIRST_REACH).
                     self.reach = 2 * self.reach or _FIRST_REACH
@@ -622,10 +648,7 @@ class _Reader:
             text = re.sub(r"\(byte (\d+)\)", lambda b: f"(byte {at + int(b[1])})", text)
         else:  # a value of the wrong type; msgspec numbers events from the piece's start
             text = f"{text}, counting events from byte {start}"
-        return _Corrupt(
-            f"invalid JSON trace ({text})",
-            kept=f"kept the events before byte {start}",
-        )
+        return _Corrupt(f"invalid JSON trace ({text})")
 
     def finish(self) -> tuple[list[Event], Top | None]:
         """The last events and the trailer (keys after traceEvents), salvaging a cut-off end."""
@@ -647,11 +670,17 @@ class _Reader:
             # Nothing was cut off the front: decode the whole document in place, no copies.
             try:
                 top = _TOP.decode(self.buf)
-                self.notes.find = _lazy_shapes(self.buf, 0, len(self.buf))
                 events, top.traceEvents = top.traceEvents, []
+                # msgspec kept the last array: its shapes are the ones to read.
+                keys = [m.end() for m in _EVENTS_KEY.finditer(self.buf)]
+                if len(keys) > 1 and _twice(self.name) not in self.warnings:
+                    self.warnings.append(_twice(self.name))
+                self.notes.find = _lazy_shapes(self.buf, keys[-1] if keys else 0, len(self.buf))
                 return events, top
             except (msgspec.DecodeError, msgspec.ValidationError):
                 pass  # truncated or damaged: the salvage path below
+        if (again := _EVENTS_KEY.search(self.buf, self.pos + 1)) is not None:
+            self._restart_at(again)
         rest = bytes(self.buf[self.pos + 1 :])
         self.dropped += self.pos + 1  # rest starts there in the file
         self.buf = bytearray()
@@ -667,12 +696,12 @@ class _Reader:
         except UnicodeDecodeError as exc:  # a damaged byte: no cut to salvage before
             raise self._damaged(exc) from None
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            if self.nbytes and not rest.strip(b" \t\r\n]}"):
+                return [], None
+            if not _cut_inside(exc):  # damaged before the end, not cut off
+                raise self._damaged(exc, len(head)) from None
             salvaged = _salvage(rest)
             if salvaged is None:
-                if self.nbytes and not rest.strip(b" \t\r\n]}"):
-                    return [], None
-                if not _cut_inside(exc):  # damaged before the end, not cut off
-                    raise self._damaged(exc, len(head)) from None
                 raise _Unsalvageable(_describe(exc)) from None
             events, dropped = salvaged
             self.warnings.append(
@@ -689,6 +718,8 @@ class _Reader:
             return None
         events, end = got
         tail = bytes(self.buf[end + 1 :])
+        if _EVENTS_KEY.search(tail) is not None:
+            return None  # traceEvents again: msgspec reads the last one (finish)
         trailer = None
         if self.bare_list:
             if tail.strip(b" \t\r\n"):
@@ -704,6 +735,10 @@ class _Reader:
 
 class _Unsalvageable(Exception):
     pass
+
+
+def _twice(name: str) -> str:
+    return f"{name}: traceEvents appears more than once; the last one is read (as JSON parsers do)"
 
 
 def _str_or_none(values: list[Any]) -> list[str | None]:
@@ -1513,10 +1548,16 @@ def _decode_file(
     try:
         for block in _read_blocks(path, reader.whole_bytes, buffer):
             for events in reader.feed(block):
+                if reader.restarted:  # a later traceEvents array: the earlier one is void
+                    parts.clear()
+                    reader.restarted = False
                 tabulate(events)
                 del events
         try:
             events, trailer = reader.finish()
+            if reader.restarted:
+                parts.clear()
+                reader.restarted = False
             if defer and not parts and isinstance(events, Scanned):
                 whole = _settle(events, reader.notes)
                 host = reader.keeps_host()
@@ -1528,20 +1569,21 @@ def _decode_file(
                 raise TraceError(name, str(exc)) from None
             reader.warnings.append(f"{name}: trace is cut off; events after the cut are lost")
     except _Corrupt as exc:
-        if not parts:
-            raise TraceError(name, str(exc)) from None
-        reader.warnings.append(f"{name}: {exc}; {exc.kept}")
+        raise TraceError(name, str(exc)) from None
     except OSError as exc:
         raise TraceError(name, f"cannot read file ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:
         raise TraceError(name, f"invalid JSON trace ({_not_utf8(exc)})") from None
+    except RecursionError:  # msgspec's limit on nesting, reached by a damaged or hostile file
+        raise TraceError(name, "invalid JSON trace (values nested too deeply)") from None
     if whole is not None:
         empty = whole.table.height == 0
     else:
         empty = all(sum(frame.height for frame in p.values()) == 0 for p in parts)
     if empty and reader.header is None and trailer is None:
         raise TraceError(name, "no trace events found")
-    tops = [t for t in (reader.header, trailer) if t is not None]
+    # The trailer's keys come after the header's: JSON parsers take the last of a key.
+    tops = [t for t in (trailer, reader.middle, reader.header) if t is not None]
     del reader.buf
     about = _About(name, tops, reader.nbytes, reader.warnings, host is False)
     if whole is not None:
@@ -1615,10 +1657,14 @@ def _assemble(files: list[_About], parts: list[dict[str, pl.DataFrame]]) -> list
             )
     base = pl.lit(pl.Series(bases, dtype=pl.Int64)).gather("_file") if many else pl.lit(bases[0])
 
+    out_of_range = [0] * len(files)
+
     def timed(key: str, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
         frames = [p[key] for p in parts]
         # A role's pieces as one table (a piece without collective rows lacks their columns).
         rows = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
+        for i, n in _out_of_range(rows, many).iter_rows():
+            out_of_range[i] += n
         # No rows, no `_file` column to find each row's base by.
         return _timed(rows, schema, base if rows.height else pl.lit(0), many)
 
@@ -1630,6 +1676,12 @@ def _assemble(files: list[_About], parts: list[dict[str, pl.DataFrame]]) -> list
     tables = dict(zip(roles, collect_all([timed(k, t) for k, t in roles.items()]), strict=True))
     threads = [p["threads"] if many else p["threads"].drop("_file", strict=False) for p in parts]
     tables["threads"] = pl.concat(threads, how="vertical") if len(threads) > 1 else threads[0]
+    for about, n in zip(files, out_of_range, strict=True):
+        if n:
+            about.warnings.append(
+                f"{about.name}: {n} event{'s' if n > 1 else ''} with a time or duration out"
+                " of range (|ts| or dur beyond 73 years); dropped"
+            )
     calls = tables.pop("runtime", None)
     if calls is not None and calls.height and tables["gpu"].height:
         tables["gpu"] = _join_launches(tables["gpu"], calls)
@@ -1738,28 +1790,79 @@ def _timed(
     if "ph" in events.columns and not (events["ph"] == "X").all():
         typed = _pair_begin_end(collect(typed)).lazy()
     ts = events.get_column("ts_us") if "ts_us" in events.columns else None
-    clean = ts is not None and ts.dtype == _F64 and not ts.null_count() and isfinite(ts.sum())
+    clean = (
+        ts is not None
+        and ts.dtype == _F64
+        and not ts.null_count()
+        and isfinite(ts.sum())
+        and _all_in_range(events)
+    )
     query = _to_ns(typed, base_ns, clean)
     return query if events.height else pl.LazyFrame(schema=query.collect_schema())
+
+
+# The largest |ts| and dur, in microseconds, taken as a time: 2^61 ns (73 years). With a
+# base of at most _MAX_BASE_NS, start and end then fit int64 nanoseconds; an event beyond
+# it is damage (a value near 2^63 would wrap), dropped with a warning (_out_of_range).
+_MAX_US = 2**61 / 1000
+
+
+def _in_range() -> pl.Expr:
+    """Whether a row's time and duration are times (see _MAX_US)."""
+    ts, dur = pl.col("ts_us"), pl.col("dur_us").fill_null(0.0)
+    return ts.is_not_null() & (ts.abs() < _MAX_US) & (dur < _MAX_US)
+
+
+def _all_in_range(events: pl.DataFrame) -> bool:
+    """Whether every time and duration present is within _MAX_US (few series reductions)."""
+    for name in ("ts_us", "dur_us"):
+        if name in events.columns and events.height:
+            col = events.get_column(name)
+            low, high = col.min(), col.max()
+            if low is not None and (not low > -_MAX_US or not high < _MAX_US):  # type: ignore[operator]
+                return False
+    return True
+
+
+def _out_of_range(events: pl.DataFrame, many: bool) -> pl.DataFrame:
+    """Rows per file (`_file`, `n`; of several files when `many`) that have a time but one
+    out of range (see _MAX_US)."""
+    if "ts_us" not in events.columns or _all_in_range(events):
+        return pl.DataFrame(schema={"_file": pl.UInt32, "n": pl.UInt32})
+    by = "_file" if many else pl.lit(0, pl.UInt32).alias("_file")
+    frame = events.lazy().select(
+        by,
+        "ts_us",
+        pl.col("dur_us") if "dur_us" in events.columns else pl.lit(None, _F64).alias("dur_us"),
+    )
+    bad = frame.filter(pl.col("ts_us").is_not_null() & ~_in_range())
+    return collect(bad.group_by("_file").agg(n=pl.len().cast(pl.UInt32)))
 
 
 def _to_ns(events: pl.LazyFrame, base_ns: pl.Expr, clean: bool) -> pl.LazyFrame:
     """Exact integer-nanosecond start/end columns (absolute when the trace gives a base) in
     place of the microsecond ones and the phase (every row is a complete event by now);
-    rows without a finite time are dropped unless `clean` says there are none. A launch
-    time (launch_ts_us) becomes launch_ns exactly as its runtime call's start does."""
+    rows without a time, or with one out of range (_MAX_US), are dropped unless `clean`
+    says there are none. A launch time (launch_ts_us) becomes launch_ns exactly as its
+    runtime call's start does (null where it is out of range)."""
     ts = pl.col("ts_us")
     start = _ns(ts, base_ns)
     if not clean:
-        events = events.filter(ts.is_not_null() & ts.is_finite())
+        events = events.filter(
+            _in_range()
+            if "dur_us" in events.collect_schema()
+            else ts.is_not_null() & (ts.abs() < _MAX_US)
+        )
     schema = events.collect_schema()
     if "dur_us" not in schema:  # launches: only their start matters
         return events.with_columns(start_ns=start).drop("ph", "ts_us")
-    dur = (pl.col("dur_us").fill_null(0.0).clip(lower_bound=0.0) * 1000).round().cast(pl.Int64)
+    dur = pl.col("dur_us").fill_null(0.0).clip(lower_bound=0.0) * 1000
+    dur = dur.round().cast(pl.Int64, strict=False)
     times = {"start_ns": start, "end_ns": start + dur}
     dropped = ["ph", "ts_us", "dur_us"]
     if "launch_ts_us" in schema:
-        times["launch_ns"] = _ns(pl.col("launch_ts_us"), base_ns)
+        launch = pl.col("launch_ts_us")
+        times["launch_ns"] = pl.when(launch.abs() < _MAX_US).then(_ns(launch, base_ns))
         dropped.append("launch_ts_us")
     return events.with_columns(**times).drop(dropped)
 
@@ -1768,7 +1871,13 @@ def _ns(ts: pl.Expr, base_ns: pl.Expr) -> pl.Expr:
     """Microseconds (float) as integer nanoseconds from `base_ns`: the whole microseconds
     and the rounded fraction apart, so that no nanosecond is lost to the float."""
     whole = ts.floor()
-    return whole.cast(pl.Int64) * 1000 + ((ts - whole) * 1000).round().cast(pl.Int64) + base_ns
+    # Not strict: a value out of range (a launch time, masked by the caller) is null, not an
+    # error; every time kept is within _MAX_US.
+    return (
+        whole.cast(pl.Int64, strict=False) * 1000
+        + ((ts - whole) * 1000).round().cast(pl.Int64, strict=False)
+        + base_ns
+    )
 
 
 def _join_launches(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:

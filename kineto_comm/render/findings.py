@@ -19,7 +19,7 @@ def render_findings(report: Any, console: Console, limit: int = 5) -> None:
     findings = list(getattr(report, "findings", ()) or ())
     if not findings:
         return
-    console.print("[bold]What to do first[/bold] (ranked by step time it could save)")
+    console.print("[bold]What to do first[/bold] (ranked by step time it could save)", markup=True)
     for i, f in enumerate(findings[:limit], 1):
         sev = f.severity.value
         share = "" if f.step_share is None else f", {f.step_share:.0%} of step"
@@ -29,6 +29,7 @@ def render_findings(report: Any, console: Console, limit: int = 5) -> None:
         console.print(
             f"{i}. [{style}]{sev}[/] {f.code} {escape(f.title)} - saves up to "
             f"{_ms(f.impact_ns_per_step)} per step{share}{where}",
+            markup=True,
             highlight=False,
         )
         if f.advice:

@@ -6,14 +6,42 @@ bandwidth in GB/s with 1 GB = 1e9 bytes. Plain text when the output is not a ter
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import TextIO
 
 import polars as pl
 from rich.console import Console
+from rich.segment import Segment
 from rich.table import Table
 
 from kineto_comm.lazy import collect
 from kineto_comm.report import Report
+
+# Control characters (C0, DEL, C1) and the bidirectional overrides: none of them belongs in
+# a report, and in a terminal they recolour, retitle or reorder it.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character shown as its escape (\\x1b), never sent raw."""
+    return _UNPRINTABLE.sub(
+        lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 256 else f"\\u{ord(m[0]):04x}", text
+    )
+
+
+class TraceConsole(Console):
+    """The text report's console. Trace strings (device, group, kernel names) are data: no
+    markup is read from them (markup only where a print asks for it, with the data escaped),
+    and the text of every segment is made printable before it is styled, so a control
+    character from a trace never reaches the terminal while rich's own styles do."""
+
+    def __init__(self, file: TextIO | None, width: int | None) -> None:
+        super().__init__(file=file, width=width, markup=False, highlight=False, soft_wrap=False)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        clean = (s if s.control else Segment(printable(s.text), s.style) for s in buffer)
+        return super()._render_buffer(clean)
 
 
 def fmt_ns(ns: int | float | None) -> str:
@@ -68,9 +96,9 @@ def _extremes(ranks: pl.DataFrame) -> pl.DataFrame:
 
 def render_text(report: Report, out: TextIO | None = None, width: int | None = None) -> None:
     """Print the report: a per-rank summary, the collectives, then warnings and errors."""
-    console = Console(file=out, width=width, highlight=False, soft_wrap=False)
+    console = TraceConsole(file=out, width=width)
     if width is None and not console.is_terminal:
-        console = Console(file=out, width=140, highlight=False, soft_wrap=False)
+        console = TraceConsole(file=out, width=140)
     from kineto_comm.render.findings import render_findings  # rules engine: what to do first
 
     render_findings(report, console)
