@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from kineto_comm.errors import TraceError, UsageError
+from kineto_comm.errors import TraceError, UsageError, one_line
 
 app = typer.Typer(
     add_completion=False,
@@ -389,7 +389,9 @@ def main() -> None:
         print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:  # never show a traceback to users
-        print(f"error: internal error ({type(exc).__name__}: {exc})", file=sys.stderr)
+        print(
+            f"error: {one_line(f'internal error ({type(exc).__name__}: {exc})')}", file=sys.stderr
+        )
         sys.exit(2)
 
 

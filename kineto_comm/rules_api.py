@@ -34,6 +34,7 @@ from kineto_comm.analysis.bandwidth import busbw_factor
 from kineto_comm.analysis.overlap import merge_intervals
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect, in_rank_order, sample
+from kineto_comm.model.collectives import parse_ranks
 from kineto_comm.rank_store import RankStore, SpillFolder, keep
 
 __all__ = [
@@ -458,12 +459,6 @@ def median_of_counts(
     )
     groups = counts.select(by).unique(maintain_order=True)
     return groups.join(medians, on=by, how="left", nulls_equal=True)
-
-
-def parse_ranks(col: str | pl.Expr) -> pl.Expr:
-    """A `pg_ranks` string such as "[0, 2, 4]" as a list of Int64."""
-    expr = pl.col(col) if isinstance(col, str) else col
-    return expr.str.extract_all(r"\d+").cast(pl.List(pl.Int64))
 
 
 def hosts_of(ranks: pl.Expr, ranks_per_host: int) -> pl.Expr:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kineto_comm import cache
-from kineto_comm.errors import TraceError
+from kineto_comm.errors import TraceError, one_line
 from kineto_comm.load.decode import RawTrace, decode_files
 from kineto_comm.per_rank import RankTables, from_wire, process_file, spill, tabulate, to_wire
 
@@ -124,7 +124,7 @@ def _failed(exc: Exception) -> Outcome:
     if isinstance(exc, MemoryError):
         return "error", "out of memory while analysing this file"
     # A bug must not lose the other ranks' report.
-    return "error", f"internal error while analysing ({type(exc).__name__}: {exc})"
+    return "error", one_line(f"internal error while analysing ({type(exc).__name__}: {exc})")
 
 
 Packed = tuple[list[str | None], dict[str, Any]]

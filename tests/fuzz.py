@@ -425,8 +425,10 @@ def fam_markup(rng: random.Random, s: Seed) -> tuple[bytes, str]:
         e = _pick_event(
             rng,
             _events(doc),
-            lambda e: isinstance(e.get("args"), dict)
-            and re.search(r"nccl|record_param|gloo", str(e.get("name")), re.I) is not None,
+            lambda e: (
+                isinstance(e.get("args"), dict)
+                and re.search(r"nccl|record_param|gloo", str(e.get("name")), re.I) is not None
+            ),
         )
         if e is not None:
             if where == "kernel":
@@ -564,13 +566,17 @@ def _disagreements(got: dict[str, Any]) -> list[str]:
     (first, ref), *rest = got.items()
     for key, other in rest:
         if ref[0] != other[0]:
-            out.append(f"{first} {ref[0]} ({ref[1] if ref[0] == 'error' else ''}) but {key}"
-                       f" {other[0]} ({other[1] if other[0] == 'error' else ''})")
+            out.append(
+                f"{first} {ref[0]} ({ref[1] if ref[0] == 'error' else ''}) but {key}"
+                f" {other[0]} ({other[1] if other[0] == 'error' else ''})"
+            )
             continue
         if ref[0] == "error":
             continue
         if ref[2] != other[2]:
-            out.append(f"{first} and {key} differ in metadata/warnings: {ref[2]!r} vs {other[2]!r}"[:600])
+            out.append(
+                f"{first} and {key} differ in metadata/warnings: {ref[2]!r} vs {other[2]!r}"[:600]
+            )
         for t, frame in ref[1].items():
             if not frame.equals(other[1][t], null_equal=True) or frame.schema != other[1][t].schema:
                 out.append(f"{first} and {key} differ in table {t}")
@@ -605,7 +611,13 @@ def _lines_ok(stderr: str, code: int) -> list[str]:
 
 
 def _totals_by_file(doc: dict[str, Any]) -> dict[str, Any]:
-    return {Path(r["file"]).name: r.get("totals") for r in doc.get("ranks", [])}
+    """Each file's totals, less start and end (on the clock the aligned job puts them)."""
+    return {
+        Path(r["file"]).name: {
+            k: v for k, v in (r.get("totals") or {}).items() if k not in ("start_ns", "end_ns")
+        }
+        for r in doc.get("ranks", [])
+    }
 
 
 @cache
@@ -687,7 +699,9 @@ def _worker(args: tuple[list[tuple[str, int]], str]) -> list[tuple[str, int, flo
     return run_cases(cases, Path(root))
 
 
-def campaign(per_family: int, root: Path, processes: int = 2) -> list[tuple[str, int, float, list[str]]]:
+def campaign(
+    per_family: int, root: Path, processes: int = 2
+) -> list[tuple[str, int, float, list[str]]]:
     """per_family cases of every family, over `processes` worker processes."""
     import multiprocessing as mp
 
@@ -698,4 +712,3 @@ def campaign(per_family: int, root: Path, processes: int = 2) -> list[tuple[str,
     with mp.get_context("spawn").Pool(processes) as pool:
         parts = pool.map(_worker, [(c, str(root)) for c in chunks])
     return [r for part in parts for r in part]
-

@@ -61,6 +61,7 @@ from kineto_comm import rank_store
 from kineto_comm.analysis.graph import walk
 from kineto_comm.analysis.overlap import breakdown
 from kineto_comm.lazy import collect, collect_all
+from kineto_comm.model.collectives import parse_ranks
 from kineto_comm.rank_store import RankStore, as_store
 
 P2P = ("send", "recv", "send_recv")
@@ -206,7 +207,7 @@ def _p2p_calls(collectives: pl.LazyFrame) -> pl.LazyFrame:
     cols = collectives.collect_schema().names()
     ranks_text = pl.col("pg_ranks") if "pg_ranks" in cols else pl.lit(None, dtype=pl.String)
     group = pl.col("process_group") if "process_group" in cols else pl.lit(None, pl.String)
-    members = ranks_text.str.extract_all(r"-?\d+").list.eval(pl.element().cast(pl.Int64))
+    members = parse_ranks(ranks_text)
     first, second = members.list.get(0, null_on_oob=True), members.list.get(1, null_on_oob=True)
     rank = pl.col("rank")
     other = (

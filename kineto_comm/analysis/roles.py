@@ -57,6 +57,7 @@ import polars as pl
 
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP, group_key, is_p2p
 from kineto_comm.lazy import collect, collect_all, sample
+from kineto_comm.model.collectives import parse_ranks
 from kineto_comm.model.steps import steps_per_rank
 from kineto_comm.rank_store import RankStore, as_store
 
@@ -335,7 +336,7 @@ def _features(calls: pl.LazyFrame, firsts: pl.DataFrame, world: int, rows: int) 
             ),
         )
     )
-    parsed = pl.col("_pg_ranks").str.extract_all(r"\d+").cast(pl.List(pl.Int64))
+    parsed = parse_ranks("_pg_ranks")
     ranks = pl.when(parsed.list.len() > 0).then(parsed).otherwise(pl.col("_seen"))
     return (
         feats.join(firsts.lazy(), on="process_group", how="left")

@@ -41,6 +41,7 @@ import polars as pl
 from kineto_comm.errors import TraceError
 from kineto_comm.keys import pair_key
 from kineto_comm.lazy import collect, collect_all, split, stack
+from kineto_comm.load.discover import MAX_RANKS
 from kineto_comm.memory import release_free_memory
 
 try:  # the compiled scanner (_scan.c): the same tables without Python objects; optional.
@@ -518,6 +519,7 @@ class _Reader:
         # (JSON parsers keep the last of a key), and the caller drops its tables.
         self.restarted = False
         self.middle: Top | None = None  # the top-level keys between the two arrays
+        self.cut_off = False  # whether the end of the file was lost (a truncated file)
         self.dropped = 0  # bytes decoded and dropped off the front of buf
         # Where the next piece's boundary search goes on (past pos), and how far past a
         # boundary inside an event the next cut is looked for (see _next_piece).
@@ -704,6 +706,7 @@ class _Reader:
             if salvaged is None:
                 raise _Unsalvageable(_describe(exc)) from None
             events, dropped = salvaged
+            self.cut_off = True
             self.warnings.append(
                 f"{self.name}: trace is cut off (truncated JSON); kept the events before the"
                 f" cut, dropped the last {dropped} bytes"
@@ -1501,13 +1504,14 @@ def _with_host(raw: RawTrace, piece_bytes: int | None) -> RawTrace:
 @dataclass
 class _About:
     """What a file says besides its events: header and trailer, size, decoding warnings,
-    and whether its host table was left out."""
+    whether its host table was left out, and whether its end was cut off."""
 
     name: str
     tops: list[Top]
     nbytes: int
     warnings: list[str]
     host_skipped: bool
+    cut_off: bool = False
 
 
 @dataclass
@@ -1567,6 +1571,7 @@ def _decode_file(
         except _Unsalvageable as exc:
             if not parts:
                 raise TraceError(name, str(exc)) from None
+            reader.cut_off = True
             reader.warnings.append(f"{name}: trace is cut off; events after the cut are lost")
     except _Corrupt as exc:
         raise TraceError(name, str(exc)) from None
@@ -1585,7 +1590,7 @@ def _decode_file(
     # The trailer's keys come after the header's: JSON parsers take the last of a key.
     tops = [t for t in (trailer, reader.middle, reader.header) if t is not None]
     del reader.buf
-    about = _About(name, tops, reader.nbytes, reader.warnings, host is False)
+    about = _About(name, tops, reader.nbytes, reader.warnings, host is False, reader.cut_off)
     if whole is not None:
         return _Pending(about, whole, reader.notes, bool(host))
     if objects or reader.cut:
@@ -1657,14 +1662,14 @@ def _assemble(files: list[_About], parts: list[dict[str, pl.DataFrame]]) -> list
             )
     base = pl.lit(pl.Series(bases, dtype=pl.Int64)).gather("_file") if many else pl.lit(bases[0])
 
-    out_of_range = [0] * len(files)
+    out_of_range: dict[tuple[int, str], int] = {}
 
     def timed(key: str, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
         frames = [p[key] for p in parts]
         # A role's pieces as one table (a piece without collective rows lacks their columns).
         rows = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
-        for i, n in _out_of_range(rows, many).iter_rows():
-            out_of_range[i] += n
+        for i, name, n in _out_of_range(rows, many):
+            out_of_range[i, name] = out_of_range.get((i, name), 0) + n
         # No rows, no `_file` column to find each row's base by.
         return _timed(rows, schema, base if rows.height else pl.lit(0), many)
 
@@ -1676,12 +1681,11 @@ def _assemble(files: list[_About], parts: list[dict[str, pl.DataFrame]]) -> list
     tables = dict(zip(roles, collect_all([timed(k, t) for k, t in roles.items()]), strict=True))
     threads = [p["threads"] if many else p["threads"].drop("_file", strict=False) for p in parts]
     tables["threads"] = pl.concat(threads, how="vertical") if len(threads) > 1 else threads[0]
-    for about, n in zip(files, out_of_range, strict=True):
-        if n:
-            about.warnings.append(
-                f"{about.name}: {n} event{'s' if n > 1 else ''} with a time or duration out"
-                " of range (|ts| or dur beyond 73 years); dropped"
-            )
+    for (i, name), n in sorted(out_of_range.items()):
+        what = "dropped" if name in ("ts", "dur") else "taken as unknown"
+        files[i].warnings.append(
+            f"{files[i].name}: {n} event{'s' if n > 1 else ''} with `{name}` out of range; {what}"
+        )
     calls = tables.pop("runtime", None)
     if calls is not None and calls.height and tables["gpu"].height:
         tables["gpu"] = _join_launches(tables["gpu"], calls)
@@ -1716,26 +1720,43 @@ def _raw(about: _About, tables: dict[str, pl.DataFrame]) -> RawTrace:
     tops = about.tops
     info = next((t.distributedInfo for t in tops if t.distributedInfo is not None), None)
     devices = next((t.deviceProperties for t in tops if t.deviceProperties), None) or []
+
+    def checked(value: int | None, low: int, field: str) -> int | None:
+        """`value` where it can be what `field` says (low <= value < MAX_RANKS), else None
+        with a warning: a damaged rank or size must not take a rank or wrap a table."""
+        if value is None or low <= value < MAX_RANKS:
+            return value
+        about.warnings.append(f"{about.name}: {field} {value} is out of range; ignored")
+        return None
+
     groups = []
     if info is not None and info.pg_config:
         for pg in info.pg_config:
             ranks = pg.ranks
             if isinstance(ranks, str):
                 ranks = _parse_int_list(ranks)
+            kept = [r for r in ranks or [] if checked(r, 0, "a pg_config rank") is not None]
             groups.append(
                 {
                     "pg_name": None if pg.pg_name is None else str(pg.pg_name),
                     "pg_desc": pg.pg_desc,
-                    "pg_size": pg.pg_size if pg.pg_size is not None else len(ranks or []),
-                    "ranks": list(ranks or []),
+                    "pg_size": checked(pg.pg_size, 1, "pg_config pg_size") or len(kept),
+                    "ranks": kept,
                     "backend_config": pg.backend_config,
                 }
             )
+    if info is None and about.cut_off:
+        about.warnings.append(
+            f"{about.name}: no distributedInfo before the cut (Kineto may write it after the"
+            " events); the rank comes from the file name or order"
+        )
     return RawTrace(
         file=about.name,
         **tables,
-        rank=None if info is None else info.rank,
-        world_size=None if info is None else info.world_size,
+        rank=None if info is None else checked(info.rank, 0, "distributedInfo.rank"),
+        world_size=None
+        if info is None
+        else checked(info.world_size, 1, "distributedInfo.world_size"),
         backend=None if info is None else info.backend,
         process_groups=groups,
         device_names=[d.name or "?" for d in devices],
@@ -1780,11 +1801,18 @@ def _timed(
     B/E pairs made complete events, times in nanoseconds (see _to_ns): nothing is computed
     before it runs where the trace has no B/E events (the usual case)."""
     present = events.schema
+
+    def column(k: str, t: pl.DataType) -> pl.Expr:
+        if k not in present:
+            return pl.lit(None, dtype=t).alias(k)
+        if k in _ARG_RANGES:  # out of range: unknown (counted by _out_of_range)
+            low, high, _ = _ARG_RANGES[k]
+            inside = pl.col(k).is_between(low, high, closed="left")
+            return pl.when(inside).then(pl.col(k).cast(t, strict=False))
+        return pl.col(k).cast(t)
+
     typed = events.lazy().select(
-        *[
-            pl.col(k).cast(t) if k in present else pl.lit(None, dtype=t).alias(k)
-            for k, t in schema.items()
-        ],
+        *[column(k, t) for k, t in schema.items()],
         *(["_file"] if many and "_file" in present else []),
     )
     if "ph" in events.columns and not (events["ph"] == "X").all():
@@ -1795,7 +1823,7 @@ def _timed(
         and ts.dtype == _F64
         and not ts.null_count()
         and isfinite(ts.sum())
-        and _all_in_range(events)
+        and _all_in_range(events, _TIME_RANGES)
     )
     query = _to_ns(typed, base_ns, clean)
     return query if events.height else pl.LazyFrame(schema=query.collect_schema())
@@ -1813,30 +1841,50 @@ def _in_range() -> pl.Expr:
     return ts.is_not_null() & (ts.abs() < _MAX_US) & (dur < _MAX_US)
 
 
-def _all_in_range(events: pl.DataFrame) -> bool:
-    """Whether every time and duration present is within _MAX_US (few series reductions)."""
-    for name in ("ts_us", "dur_us"):
+# Collective args beyond these are damage (a size near 2^63 wraps to a negative byte count):
+# the value becomes unknown (null), with a warning. column -> (low, high, JSON field).
+_ARG_RANGES = {
+    "in_nelems": (0, 2**40, "In msg nelems"),
+    "out_nelems": (0, 2**40, "Out msg nelems"),
+    "group_size": (1, MAX_RANKS, "Group size"),
+    "src_rank": (0, MAX_RANKS, "Src Rank"),
+    "dst_rank": (0, MAX_RANKS, "Dst Rank"),
+}
+_TIME_RANGES = {"ts_us": (-_MAX_US, _MAX_US, "ts"), "dur_us": (-_MAX_US, _MAX_US, "dur")}
+
+
+def _all_in_range(events: pl.DataFrame, ranges: dict[str, tuple[Any, Any, str]]) -> bool:
+    """Whether every value of the `ranges` columns present is within its range (a few
+    series reductions)."""
+    for name, (low, high, _) in ranges.items():
         if name in events.columns and events.height:
             col = events.get_column(name)
-            low, high = col.min(), col.max()
-            if low is not None and (not low > -_MAX_US or not high < _MAX_US):  # type: ignore[operator]
+            least, most = col.min(), col.max()
+            if least is not None and (least < low or not most < high):  # type: ignore[operator]
                 return False
     return True
 
 
-def _out_of_range(events: pl.DataFrame, many: bool) -> pl.DataFrame:
-    """Rows per file (`_file`, `n`; of several files when `many`) that have a time but one
-    out of range (see _MAX_US)."""
-    if "ts_us" not in events.columns or _all_in_range(events):
-        return pl.DataFrame(schema={"_file": pl.UInt32, "n": pl.UInt32})
-    by = "_file" if many else pl.lit(0, pl.UInt32).alias("_file")
-    frame = events.lazy().select(
-        by,
-        "ts_us",
-        pl.col("dur_us") if "dur_us" in events.columns else pl.lit(None, _F64).alias("dur_us"),
-    )
-    bad = frame.filter(pl.col("ts_us").is_not_null() & ~_in_range())
-    return collect(bad.group_by("_file").agg(n=pl.len().cast(pl.UInt32)))
+def _out_of_range(events: pl.DataFrame, many: bool) -> list[tuple[int, str, int]]:
+    """(file, JSON field, rows) of the values out of range: times (_MAX_US; the row is
+    dropped) and collective args (_ARG_RANGES; the value is unknown). Files are numbered by
+    `_file` when `many`."""
+    ranges = {**_TIME_RANGES, **_ARG_RANGES}
+    if _all_in_range(events, ranges):
+        return []
+    by = pl.col("_file") if many else pl.lit(0, pl.UInt32)
+    checks = {}
+    for name, (low, high, key) in ranges.items():
+        if name in events.columns:
+            col = pl.col(name)
+            checks[key] = (col.is_not_null() & ~col.is_between(low, high, closed="left")).sum()
+    counts = collect(events.lazy().group_by(by.alias("_file")).agg(**checks))
+    return [
+        (row["_file"], key, n)
+        for row in counts.iter_rows(named=True)
+        for key, n in row.items()
+        if key != "_file" and n
+    ]
 
 
 def _to_ns(events: pl.LazyFrame, base_ns: pl.Expr, clean: bool) -> pl.LazyFrame:
@@ -1906,4 +1954,5 @@ def _join_launches(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
 
 
 def _parse_int_list(text: str) -> list[int]:
+    """The integers in `text` ("[0, 1]"), as written (range is checked by the caller)."""
     return [int(x) for x in re.findall(r"-?\d+", text)]

@@ -9,6 +9,7 @@ claiming one rank, and files from jobs of different sizes, are reported, not gue
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,28 @@ from kineto_comm.errors import TraceError
 # Files that sit beside traces but are not traces (the generator's ground truth).
 NOT_TRACES = frozenset({"truth.json"})
 _RANK_IN_NAME = re.compile(r"(?i)(?:^|[^a-z])rank[-_.]?(\d+)")
+# Ranks and world sizes at or above this are damage, not a job (no job has 2^31 ranks).
+MAX_RANKS = 2**31
+
+
+def _trace_files(folder: Path) -> list[Path]:
+    """The trace files under `folder`, following symbolic links to folders (a job's ranks
+    are often linked in from where each node wrote them), each real folder once (a link
+    back up the tree is no loop)."""
+    seen: set[tuple[int, int]] = set()
+    hits: list[Path] = []
+    for root, dirs, files in os.walk(folder, followlinks=True):
+        st = os.stat(root)
+        if (st.st_dev, st.st_ino) in seen:
+            dirs.clear()
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirs.sort()
+        for name in files:
+            path = Path(root) / name
+            if name not in NOT_TRACES and name.endswith((".json", ".json.gz")) and path.is_file():
+                hits.append(path)
+    return hits
 
 
 def discover(paths: list[str | Path]) -> tuple[list[Path], list[TraceError]]:
@@ -27,13 +50,7 @@ def discover(paths: list[str | Path]) -> tuple[list[Path], list[TraceError]]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            hits = [
-                p
-                for p in path.rglob("*")
-                if p.is_file()
-                and p.name not in NOT_TRACES
-                and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
-            ]
+            hits = _trace_files(path)
             if not hits:
                 missing.append(TraceError(str(path), "no .json or .json.gz trace files in it"))
             found.extend(sorted(hits))
@@ -49,7 +66,7 @@ def discover(paths: list[str | Path]) -> tuple[list[Path], list[TraceError]]:
 def rank_from_name(path: str | Path) -> int | None:
     """A rank number written in the file name, if any."""
     m = _RANK_IN_NAME.search(Path(path).name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and int(m.group(1)) < MAX_RANKS else None
 
 
 @dataclass(frozen=True)
@@ -78,7 +95,14 @@ def assign_ranks(claims: list[RankClaim]) -> Assignment:
     rejected: list[TraceError] = []
     owner: dict[int, str] = {}
     pending: list[str] = []
-    for claim in claims:
+
+    # Where two files claim one rank, the claim its file name agrees with goes first: a
+    # damaged rank-3 file claiming rank 0 must not push out rank-0's own file.
+    def disputed(claim: RankClaim) -> bool:
+        named = rank_from_name(claim.file)
+        return claim.rank is not None and named is not None and named != claim.rank
+
+    for claim in sorted(claims, key=disputed):
         rank, source = claim.rank, "distributedInfo"
         if rank is None:
             rank, source = rank_from_name(claim.file), "file name"

@@ -32,6 +32,7 @@ import polars as pl
 
 from kineto_comm.lazy import collect
 from kineto_comm.load.decode import COLLECTIVE_SPAN, RawTrace
+from kineto_comm.load.discover import MAX_RANKS
 from kineto_comm.model.names import (
     dtype_bytes,
     first_input_type,
@@ -278,3 +279,12 @@ def _empty_schema() -> dict[str, pl.DataType]:
     ):
         types[c] = s
     return types
+
+
+def parse_ranks(col: str | pl.Expr) -> pl.Expr:
+    """A `pg_ranks` string such as "[0, 2, 4]" as a list of Int64: the one reading of it
+    (roles and the pipeline table use it too). A number that cannot be a rank (negative,
+    or beyond MAX_RANKS: damage) is left out rather than wrapped or failing the cast."""
+    expr = pl.col(col) if isinstance(col, str) else col
+    numbers = expr.str.extract_all(r"-?\d+").cast(pl.List(pl.Int64), strict=False)
+    return numbers.list.eval(pl.element().filter(pl.element().is_between(0, MAX_RANKS - 1)))

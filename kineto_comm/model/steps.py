@@ -42,7 +42,8 @@ def cpu_steps(raw: RawTrace) -> pl.DataFrame:
     return collect(
         marks.select(
             "rank",
-            step=pl.col("name").str.extract(r"^ProfilerStep#(\d+)", 1).cast(pl.Int64),
+            # A number beyond int64 is damage, not a step: no step (strict=False).
+            step=pl.col("name").str.extract(r"^ProfilerStep#(\d+)", 1).cast(pl.Int64, strict=False),
             cpu_start_ns=pl.col("start_ns"),
             cpu_end_ns=pl.col("end_ns"),
         )
