@@ -477,12 +477,16 @@ def _decode_events(buf: bytearray, start: int, comma: int) -> list[Event]:
         buf[start], buf[comma] = saved
 
 
+_SEPARATORS = b", \t\r\n"
+
+
 def _salvage(rest: bytes) -> tuple[list[Event], int] | None:
-    """Complete events at the front of `rest` (a cut-off tail); (events, bytes dropped)."""
+    """Complete events at the front of `rest` (a cut-off tail); (events, bytes dropped: the
+    cut-off event's, from its `{`, whatever piece it was read in)."""
     cuts = [m.start() + 1 for m in _BOUNDARY.finditer(rest)]
     for end in reversed(cuts[-64:]):
         try:
-            return _EVENTS.decode(b"[" + rest[:end] + b"]"), len(rest) - end
+            return _EVENTS.decode(b"[" + rest[:end] + b"]"), len(rest[end:].lstrip(_SEPARATORS))
         except (msgspec.DecodeError, msgspec.ValidationError):
             continue
     return None
@@ -703,9 +707,10 @@ class _Reader:
             if not _cut_inside(exc):  # damaged before the end, not cut off
                 raise self._damaged(exc, len(head)) from None
             salvaged = _salvage(rest)
-            if salvaged is None:
+            if salvaged is None and not self.cut:  # nothing at all before the cut
                 raise _Unsalvageable(_describe(exc)) from None
-            events, dropped = salvaged
+            # The pieces before were whole: the cut fell inside this tail's first event.
+            events, dropped = salvaged or ([], len(rest.lstrip(_SEPARATORS)))
             self.cut_off = True
             self.warnings.append(
                 f"{self.name}: trace is cut off (truncated JSON); kept the events before the"
@@ -1569,10 +1574,7 @@ def _decode_file(
                 tabulate(events)
             del events
         except _Unsalvageable as exc:
-            if not parts:
-                raise TraceError(name, str(exc)) from None
-            reader.cut_off = True
-            reader.warnings.append(f"{name}: trace is cut off; events after the cut are lost")
+            raise TraceError(name, str(exc)) from None
     except _Corrupt as exc:
         raise TraceError(name, str(exc)) from None
     except OSError as exc:
