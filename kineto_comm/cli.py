@@ -30,6 +30,48 @@ def _fail(message: str) -> typer.Exit:
 
 FORMATS_HELP = "text, json, markdown, sarif, junit, github or html."
 
+# The rule options `report` and `diff` share: a diff of trace folders runs the same rules,
+# with the same config and options, as `report` does on each.
+SelectOption = Annotated[
+    list[str] | None,
+    typer.Option("--select", help="Rules to run: codes, prefixes or names (repeatable, a,b)."),
+]
+IgnoreOption = Annotated[
+    list[str] | None,
+    typer.Option("--ignore", help="Rules to skip: codes, prefixes or names (repeatable)."),
+]
+RulesOption = Annotated[
+    list[str] | None,
+    typer.Option("--rules", help="Custom rules: a .py or .toml file, or a module (repeatable)."),
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", help="Config file (default: kineto-comm.toml / pyproject.toml)."),
+]
+RuleOptionOption = Annotated[
+    list[str] | None,
+    typer.Option("--rule-option", help="Rule option CODE.name=value (repeatable)."),
+]
+
+
+def _rule_args(
+    select: list[str] | None,
+    ignore: list[str] | None,
+    rules: list[str] | None,
+    config: Path | None,
+    rule_option: list[str] | None,
+) -> dict[str, Any]:
+    """The rule options of the command line as analyze()'s keyword arguments."""
+    from kineto_comm.rules_engine import parse_rule_options
+
+    return {
+        "select": select or (),
+        "ignore": ignore or (),
+        "rules": rules or (),
+        "config": config,
+        "rule_options": parse_rule_options(rule_option),
+    }
+
 
 @app.command()
 def report(
@@ -88,28 +130,11 @@ def report(
         Path | None,
         typer.Option("--model", help="Model config (TOML): compare with the analytical model."),
     ] = None,
-    select: Annotated[
-        list[str] | None,
-        typer.Option("--select", help="Rules to run: codes, prefixes or names (repeatable, a,b)."),
-    ] = None,
-    ignore: Annotated[
-        list[str] | None,
-        typer.Option("--ignore", help="Rules to skip: codes, prefixes or names (repeatable)."),
-    ] = None,
-    rules: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--rules", help="Custom rules: a .py or .toml file, or a module (repeatable)."
-        ),
-    ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="Config file (default: kineto-comm.toml / pyproject.toml)."),
-    ] = None,
-    rule_option: Annotated[
-        list[str] | None,
-        typer.Option("--rule-option", help="Rule option CODE.name=value (repeatable)."),
-    ] = None,
+    select: SelectOption = None,
+    ignore: IgnoreOption = None,
+    rules: RulesOption = None,
+    config: ConfigOption = None,
+    rule_option: RuleOptionOption = None,
 ) -> None:
     """Analyse traces: where each rank's time went, what communication costs, what to change."""
     from kineto_comm.analyze import analyze
@@ -120,14 +145,12 @@ def report(
         parse_severity,
         write,
     )
-    from kineto_comm.rules_engine import apply_rules
 
     try:
         severity = parse_severity(fail_on)
         extra = [parse_also(item) for item in also or ()]
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-        model_config = _load_model(model) if model else None
     except ValueError as exc:
         raise _fail(str(exc)) from None
     result = analyze(
@@ -139,6 +162,8 @@ def report(
         dask_scheduler=dask_scheduler,
         progress=_progress_bar() if sys.stderr.isatty() else None,
         memory_limit=memory_limit,
+        model=model,
+        **_rule_args(select, ignore, rules, config, rule_option),
     )
     for file, message in result.errors:
         print(f"error: {file}: {message}", file=sys.stderr)
@@ -146,11 +171,6 @@ def report(
         if not result.errors:
             print("error: no trace files found", file=sys.stderr)
         raise typer.Exit(2)
-    if model_config is not None:
-        from kineto_comm.analytic import with_model
-
-        result = with_model(result, *model_config)
-    result = apply_rules(result, select, ignore, rules, config, rule_option)
     for fmt, path in extra:
         write(result, fmt, path, fail_on=severity)
     if format == "text" and output is None:
@@ -189,11 +209,26 @@ def diff(
         ),
     ] = "never",
     format: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
-    output: Annotated[Path | None, typer.Option("--output", "-o")] = None,
-    exit_zero: Annotated[bool, typer.Option("--exit-zero")] = False,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")
+    ] = None,
+    exit_zero: Annotated[
+        bool, typer.Option("--exit-zero", help="Exit 0 whatever the gates say (2 on errors).")
+    ] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option("--jobs", "-j", help="Rank files analysed at once (trace directories)."),
+    ] = None,
+    select: SelectOption = None,
+    ignore: IgnoreOption = None,
+    rules: RulesOption = None,
+    config: ConfigOption = None,
+    rule_option: RuleOptionOption = None,
 ) -> None:
-    """Compare two runs (trace directories or saved JSON reports); exit 1 on regressions."""
+    """Compare two runs (trace directories or saved JSON reports); exit 1 on regressions.
+
+    Trace directories are analysed as `report` would (the same rules, config and rule
+    options), so they give the verdict their saved JSON reports give."""
     from kineto_comm.diff import diff as run_diff
     from kineto_comm.diff import render_diff_json, render_diff_text
 
@@ -208,6 +243,7 @@ def diff(
             max_busbw_drop=max_busbw_drop,
             fail_on_new=fail_on_new,
             jobs=jobs,
+            analysis=_rule_args(select, ignore, rules, config, rule_option),
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None
@@ -225,24 +261,13 @@ def model(
     config: Annotated[Path, typer.Argument(help="Model config (TOML with a [model] table).")],
 ) -> None:
     """Expected communication of a configuration, the pipeline bubble, and a what-if sweep."""
-    from kineto_comm.analytic import render_model
+    from kineto_comm.analytic import load_model, render_model
 
     try:
-        model_config, hardware = _load_model(config)
+        model_config, hardware = load_model(config)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     print(render_model(model_config, hardware))
-
-
-def _load_model(path: Path) -> tuple[Any, Any]:
-    """(ModelConfig, HardwareModel) from a TOML file; ValueError names the file and key."""
-    from kineto_comm.analytic import load_config, load_hardware
-
-    try:
-        return load_config(path), load_hardware(path)
-    except ValueError as exc:
-        text = str(exc)  # reading and TOML errors name the file already
-        raise ValueError(text if text.startswith(f"{path}:") else f"{path}: {text}") from None
 
 
 def _progress_bar() -> Any:

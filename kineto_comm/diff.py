@@ -20,7 +20,7 @@ Gates (each optional) make `DiffResult.failed` true, which the CLI turns into ex
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,8 +71,12 @@ def is_report_json(path: Path) -> bool:
     return isinstance(doc, dict) and "schema_version" in doc and "ranks" in doc
 
 
-def load_side(side: Side, *, jobs: int | None = None) -> tuple[dict[str, Any], str]:
-    """(JSON document, label) for one side of a diff; ValueError when it cannot be used."""
+def load_side(
+    side: Side, *, jobs: int | None = None, analysis: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], str]:
+    """(JSON document, label) for one side of a diff; ValueError when it cannot be used.
+    Traces are analysed by `analyze(paths, jobs=jobs, **analysis)`: the rules run, as in
+    `kineto-comm report`, so their findings compare like a saved report's."""
     if isinstance(side, Report):
         return document(side), "report"
     if isinstance(side, dict):
@@ -90,7 +94,7 @@ def load_side(side: Side, *, jobs: int | None = None) -> tuple[dict[str, Any], s
         raise ValueError(f"{missing[0]}: no such file or directory")
     from kineto_comm.analyze import analyze
 
-    report = analyze(paths, jobs=jobs)
+    report = analyze(paths, jobs=jobs, **(analysis or {}))
     if report.ranks.height == 0:
         problems = "; ".join(f"{f}: {m}" for f, m in report.errors) or "no trace files found"
         raise ValueError(f"{label}: nothing could be analysed ({problems})")
@@ -211,14 +215,17 @@ def diff(
     max_busbw_drop: str | float | None = None,
     fail_on_new: Severity | str | None = None,
     jobs: int | None = None,
+    analysis: Mapping[str, Any] | None = None,
 ) -> DiffResult:
-    """Compare `new` against `baseline` and apply the gates (see the module docstring)."""
+    """Compare `new` against `baseline` and apply the gates (see the module docstring).
+    `analysis`: keyword arguments of `analyze()` for a side given as traces (the rule
+    selection, config and options; the rules run by default)."""
     step_gate = parse_fraction(max_regression)
     exposed_gate = parse_fraction(max_exposed_regression)
     bw_gate = parse_fraction(max_busbw_drop)
     new_gate = Severity(fail_on_new) if fail_on_new not in (None, "never") else None
-    base_doc, base_label = load_side(baseline, jobs=jobs)
-    new_doc, new_label = load_side(new, jobs=jobs)
+    base_doc, base_label = load_side(baseline, jobs=jobs, analysis=analysis)
+    new_doc, new_label = load_side(new, jobs=jobs, analysis=analysis)
     b, n = step_means(base_doc), step_means(new_doc)
     failures: list[str] = []
     notes: list[str] = []

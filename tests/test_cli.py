@@ -274,3 +274,22 @@ def test_a_setting_that_cannot_run_is_a_usage_error(option, value, problem):
     assert out.returncode == 2 and out.stderr.strip() == f"error: {problem}", out.stderr
     with pytest.raises(UsageError, match="must be"):
         analyze(SAMPLES / "tp-2", **{option[2:].replace("-", "_"): int(value)})
+
+
+def test_analyze_returns_what_report_json_prints(tmp_path, monkeypatch):
+    """The README's Python entry point gives what the CLI reports: `analyze(...).to_json()`
+    is the text of `report --format json`, findings included; rules are selected as on the
+    command line, and a bad selection fails before any trace is read."""
+    monkeypatch.chdir(tmp_path)  # no config file above
+    path = SAMPLES / "ddp-4"
+    report = analyze(path, jobs=1)
+    assert report.findings, "the gloo DDP sample has findings (46% exposed all-reduce)"
+    out = CliRunner().invoke(app, ["report", str(path), "--format", "json", "-j", "1"])
+    assert report.to_json() == out.stdout
+    assert report.to_dict()["findings"] == json.loads(out.stdout)["findings"] != []
+    some = report.findings[0].code
+    picked = analyze(path, jobs=1, select=[some])
+    assert picked.findings and {f.code for f in picked.findings} == {some}
+    assert analyze(path, jobs=1, ignore=["ALL"]).findings == ()
+    with pytest.raises(UsageError, match="NOPE9"):
+        analyze(tmp_path / "no-such-dir", select=["NOPE9"])

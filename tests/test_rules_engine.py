@@ -261,14 +261,16 @@ def test_plugins_from_entry_points(monkeypatch) -> None:
         registry()
 
 
-def test_ranking_by_impact_then_severity() -> None:
+def test_ranking_by_severity_then_impact() -> None:
+    """A warning is never listed behind infos that save more (issue 53, point 6)."""
+
     def f(code: str, impact: int, sev: Severity) -> Finding:
         return Finding(code=code, severity=sev, title="", message="", impact_ns_per_step=impact)
 
     ranked = rank_findings(
         [f("A1", 10, Severity.info), f("B1", 50, Severity.info), f("C1", 10, Severity.error)]
     )
-    assert [x.code for x in ranked] == ["B1", "C1", "A1"]
+    assert [x.code for x in ranked] == ["C1", "B1", "A1"]
 
 
 def test_cli_rules_explain_and_report_options(tmp_path: Path, monkeypatch) -> None:
