@@ -374,29 +374,31 @@ def capture(
 
 
 @app.command("rules")
-def rules_command() -> None:
+def rules_command(rules: RulesOption = None, config: ConfigOption = None) -> None:
     """List every rule: code, name, family and source (built-in, plugin or file)."""
     from kineto_comm.rules_engine import list_rules
 
-    print(list_rules(_rules_config()))
+    print(list_rules(_registry(rules, config)))
 
 
 @app.command()
 def explain(
     code: Annotated[str, typer.Argument(help="A rule code or name, e.g. COMM101.")],
+    rules: RulesOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """Print a rule's documentation and options."""
     from kineto_comm.rules_engine import explain as explain_rule
-    from kineto_comm.rules_engine import registry
 
-    print(explain_rule(registry(config=_rules_config()).get(code)))
+    print(explain_rule(_registry(rules, config).get(code)))
 
 
-def _rules_config() -> Any:
-    """The engine's Config from kineto-comm.toml / pyproject.toml (found upward)."""
-    from kineto_comm.rules_engine import load_config
+def _registry(rules: list[str] | None, config: Path | None) -> Any:
+    """Every rule `report` would know with the same --rules and --config: built-in,
+    plugins, the config file's (given, or found upward) and the --rules files."""
+    from kineto_comm.rules_engine import load_config, registry
 
-    return load_config()
+    return registry(rules or (), load_config(config))
 
 
 def main() -> None:

@@ -172,7 +172,8 @@ def sql_rule(spec: Mapping[str, Any], origin: str) -> Rule:
     """A Rule from a declarative TOML table.
 
     Keys: code, name, summary, query (Polars SQL over the report tables), message (a
-    str.format template over the row's columns), optional title, severity (info|warning|
+    str.format template over the row's columns; also the finding's title unless a `title`
+    template is given), optional title, severity (info|warning|
     error, default warning), tables, why, fix, advice (list), options ({name = default}:
     usable in the query as {name}). Columns the query may return: impact_ns_per_step,
     rank or ranks, step, process_group.
@@ -188,7 +189,9 @@ def sql_rule(spec: Mapping[str, Any], origin: str) -> Rule:
         Option(k, v, "declarative rule option") for k, v in dict(spec.get("options", {})).items()
     )
     query, template = str(spec["query"]), str(spec["message"])
-    title_t = str(spec.get("title", spec["summary"]))
+    # Each row's finding is titled by its own message (unless a title template is given):
+    # the summary, the same for every row, says what the rule is, not what this row found.
+    title_t = str(spec.get("title", template))
     advice = tuple(str(a) for a in spec.get("advice", ()))
     tables_used = tuple(spec.get("tables", ())) or tuple(
         t for t in _table_names() if re.search(rf"\b{t}\b", query)
@@ -554,9 +557,8 @@ def parse_rule_options(texts: Sequence[str] | None) -> dict[str, dict[str, Any]]
     return options
 
 
-def list_rules(config: Config | None = None) -> str:
+def list_rules(reg: Registry) -> str:
     """The table `kineto-comm rules` prints: code, name, family, source, summary."""
-    reg = registry(config=config)
     rows = [("code", "name", "family", "source", "summary")]
     rows += [(r.code, r.name, r.family, r.source, r.summary) for r in reg.rules.values()]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
