@@ -12,8 +12,43 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperArgument, TyperCommand
 
 from kineto_comm.errors import TraceError, UsageError
+
+# What an option's value is, in its help: words, not Python's type tags (<list[Path]>).
+VALUE_NAMES = {"int": "N", "float": "NUMBER", "Path": "PATH"}
+
+
+class Command(TyperCommand):
+    """A command whose help names values as people read them (TEXT, PATH, N; nothing for
+    a flag) and arguments by name (TRACES...), not by Python type tags (<list[Path]>)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for p in params:
+            if p.metavar is not None:
+                continue
+            if isinstance(p, TyperArgument):
+                # Its name shows in its own column; Typer prints its type tag whatever the
+                # metavar, so this argument object prints none.
+                p.metavar = ""
+                p.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+            elif getattr(p, "is_flag", False):
+                p.metavar = ""  # a flag takes no value
+            else:
+                bare = p.bare_type()
+                p.metavar = VALUE_NAMES.get(bare.removeprefix("list[").rstrip("]"), "TEXT")
+        return params
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if isinstance(p, TyperArgument) and p.name:
+                name = p.name.upper() + ("..." if p.nargs != 1 else "")
+                pieces.append(name if p.required else f"[{name}]")
+        return pieces
+
 
 app = typer.Typer(
     add_completion=False,
@@ -73,7 +108,7 @@ def _rule_args(
     }
 
 
-@app.command()
+@app.command(cls=Command)
 def report(
     paths: Annotated[
         list[Path], typer.Argument(help="Trace files or directories (one file per rank).")
@@ -165,8 +200,12 @@ def report(
         model=model,
         **_rule_args(select, ignore, rules, config, rule_option),
     )
-    for file, message in result.errors:
-        print(f"error: {file}: {message}", file=sys.stderr)
+    from kineto_comm.render.text import problem_lines, render_text
+
+    # Warnings and unusable files on stderr, once, whatever the format: stdout holds only
+    # the report (the text report printed here leaves them out; a file keeps them).
+    for line in problem_lines(result):
+        print(line, file=sys.stderr)
     if result.ranks.height == 0:
         if not result.errors:
             print("error: no trace files found", file=sys.stderr)
@@ -174,15 +213,13 @@ def report(
     for fmt, path in extra:
         write(result, fmt, path, fail_on=severity)
     if format == "text" and output is None:
-        from kineto_comm.render.text import render_text
-
-        render_text(result, out=sys.stdout)
+        render_text(result, out=sys.stdout, problems=False)
     else:
         write(result, format, output or sys.stdout, fail_on=severity)
     raise typer.Exit(exit_code(result, severity, exit_zero))
 
 
-@app.command()
+@app.command(cls=Command)
 def diff(
     baseline: Annotated[
         Path, typer.Argument(help="Baseline: trace directory or saved JSON report.")
@@ -256,9 +293,9 @@ def diff(
     raise typer.Exit(0 if exit_zero or not result.failed else 1)
 
 
-@app.command()
+@app.command(cls=Command)
 def model(
-    config: Annotated[Path, typer.Argument(help="Model config (TOML with a [model] table).")],
+    config: Annotated[Path, typer.Argument(help=r"Model config (TOML with a \[model] table).")],
 ) -> None:
     """Expected communication of a configuration, the pipeline bubble, and a what-if sweep."""
     from kineto_comm.analytic import load_model, render_model
@@ -289,7 +326,7 @@ def _progress_bar() -> Any:
     return update
 
 
-@app.command()
+@app.command(cls=Command)
 def synth(
     scenario: Annotated[
         str,
@@ -303,12 +340,14 @@ def synth(
     ],
     ranks: Annotated[int, typer.Option("--ranks", help="World size.")] = 8,
     layout: Annotated[str, typer.Option("--layout", help="dp, fsdp, tp-dp or pp-dp.")] = "dp",
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed (same seed, same traces).")] = 0,
     size_mb: Annotated[
         float | None, typer.Option("--size-mb", help="Approximate MB per rank file.")
     ] = None,
-    steps: Annotated[int, typer.Option("--steps")] = 3,
-    gzip: Annotated[bool, typer.Option("--gzip/--no-gzip")] = False,
+    steps: Annotated[int, typer.Option("--steps", help="Profiled training steps.")] = 3,
+    gzip: Annotated[
+        bool, typer.Option("--gzip/--no-gzip", help="Write .json.gz instead of .json.")
+    ] = False,
     host_ops: Annotated[
         int,
         typer.Option(
@@ -322,7 +361,7 @@ def synth(
     from kineto_comm.synth import generate
 
     try:
-        generate(
+        truth = generate(
             scenario,
             out,
             ranks=ranks,
@@ -335,21 +374,32 @@ def synth(
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    print(f"wrote {scenario} ({layout}, {ranks} ranks) to {out}", file=sys.stderr)
+    # The layout written, which a scenario may change (bubble needs pipeline stages).
+    wrote, par = truth["layout"], truth["parallelism"]
+    shape = " x ".join(f"{k} {v}" for k, v in par.items() if v > 1) or "1 rank"
+    moved = f"; asked for {layout}" if wrote != layout else ""
+    print(
+        f"wrote {scenario} ({wrote}: {shape}{moved}, {truth['world_size']} ranks) to {out}",
+        file=sys.stderr,
+    )
 
 
-@app.command()
+@app.command(cls=Command)
 def capture(
     layout: Annotated[str, typer.Argument(help="ddp, fsdp, pp, tp or tp-dp.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for the rank traces.")],
-    ranks: Annotated[int, typer.Option("--ranks")] = 2,
-    steps: Annotated[int, typer.Option("--steps")] = 2,
+    ranks: Annotated[int, typer.Option("--ranks", help="World size (processes).")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="Profiled training steps.")] = 2,
     backend: Annotated[
         str | None, typer.Option("--backend", help="gloo or nccl (default: nccl with GPUs).")
     ] = None,
-    bucket_cap_mb: Annotated[float, typer.Option("--bucket-cap-mb")] = 25.0,
-    micro_batches: Annotated[int, typer.Option("--micro-batches")] = 4,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    bucket_cap_mb: Annotated[
+        float, typer.Option("--bucket-cap-mb", help="DDP gradient bucket size in MB.")
+    ] = 25.0,
+    micro_batches: Annotated[
+        int, typer.Option("--micro-batches", help="Pipeline micro-batches per step (pp).")
+    ] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed of the model and data.")] = 0,
 ) -> None:
     """Run a tiny transformer training job under torch.profiler and save one trace per rank."""
     try:
@@ -373,7 +423,7 @@ def capture(
         print(f)
 
 
-@app.command("rules")
+@app.command("rules", cls=Command)
 def rules_command(rules: RulesOption = None, config: ConfigOption = None) -> None:
     """List every rule: code, name, family and source (built-in, plugin or file)."""
     from kineto_comm.rules_engine import list_rules
@@ -381,7 +431,7 @@ def rules_command(rules: RulesOption = None, config: ConfigOption = None) -> Non
     print(list_rules(_registry(rules, config)))
 
 
-@app.command()
+@app.command(cls=Command)
 def explain(
     code: Annotated[str, typer.Argument(help="A rule code or name, e.g. COMM101.")],
     rules: RulesOption = None,

@@ -66,8 +66,20 @@ def _extremes(ranks: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([parts[0], median.select(parts[0].columns), parts[1]], how="vertical_relaxed")
 
 
-def render_text(report: Report, out: TextIO | None = None, width: int | None = None) -> None:
-    """Print the report: a per-rank summary, the collectives, then warnings and errors."""
+def problem_lines(report: Report) -> list[str]:
+    """The report's warnings, then one line per unusable file: `warning: ...`, `error:
+    <file>: <problem>`. The end of a text file; on a terminal the CLI prints them to stderr
+    instead, once."""
+    return [f"warning: {w}" for w in report.warnings] + [
+        f"error: {file}: {message}" for file, message in report.errors
+    ]
+
+
+def render_text(
+    report: Report, out: TextIO | None = None, width: int | None = None, problems: bool = True
+) -> None:
+    """Print the report: a per-rank summary, the collectives, then (`problems`) warnings and
+    errors (problem_lines)."""
     console = Console(file=out, width=width, highlight=False, soft_wrap=False)
     if width is None and not console.is_terminal:
         console = Console(file=out, width=140, highlight=False, soft_wrap=False)
@@ -76,7 +88,7 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
     render_findings(report, console)
     if report.ranks.height == 0:  # every file was unusable: what was wrong with each
         console.print("No rank could be analysed.")
-        _render_problems(report, console)
+        _render_problems(report, console, problems)
         return
     ranks = report.ranks.join(report.totals, on="rank", how="left")
     store = report.rank_steps
@@ -166,15 +178,13 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
     else:
         console.print("No communication kernels found.")
     _render_cross_rank(report, console)
-    _render_problems(report, console)
+    _render_problems(report, console, problems)
 
 
-def _render_problems(report: Report, console: Console) -> None:
-    """The warnings, then one line per unusable file."""
-    for w in report.warnings:
-        console.print(f"warning: {w}", markup=False)
-    for file, message in report.errors:
-        console.print(f"error: {file}: {message}", markup=False)
+def _render_problems(report: Report, console: Console, problems: bool) -> None:
+    """The warnings, then one line per unusable file (when `problems`)."""
+    for line in problem_lines(report) if problems else ():
+        console.print(line, markup=False, soft_wrap=True)  # one line each, as on stderr
 
 
 def _render_cross_rank(report: Report, console: Console) -> None:
