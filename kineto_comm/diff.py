@@ -27,6 +27,8 @@ from typing import Any
 
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.json_doc import as_finding, clean, document, finding_key
+from kineto_comm.render.sections import fmt_bw
+from kineto_comm.render.sections import group as group_name
 from kineto_comm.render.text import fmt_ns
 from kineto_comm.report import Report
 
@@ -264,7 +266,7 @@ def diff(
     for key in sorted(set(bb) | set(nb), key=lambda k: (k[0], str(k[1]))):
         coll, group = key
         c = Change(
-            f"busbw {coll} group {group if group is not None else '?'}",
+            f"busbw {coll} group {group_name(group)}",
             "GB/s",
             bb.get(key),
             nb.get(key),
@@ -275,7 +277,7 @@ def diff(
         if regressed:
             failures.append(
                 f"{c.name} fell {100 * -(c.relative or 0):.1f}% "
-                f"({c.baseline:.2f} -> {c.new:.2f} GB/s), more than {100 * bw_gate:.1f}%"  # type: ignore[operator]
+                f"({fmt_bw(c.baseline)} -> {fmt_bw(c.new)}), more than {100 * bw_gate:.1f}%"  # type: ignore[operator]
             )
         bandwidth.append(
             Change(c.name, c.unit, c.baseline, c.new, False, bw_gate, "relative", regressed)
@@ -313,7 +315,7 @@ def _fmt(value: float | None, unit: str) -> str:
     """A value in its unit for the text table."""
     if value is None:
         return "-"
-    return fmt_ns(value) if unit == "ns" else f"{value:.2f} GB/s"
+    return fmt_ns(value) if unit == "ns" else fmt_bw(value)
 
 
 def _fmt_delta(c: Change) -> str:
@@ -321,7 +323,7 @@ def _fmt_delta(c: Change) -> str:
     if c.delta is None:
         return "-"
     sign = "+" if c.delta >= 0 else "-"
-    size = fmt_ns(abs(c.delta)) if c.unit == "ns" else f"{abs(c.delta):.2f} GB/s"
+    size = fmt_ns(abs(c.delta)) if c.unit == "ns" else fmt_bw(abs(c.delta))
     rel = f" ({100 * c.relative:+.1f}%)" if c.relative is not None else ""
     return f"{sign}{size}{rel}"
 
