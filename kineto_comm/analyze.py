@@ -2,13 +2,15 @@
 
 Files are found and decoded per rank (in worker processes when there are several), ranks
 are assigned, and the per-rank tables are merged. A file that cannot be used becomes an
-entry in `Report.errors` and the other ranks are still analysed.
+entry in `Report.errors` and the other ranks are still analysed. Then, as in `kineto-comm
+report`, the model comparison is added (`model=`) and the rules run (the same selection,
+config file and options), so a script gets the findings the CLI prints.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -165,6 +167,12 @@ def analyze(
     dask_scheduler: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     memory_limit: int | str | None = None,
+    model: str | Path | None = None,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    rules: Sequence[Any] = (),
+    rule_options: Mapping[str, Mapping[str, Any]] | None = None,
+    config: str | Path | None = None,
 ) -> Report:
     """Analyse the trace files under `paths` (files or directories).
 
@@ -185,9 +193,22 @@ def analyze(
         $KINETO_COMM_MEMORY_LIMIT, else three quarters of the available memory). It caps
         the workers running at once and the size of the pieces each trace is decoded in
         (see kineto_comm.budget); results do not depend on it.
+    model: a model config (TOML with a [model] table, docs/analytic-model.md): fills
+        `model_comparison` (expected vs measured communication) before the rules run.
+    select, ignore: rules to run / skip by code, prefix or name, added to the config
+        file's (default: every rule; `ignore=["ALL"]` runs none). docs/rules.md.
+    rules: custom rules: .py or .toml files, importable module names, or Rule objects.
+    rule_options: {code or name: {option: value}}, over the config file's options.
+    config: the config file (default: the first kineto-comm.toml, or pyproject.toml with
+        [tool.kineto-comm], from the current directory upward, as the CLI reads it).
+
+    The rules, their options and the model are read before any trace, so a mistake in
+    them is a UsageError at once. The findings, ranked, are `Report.findings`.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    checks = _rule_set(select, ignore, rules, rule_options, config)
+    model_config = _model(model)
     patterns = tuple(comm_patterns)
     check_comm_patterns(patterns)
     dask_scheduler = dask_scheduler or os.environ.get("KINETO_COMM_DASK_SCHEDULER") or None
@@ -273,7 +294,7 @@ def analyze(
     merged["rank_collectives"] = merged.pop("collectives")
     merged["rank_steps"] = merged.pop("steps")
     merged["rank_waits"] = merged.pop("collective_waits", RankStore())
-    return Report(
+    report = Report(
         errors=tuple(errors),
         warnings=tuple(warnings),
         options={
@@ -284,7 +305,42 @@ def analyze(
             "align": align,
             "cache_dir": cache_arg,
             "dask_scheduler": dask_scheduler,
+            "rules_run": checks.codes,
         },
         meta=meta,
         **merged,
     )
+    if report.ranks.height == 0:  # nothing analysed: nothing to compare or check
+        return report
+    if model_config is not None:
+        from kineto_comm.analytic import with_model
+
+        report = with_model(report, *model_config)
+    return replace(report, findings=checks.run(report))
+
+
+def _rule_set(
+    select: Sequence[str],
+    ignore: Sequence[str],
+    rules: Sequence[Any],
+    options: Mapping[str, Mapping[str, Any]] | None,
+    config: str | Path | None,
+) -> Any:
+    """The rules analyze() runs (kineto_comm.rules_engine.RuleSet), from the config file
+    (given, or found upward from the current directory) and the arguments."""
+    from kineto_comm.rules_engine import load_config, rule_set
+
+    cfg = load_config(None if config is None else Path(config))
+    return rule_set(select=select, ignore=ignore, options=options, extra_rules=rules, config=cfg)
+
+
+def _model(path: str | Path | None) -> tuple[Any, Any] | None:
+    """(ModelConfig, HardwareModel) from the `model=` file; UsageError when unusable."""
+    if path is None:
+        return None
+    from kineto_comm.analytic import load_model
+
+    try:
+        return load_model(path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

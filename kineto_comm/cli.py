@@ -12,8 +12,43 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperArgument, TyperCommand
 
 from kineto_comm.errors import TraceError, UsageError, one_line
+
+# What an option's value is, in its help: words, not Python's type tags (<list[Path]>).
+VALUE_NAMES = {"int": "N", "float": "NUMBER", "Path": "PATH"}
+
+
+class Command(TyperCommand):
+    """A command whose help names values as people read them (TEXT, PATH, N; nothing for
+    a flag) and arguments by name (TRACES...), not by Python type tags (<list[Path]>)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for p in params:
+            if p.metavar is not None:
+                continue
+            if isinstance(p, TyperArgument):
+                # Its name shows in its own column; Typer prints its type tag whatever the
+                # metavar, so this argument object prints none.
+                p.metavar = ""
+                p.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+            elif getattr(p, "is_flag", False):
+                p.metavar = ""  # a flag takes no value
+            else:
+                bare = p.bare_type()
+                p.metavar = VALUE_NAMES.get(bare.removeprefix("list[").rstrip("]"), "TEXT")
+        return params
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if isinstance(p, TyperArgument) and p.name:
+                name = p.name.upper() + ("..." if p.nargs != 1 else "")
+                pieces.append(name if p.required else f"[{name}]")
+        return pieces
+
 
 app = typer.Typer(
     add_completion=False,
@@ -30,8 +65,50 @@ def _fail(message: str) -> typer.Exit:
 
 FORMATS_HELP = "text, json, markdown, sarif, junit, github or html."
 
+# The rule options `report` and `diff` share: a diff of trace folders runs the same rules,
+# with the same config and options, as `report` does on each.
+SelectOption = Annotated[
+    list[str] | None,
+    typer.Option("--select", help="Rules to run: codes, prefixes or names (repeatable, a,b)."),
+]
+IgnoreOption = Annotated[
+    list[str] | None,
+    typer.Option("--ignore", help="Rules to skip: codes, prefixes or names (repeatable)."),
+]
+RulesOption = Annotated[
+    list[str] | None,
+    typer.Option("--rules", help="Custom rules: a .py or .toml file, or a module (repeatable)."),
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", help="Config file (default: kineto-comm.toml / pyproject.toml)."),
+]
+RuleOptionOption = Annotated[
+    list[str] | None,
+    typer.Option("--rule-option", help="Rule option CODE.name=value (repeatable)."),
+]
 
-@app.command()
+
+def _rule_args(
+    select: list[str] | None,
+    ignore: list[str] | None,
+    rules: list[str] | None,
+    config: Path | None,
+    rule_option: list[str] | None,
+) -> dict[str, Any]:
+    """The rule options of the command line as analyze()'s keyword arguments."""
+    from kineto_comm.rules_engine import parse_rule_options
+
+    return {
+        "select": select or (),
+        "ignore": ignore or (),
+        "rules": rules or (),
+        "config": config,
+        "rule_options": parse_rule_options(rule_option),
+    }
+
+
+@app.command(cls=Command)
 def report(
     paths: Annotated[
         list[Path], typer.Argument(help="Trace files or directories (one file per rank).")
@@ -88,28 +165,11 @@ def report(
         Path | None,
         typer.Option("--model", help="Model config (TOML): compare with the analytical model."),
     ] = None,
-    select: Annotated[
-        list[str] | None,
-        typer.Option("--select", help="Rules to run: codes, prefixes or names (repeatable, a,b)."),
-    ] = None,
-    ignore: Annotated[
-        list[str] | None,
-        typer.Option("--ignore", help="Rules to skip: codes, prefixes or names (repeatable)."),
-    ] = None,
-    rules: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--rules", help="Custom rules: a .py or .toml file, or a module (repeatable)."
-        ),
-    ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="Config file (default: kineto-comm.toml / pyproject.toml)."),
-    ] = None,
-    rule_option: Annotated[
-        list[str] | None,
-        typer.Option("--rule-option", help="Rule option CODE.name=value (repeatable)."),
-    ] = None,
+    select: SelectOption = None,
+    ignore: IgnoreOption = None,
+    rules: RulesOption = None,
+    config: ConfigOption = None,
+    rule_option: RuleOptionOption = None,
 ) -> None:
     """Analyse traces: where each rank's time went, what communication costs, what to change."""
     from kineto_comm.analyze import analyze
@@ -120,14 +180,12 @@ def report(
         parse_severity,
         write,
     )
-    from kineto_comm.rules_engine import apply_rules
 
     try:
         severity = parse_severity(fail_on)
         extra = [parse_also(item) for item in also or ()]
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-        model_config = _load_model(model) if model else None
     except ValueError as exc:
         raise _fail(str(exc)) from None
     result = analyze(
@@ -139,30 +197,29 @@ def report(
         dask_scheduler=dask_scheduler,
         progress=_progress_bar() if sys.stderr.isatty() else None,
         memory_limit=memory_limit,
+        model=model,
+        **_rule_args(select, ignore, rules, config, rule_option),
     )
-    for file, message in result.errors:
-        print(f"error: {file}: {message}", file=sys.stderr)
+    from kineto_comm.render.text import problem_lines, render_text
+
+    # Warnings and unusable files on stderr, once, whatever the format: stdout holds only
+    # the report (the text report printed here leaves them out; a file keeps them).
+    for line in problem_lines(result):
+        print(line, file=sys.stderr)
     if result.ranks.height == 0:
         if not result.errors:
             print("error: no trace files found", file=sys.stderr)
         raise typer.Exit(2)
-    if model_config is not None:
-        from kineto_comm.analytic import with_model
-
-        result = with_model(result, *model_config)
-    result = apply_rules(result, select, ignore, rules, config, rule_option)
     for fmt, path in extra:
         write(result, fmt, path, fail_on=severity)
     if format == "text" and output is None:
-        from kineto_comm.render.text import render_text
-
-        render_text(result, out=sys.stdout)
+        render_text(result, out=sys.stdout, problems=False)
     else:
         write(result, format, output or sys.stdout, fail_on=severity)
     raise typer.Exit(exit_code(result, severity, exit_zero))
 
 
-@app.command()
+@app.command(cls=Command)
 def diff(
     baseline: Annotated[
         Path, typer.Argument(help="Baseline: trace directory or saved JSON report.")
@@ -189,11 +246,26 @@ def diff(
         ),
     ] = "never",
     format: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
-    output: Annotated[Path | None, typer.Option("--output", "-o")] = None,
-    exit_zero: Annotated[bool, typer.Option("--exit-zero")] = False,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")
+    ] = None,
+    exit_zero: Annotated[
+        bool, typer.Option("--exit-zero", help="Exit 0 whatever the gates say (2 on errors).")
+    ] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option("--jobs", "-j", help="Rank files analysed at once (trace directories)."),
+    ] = None,
+    select: SelectOption = None,
+    ignore: IgnoreOption = None,
+    rules: RulesOption = None,
+    config: ConfigOption = None,
+    rule_option: RuleOptionOption = None,
 ) -> None:
-    """Compare two runs (trace directories or saved JSON reports); exit 1 on regressions."""
+    """Compare two runs (trace directories or saved JSON reports); exit 1 on regressions.
+
+    Trace directories are analysed as `report` would (the same rules, config and rule
+    options), so they give the verdict their saved JSON reports give."""
     from kineto_comm.diff import diff as run_diff
     from kineto_comm.diff import render_diff_json, render_diff_text
 
@@ -208,6 +280,7 @@ def diff(
             max_busbw_drop=max_busbw_drop,
             fail_on_new=fail_on_new,
             jobs=jobs,
+            analysis=_rule_args(select, ignore, rules, config, rule_option),
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None
@@ -220,29 +293,18 @@ def diff(
     raise typer.Exit(0 if exit_zero or not result.failed else 1)
 
 
-@app.command()
+@app.command(cls=Command)
 def model(
-    config: Annotated[Path, typer.Argument(help="Model config (TOML with a [model] table).")],
+    config: Annotated[Path, typer.Argument(help=r"Model config (TOML with a \[model] table).")],
 ) -> None:
     """Expected communication of a configuration, the pipeline bubble, and a what-if sweep."""
-    from kineto_comm.analytic import render_model
+    from kineto_comm.analytic import load_model, render_model
 
     try:
-        model_config, hardware = _load_model(config)
+        model_config, hardware = load_model(config)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     print(render_model(model_config, hardware))
-
-
-def _load_model(path: Path) -> tuple[Any, Any]:
-    """(ModelConfig, HardwareModel) from a TOML file; ValueError names the file and key."""
-    from kineto_comm.analytic import load_config, load_hardware
-
-    try:
-        return load_config(path), load_hardware(path)
-    except ValueError as exc:
-        text = str(exc)  # reading and TOML errors name the file already
-        raise ValueError(text if text.startswith(f"{path}:") else f"{path}: {text}") from None
 
 
 def _progress_bar() -> Any:
@@ -264,7 +326,7 @@ def _progress_bar() -> Any:
     return update
 
 
-@app.command()
+@app.command(cls=Command)
 def synth(
     scenario: Annotated[
         str,
@@ -278,12 +340,14 @@ def synth(
     ],
     ranks: Annotated[int, typer.Option("--ranks", help="World size.")] = 8,
     layout: Annotated[str, typer.Option("--layout", help="dp, fsdp, tp-dp or pp-dp.")] = "dp",
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed (same seed, same traces).")] = 0,
     size_mb: Annotated[
         float | None, typer.Option("--size-mb", help="Approximate MB per rank file.")
     ] = None,
-    steps: Annotated[int, typer.Option("--steps")] = 3,
-    gzip: Annotated[bool, typer.Option("--gzip/--no-gzip")] = False,
+    steps: Annotated[int, typer.Option("--steps", help="Profiled training steps.")] = 3,
+    gzip: Annotated[
+        bool, typer.Option("--gzip/--no-gzip", help="Write .json.gz instead of .json.")
+    ] = False,
     host_ops: Annotated[
         int,
         typer.Option(
@@ -297,7 +361,7 @@ def synth(
     from kineto_comm.synth import generate
 
     try:
-        generate(
+        truth = generate(
             scenario,
             out,
             ranks=ranks,
@@ -310,21 +374,32 @@ def synth(
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    print(f"wrote {scenario} ({layout}, {ranks} ranks) to {out}", file=sys.stderr)
+    # The layout written, which a scenario may change (bubble needs pipeline stages).
+    wrote, par = truth["layout"], truth["parallelism"]
+    shape = " x ".join(f"{k} {v}" for k, v in par.items() if v > 1) or "1 rank"
+    moved = f"; asked for {layout}" if wrote != layout else ""
+    print(
+        f"wrote {scenario} ({wrote}: {shape}{moved}, {truth['world_size']} ranks) to {out}",
+        file=sys.stderr,
+    )
 
 
-@app.command()
+@app.command(cls=Command)
 def capture(
     layout: Annotated[str, typer.Argument(help="ddp, fsdp, pp, tp or tp-dp.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for the rank traces.")],
-    ranks: Annotated[int, typer.Option("--ranks")] = 2,
-    steps: Annotated[int, typer.Option("--steps")] = 2,
+    ranks: Annotated[int, typer.Option("--ranks", help="World size (processes).")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="Profiled training steps.")] = 2,
     backend: Annotated[
         str | None, typer.Option("--backend", help="gloo or nccl (default: nccl with GPUs).")
     ] = None,
-    bucket_cap_mb: Annotated[float, typer.Option("--bucket-cap-mb")] = 25.0,
-    micro_batches: Annotated[int, typer.Option("--micro-batches")] = 4,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    bucket_cap_mb: Annotated[
+        float, typer.Option("--bucket-cap-mb", help="DDP gradient bucket size in MB.")
+    ] = 25.0,
+    micro_batches: Annotated[
+        int, typer.Option("--micro-batches", help="Pipeline micro-batches per step (pp).")
+    ] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed of the model and data.")] = 0,
 ) -> None:
     """Run a tiny transformer training job under torch.profiler and save one trace per rank."""
     try:
@@ -348,30 +423,32 @@ def capture(
         print(f)
 
 
-@app.command("rules")
-def rules_command() -> None:
+@app.command("rules", cls=Command)
+def rules_command(rules: RulesOption = None, config: ConfigOption = None) -> None:
     """List every rule: code, name, family and source (built-in, plugin or file)."""
     from kineto_comm.rules_engine import list_rules
 
-    print(list_rules(_rules_config()))
+    print(list_rules(_registry(rules, config)))
 
 
-@app.command()
+@app.command(cls=Command)
 def explain(
     code: Annotated[str, typer.Argument(help="A rule code or name, e.g. COMM101.")],
+    rules: RulesOption = None,
+    config: ConfigOption = None,
 ) -> None:
     """Print a rule's documentation and options."""
     from kineto_comm.rules_engine import explain as explain_rule
-    from kineto_comm.rules_engine import registry
 
-    print(explain_rule(registry(config=_rules_config()).get(code)))
+    print(explain_rule(_registry(rules, config).get(code)))
 
 
-def _rules_config() -> Any:
-    """The engine's Config from kineto-comm.toml / pyproject.toml (found upward)."""
-    from kineto_comm.rules_engine import load_config
+def _registry(rules: list[str] | None, config: Path | None) -> Any:
+    """Every rule `report` would know with the same --rules and --config: built-in,
+    plugins, the config file's (given, or found upward) and the --rules files."""
+    from kineto_comm.rules_engine import load_config, registry
 
-    return load_config()
+    return registry(rules or (), load_config(config))
 
 
 def main() -> None:

@@ -20,13 +20,15 @@ Gates (each optional) make `DiffResult.failed` true, which the CLI turns into ex
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.json_doc import as_finding, clean, document, finding_key
+from kineto_comm.render.sections import fmt_bw
+from kineto_comm.render.sections import group as group_name
 from kineto_comm.render.text import fmt_ns
 from kineto_comm.report import Report
 
@@ -71,8 +73,12 @@ def is_report_json(path: Path) -> bool:
     return isinstance(doc, dict) and "schema_version" in doc and "ranks" in doc
 
 
-def load_side(side: Side, *, jobs: int | None = None) -> tuple[dict[str, Any], str]:
-    """(JSON document, label) for one side of a diff; ValueError when it cannot be used."""
+def load_side(
+    side: Side, *, jobs: int | None = None, analysis: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], str]:
+    """(JSON document, label) for one side of a diff; ValueError when it cannot be used.
+    Traces are analysed by `analyze(paths, jobs=jobs, **analysis)`: the rules run, as in
+    `kineto-comm report`, so their findings compare like a saved report's."""
     if isinstance(side, Report):
         return document(side), "report"
     if isinstance(side, dict):
@@ -90,7 +96,7 @@ def load_side(side: Side, *, jobs: int | None = None) -> tuple[dict[str, Any], s
         raise ValueError(f"{missing[0]}: no such file or directory")
     from kineto_comm.analyze import analyze
 
-    report = analyze(paths, jobs=jobs)
+    report = analyze(paths, jobs=jobs, **(analysis or {}))
     if report.ranks.height == 0:
         problems = "; ".join(f"{f}: {m}" for f, m in report.errors) or "no trace files found"
         raise ValueError(f"{label}: nothing could be analysed ({problems})")
@@ -211,14 +217,17 @@ def diff(
     max_busbw_drop: str | float | None = None,
     fail_on_new: Severity | str | None = None,
     jobs: int | None = None,
+    analysis: Mapping[str, Any] | None = None,
 ) -> DiffResult:
-    """Compare `new` against `baseline` and apply the gates (see the module docstring)."""
+    """Compare `new` against `baseline` and apply the gates (see the module docstring).
+    `analysis`: keyword arguments of `analyze()` for a side given as traces (the rule
+    selection, config and options; the rules run by default)."""
     step_gate = parse_fraction(max_regression)
     exposed_gate = parse_fraction(max_exposed_regression)
     bw_gate = parse_fraction(max_busbw_drop)
     new_gate = Severity(fail_on_new) if fail_on_new not in (None, "never") else None
-    base_doc, base_label = load_side(baseline, jobs=jobs)
-    new_doc, new_label = load_side(new, jobs=jobs)
+    base_doc, base_label = load_side(baseline, jobs=jobs, analysis=analysis)
+    new_doc, new_label = load_side(new, jobs=jobs, analysis=analysis)
     b, n = step_means(base_doc), step_means(new_doc)
     failures: list[str] = []
     notes: list[str] = []
@@ -257,7 +266,7 @@ def diff(
     for key in sorted(set(bb) | set(nb), key=lambda k: (k[0], str(k[1]))):
         coll, group = key
         c = Change(
-            f"busbw {coll} group {group if group is not None else '?'}",
+            f"busbw {coll} group {group_name(group)}",
             "GB/s",
             bb.get(key),
             nb.get(key),
@@ -268,7 +277,7 @@ def diff(
         if regressed:
             failures.append(
                 f"{c.name} fell {100 * -(c.relative or 0):.1f}% "
-                f"({c.baseline:.2f} -> {c.new:.2f} GB/s), more than {100 * bw_gate:.1f}%"  # type: ignore[operator]
+                f"({fmt_bw(c.baseline)} -> {fmt_bw(c.new)}), more than {100 * bw_gate:.1f}%"  # type: ignore[operator]
             )
         bandwidth.append(
             Change(c.name, c.unit, c.baseline, c.new, False, bw_gate, "relative", regressed)
@@ -306,7 +315,7 @@ def _fmt(value: float | None, unit: str) -> str:
     """A value in its unit for the text table."""
     if value is None:
         return "-"
-    return fmt_ns(value) if unit == "ns" else f"{value:.2f} GB/s"
+    return fmt_ns(value) if unit == "ns" else fmt_bw(value)
 
 
 def _fmt_delta(c: Change) -> str:
@@ -314,7 +323,7 @@ def _fmt_delta(c: Change) -> str:
     if c.delta is None:
         return "-"
     sign = "+" if c.delta >= 0 else "-"
-    size = fmt_ns(abs(c.delta)) if c.unit == "ns" else f"{abs(c.delta):.2f} GB/s"
+    size = fmt_ns(abs(c.delta)) if c.unit == "ns" else fmt_bw(abs(c.delta))
     rel = f" ({100 * c.relative:+.1f}%)" if c.relative is not None else ""
     return f"{sign}{size}{rel}"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -59,3 +60,14 @@ class Finding:
             "evidence": self.evidence,
             "advice": list(self.advice),
         }
+
+
+def rank_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
+    """The worse severity first, then the most step time saved, then the code; ties by ranks
+    and title, so the same report always lists its findings in the same order. Severity
+    leads so that a warning is never listed (or cut off) behind infos that save more."""
+
+    def key(f: Finding) -> tuple[Any, ...]:
+        return (-f.severity.level, -int(f.impact_ns_per_step), f.code, list(f.ranks), f.title)
+
+    return tuple(sorted(findings, key=key))

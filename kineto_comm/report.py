@@ -19,7 +19,6 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -214,16 +213,21 @@ class Report:
                 at += n
         return by_rank
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document (see docs/json-schema.md); field names are stable."""
-        return self._to_dict(lambda rank, rows: [] if rows is None else rows().to_dicts())
+    def to_dict(self, fail_on: str = "error") -> dict[str, Any]:
+        """The JSON document `kineto-comm report --format json` writes, as Python objects
+        (docs/json.md; field names are stable). `fail_on` sets the summary's verdict."""
+        from kineto_comm.render.formats import parse_severity
+        from kineto_comm.render.json_doc import document
+
+        return document(self, parse_severity(fail_on))
 
     def _to_dict(
         self, steps_of: Callable[[int, Callable[[], pl.DataFrame] | None], Any]
     ) -> dict[str, Any]:
-        """to_dict() with each rank's `steps` given by `steps_of(rank, rows)`, `rows()` giving
-        its step rows: the JSON renderer writes them a rank at a time instead of holding
-        every rank's rows as Python objects."""
+        """The document's tables (what every analysis has; render.json_doc adds the
+        summary, findings and the cross-rank tables), each rank's `steps` given by
+        `steps_of(rank, rows)`, `rows()` giving its step rows: the JSON renderer writes them
+        a rank at a time instead of holding every rank's rows as Python objects."""
         steps_by_rank = self._steps_by_rank()
         totals_by_rank = {row["rank"]: row for row in self.totals.iter_rows(named=True)}
         ranks = []
@@ -258,9 +262,12 @@ class Report:
             "findings": [f.to_dict() if hasattr(f, "to_dict") else f for f in self.findings],
         }
 
-    def to_json(self, indent: int | None = 2) -> str:
-        """`to_dict()` as JSON text."""
-        return json.dumps(self.to_dict(), indent=indent, default=str)
+    def to_json(self, fail_on: str = "error") -> str:
+        """The text `kineto-comm report --format json` writes (to_dict() as strict JSON)."""
+        from kineto_comm.render.formats import parse_severity
+        from kineto_comm.render.json_doc import render_json
+
+        return render_json(self, parse_severity(fail_on))
 
 
 def _rank_steps(store: RankStore, rank: int, columns: list[str]) -> pl.DataFrame:

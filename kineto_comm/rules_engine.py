@@ -33,7 +33,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from kineto_comm.errors import UsageError
-from kineto_comm.findings import Finding, Severity
+from kineto_comm.findings import Finding, Severity, rank_findings
 from kineto_comm.rules_api import Option, Rule, Tables, make_finding, mean_step_ns
 
 BUILTIN_PACKAGE = "kineto_comm_builtin_rules"
@@ -172,7 +172,8 @@ def sql_rule(spec: Mapping[str, Any], origin: str) -> Rule:
     """A Rule from a declarative TOML table.
 
     Keys: code, name, summary, query (Polars SQL over the report tables), message (a
-    str.format template over the row's columns), optional title, severity (info|warning|
+    str.format template over the row's columns; also the finding's title unless a `title`
+    template is given), optional title, severity (info|warning|
     error, default warning), tables, why, fix, advice (list), options ({name = default}:
     usable in the query as {name}). Columns the query may return: impact_ns_per_step,
     rank or ranks, step, process_group.
@@ -188,7 +189,9 @@ def sql_rule(spec: Mapping[str, Any], origin: str) -> Rule:
         Option(k, v, "declarative rule option") for k, v in dict(spec.get("options", {})).items()
     )
     query, template = str(spec["query"]), str(spec["message"])
-    title_t = str(spec.get("title", spec["summary"]))
+    # Each row's finding is titled by its own message (unless a title template is given):
+    # the summary, the same for every row, says what the rule is, not what this row found.
+    title_t = str(spec.get("title", template))
     advice = tuple(str(a) for a in spec.get("advice", ()))
     tables_used = tuple(spec.get("tables", ())) or tuple(
         t for t in _table_names() if re.search(rf"\b{t}\b", query)
@@ -450,14 +453,59 @@ def resolve_options(
 # ---------------------------------------------------------------- running and ranking
 
 
-def rank_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
-    """Most step time first, then the worse severity, then the code; ties by ranks and title
-    so the same report always lists its findings in the same order."""
+@dataclass(frozen=True)
+class RuleSet:
+    """The rules one analysis runs, each with its resolved options.
 
-    def key(f: Finding) -> tuple[Any, ...]:
-        return (-int(f.impact_ns_per_step), -f.severity.level, f.code, list(f.ranks), f.title)
+    Built before any trace is read (`rule_set`), so that an unknown code, option or rules
+    file fails at once instead of after a long analysis."""
 
-    return tuple(sorted(findings, key=key))
+    rules: tuple[Rule, ...]
+    options: dict[str, dict[str, Any]]
+
+    @property
+    def codes(self) -> list[str]:
+        """The codes of the rules that run, in load order."""
+        return [r.code for r in self.rules]
+
+    def run(self, report: Any) -> tuple[Finding, ...]:
+        """Every rule on a Report (or a dict of tables); findings ranked (`rank_findings`).
+        A rule that raises or returns something other than findings is a RuleError."""
+        tables = report if isinstance(report, Tables) else Tables(report)
+        findings: list[Finding] = []
+        for r in self.rules:
+            try:
+                result = r.check(tables, self.options[r.code])
+                result = list(result or [])
+                if not all(isinstance(f, Finding) for f in result):
+                    raise TypeError("returned something that is not a Finding")
+            except Exception as exc:
+                raise RuleError(f"rule {r.code} ({r.name}) failed: {_one(exc)}") from exc
+            findings.extend(
+                f if f.rule and f.code == r.code else replace(f, code=r.code, rule=r.name)
+                for f in result
+            )
+        return rank_findings(findings)
+
+
+def rule_set(
+    *,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    extra_rules: Sequence[Rule | str | Path] = (),
+    config: Config | None = None,
+) -> RuleSet:
+    """The selected rules and their options: select/ignore add to the config's; options (by
+    code or name) override the config's. Unknown codes, options or rule files: RuleError."""
+    cfg = config or Config()
+    reg = registry(extra_rules, cfg)
+    merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in cfg.options.items()}
+    for key, values in (options or {}).items():
+        merged.setdefault(key, {}).update(values)
+    resolved = resolve_options(reg, merged)
+    chosen = reg.select([*cfg.select, *_split(select)], [*cfg.ignore, *_split(ignore)])
+    return RuleSet(tuple(chosen), {r.code: resolved[r.code] for r in chosen})
 
 
 def run_rules(
@@ -469,33 +517,11 @@ def run_rules(
     extra_rules: Sequence[Rule | str | Path] = (),
     config: Config | None = None,
 ) -> tuple[Finding, ...]:
-    """Run the selected rules on a Report (or a dict of tables); findings ranked by impact.
-
-    select/ignore add to the config's; options (by code or name) override the config's.
-    A rule that raises or returns something other than findings is a RuleError.
-    """
-    cfg = config or Config()
-    reg = registry(extra_rules, cfg)
-    merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in cfg.options.items()}
-    for key, values in (options or {}).items():
-        merged.setdefault(key, {}).update(values)
-    resolved = resolve_options(reg, merged)
-    chosen = reg.select([*cfg.select, *select], [*cfg.ignore, *ignore])
-    tables = report if isinstance(report, Tables) else Tables(report)
-    findings: list[Finding] = []
-    for r in chosen:
-        try:
-            result = r.check(tables, resolved[r.code])
-            result = list(result or [])
-            if not all(isinstance(f, Finding) for f in result):
-                raise TypeError("returned something that is not a Finding")
-        except Exception as exc:
-            raise RuleError(f"rule {r.code} ({r.name}) failed: {_one(exc)}") from exc
-        findings.extend(
-            f if f.rule and f.code == r.code else replace(f, code=r.code, rule=r.name)
-            for f in result
-        )
-    return rank_findings(findings)
+    """Run the selected rules (`rule_set`) on a Report or a dict of tables; ranked findings."""
+    chosen = rule_set(
+        select=select, ignore=ignore, options=options, extra_rules=extra_rules, config=config
+    )
+    return chosen.run(report)
 
 
 def explain(r: Rule) -> str:
@@ -522,34 +548,17 @@ def _split(values: Sequence[str] | None) -> list[str]:
     return [v.strip() for item in values or () for v in item.split(",") if v.strip()]
 
 
-def apply_rules(
-    report: Any,
-    select: Sequence[str] | None = None,
-    ignore: Sequence[str] | None = None,
-    rules: Sequence[str] | None = None,
-    config_path: Path | None = None,
-    rule_options: Sequence[str] | None = None,
-) -> Any:
-    """The CLI path: config + command line -> a new Report with ranked findings attached."""
-    cfg = load_config(config_path)
+def parse_rule_options(texts: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+    """The CLI's repeatable `--rule-option CODE.name=value` as {code: {name: value}}."""
     options: dict[str, dict[str, Any]] = {}
-    for text in rule_options or ():
+    for text in texts or ():
         key, name, value = parse_rule_option(text)
         options.setdefault(key, {})[name] = value
-    findings = run_rules(
-        report,
-        select=_split(select),
-        ignore=_split(ignore),
-        options=options,
-        extra_rules=[Path(r) if r.endswith((".py", ".toml")) else r for r in rules or ()],
-        config=cfg,
-    )
-    return replace(report, findings=findings)
+    return options
 
 
-def list_rules(config: Config | None = None) -> str:
+def list_rules(reg: Registry) -> str:
     """The table `kineto-comm rules` prints: code, name, family, source, summary."""
-    reg = registry(config=config)
     rows = [("code", "name", "family", "source", "summary")]
     rows += [(r.code, r.name, r.family, r.source, r.summary) for r in reg.rules.values()]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]

@@ -132,7 +132,10 @@ def test_one_corrupt_rank_does_not_lose_the_others(tmp_path):
     text = run("report", tmp_path)
     assert text.returncode == 0
     assert_no_traceback(text)
-    assert f"error: {bad}: " in text.stdout and f"error: {empty}: " in text.stdout
+    # Each unusable file is one `error:` line, printed once, on stderr.
+    for broken in (bad, empty):
+        assert text.stderr.count(f"error: {broken}: ") == 1
+    assert "error:" not in text.stdout
     doc = json.loads(run("report", tmp_path, "--format", "json").stdout)
     assert [r["file"] for r in doc["ranks"]] == [str(good)]
     assert {e["file"] for e in doc["errors"]} == {str(bad), str(empty)}
@@ -274,3 +277,56 @@ def test_a_setting_that_cannot_run_is_a_usage_error(option, value, problem):
     assert out.returncode == 2 and out.stderr.strip() == f"error: {problem}", out.stderr
     with pytest.raises(UsageError, match="must be"):
         analyze(SAMPLES / "tp-2", **{option[2:].replace("-", "_"): int(value)})
+
+
+def test_analyze_returns_what_report_json_prints(tmp_path, monkeypatch):
+    """The README's Python entry point gives what the CLI reports: `analyze(...).to_json()`
+    is the text of `report --format json`, findings included; rules are selected as on the
+    command line, and a bad selection fails before any trace is read."""
+    monkeypatch.chdir(tmp_path)  # no config file above
+    path = SAMPLES / "ddp-4"
+    report = analyze(path, jobs=1)
+    assert report.findings, "the gloo DDP sample has findings (46% exposed all-reduce)"
+    out = CliRunner().invoke(app, ["report", str(path), "--format", "json", "-j", "1"])
+    assert report.to_json() == out.stdout
+    assert report.to_dict()["findings"] == json.loads(out.stdout)["findings"] != []
+    some = report.findings[0].code
+    picked = analyze(path, jobs=1, select=[some])
+    assert picked.findings and {f.code for f in picked.findings} == {some}
+    assert analyze(path, jobs=1, ignore=["ALL"]).findings == ()
+    with pytest.raises(UsageError, match="NOPE9"):
+        analyze(tmp_path / "no-such-dir", select=["NOPE9"])
+
+
+def test_terminal_output_is_clean(tmp_path):
+    """Issue 53, point 7: warnings on stderr in text mode (not repeated on stdout); help
+    names values in words with a description for every option; `synth` says the layout it
+    wrote."""
+    events = [kernel(f"k{i}", 10.0 * i, 5.0) for i in range(300)]
+    full = write_trace(tmp_path / "x.json", events).read_bytes()
+    (tmp_path / "x.json").write_bytes(full[: len(full) // 2])
+    proc = run("report", tmp_path / "x.json")
+    assert proc.returncode == 0
+    cut = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert any("cut off" in line for line in cut)
+    assert "warning:" not in proc.stdout
+    to_file = tmp_path / "r.txt"
+    assert run("report", tmp_path / "x.json", "-o", to_file).returncode == 0
+    assert cut[0] in to_file.read_text()  # a file keeps the whole report
+
+    import typer
+
+    runner = CliRunner()
+    command = typer.main.get_command(app)
+    for name, sub in command.commands.items():
+        for param in sub.params:
+            assert (param.help or "").strip(), f"{name} {param.name} has no description"
+        shown = runner.invoke(app, [name, "--help"], terminal_width=200).output
+        for tag in ("<bool>", "<str>", "<int>", "<path>", "<list[", "{"):
+            assert tag not in shown, (name, tag)
+    assert "[model]" in runner.invoke(app, ["model", "--help"], terminal_width=200).output
+    assert "TRACES" in runner.invoke(app, ["report", "--help"]).output.replace("PATHS", "TRACES")
+
+    wrote = runner.invoke(app, ["synth", "bubble", "--ranks", "4", "--out", str(tmp_path / "b")])
+    truth = json.loads((tmp_path / "b" / "truth.json").read_text())
+    assert truth["layout"] != "dp" and f"({truth['layout']}:" in wrote.output

@@ -121,3 +121,38 @@ def test_parse_fraction_and_bad_inputs(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="nothing could be analysed"):
         diff(tmp_path / "empty", tmp_path / "empty")
+
+
+def test_trace_folders_and_saved_reports_give_one_verdict(tmp_path: Path) -> None:
+    """The issue's pair: baseline vs exposed-allreduce on 4 ranks. The new run has a COMM101
+    warning the baseline lacks; the diff of the folders fails on it as the diff of the two
+    saved `report --format json` documents does (the rules ran on the folders too)."""
+    from typer.testing import CliRunner
+
+    from kineto_comm.cli import app
+
+    generate("baseline", tmp_path / "a", ranks=4, seed=0)
+    generate("exposed-allreduce", tmp_path / "b", ranks=4, seed=0)
+    runner = CliRunner()
+    for side in ("a", "b"):
+        saved = runner.invoke(app, ["report", str(tmp_path / side), "-f", "json", "--exit-zero"])
+        assert saved.exit_code == 0, saved.output
+        (tmp_path / f"{side}.json").write_text(saved.stdout)
+    codes = {
+        side: {f["code"] for f in json.loads((tmp_path / f"{side}.json").read_text())["findings"]}
+        for side in ("a", "b")
+    }
+    assert "COMM101" in codes["b"] - codes["a"]
+    gates = ["--fail-on-new", "info", "--max-regression", "50%", "-f", "json"]
+    verdicts = []
+    for base, new in (("a", "b"), ("a.json", "b.json")):
+        out = runner.invoke(app, ["diff", str(tmp_path / base), str(tmp_path / new), *gates])
+        doc = json.loads(out.stdout)
+        verdicts.append((out.exit_code, doc["failures"], [f["code"] for f in doc["new_findings"]]))
+    assert verdicts[0] == verdicts[1]
+    assert verdicts[0][0] == 1 and "COMM101" in verdicts[0][2]
+    # The same rule selection applies to folders: with COMM101 ignored, nothing new fails.
+    quiet = runner.invoke(
+        app, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), *gates, "--ignore", "COMM101"]
+    )
+    assert quiet.exit_code == 0 and "COMM101" not in quiet.stdout

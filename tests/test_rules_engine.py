@@ -261,14 +261,16 @@ def test_plugins_from_entry_points(monkeypatch) -> None:
         registry()
 
 
-def test_ranking_by_impact_then_severity() -> None:
+def test_ranking_by_severity_then_impact() -> None:
+    """A warning is never listed behind infos that save more (issue 53, point 6)."""
+
     def f(code: str, impact: int, sev: Severity) -> Finding:
         return Finding(code=code, severity=sev, title="", message="", impact_ns_per_step=impact)
 
     ranked = rank_findings(
         [f("A1", 10, Severity.info), f("B1", 50, Severity.info), f("C1", 10, Severity.error)]
     )
-    assert [x.code for x in ranked] == ["B1", "C1", "A1"]
+    assert [x.code for x in ranked] == ["C1", "B1", "A1"]
 
 
 def test_cli_rules_explain_and_report_options(tmp_path: Path, monkeypatch) -> None:
@@ -421,3 +423,46 @@ def test_a_rules_run_reads_every_rank_s_kernels_once_per_shared_table(monkeypatc
     first = tables.once(("test", "x"), lambda: built.append(1) or pl.DataFrame({"a": [1]}))
     again = tables.once(("test", "x"), lambda: built.append(2) or pl.DataFrame())
     assert again is first and built == [1]
+
+
+def test_custom_rules_are_first_class_in_rules_explain_and_text(tmp_path: Path, monkeypatch):
+    """Issue 53, point 6: `rules --rules FILE` and `explain CODE --rules FILE` see a TOML
+    rule as `report --rules FILE` does; each of its findings is titled by its own row's
+    message; the text report's top list puts a warning before infos that save more."""
+    from kineto_comm import analyze
+    from kineto_comm.render.formats import render_text_str
+
+    from .conftest import SAMPLES
+
+    monkeypatch.chdir(tmp_path)  # no config file above
+    toml = write(
+        tmp_path / "steps.toml",
+        """
+        [[rule]]
+        code = "SQL301"
+        name = "every-step"
+        summary = "One info per step row, saving a lot."
+        severity = "info"
+        query = "SELECT rank, step, 900000000 AS impact_ns_per_step FROM steps WHERE step >= 0"
+        message = "rank {rank} step {step} looked at"
+        """,
+    )
+    runner = CliRunner()
+    listed = runner.invoke(app, ["rules", "--rules", str(toml)])
+    assert listed.exit_code == 0 and "SQL301" in listed.output and "every-step" in listed.output
+    assert "SQL301" not in runner.invoke(app, ["rules"]).output
+    shown = runner.invoke(app, ["explain", "SQL301", "--rules", str(toml)])
+    assert shown.exit_code == 0 and "One info per step row" in shown.output
+    assert runner.invoke(app, ["explain", "SQL301"]).exit_code != 0
+
+    report = analyze(SAMPLES / "ddp-4", jobs=1, rules=[toml])
+    mine = [f for f in report.findings if f.code == "SQL301"]
+    assert len(mine) > 5
+    assert len({f.title for f in mine}) == len(mine)  # one title per row, not the summary
+    assert mine[0].title == mine[0].message and mine[0].title.startswith("rank ")
+    # The infos each save more than any warning; the warning still leads.
+    warned = [f for f in report.findings if f.severity is not Severity.info]
+    assert warned and max(f.impact_ns_per_step for f in warned) < 900_000_000
+    assert report.findings[0].severity is not Severity.info
+    top = render_text_str(report).split("`kineto-comm explain CODE`")[0]
+    assert f"1. {report.findings[0].severity.value} {report.findings[0].code}" in top

@@ -21,6 +21,23 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
 
 
+def _see_these_packages(py: Path, cwd: Path) -> None:
+    """Let the new environment import the dependencies the tests run with (polars, typer,
+    ...), after its own packages, so its installed kineto_comm is the one imported.
+
+    `venv --system-site-packages` would link the *base* interpreter's packages: inside a
+    virtual environment (the README's `pip install -e '.[test,capture]'` in a venv) those
+    are not the ones installed, and the wheel's commands failed on `import polars`. A .pth
+    file naming this interpreter's site directories works in a venv and without one. It is
+    written after pip ran, so pip never sees (nor uninstalls) the outer kineto-comm."""
+    found = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd)
+    assert found.returncode == 0, found.stderr
+    outer = [
+        p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()
+    ]
+    (Path(found.stdout.strip()) / "outer-site.pth").write_text("\n".join(outer) + "\n")
+
+
 @pytest.mark.slow
 def test_installed_wheel_lists_and_explains_builtin_rules(tmp_path: Path) -> None:
     src = tmp_path / "src"  # build from a copy: no build/ or egg-info in the shared checkout
@@ -59,13 +76,14 @@ def test_installed_wheel_lists_and_explains_builtin_rules(tmp_path: Path) -> Non
         assert rel in names, f"{rel} missing from the wheel: add it to pyproject packages"
 
     venv = tmp_path / "venv"
-    made = _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], tmp_path)
+    made = _run([sys.executable, "-m", "venv", str(venv)], tmp_path)
     assert made.returncode == 0, made.stderr
     py = venv / "bin" / "python"
     inst = _run(
         [str(py), "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheel)], tmp_path
     )
     assert inst.returncode == 0, inst.stderr[-2000:]
+    _see_these_packages(py, tmp_path)
     where = _run(
         [
             str(py),

@@ -10,12 +10,14 @@
     what_if(config, vary, values, hardware=None) -> pl.DataFrame  communication share sweep
     render_model(config, hardware=None) -> str plain-text tables for `kineto-comm model`
     with_model(report, config, hardware=None) -> Report   report + its model_comparison table
+    load_model(path) -> (ModelConfig, HardwareModel)  both from one TOML file
 Formulas and citations: docs/analytic-model.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .compare import compare, comparison_findings, measured
@@ -37,6 +39,17 @@ def with_model(
     return dataclasses.replace(report, model_comparison=table, options=options)
 
 
+def load_model(path: str | Path) -> tuple[ModelConfig, HardwareModel]:
+    """(ModelConfig, HardwareModel) from one TOML file: what `--model` and `kineto-comm
+    model` read. ValueError as one line naming the file (and the key, where one is wrong)."""
+    path = Path(path)
+    try:
+        return load_config(path), load_hardware(path)
+    except ValueError as exc:
+        text = str(exc)  # reading and TOML errors name the file already
+        raise ValueError(text if text.startswith(f"{path}:") else f"{path}: {text}") from None
+
+
 __all__ = [
     "HardwareModel",
     "ModelConfig",
@@ -46,6 +59,7 @@ __all__ = [
     "expected",
     "load_config",
     "load_hardware",
+    "load_model",
     "measured",
     "render_comparison",
     "render_model",

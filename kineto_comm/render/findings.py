@@ -15,11 +15,17 @@ def _ms(ns: int) -> str:
 
 
 def render_findings(report: Any, console: Console, limit: int = 5) -> None:
-    """Print the top `limit` findings (already ranked by impact): what, cost, first advice."""
-    findings = list(getattr(report, "findings", ()) or ())
+    """Print the top `limit` findings (worse severity first, then the step time each could
+    save: `rank_findings`): what, cost, first advice."""
+    from kineto_comm.render.json_doc import findings_of
+
+    findings = findings_of(report)
     if not findings:
         return
-    console.print("[bold]What to do first[/bold] (ranked by step time it could save)", markup=True)
+    console.print(
+        "[bold]What to do first[/bold] (by severity, then the step time each could save)",
+        markup=True,
+    )
     for i, f in enumerate(findings[:limit], 1):
         sev = f.severity.value
         share = "" if f.step_share is None else f", {f.step_share:.0%} of step"

@@ -25,6 +25,7 @@ import polars as pl
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview, step_rows
+from kineto_comm.render.sections import Section, sections
 from kineto_comm.render.text import fmt_bytes, fmt_ns
 from kineto_comm.report import Report
 
@@ -564,34 +565,22 @@ def _rank_table(doc: dict[str, Any]) -> str:
     return f'<table id="table-ranks"><tr>{ths}</tr>{"".join(rows[:256])}</table>'
 
 
-def _collective_table(doc: dict[str, Any]) -> str:
-    """Collectives over all ranks."""
-    head = ["collective", "group", "dtype", "ranks", "calls", "mean size", "volume", "time"]
-    head.append("busbw GB/s")
-    rows = []
-    for c in doc["collective_totals"][:50]:
-        cells = [
-            c["collective"],
-            c["process_group"],
-            c["dtype"],
-            c["ranks"],
-            c["calls"],
-            fmt_bytes(c["mean_bytes"]),
-            fmt_bytes(c["bytes"]),
-            fmt_ns(c["time_ns"]),
-            "-" if c["busbw_gbps"] is None else f"{c['busbw_gbps']:.2f}",
-        ]
-        rows.append(
-            "<tr>"
-            + "".join(
-                f"<td{' class=l' if i < 3 else ''}>{esc(v)}</td>" for i, v in enumerate(cells)
-            )
-            + "</tr>"
-        )
-    if not rows:
-        return "<p>No communication kernels found.</p>"
-    ths = "".join(f"<th{' class=l' if i < 3 else ''}>{h}</th>" for i, h in enumerate(head))
-    return f'<table id="table-collectives"><tr>{ths}</tr>{"".join(rows)}</table>'
+def _section_html(section: Section) -> str:
+    """A shared section (kineto_comm.render.sections) as a heading and a table."""
+
+    def cls(i: int) -> str:
+        return "" if i in section.right else " class=l"
+
+    ths = "".join(f"<th{cls(i)}>{esc(h)}</th>" for i, h in enumerate(section.header))
+    rows = "".join(
+        "<tr>" + "".join(f"<td{cls(i)}>{esc(v)}</td>" for i, v in enumerate(row)) + "</tr>"
+        for row in section.rows
+    )
+    note = f'<p class="muted">{esc(section.note)}</p>' if section.note else ""
+    return (
+        f"<h2>{esc(section.title)}</h2>"
+        f'<table id="table-{esc(section.key)}"><tr>{ths}</tr>{rows}</table>{note}'
+    )
 
 
 def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
@@ -605,6 +594,8 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
     def share(v: float | None) -> str:
         return "-" if v is None or not mean_step else f"{100 * v / mean_step:.1f}%"
 
+    shown = sections(report)
+    keys = {section.key for section in shown}
     verdict = (
         f"{len(failing)} finding(s) at or above {fail_on.value}"
         if failing
@@ -628,8 +619,8 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         "<h2>Step time per rank (mean per step)</h2>",
         svg_step_time(report),
         _rank_table(doc),
-        "<h2>Collectives</h2>",
-        _collective_table(doc),
+        "" if "collective_totals" in keys else "<p>No communication kernels found.</p>",
+        *(_section_html(section) for section in shown),
         "<h2>Message sizes per collective</h2>",
         svg_histograms(report),
         "<h2>Arrival skew: time each rank waited in each collective</h2>",

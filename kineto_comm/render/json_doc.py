@@ -1,8 +1,9 @@
 """The JSON report document and the facts every machine-readable format shares.
 
-`document(report, fail_on)` is `Report.to_dict()` plus a `summary` (mean step time, exposed
-communication, finding counts, the fail verdict), `collective_totals` (collectives over all
-ranks with bus bandwidth), and the optional cross-rank tables. It is the one source of numbers
+`document(report, fail_on)` (= `Report.to_dict()`) is the report's tables plus a `summary`
+(mean step time, exposed communication, finding counts, the fail verdict),
+`collective_totals` (collectives over all ranks with bus bandwidth), and the optional
+cross-rank tables. It is the one source of numbers
 for the Markdown, SARIF, JUnit and GitHub renderers and for `kineto_comm.diff`, so a saved
 `--format json` file can be compared later without the traces. The schema is versioned and
 documented field by field in docs/json.md (JSON Schema: docs/json-schema.json).
@@ -23,7 +24,7 @@ from typing import Any
 import polars as pl
 
 from kineto_comm import __version__
-from kineto_comm.findings import Finding, Severity
+from kineto_comm.findings import Finding, Severity, rank_findings
 from kineto_comm.lazy import collect
 from kineto_comm.model.steps import steps_per_rank
 from kineto_comm.rank_store import RankStore
@@ -60,9 +61,8 @@ def as_finding(item: Finding | dict[str, Any]) -> Finding:
 
 
 def findings_of(report: Report) -> list[Finding]:
-    """The report's findings, most step time first, then worse severity, then code."""
-    found = [as_finding(f) for f in report.findings]
-    return sorted(found, key=lambda f: (-int(f.impact_ns_per_step), -f.severity.level, f.code))
+    """The report's findings in the one order every format lists them (`rank_findings`)."""
+    return list(rank_findings(as_finding(f) for f in report.findings))
 
 
 def at_or_above(findings: list[Finding], fail_on: Severity) -> list[Finding]:
@@ -227,7 +227,10 @@ def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[
         "fail_on": fail_on.value,
         "failed": bool(failing),
         "failing_findings": len(failing),
-        "estimated_savings_ns_per_step": sum(int(f.impact_ns_per_step) for f in findings[:3]),
+        # The three that save the most, whatever their severity (findings lead by severity).
+        "estimated_savings_ns_per_step": sum(
+            sorted((int(f.impact_ns_per_step) for f in findings), reverse=True)[:3]
+        ),
     }
 
 
@@ -256,8 +259,10 @@ def collective_totals(report: Report) -> list[dict[str, Any]]:
 
 
 def document(report: Report, fail_on: Severity = Severity.error) -> dict[str, Any]:
-    """The full JSON document: `to_dict()` plus summary, collective totals and extra tables."""
-    return _document(report, fail_on, report.to_dict())
+    """The full JSON document: the report's tables plus summary, collective totals and the
+    optional tables, each rank's step rows as dicts."""
+    base = report._to_dict(lambda rank, rows: [] if rows is None else rows().to_dicts())
+    return _document(report, fail_on, base)
 
 
 def _document(report: Report, fail_on: Severity, doc: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from typing import Any
 
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview
-from kineto_comm.render.text import fmt_bytes, fmt_ns
+from kineto_comm.render.sections import sections
+from kineto_comm.render.text import fmt_ns
 from kineto_comm.report import Report
 
 MAX_CHARS = 60_000
@@ -122,34 +123,16 @@ def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
         out.append(f"\n_{len(doc['ranks']) - MAX_ROWS} more rank(s) in the JSON report._")
     out.append("")
 
-    out += ["### Collectives (all ranks)", ""]
-    totals = doc["collective_totals"]
-    if totals:
-        rows = [
-            [
-                md_escape(c["collective"]),
-                md_escape(c["process_group"]),
-                md_escape(c["dtype"]),
-                str(c["ranks"]),
-                str(c["calls"]),
-                fmt_bytes(c["mean_bytes"]),
-                fmt_bytes(c["bytes"]),
-                fmt_ns(c["time_ns"]),
-                "-" if c["busbw_gbps"] is None else f"{c['busbw_gbps']:.2f}",
-            ]
-            for c in totals[:MAX_ROWS]
-        ]
-        out += _table(
-            ["collective", "group", "dtype", "ranks", "calls", "mean size", "volume", "time"]
-            + ["busbw GB/s"],
-            rows,
-            {3, 4, 5, 6, 7, 8},
-        )
-        if len(totals) > MAX_ROWS:
-            out.append(f"\n_{len(totals) - MAX_ROWS} more row(s) in the JSON report._")
-    else:
-        out.append("No communication kernels found.")
-    out.append("")
+    shown = sections(report)
+    if not any(section.key == "collective_totals" for section in shown):
+        out += ["### Collectives (all ranks)", "", "No communication kernels found.", ""]
+    for section in shown:
+        out += [f"### {md_escape(section.title)}", ""]
+        rows = [[md_escape(cell) for cell in row] for row in section.rows]
+        out += _table([md_escape(h) for h in section.header], rows, set(section.right))
+        if section.note:
+            out.append(f"\n_{md_escape(section.note)}_")
+        out.append("")
 
     if findings:
         out += ["### Findings", ""]

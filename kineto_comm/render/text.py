@@ -94,8 +94,20 @@ def _extremes(ranks: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([parts[0], median.select(parts[0].columns), parts[1]], how="vertical_relaxed")
 
 
-def render_text(report: Report, out: TextIO | None = None, width: int | None = None) -> None:
-    """Print the report: a per-rank summary, the collectives, then warnings and errors."""
+def problem_lines(report: Report) -> list[str]:
+    """The report's warnings, then one line per unusable file: `warning: ...`, `error:
+    <file>: <problem>`. The end of a text file; on a terminal the CLI prints them to stderr
+    instead, once."""
+    return [f"warning: {w}" for w in report.warnings] + [
+        f"error: {file}: {message}" for file, message in report.errors
+    ]
+
+
+def render_text(
+    report: Report, out: TextIO | None = None, width: int | None = None, problems: bool = True
+) -> None:
+    """Print the report: a per-rank summary, the collectives, then (`problems`) warnings and
+    errors (problem_lines)."""
     console = TraceConsole(file=out, width=width)
     if width is None and not console.is_terminal:
         console = TraceConsole(file=out, width=140)
@@ -104,7 +116,7 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
     render_findings(report, console)
     if report.ranks.height == 0:  # every file was unusable: what was wrong with each
         console.print("No rank could be analysed.")
-        _render_problems(report, console)
+        _render_problems(report, console, problems)
         return
     ranks = report.ranks.join(report.totals, on="rank", how="left")
     store = report.rank_steps
@@ -159,97 +171,35 @@ def render_text(report: Report, out: TextIO | None = None, width: int | None = N
         "communication with no compute kernel running (it adds to step time)."
     )
 
-    coll = report.collective_totals()
-    if coll.height:
-        ct = Table(title="Collectives (all ranks)")
-        for col in (
-            "collective",
-            "group",
-            "dtype",
-            "ranks",
-            "calls",
-            "mean size",
-            "volume",
-            "time",
-            "algbw GB/s",
-        ):
-            ct.add_column(
-                col, justify="left" if col in ("collective", "group", "dtype") else "right"
-            )
-        for r in coll.head(25).iter_rows(named=True):
-            ct.add_row(
-                r["collective"],
-                r["process_group"] or "?",
-                r["dtype"] or "?",
-                str(r["ranks"]),
-                str(r["calls"]),
-                fmt_bytes(r["mean_bytes"]),
-                fmt_bytes(r["bytes"]),
-                fmt_ns(r["time_ns"]),
-                "-" if r["algbw_gbps"] is None else f"{r['algbw_gbps']:.2f}",
-            )
-        console.print(ct)
-        if coll.height > 25:
-            console.print(f"({coll.height - 25} more rows in --format json)")
-    else:
+    from kineto_comm.render.sections import sections
+
+    shown = sections(report)
+    if not any(section.key == "collective_totals" for section in shown):
         console.print("No communication kernels found.")
-    _render_cross_rank(report, console)
-    _render_problems(report, console)
+    for section in shown:
+        # The title on its own line, whole: a table's title wraps to the table's width.
+        console.print(section.title, style="italic", markup=False, soft_wrap=True)
+        table = Table()
+        for i, col in enumerate(section.header):
+            table.add_column(col, justify="right" if i in section.right else "left")
+        for row in section.rows:
+            table.add_row(*row)
+        console.print(table, markup=False)
+        if section.note:
+            console.print(section.note, markup=False)
+    _render_clock_sets(report, console)
+    _render_problems(report, console, problems)
 
 
-def _render_problems(report: Report, console: Console) -> None:
-    """The warnings, then one line per unusable file."""
-    for w in report.warnings:
-        console.print(f"warning: {w}", markup=False)
-    for file, message in report.errors:
-        console.print(f"error: {file}: {message}", markup=False)
+def _render_problems(report: Report, console: Console, problems: bool) -> None:
+    """The warnings, then one line per unusable file (when `problems`)."""
+    for line in problem_lines(report) if problems else ():
+        console.print(line, markup=False, soft_wrap=True)  # one line each, as on stderr
 
 
-def _render_cross_rank(report: Report, console: Console) -> None:
-    """Arrival skew per group and collective, applied clock offsets, named stragglers."""
-    skew = report.skew_summary()
-    if skew.height == 0 or skew["ranks"].max() < 2:
-        return
-    table = Table(title="Across ranks: arrival skew and bus bandwidth (matched calls)")
-    for col in (
-        "group",
-        "collective",
-        "calls",
-        "ranks",
-        "mean skew",
-        "p95 skew",
-        "busbw GB/s",
-        "most often last",
-    ):
-        table.add_column(col, justify="left" if col in ("group", "collective") else "right")
-    for r in skew.filter(pl.col("ranks") > 1).head(15).iter_rows(named=True):
-        table.add_row(
-            r["process_group"] or "?",
-            r["collective"],
-            str(r["calls"]),
-            str(r["ranks"]),
-            fmt_ns(r["mean_skew_ns"]),
-            fmt_ns(r["p95_skew_ns"]),
-            "-" if r["median_busbw_gbps"] is None else f"{r['median_busbw_gbps']:.1f}",
-            "-" if r["most_often_last"] is None else str(r["most_often_last"]),
-        )
-    console.print(table)
-    _render_groups(report, console)
-    applied = report.offsets.filter(pl.col("offset_ns") != 0)
-    if applied.height:
-        shown = applied.select("rank", "offset_ns")
-        more = ""
-        if applied.height > MAX_RANK_ROWS:
-            size = pl.col("offset_ns").abs()
-            shown = shown.sort(size, descending=True).head(EXTREME_RANKS)
-            more = (
-                f" (the largest {EXTREME_RANKS} of {applied.height}; median size "
-                f"{fmt_ns(applied.select(size.median()).item())})"
-            )
-        shifts = ", ".join(f"rank {r}: {fmt_ns(o)}" for r, o in shown.iter_rows())
-        console.print(
-            f"Clock offsets applied (estimated from collective end times): {shifts}{more}"
-        )
+def _render_clock_sets(report: Report, console: Console) -> None:
+    """A note when the ranks fall into sets that share no collective: their clocks could
+    not be aligned with each other."""
     roots = report.offsets.filter(pl.col("method") == "reference")["rank"]
     if roots.len() > 1:
         shown = ", ".join(str(r) for r in roots.head(EXTREME_RANKS))
@@ -259,85 +209,3 @@ def _render_cross_rank(report: Report, console: Console) -> None:
             f" (point-to-point ends do not fix offsets); each set is on the clock of its"
             f" lowest rank: {shown}{more}. Waits between the sets include any clock offset."
         )
-    for r in report.stragglers.filter(pl.col("is_straggler")).iter_rows(named=True):
-        console.print(
-            f"Straggler: rank {r['rank']} arrives last in {100 * r['last_share']:.0f}% of shared"
-            f" calls and delays its groups by {fmt_ns(r['delay_ns'])} per step"
-            f" (confidence {r['confidence']:.2f})."
-        )
-
-
-def _render_groups(report: Report, console: Console) -> None:
-    """Process-group roles, pipeline bubbles and small-message storms, when present."""
-    groups = report.process_groups
-    if groups.height:
-        table = Table(title="Process groups and their inferred roles")
-        for col in ("group", "role", "size", "calls/step", "bytes/step", "evidence"):
-            table.add_column(col, justify="right" if "/" in col or col == "size" else "left")
-        for r in groups.sort("bytes_per_step", descending=True, nulls_last=True).iter_rows(
-            named=True
-        ):
-            table.add_row(
-                r["process_group"] or "?",
-                r["role"],
-                "-" if r["size"] is None else str(r["size"]),
-                "-" if r["calls_per_step"] is None else f"{r['calls_per_step']:.1f}",
-                fmt_bytes(r["bytes_per_step"]),
-                _clip(r["evidence"] or "", 90),
-            )
-        console.print(table)
-    pipe = report.pipeline
-    if pipe.height:
-        stages = (
-            pipe.group_by("stage")
-            .agg(
-                ranks=pl.col("rank").n_unique(),
-                stages=pl.col("stages").first(),
-                micro_batches=pl.col("micro_batches").first(),
-                bubble=pl.col("bubble_fraction").mean(),
-                theory=pl.col("theory_fraction").first(),
-            )
-            .sort("stage")
-        )
-        table = Table(title="Pipeline: idle share of each stage's step (bubble) vs (p-1)/(m+p-1)")
-        for col in ("stage", "ranks", "p", "m", "bubble", "theory"):
-            table.add_column(col, justify="right")
-        for r in stages.iter_rows(named=True):
-            table.add_row(
-                str(r["stage"]),
-                str(r["ranks"]),
-                str(r["stages"]),
-                str(r["micro_batches"]),
-                pct(r["bubble"], 1.0),
-                pct(r["theory"], 1.0),
-            )
-        console.print(table)
-    storms = report.storms
-    if storms.height:
-        worst = (
-            storms.group_by("process_group", "collective")
-            .agg(
-                runs=pl.len(),
-                calls=pl.col("calls").sum(),
-                time_ns=pl.col("time_ns").sum(),
-                busbw=pl.col("busbw_gbps").median(),
-                reference=pl.col("reference_busbw_gbps").max(),
-            )
-            .sort(["time_ns", "process_group", "collective"], descending=[True, False, False])
-        )
-        for r in worst.head(5).iter_rows(named=True):
-            ref = "-" if r["reference"] is None else f"{r['reference']:.1f}"
-            console.print(
-                f"Small-message storm: {r['calls']} calls of {r['collective']} in group"
-                f" {r['process_group'] or '?'} over {r['runs']} runs,"
-                f" {fmt_ns(r['time_ns'])} in all, at {r['busbw'] or 0:.2f} GB/s busbw"
-                f" (large messages reach {ref})."
-            )
-
-
-def _clip(text: str, width: int) -> str:
-    """The first clauses of a long text, cut at a separator (full text is in the JSON)."""
-    if len(text) <= width:
-        return text
-    cut = max(text.rfind(";", 0, width), text.rfind(",", 0, width))
-    return text[: cut if cut > 0 else width] + " ..."

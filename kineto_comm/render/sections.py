@@ -1,0 +1,417 @@
+"""The report's tables as people read them: one home for what text, Markdown and HTML show.
+
+Each `Section` is a titled table of display strings built from the same numbers as the JSON
+document (`kineto_comm.render.json_doc`), with the JSON key it shows. The three human formats
+render the same sections in the same order, with the same column names and the same number
+formatting, so that a reader of any format gets the whole report (docs/json.md is the
+reference for what each column means), and no two formats call one quantity by two names.
+
+Formatting: times as fmt_ns, sizes in decimal units, bandwidths with three significant
+digits in the unit that fits (fmt_bw: a gloo capture's 0.0082 GB/s is 8.23 MB/s), shares as
+percentages, an unknown process group as UNKNOWN_GROUP.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from kineto_comm.render.json_doc import collective_totals
+from kineto_comm.render.text import fmt_bytes, fmt_ns
+from kineto_comm.report import Report
+
+# How an unknown process group is written in every human format.
+UNKNOWN_GROUP = "?"
+# Rows per section table; the JSON document has them all.
+MAX_ROWS = 25
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled table: `key` is the JSON document's field it shows, `right` the indexes of
+    numeric columns (right-aligned), `note` a line under it (rows left out, a legend)."""
+
+    key: str
+    title: str
+    header: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+    right: frozenset[int] = field(default_factory=frozenset)
+    note: str = ""
+
+
+def _sig3(x: float) -> str:
+    """`x` (>= 1 and < 1000, or 0) with three significant digits, no exponent."""
+    if x == 0:
+        return "0"
+    rounded = float(f"{x:.3g}")  # 0.99999 -> 1.0, then printed as 1.00
+    digits = max(0, 2 - math.floor(math.log10(abs(rounded))))
+    return f"{rounded:.{digits}f}"
+
+
+def fmt_bw(gbps: float | None) -> str:
+    """A bandwidth given in GB/s (1 GB = 1e9 bytes) with three significant digits, in the
+    unit that keeps them (TB/s, GB/s, MB/s, KB/s, B/s): 97.67 -> '97.7 GB/s', 0.00823 ->
+    '8.23 MB/s'."""
+    if gbps is None or not math.isfinite(gbps):
+        return "-"
+    rate = gbps * 1e9
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if abs(rate) >= scale * 0.9995:  # 999.96 MB/s prints as 1.00 GB/s, not 1000 MB/s
+            return f"{_sig3(rate / scale)} {unit}"
+    return f"{_sig3(rate)} B/s"
+
+
+def group(name: Any) -> str:
+    """A process group's name, UNKNOWN_GROUP when there is none."""
+    return UNKNOWN_GROUP if name is None or name == "" or name == "?" else str(name)
+
+
+def pct(share: float | None) -> str:
+    """A share (0..1) as a percentage with one decimal, '-' when unknown."""
+    return "-" if share is None or not math.isfinite(share) else f"{100 * share:.1f}%"
+
+
+def _num(value: float | None, fmt: str = ".1f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def ranks_text(ranks: Iterable[int] | None, limit: int = 12) -> str:
+    """Ranks as compact ranges: [0,1,2,3,8] -> '0-3, 8' (at most `limit` ranges)."""
+    values = sorted(set(ranks or ()))
+    if not values:
+        return "-"
+    spans: list[tuple[int, int]] = []
+    for r in values:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], r)
+        else:
+            spans.append((r, r))
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in spans[:limit]]
+    more = f", ... ({len(values)} ranks)" if len(spans) > limit else ""
+    return ", ".join(parts) + more
+
+
+def _cut(rows: list[tuple[str, ...]], what: str = "row(s)") -> tuple[list[tuple[str, ...]], str]:
+    if len(rows) <= MAX_ROWS:
+        return rows, ""
+    return rows[:MAX_ROWS], f"({len(rows) - MAX_ROWS} more {what} in --format json)"
+
+
+def collectives(report: Report) -> Section | None:
+    """Every collective over all ranks (json `collective_totals`): algbw is bytes over the
+    kernel time (waiting included), busbw the median over calls matched across ranks."""
+    totals = collective_totals(report)
+    if not totals:
+        return None
+    rows = [
+        (
+            c["collective"],
+            group(c["process_group"]),
+            c["dtype"] or "?",
+            str(c["ranks"]),
+            str(c["calls"]),
+            fmt_bytes(c["mean_bytes"]),
+            fmt_bytes(c["bytes"]),
+            fmt_ns(c["time_ns"]),
+            fmt_bw(c["algbw_gbps"]),
+            fmt_bw(c.get("busbw_gbps")),
+        )
+        for c in totals
+    ]
+    rows, note = _cut(rows)
+    header = ("collective", "group", "dtype", "ranks", "calls", "mean size", "volume", "time")
+    return Section(
+        "collective_totals",
+        "Collectives (all ranks)",
+        (*header, "algbw", "busbw"),
+        rows,
+        frozenset(range(3, 10)),
+        note,
+    )
+
+
+def skew(report: Report) -> Section | None:
+    """Arrival skew and bus bandwidth per group and collective (json `skew`)."""
+    table = report.skew_summary()
+    if table.height == 0:
+        return None
+    rows = [
+        (
+            group(r["process_group"]),
+            r["collective"],
+            str(r["calls"]),
+            str(r["ranks"]),
+            fmt_ns(r["mean_skew_ns"]),
+            fmt_ns(r["p95_skew_ns"]),
+            fmt_bw(r["median_busbw_gbps"]),
+            "-" if r["most_often_last"] is None else str(r["most_often_last"]),
+        )
+        for r in table.iter_rows(named=True)
+    ]
+    rows, note = _cut(rows)
+    return Section(
+        "skew",
+        "Across ranks: arrival skew and bus bandwidth (matched calls)",
+        ("group", "collective", "calls", "ranks", "mean skew", "p95 skew", "busbw", "last rank"),
+        rows,
+        frozenset(range(2, 8)),
+        note,
+    )
+
+
+def process_groups(report: Report) -> Section | None:
+    """Each process group, its members and its inferred role (json `process_groups`)."""
+    table = report.process_groups
+    if table.height == 0:
+        return None
+    table = table.sort("bytes_per_step", descending=True, nulls_last=True)
+    rows = [
+        (
+            group(r["process_group"]),
+            r["role"],
+            "-" if r["size"] is None else str(r["size"]),
+            ranks_text(r.get("ranks")),
+            _num(r["calls_per_step"]),
+            fmt_bytes(r["bytes_per_step"]),
+            r["evidence"] or "",
+        )
+        for r in table.iter_rows(named=True)
+    ]
+    rows, note = _cut(rows)
+    return Section(
+        "process_groups",
+        "Process groups and their inferred roles",
+        ("group", "role", "size", "ranks", "calls/step", "bytes/step", "evidence"),
+        rows,
+        frozenset({2, 4, 5}),
+        note,
+    )
+
+
+def pipeline(report: Report) -> Section | None:
+    """Pipeline stages (p > 1 only): their ranks, idle share of the step against the ideal
+    (p-1)/(m+p-1) (json `pipeline`)."""
+    table = report.pipeline
+    if table.height == 0:
+        return None
+    table = table.filter(pl.col("stages") > 1)
+    if table.height == 0:
+        return None
+    stages = (
+        table.group_by("stage")
+        .agg(
+            ranks=pl.col("rank").unique().sort(),
+            stages=pl.col("stages").first(),
+            micro_batches=pl.col("micro_batches").first(),
+            bubble=pl.col("bubble_fraction").mean(),
+            theory=pl.col("theory_fraction").first(),
+        )
+        .sort("stage")
+    )
+    rows = [
+        (
+            str(r["stage"]),
+            ranks_text(r["ranks"]),
+            str(r["stages"]),
+            "-" if r["micro_batches"] is None else str(r["micro_batches"]),
+            pct(r["bubble"]),
+            pct(r["theory"]),
+        )
+        for r in stages.iter_rows(named=True)
+    ]
+    rows, note = _cut(rows, "stage(s)")
+    return Section(
+        "pipeline",
+        "Pipeline: idle share of each stage's step (bubble) vs (p-1)/(m+p-1)",
+        ("stage", "ranks", "p", "m", "bubble", "theory"),
+        rows,
+        frozenset({2, 3, 4, 5}),
+        note,
+    )
+
+
+def message_sizes(report: Report) -> Section | None:
+    """Share of calls and time in small messages per group and collective (json
+    `message_size_summary`)."""
+    table = report.message_size_summary
+    if table.height == 0:
+        return None
+    rows = [
+        (
+            group(r["process_group"]),
+            r["collective"],
+            str(r["calls"]),
+            fmt_bytes(r["bytes"]),
+            fmt_ns(r["time_ns"]),
+            pct(r["calls_lt_64k_share"]),
+            pct(r["time_lt_64k_share"]),
+            pct(r["calls_lt_1m_share"]),
+            pct(r["time_lt_1m_share"]),
+        )
+        for r in table.sort("time_ns", descending=True, nulls_last=True).iter_rows(named=True)
+    ]
+    rows, note = _cut(rows)
+    return Section(
+        "message_size_summary",
+        "Message sizes: share of calls and time below 64 KB and 1 MB",
+        ("group", "collective", "calls", "volume", "time")
+        + ("calls < 64 KB", "time < 64 KB", "calls < 1 MB", "time < 1 MB"),
+        rows,
+        frozenset(range(2, 9)),
+        note,
+    )
+
+
+def storms(report: Report) -> Section | None:
+    """Runs of small back-to-back collectives (json `storms`)."""
+    table = report.storms
+    if table.height == 0:
+        return None
+    worst = (
+        table.group_by("process_group", "collective")
+        .agg(
+            runs=pl.len(),
+            calls=pl.col("calls").sum(),
+            time_ns=pl.col("time_ns").sum(),
+            busbw=pl.col("busbw_gbps").median(),
+            reference=pl.col("reference_busbw_gbps").max(),
+        )
+        .sort(["time_ns", "process_group", "collective"], descending=[True, False, False])
+    )
+    rows = [
+        (
+            group(r["process_group"]),
+            r["collective"],
+            str(r["runs"]),
+            str(r["calls"]),
+            fmt_ns(r["time_ns"]),
+            fmt_bw(r["busbw"]),
+            fmt_bw(r["reference"]),
+        )
+        for r in worst.iter_rows(named=True)
+    ]
+    rows, note = _cut(rows)
+    return Section(
+        "storms",
+        "Small-message storms",
+        ("group", "collective", "runs", "calls", "time", "busbw", "large-message busbw"),
+        rows,
+        frozenset(range(2, 7)),
+        note,
+    )
+
+
+def offsets(report: Report) -> Section | None:
+    """Per-rank clock offsets put on rank 0's clock (json `offsets`), largest first."""
+    table = report.offsets
+    if table.height == 0:
+        return None
+    table = table.sort(pl.col("offset_ns").abs(), "rank", descending=[True, False])
+    rows = [
+        (
+            str(r["rank"]),
+            fmt_ns(r["offset_ns"]),
+            fmt_ns(r["residual_ns"]),
+            str(r["matched"]),
+            r["method"] or "-",
+        )
+        for r in table.iter_rows(named=True)
+    ]
+    rows, note = _cut(rows, "rank(s)")
+    return Section(
+        "offsets",
+        "Clock offsets: each rank's clock against rank 0's (from collective end times)",
+        ("rank", "offset", "residual", "matched calls", "method"),
+        rows,
+        frozenset({1, 2, 3}),
+        note,
+    )
+
+
+def stragglers(report: Report) -> Section | None:
+    """How often each rank arrives last and what that costs the others (json
+    `stragglers`): stragglers first, then by delay."""
+    table = report.stragglers
+    if table.height == 0:
+        return None
+    table = table.sort(["is_straggler", "delay_ns", "rank"], descending=[True, True, False])
+    rows = [
+        (
+            str(r["rank"]),
+            "yes" if r["is_straggler"] else "no",
+            pct(r["last_share"]),
+            fmt_ns(r["delay_ns"]),
+            fmt_ns(r["caused_wait_ns_per_step"]),
+            _num(r["confidence"], ".2f"),
+        )
+        for r in table.iter_rows(named=True)
+    ]
+    rows, note = _cut(rows, "rank(s)")
+    return Section(
+        "stragglers",
+        "Stragglers: ranks that arrive last in shared calls",
+        ("rank", "straggler", "last in", "delay/step", "others' wait/step", "confidence"),
+        rows,
+        frozenset({2, 3, 4, 5}),
+        note,
+    )
+
+
+def model_comparison(report: Report) -> Section | None:
+    """Expected (the analytical model, `--model`) vs measured communication per role and
+    collective (json `model_comparison`)."""
+    table = report.model_comparison
+    if table.height == 0:
+        return None
+
+    def dev(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.0f}%"
+
+    rows = [
+        (
+            r["role"],
+            r["collective"],
+            _num(r["expected_calls_per_step"]),
+            _num(r["measured_calls_per_step"]),
+            dev(r["calls_dev_pct"]),
+            fmt_bytes(r["expected_bytes_per_step"]),
+            fmt_bytes(r["measured_bytes_per_step"]),
+            dev(r["bytes_dev_pct"]),
+            r["measured_dtype"] or "-",
+            "yes" if r["flagged"] else "no",
+            r["causes"] or "",
+        )
+        for r in table.iter_rows(named=True)
+    ]
+    rows, note = _cut(rows)
+    return Section(
+        "model_comparison",
+        "Analytical model vs measured (per step)",
+        ("role", "collective", "calls expected", "calls measured", "calls dev")
+        + ("bytes expected", "bytes measured", "bytes dev", "dtype", "flagged", "likely causes"),
+        rows,
+        frozenset(range(2, 8)),
+        note,
+    )
+
+
+BUILDERS = (
+    collectives,
+    skew,
+    process_groups,
+    pipeline,
+    message_sizes,
+    storms,
+    offsets,
+    stragglers,
+    model_comparison,
+)
+
+
+def sections(report: Report) -> list[Section]:
+    """Every section with content, in the order the human formats show them."""
+    return [s for s in (build(report) for build in BUILDERS) if s is not None]
