@@ -279,6 +279,20 @@ def test_gloo_capture_uses_the_host_timeline():
     assert (report.totals["compute_ns"] > 0).all()
 
 
+def test_a_training_thread_blocked_on_a_gloo_collective_is_not_computing():
+    """The tensor-parallel gloo sample: every gloo:all_reduce runs on the backend's
+    pt_gloo_runloop thread while the training thread waits inside the _ReduceFromTP /
+    _CopyToTPBackward op that issued it. That wait was compute, so both ranks showed 100%
+    overlap and no exposed communication (issue 52). DDP's bucketed all-reduce returns into
+    backward ops that keep computing: its overlap stays."""
+    tp = analyze(SAMPLES / "tp-2", jobs=1, ignore=["ALL"]).totals.sort("rank")
+    for row in tp.iter_rows(named=True):
+        assert row["exposed_comm_ns"] > 0.8 * row["comm_ns"], row
+        assert row["overlap_ns"] < 0.2 * row["comm_ns"], row
+    ddp = analyze(SAMPLES / "ddp-4", jobs=1, ignore=["ALL"]).totals
+    assert (ddp["overlap_ns"] > 0.05 * ddp["comm_ns"]).all()
+
+
 @pytest.mark.parametrize("apart", [0, 1 << 61])
 def test_breakdowns_equal_a_nanosecond_by_nanosecond_count(apart):
     """Random timelines (several ranks, overlapping and zero-length kernels, kinds outside

@@ -93,6 +93,46 @@ def build_kernels(raw: RawTrace, comm_patterns: tuple[str, ...] = ()) -> pl.Data
     return collect(query.sort("rank", "start_ns", maintain_order=True))
 
 
+def _blocked(training: pl.LazyFrame, wrappers: pl.Expr, comm: pl.DataFrame) -> pl.LazyFrame:
+    """Where a training thread waits on communication that runs on another thread: after a
+    c10d call returns, the rest of the op that made it (its innermost enclosing op: the
+    tensor-parallel `_ReduceFromTP`, a wait in user code), less the other ops it runs then,
+    while a communication span of the rank runs. Time an op spends so is communication, not
+    compute (gloo and other host backends run the transfer on their own threads). An
+    asynchronous call (DDP's bucketed all-reduce) returns into ops that keep computing: none
+    of its time is taken."""
+    by = ["rank", "pid", "tid"]
+    span = ["start_ns", "end_ns"]
+    calls = training.filter(pl.col("name").str.starts_with("c10d::")).select(
+        *by, c_start="start_ns", c_end="end_ns"
+    )
+    ops = training.filter(~wrappers).select(*by, *span)
+    # The innermost op enclosing each call: the latest start, then the earliest end.
+    parents = (
+        calls.join(ops, on=by)
+        .filter((pl.col("start_ns") <= pl.col("c_start")) & (pl.col("end_ns") >= pl.col("c_end")))
+        .sort([*by, "c_start", "start_ns", "end_ns"], descending=[False] * 4 + [True, False])
+        .unique([*by, "c_start"], keep="first", maintain_order=True)
+        .select(*by, start_ns="c_end", end_ns="end_ns")
+        .filter(pl.col("end_ns") > pl.col("start_ns"))
+    )
+    # The ops the waiting op runs after the call (work done meanwhile is not waiting).
+    inside = (
+        parents.join(ops, on=by, suffix="_op")
+        .filter(
+            (pl.col("start_ns_op") >= pl.col("start_ns"))
+            & (pl.col("end_ns_op") <= pl.col("end_ns"))
+        )
+        .select(*by, start_ns="start_ns_op", end_ns="end_ns_op")
+    )
+    waiting = subtract_intervals(parents, inside, by)
+    # ... only while the rank's communication runs, on whichever thread.
+    threads = waiting.select(*by).unique()
+    running = comm.lazy().select("rank", *span).join(threads, on="rank")
+    elsewhere = subtract_intervals(waiting, running, by)
+    return subtract_intervals(waiting, elsewhere, by)
+
+
 def host_timeline(raw: RawTrace) -> pl.DataFrame:
     """Host-side communication spans and the CPU work beside them, as kernel-like rows."""
     comm = raw.ops.filter(pl.col("name").str.starts_with(HOST_SPANS[0]))
@@ -113,16 +153,22 @@ def host_timeline(raw: RawTrace) -> pl.DataFrame:
         )
         .select("rank", "pid", "tid")
     )
-    ops = (
+    training = (
         raw.host.lazy()
         .join(comm.lazy().select("rank").unique(), on="rank", how="semi")  # ranks with comm
         .join(workers, on=["rank", "pid", "tid"], how="anti")
-        .filter(
-            ~pl.col("name").str.starts_with("c10d::") & (pl.col("name") != "record_param_comms")
-        )
     )
-    # A thread blocked in a communication span is not computing, whatever op encloses it.
-    compute = subtract_intervals(ops, comm.lazy(), ["rank", "pid", "tid"])
+    wrappers = pl.col("name").str.starts_with("c10d::") | (pl.col("name") == "record_param_comms")
+    ops = training.filter(~wrappers)
+    # A thread blocked in a communication span is not computing, whatever op encloses it:
+    # a span on the thread itself, or one on the backend's thread while the op that issued
+    # it waits (_blocked).
+    by = ["rank", "pid", "tid"]
+    blocked = pl.concat(
+        [comm.lazy().select(*by, "start_ns", "end_ns"), _blocked(training, wrappers, comm)],
+        how="vertical_relaxed",
+    )
+    compute = subtract_intervals(ops, blocked, by)
     args = [*ARG_COLUMNS, "input_dims", "input_type"]
     rows = pl.concat(
         [
