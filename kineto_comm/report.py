@@ -2,7 +2,8 @@
 
 All tables are documented column by column in docs/tables.md. Per-rank tables
 (Polars DataFrames; times in integer nanoseconds, sizes in bytes):
-    ranks        rank, world_size, file, rank_source, device, backend, timeline, bytes
+    ranks        rank, world_size, file, rank_source, device, host_name, backend, timeline,
+                 bytes
                  (timeline: "device" = GPU kernels, "host" = CPU-only gloo spans, "none")
     kernels      see kineto_comm.model.kernels. A property: every rank's rows in one
                  DataFrame, read on each access from `rank_kernels`, which big jobs keep in
