@@ -17,6 +17,7 @@ import polars as pl
 
 from kineto_comm import budget, cache
 from kineto_comm.analysis.crossrank import cross_rank
+from kineto_comm.analysis.jobs import separate_jobs
 from kineto_comm.errors import UsageError
 from kineto_comm.load.decode import empty_trace
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
@@ -273,7 +274,18 @@ def analyze(
     merged["collectives"] = _store(kept, "collectives", pieces["collectives"], folder)
     merged["steps"] = _store(kept, "steps", pieces["steps"], folder)
     spilled = folder if merged["collectives"].spilled else None
-    merged.update(cross_rank(merged, align=align, folder=spilled, ranks_per_host=ranks_per_host))
+    # Files of different jobs are not compared across ranks (one warning per problem).
+    apart = separate_jobs(merged["totals"])
+    warnings += apart
+    merged.update(
+        cross_rank(
+            merged,
+            align=align,
+            folder=spilled,
+            ranks_per_host=ranks_per_host,
+            one_job=not apart,
+        )
+    )
     merged["rank_kernels"] = merged.pop("kernels")
     merged["rank_collectives"] = merged.pop("collectives")
     merged["rank_steps"] = merged.pop("steps")
