@@ -19,6 +19,7 @@ import polars as pl
 
 from kineto_comm import budget, cache
 from kineto_comm.analysis.crossrank import cross_rank
+from kineto_comm.analysis.jobs import separate_jobs
 from kineto_comm.errors import UsageError
 from kineto_comm.load.decode import empty_trace
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
@@ -163,6 +164,7 @@ def analyze(
     comm_patterns: tuple[str, ...] | list[str] = (),
     jobs: int | None = None,
     align: bool = True,
+    ranks_per_host: int | None = None,
     cache_dir: str | Path | None = None,
     dask_scheduler: str | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -184,6 +186,8 @@ def analyze(
         budget.batches).
     align: estimate per-rank clock offsets from matched collectives and put all times on
         rank 0's clock (docs/tables.md `offsets`); False keeps each trace's own clock.
+    ranks_per_host: ranks r // ranks_per_host share a host and its clock (one offset per
+        host); default: read from the traces (host names, device ids); 1: a clock per rank.
     cache_dir: keep per-rank tables there (Parquet, keyed by file content and tool version)
         and reuse them on the next run.
     dask_scheduler: address of a Dask distributed scheduler to run the per-rank work on
@@ -252,6 +256,7 @@ def analyze(
                 "file": r.file,
                 "rank_source": assignment.sources[r.file],
                 "device": (r.meta.get("devices") or [None])[0],
+                "host_name": r.meta.get("host_name"),
                 "backend": r.meta.get("backend"),
                 "timeline": r.meta.get("timeline"),
                 "bytes": r.meta.get("bytes"),
@@ -264,6 +269,7 @@ def analyze(
             "file": pl.String,
             "rank_source": pl.String,
             "device": pl.String,
+            "host_name": pl.String,
             "backend": pl.String,
             "timeline": pl.String,
             "bytes": pl.Int64,
@@ -289,7 +295,18 @@ def analyze(
     merged["collectives"] = _store(kept, "collectives", pieces["collectives"], folder)
     merged["steps"] = _store(kept, "steps", pieces["steps"], folder)
     spilled = folder if merged["collectives"].spilled else None
-    merged.update(cross_rank(merged, align=align, folder=spilled))
+    # Files of different jobs are not compared across ranks (one warning per problem).
+    apart = separate_jobs(merged["totals"])
+    warnings += apart
+    merged.update(
+        cross_rank(
+            merged,
+            align=align,
+            folder=spilled,
+            ranks_per_host=ranks_per_host,
+            one_job=not apart,
+        )
+    )
     merged["rank_kernels"] = merged.pop("kernels")
     merged["rank_collectives"] = merged.pop("collectives")
     merged["rank_steps"] = merged.pop("steps")
@@ -303,6 +320,7 @@ def analyze(
             "memory_limit": budgeted.limit,
             "piece_bytes": budgeted.piece_bytes,
             "align": align,
+            "ranks_per_host": ranks_per_host,
             "cache_dir": cache_arg,
             "dask_scheduler": dask_scheduler,
             "rules_run": checks.codes,

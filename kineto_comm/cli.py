@@ -141,6 +141,15 @@ def report(
     no_align: Annotated[
         bool, typer.Option("--no-align", help="Keep each trace's clock (no offset estimation).")
     ] = False,
+    ranks_per_host: Annotated[
+        int | None,
+        typer.Option(
+            "--ranks-per-host",
+            min=1,
+            help="Ranks r // N share a host and its clock (default: from the traces; 1: a"
+            " clock per rank).",
+        ),
+    ] = None,
     cache: Annotated[
         Path | None,
         typer.Option("--cache", help="Keep parsed per-rank tables here and reuse them."),
@@ -193,6 +202,7 @@ def report(
         comm_patterns=tuple(comm_pattern or ()),
         jobs=jobs,
         align=not no_align,
+        ranks_per_host=ranks_per_host,
         cache_dir=cache,
         dask_scheduler=dask_scheduler,
         progress=_progress_bar() if sys.stderr.isatty() else None,

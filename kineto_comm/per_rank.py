@@ -253,6 +253,7 @@ def _rank_tables(
         "devices": raw.device_names,
         "timeline": timeline,
         "base_time_ns": raw.base_time_ns,
+        "host_name": raw.host_name,
         "bytes": raw.nbytes,
         "has_step_markers": marked,
     }

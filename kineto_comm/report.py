@@ -2,7 +2,8 @@
 
 All tables are documented column by column in docs/tables.md. Per-rank tables
 (Polars DataFrames; times in integer nanoseconds, sizes in bytes):
-    ranks        rank, world_size, file, rank_source, device, backend, timeline, bytes
+    ranks        rank, world_size, file, rank_source, device, host_name, backend, timeline,
+                 bytes
                  (timeline: "device" = GPU kernels, "host" = CPU-only gloo spans, "none")
     kernels      see kineto_comm.model.kernels. A property: every rank's rows in one
                  DataFrame, read on each access from `rank_kernels`, which big jobs keep in
@@ -28,6 +29,7 @@ import polars as pl
 
 from kineto_comm import __version__
 from kineto_comm.analysis.overlap import METRICS
+from kineto_comm.analysis.stragglers import NOISE_NS
 from kineto_comm.lazy import collect
 from kineto_comm.rank_store import RankStore
 
@@ -186,8 +188,12 @@ class Report:
                 mean_skew_ns=pl.col("arrival_skew_ns").mean().round().cast(pl.Int64),
                 p95_skew_ns=pl.col("arrival_skew_ns").quantile(0.95).round().cast(pl.Int64),
                 median_busbw_gbps=pl.col("busbw_gbps").median(),
-                # Ties: the lowest such rank (mode() lists them in no fixed order).
-                most_often_last=pl.col("last_rank").filter(pl.col("ranks_seen") > 1).mode().min(),
+                # The calls the stragglers table counts (two ranks or more, a skew above
+                # its noise); ties: the lowest such rank (mode() lists them in no fixed order).
+                most_often_last=pl.col("last_rank")
+                .filter((pl.col("ranks_seen") > 1) & (pl.col("arrival_skew_ns") >= NOISE_NS))
+                .mode()
+                .min(),
             )
             .sort(-pl.col("mean_skew_ns"), "process_group", "collective")
         )

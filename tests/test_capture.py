@@ -376,9 +376,10 @@ def test_h100_multi_rank_nccl_capture(folder: str, role: str) -> None:
 def test_h100_tensor_and_data_parallel_capture() -> None:
     """Real NCCL capture of tensor parallel in pairs and data parallel across them (tp-dp-8,
     tests/data/h100-nccl/README.md): each call is matched across its whole group, the pairs
-    are tensor-parallel and the groups across them data-parallel, with the layout's ranks;
-    and alignment puts each pair's all-reduce ends within 10 us of each other (they agree
-    that well at a constant gap of 2.24 ms)."""
+    are tensor-parallel and the groups across them data-parallel, with the layout's ranks.
+    Every rank is on the one GPU, so on one host and one clock: no offset is applied. Only
+    a clock per rank (ranks_per_host=1) takes each pair's steady end gap (2.24 ms) for an
+    offset and puts the pair's all-reduce ends within 10 us of each other."""
     import polars as pl
 
     from kineto_comm import analyze
@@ -399,7 +400,9 @@ def test_h100_tensor_and_data_parallel_capture() -> None:
     assert all(
         r["ranks_seen"] == sizes[r["process_group"]] for r in instances.iter_rows(named=True)
     )
-    in_pairs = instances.filter(pl.col("group_size") == 2)
+    assert (report.offsets["offset_ns"] == 0).all()
+    per_rank = analyze(REPO / "tests" / "data" / "h100-nccl" / "tp-dp-8", jobs=1, ranks_per_host=1)
+    in_pairs = per_rank.collective_instances.filter(pl.col("group_size") == 2)
     spread = in_pairs.group_by("process_group").agg(
         (pl.col("last_end_ns") - pl.col("first_end_ns")).median()
     )

@@ -330,3 +330,36 @@ def test_pipeline_bubble_above_theory_on_a_real_capture() -> None:
     assert excess > ev["theory_bubble_fraction"]
     assert "above 1F1B theory" in f.advice[0] and "overlap-p2p-communication" in f.advice[0]
     assert any(a.startswith("Raise micro-batches") for a in f.advice[1:])
+
+
+def _real_jobs() -> list[Path]:
+    from .conftest import REPO, SAMPLES, shared
+
+    h100 = REPO / "tests" / "data" / "h100-nccl"
+    found = sorted(p for p in SAMPLES.iterdir() if p.is_dir())
+    found += sorted(p for p in h100.iterdir() if p.is_dir())
+    return [*found, shared("hta/trace_filter")]
+
+
+@pytest.mark.parametrize("path", _real_jobs(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_straggler_is_the_same_rank_everywhere(path: Path) -> None:
+    """On every real multi-rank capture, SYNC101 names exactly the ranks the stragglers
+    table marks `is_straggler`, each with that table's delay, and such a rank is the one
+    most often last in the groups it was last in. SYNC104 leaves that delay out."""
+    import polars as pl
+
+    report = analyze(path, jobs=1)
+    table = report.stragglers
+    named = table.filter(pl.col("is_straggler")) if table.height else table
+    findings = run_rules(report)
+    sync101 = [f for f in findings if f.code == "SYNC101"]
+    assert sorted(r for f in sync101 for r in f.ranks) == sorted(named["rank"].to_list())
+    delay = dict(named.select("rank", "delay_ns").iter_rows()) if named.height else {}
+    for f in sync101:
+        assert f.impact_ns_per_step == delay[f.ranks[0]]
+        assert f.evidence["delay_ns"] == delay[f.ranks[0]]
+    if named.height:
+        last = report.skew_summary()["most_often_last"].drop_nulls().unique().to_list()
+        assert last == named["rank"].to_list()
+        for f in (f for f in findings if f.code == "SYNC104"):
+            assert f.evidence["straggler_lateness_ns_per_step"] == sum(delay.values())

@@ -233,11 +233,14 @@ def test_roles_on_real_gloo_captures(samples: dict[str, Report]) -> None:
     expected = {"ddp-4": "data_parallel", "pp-4": "pipeline", "tp-2": "tensor_parallel"}
     for name, rep in samples.items():
         pgs = _roles(rep)
-        # gloo traces carry no process group: one unnamed group with every rank.
-        assert pgs["process_group"].to_list() == ["?"], name
+        # gloo's annotations name no group; each trace's distributedInfo.pg_config has one,
+        # the default group of every rank: its calls are on it.
+        assert pgs["process_group"].to_list() == ["0"], name
+        assert pgs["pg_desc"].to_list() == ["default_pg"], name
+        assert rep.collectives["process_group"].null_count() == 0, name
         row = pgs.row(0, named=True)
         assert row["ranks"] == sorted(rep.ranks["rank"].to_list())
-        assert "no process-group names" in row["evidence"]
+        assert "no process-group names" not in row["evidence"]
         assert row["calls_per_step"] > 0
         if name == "fsdp-2":
             # gloo runs FSDP's reduce-scatter as all_reduce: fsdp, and the evidence says so.
@@ -246,6 +249,15 @@ def test_roles_on_real_gloo_captures(samples: dict[str, Report]) -> None:
             assert "gloo runs reduce-scatter as all_reduce" in row["evidence"]
         else:
             assert row["role"] == expected[name], row["evidence"]
+
+
+def test_calls_stay_unnamed_where_the_config_lists_several_groups() -> None:
+    """The real 300-rank gloo trace lists eleven groups of 300 ranks in its pg_config and its
+    calls give no size: which one a call is on cannot be told, so none is named."""
+    rep = kineto_comm.analyze(shared("hta/cpu_only"), jobs=1)
+    assert rep.collectives.height > 0
+    assert rep.collectives["process_group"].null_count() == rep.collectives.height
+    assert _roles(rep)["process_group"].to_list() == ["?"]
 
 
 def test_roles_on_hta_control_trace() -> None:

@@ -1,23 +1,38 @@
-"""Clock alignment: a per-rank offset estimated from matched collectives.
+"""Clock alignment: one offset per host, estimated from matched collectives.
 
-Ranks on different hosts read different clocks. A collective completes at nearly the same
-instant on every rank of its group (nobody leaves before the last byte arrives), so each
-matched call's end times differ across ranks mostly by the clock offsets:
-`end(rank, call) = T(call) + offset(rank)`.
+Ranks on one host read one clock; ranks on different hosts read different ones. So the
+ranks are first grouped into hosts (`hosts`), and an offset is fitted per host, never
+inside one: on the real one-host NCCL captures (tests/data/h100-nccl), a fit per rank
+found offsets of up to 11 ms (time-sliced ranks whose collective ends differ by a steady
+2.24 ms) and moved skews, waits and the straggler with them.
 
-The fit. Each call pairs its lowest rank with each of its other ranks; per pair of ranks,
+Which ranks share a host, in this order (the `host_source` column says which):
+`ranks_per_host` (the user's word: ranks r // n together; 1 keeps a clock per rank, for
+ranks of one host that cannot share a clock), `host_name` (the trace header's, when every
+rank has one), `device_ids` (every rank on one device id, and ids that follow
+local rank = rank mod k: hosts of k consecutive ranks), `shared_device` (every rank on
+the same one device id: they share a GPU, hence a host; a job of one GPU per host says
+so with ranks_per_host 1), else `unknown` (a clock per rank, as CPU-only traces without a
+host name).
+
+A collective completes at nearly the same instant on every rank of its group (nobody
+leaves before the last byte arrives), so each matched call's end times differ across
+hosts mostly by the clock offsets: `end(host, call) = T(call) + offset(host)`, a host's
+end being the median of its ranks' ends.
+
+The fit. Each call pairs its lowest host with each of its other hosts (a host is named by
+its lowest rank); per pair of hosts,
 the median of their end differences is a link (robust to the few calls whose ends
 genuinely differ), and the median distance of a difference from it, its spread. The
-tightest links that join all ranks (a minimum spanning tree by spread, _tree) carry the
-offsets outwards from the lowest rank of each linked set of ranks: ranks that never share
-a group with rank 0 are aligned through the ranks in between, and a rank's few calls
-across hosts count however many it has with its own host. Offsets are relative to that
-lowest rank (method `reference`, offset 0): one set in a job whose collectives span it.
+tightest links that join all hosts (a minimum spanning tree by spread, _tree) carry the
+offsets outwards from the lowest host of each linked set: hosts that never share
+a group with rank 0's are aligned through the hosts in between. Offsets are relative to
+that lowest host's lowest rank (method `reference`, offset 0); the other ranks of a host
+take its offset (method `same-host`).
 
 What is applied. A link moves its far end only when its gap is at least SIGNIFICANCE
-times its spread and MIN_OFFSET_NS: else the two ranks read one clock as far as the trace
-can tell (collectives whose ends genuinely vary would otherwise shift ranks that share
-one). `estimate_ns` sums every gap on a rank's way from its reference, `offset_ns` only
+times its spread and MIN_OFFSET_NS: else the two hosts read one clock as far as the trace
+can tell. `estimate_ns` sums every gap on a host's way from its reference, `offset_ns` only
 the significant ones (method `collective-end` when there is one, else `insignificant`).
 `residual_ns` is the median distance of the rank's ends, less its estimate, from its calls'
 times (the median over each call's ranks): how far the estimate leaves it off.
@@ -47,21 +62,69 @@ from kineto_comm.model.names import POINT_TO_POINT
 if TYPE_CHECKING:
     from kineto_comm.rank_store import RankStore
 
-OFFSET_COLUMNS = ("rank", "offset_ns", "estimate_ns", "residual_ns", "matched", "method")
-# A link's gap is applied only when it clearly exceeds the link's spread: ranks on one host
-# (one clock) otherwise get offsets that are noise of the collectives' end times.
+OFFSET_COLUMNS = (
+    "rank",
+    "host",
+    "host_source",
+    "offset_ns",
+    "estimate_ns",
+    "residual_ns",
+    "matched",
+    "method",
+)
+HOST_COLUMNS = ("rank", "host", "host_source")
+# A link's gap is applied only when it clearly exceeds the link's spread: hosts that read one
+# clock otherwise get offsets that are noise of the collectives' end times.
 SIGNIFICANCE = 3.0
 MIN_OFFSET_NS = 1_000
 # Calls whose ends need not meet (module doc): never used for offsets.
 ONE_SIDED = (*POINT_TO_POINT, "broadcast", "reduce", "gather", "scatter")
 
 
-def estimate_offsets(keyed: pl.DataFrame | RankStore, ranks: list[int]) -> pl.DataFrame:
-    """Offsets per rank from matched calls (keyed: rank, device, instance, end_ns)."""
+def hosts(
+    ranks: pl.DataFrame, devices: pl.DataFrame, ranks_per_host: int | None = None
+) -> pl.DataFrame:
+    """rank, host, host_source: which ranks share a host (hence a clock), and how that was
+    inferred (module doc). `ranks`: rank, host_name (null where the header has none);
+    `devices`: rank, device (the device ids of the rank's collectives, -1 for host spans)."""
+    out = ranks.select(pl.col("rank").cast(pl.Int64), "host_name").sort("rank")
+    rank = pl.col("rank")
+
+    def named(host: pl.Expr, source: str) -> pl.DataFrame:
+        return out.select("rank", host=host.cast(pl.String), host_source=pl.lit(source))
+
+    if ranks_per_host is not None:
+        if ranks_per_host < 1:
+            raise ValueError(f"ranks per host must be at least 1 (got {ranks_per_host})")
+        return named(pl.format("host {}", rank // ranks_per_host), "ranks_per_host")
+    if out.height and out["host_name"].null_count() == 0:
+        return named(pl.col("host_name"), "host_name")
+    ids = (
+        devices.filter(pl.col("device") >= 0)
+        .group_by("rank")
+        .agg(n=pl.col("device").n_unique(), device=pl.col("device").first())
+    )
+    per_rank = out.join(ids, on="rank", how="left")
+    one_each = per_rank.height > 1 and bool((per_rank["n"] == 1).all())
+    if one_each and per_rank["device"].n_unique() == 1:
+        return named(pl.lit("host 0"), "shared_device")
+    if one_each:
+        k = int(per_rank["device"].max()) + 1  # type: ignore[arg-type]
+        if bool((per_rank["device"] == per_rank["rank"] % k).all()):
+            return named(pl.format("host {}", rank // k), "device_ids")
+    return named(pl.format("rank {}", rank), "unknown")
+
+
+def estimate_offsets(
+    keyed: pl.DataFrame | RankStore, ranks: list[int], grouping: pl.DataFrame | None = None
+) -> pl.DataFrame:
+    """Offsets per rank from matched calls (keyed: rank, device, instance, end_ns), one per
+    host of `grouping` (`hosts`; default: every rank its own host)."""
     from kineto_comm.analysis.match import one_row_per_call
     from kineto_comm.rank_store import as_store
 
     keyed = as_store(keyed)
+    grouping = _grouping(ranks, grouping)
     # Only device kernels (NCCL/RCCL) complete together on all ranks. Host-side gloo spans
     # do not: a send ends when the data is handed off, a ring all-reduce ends on each rank
     # at its own last hop (tens of us apart, consistently), which would pass for an offset.
@@ -76,40 +139,69 @@ def estimate_offsets(keyed: pl.DataFrame | RankStore, ranks: list[int]) -> pl.Da
     calls = sample(calls, keyed.height, "instance").select("instance", "rank", "end_ns")
     if not one_row_per_call(keyed):  # a rank's call seen twice: its latest end
         calls = calls.group_by("instance", "rank").agg(pl.col("end_ns").max())
-    shared = calls.group_by("instance").agg(pl.len().alias("n")).filter(pl.col("n") > 1)
+    # Each rank's host, named by its lowest rank (`root`); a call counts when two hosts see it.
+    calls = calls.join(grouping.lazy().select("rank", "root"), on="rank", build_side="force_right")
+    shared = calls.group_by("instance").agg(n=pl.col("root").n_unique()).filter(pl.col("n") > 1)
     ends = collect(
         calls.join(
             shared.select("instance"), on="instance", how="semi", build_side="force_right"
         ).with_columns(pl.col("end_ns").cast(pl.Float64)),
         keyed.height,
     )
-    base = pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int64})
-    if ends.height == 0 or not ranks:
-        return no_offsets(ranks)
-    tree = _tree(_links(ends))
+    if not ranks:
+        return no_offsets(ranks, grouping)
+    host_ends = ends.group_by("instance", "root").agg(pl.col("end_ns").median())
+    tree = _tree(_links(host_ends.rename({"root": "rank"}))).rename({"rank": "host_root"})
+    alone = pl.len().over("root") == 1
+    per_rank = grouping.join(tree, left_on="root", right_on="host_root", how="left")
     # How well each rank's ends fit the estimates: each call's time as the median of its
     # ranks' ends less their estimates, the rank's misfit the median distance from it.
-    fit = _fit(ends, tree)
+    fit = _fit(ends, per_rank.filter(pl.col("estimate").is_not_null()))
     rounded = pl.col("estimate").round().cast(pl.Int64)
     return (
-        base.join(tree, on="rank", how="left")
-        .join(fit, on="rank", how="left")
+        per_rank.join(fit, on="rank", how="left")
         .select(
             "rank",
+            "host",
+            "host_source",
             offset_ns=pl.col("offset").round().cast(pl.Int64).fill_null(0),
             estimate_ns=rounded,
             residual_ns=pl.col("residual_ns").round().cast(pl.Int64),
             matched=pl.col("matched").fill_null(0),
-            method=pl.when(pl.col("estimate").is_null())
-            .then(pl.lit("none"))
-            .when(pl.col("rank") == pl.col("root"))
-            .then(pl.lit("reference"))
-            .when(pl.col("applied"))
-            .then(pl.lit("collective-end"))
-            .otherwise(pl.lit("insignificant")),
+            method=_method(
+                pl.when(pl.col("estimate").is_null() & alone)
+                .then(pl.lit("none"))
+                .when(pl.col("estimate").is_null())
+                .then(pl.lit("reference"))  # a host of several ranks linked to no other
+                .when(pl.col("root") == pl.col("root_right"))
+                .then(pl.lit("reference"))
+                .when(pl.col("applied"))
+                .then(pl.lit("collective-end"))
+                .otherwise(pl.lit("insignificant"))
+            ),
         )
         .sort("rank")
     )
+
+
+def _method(of_host: pl.Expr) -> pl.Expr:
+    """A rank's method: its host's, for the host's lowest rank; `same-host` for the others
+    (they read that rank's clock)."""
+    return pl.when(pl.col("rank") != pl.col("root")).then(pl.lit("same-host")).otherwise(of_host)
+
+
+def _grouping(ranks: list[int], grouping: pl.DataFrame | None) -> pl.DataFrame:
+    """rank, host, host_source, root (the host's lowest rank) for every rank of `ranks`."""
+    base = pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int64})
+    if grouping is None:
+        grouping = base.select(
+            "rank", host=pl.format("rank {}", "rank"), host_source=pl.lit("unknown")
+        )
+    found = base.join(grouping.select(HOST_COLUMNS), on="rank", how="left")
+    return found.with_columns(
+        host=pl.col("host").fill_null(pl.format("rank {}", "rank")),
+        host_source=pl.col("host_source").fill_null(pl.lit("unknown")),
+    ).with_columns(root=pl.col("rank").min().over("host"))
 
 
 def _fit(ends: pl.DataFrame, tree: pl.DataFrame) -> pl.DataFrame:
@@ -166,6 +258,9 @@ def _tree(links: pl.DataFrame) -> pl.DataFrame:
     two hosts 94 us apart, every rank stayed at 0. The tree is walked in Python
     (kineto_comm.analysis.graph).
     """
+    if links.height == 0:
+        schema = {"rank": pl.Int64, "root": pl.Int64, "estimate": pl.Float64}
+        return pl.DataFrame(schema={**schema, "offset": pl.Float64, "applied": pl.Boolean})
     rows = links.sort("spread", "calls", "src", "dst", descending=[False, True, False, False])
     leader: dict[int, int] = {}
 
@@ -211,17 +306,19 @@ def _tree(links: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def no_offsets(ranks: list[int]) -> pl.DataFrame:
-    """The offsets table when alignment is turned off."""
-    return pl.DataFrame(
-        {"rank": ranks},
-        schema={"rank": pl.Int64},
-    ).with_columns(
-        offset_ns=pl.lit(0, dtype=pl.Int64),
-        estimate_ns=pl.lit(None, dtype=pl.Int64),
-        residual_ns=pl.lit(None, dtype=pl.Int64),
-        matched=pl.lit(0, dtype=pl.Int64),
-        method=pl.lit("none"),
+def no_offsets(ranks: list[int], grouping: pl.DataFrame | None = None) -> pl.DataFrame:
+    """The offsets table when alignment is turned off or finds nothing to fit: every host
+    on its own clock (its lowest rank `none`, the others `same-host`)."""
+    return (
+        _grouping(ranks, grouping)
+        .with_columns(
+            offset_ns=pl.lit(0, dtype=pl.Int64),
+            estimate_ns=pl.lit(None, dtype=pl.Int64),
+            residual_ns=pl.lit(None, dtype=pl.Int64),
+            matched=pl.lit(0, dtype=pl.Int64),
+            method=_method(pl.lit("none")),
+        )
+        .select(OFFSET_COLUMNS)
     )
 
 

@@ -7,10 +7,12 @@ the start of a step holds everyone at the first collective after it; later calls
 step then start together, so a rank's delay per step is the largest lateness it caused in
 that step, averaged over all steps (`delay_ns`: the step time its lateness costs).
 
-`confidence` multiplies the share of steps in which the rank caused the most lateness by
-its share of all lateness: near 1 for a rank that is consistently the one late, near 0
+`late_share` is the rank's share of all lateness. `confidence` multiplies the share of
+steps in which the rank caused the most lateness by its share of all lateness: near 1 for
+a rank that is consistently the one late, near 0
 when the last arrival moves around (noise). Calls whose arrival skew is below `noise_ns`
-name no one.
+name no one. This table is the one home of the verdict: SYNC101 names the `is_straggler`
+ranks with their `delay_ns`, SYNC104 takes that delay off, the text report prints them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import polars as pl
 from kineto_comm.lazy import collect
 from kineto_comm.rank_store import RankStore, as_store
 
+# Calls whose arrival skew is below this name no one last (the report's "most often last"
+# counts the same calls).
+NOISE_NS = 5_000
 STRAGGLER_COLUMNS = (
     "rank",
     "instances",
@@ -28,6 +33,7 @@ STRAGGLER_COLUMNS = (
     "caused_wait_ns",
     "caused_wait_ns_per_step",
     "delay_ns",
+    "late_share",
     "is_straggler",
     "confidence",
 )
@@ -37,7 +43,7 @@ def stragglers(
     instances: pl.DataFrame,
     waits: pl.DataFrame | RankStore,
     *,
-    noise_ns: int = 5_000,
+    noise_ns: int = NOISE_NS,
     min_delay_ns: int = 20_000,
     min_confidence: float = 0.5,
 ) -> pl.DataFrame:
@@ -144,6 +150,7 @@ def stragglers(
             times_last=pl.col("times_last").fill_null(0),
             caused_wait_ns=pl.col("caused_wait_ns").fill_null(0),
             delay_ns=pl.col("delay_ns").fill_null(0),
+            late_share=pl.col("late_share").fill_null(0.0),
             confidence=(pl.col("won").fill_null(0) / n_steps * pl.col("late_share").fill_null(0)),
         )
         .with_columns(
@@ -161,6 +168,7 @@ def stragglers(
 def _schema() -> dict[str, pl.DataType]:
     schema: dict[str, pl.DataType] = {c: pl.Int64() for c in STRAGGLER_COLUMNS}
     schema["last_share"] = pl.Float64()
+    schema["late_share"] = pl.Float64()
     schema["confidence"] = pl.Float64()
     schema["is_straggler"] = pl.Boolean()
     return schema

@@ -203,6 +203,7 @@ class Top(msgspec.Struct, gc=False):
     displayTimeUnit: str | None = None  # noqa: N815
     baseTimeNanoseconds: int | None = None  # noqa: N815
     schemaVersion: int | None = None  # noqa: N815
+    host_name: str | None = None  # where the trace was taken (not every Kineto writes it)
 
 
 class _TopAny(Top, gc=False):
@@ -329,6 +330,7 @@ class RawTrace:
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     device_names: list[str] = field(default_factory=list)
     base_time_ns: int = 0
+    host_name: str | None = None
     nbytes: int = 0
     warnings: list[str] = field(default_factory=list)
     host_skipped: bool = False  # `host` left empty: the trace has device activity
@@ -1763,6 +1765,7 @@ def _raw(about: _About, tables: dict[str, pl.DataFrame]) -> RawTrace:
         process_groups=groups,
         device_names=[d.name or "?" for d in devices],
         base_time_ns=_base_ns(tops),
+        host_name=next((t.host_name for t in tops if t.host_name), None),
         nbytes=about.nbytes,
         warnings=about.warnings,
         host_skipped=about.host_skipped,

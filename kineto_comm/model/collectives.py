@@ -182,6 +182,7 @@ def build_collectives(
     found = _enclosing(found, ann, ["name", "input_dims", "input_type"], "ann_")
     out = found.with_columns(**_PARSED).with_columns(**_FIELDS)
     if process_groups is not None and process_groups.height:
+        out = _named_from_config(out, process_groups.lazy())
         out = out.join(
             process_groups.lazy().select(
                 "rank",
@@ -204,6 +205,30 @@ def build_collectives(
         "rank", "start_ns", "launch_ns", "end_ns", "stream", nulls_last=True, maintain_order=True
     ).with_columns(call_index=_CALL_INDEX)
     return collect(_compute_before(out, kernels.lazy()).select(COLLECTIVE_COLUMNS))
+
+
+def _named_from_config(calls: pl.LazyFrame, groups: pl.LazyFrame) -> pl.LazyFrame:
+    """Calls whose trace names no group (gloo's annotations carry none) get the one group of
+    the rank's `distributedInfo.pg_config` they can be on: the only group of the call's
+    size, or, with the size unknown, the rank's only group. Where several could be, the
+    call stays unnamed rather than guessed."""
+    key = pl.col("rank"), pl.col("pg_size")
+    sole = pl.len().over(key) == 1
+    by_size = groups.filter(sole).select("rank", "pg_size", _by_size="pg_name")
+    only = groups.filter(pl.len().over("rank") == 1).select("rank", _only="pg_name")
+    return (
+        calls.join(
+            by_size, left_on=["rank", "group_size"], right_on=["rank", "pg_size"], how="left"
+        )
+        .join(only, on="rank", how="left")
+        .with_columns(
+            process_group=pl.coalesce(
+                "process_group",
+                pl.when(pl.col("group_size").is_null()).then("_only").otherwise("_by_size"),
+            )
+        )
+        .drop("_by_size", "_only")
+    )
 
 
 def _compute_before(calls: pl.LazyFrame, kernels: pl.LazyFrame) -> pl.LazyFrame:

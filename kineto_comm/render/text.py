@@ -187,8 +187,32 @@ def render_text(
         console.print(table, markup=False)
         if section.note:
             console.print(section.note, markup=False)
+    _render_hosts(report, console)
     _render_clock_sets(report, console)
     _render_problems(report, console, problems)
+
+
+# How the ranks were grouped into hosts (offsets.host_source), as the report says it.
+_HOSTS_FROM = {
+    "ranks_per_host": "--ranks-per-host",
+    "host_name": "the traces' host names",
+    "device_ids": "the device ids (local rank = device id)",
+    "shared_device": "one device id on every rank (a shared GPU; --ranks-per-host 1 if not)",
+    "unknown": "nothing in the traces: a clock per rank",
+}
+
+
+def _render_hosts(report: Report, console: Console) -> None:
+    """One line: how many hosts (one clock each) and how that was inferred."""
+    offsets = report.offsets
+    if offsets.height < 2 or "host_source" not in offsets.columns:
+        return
+    sources = offsets["host_source"].unique().to_list()
+    how = "; ".join(_HOSTS_FROM.get(s, s) for s in sorted(sources))
+    console.print(
+        f"Clocks: {offsets['host'].n_unique()} host(s), one clock each, from {how}.",
+        markup=False,
+    )
 
 
 def _render_problems(report: Report, console: Console, problems: bool) -> None:
