@@ -1672,7 +1672,9 @@ def _assemble(files: list[_About], parts: list[dict[str, pl.DataFrame]]) -> list
         frames = [p[key] for p in parts]
         # A role's pieces as one table (a piece without collective rows lacks their columns).
         rows = pl.concat(frames, how="diagonal_relaxed") if len(frames) > 1 else frames[0]
-        for i, name, n in _out_of_range(rows, many):
+        # Not the runtime calls: they only link launches, and the scanner drops those of a
+        # whole file before they become rows (the warning must not depend on the path).
+        for i, name, n in _out_of_range(rows, many) if key != "runtime" else ():
             out_of_range[i, name] = out_of_range.get((i, name), 0) + n
         # No rows, no `_file` column to find each row's base by.
         return _timed(rows, schema, base if rows.height else pl.lit(0), many)
@@ -1914,8 +1916,11 @@ def _to_ns(events: pl.LazyFrame, base_ns: pl.Expr, clean: bool) -> pl.LazyFrame:
     times = {"start_ns": start, "end_ns": start + dur}
     dropped = ["ph", "ts_us", "dur_us"]
     if "launch_ts_us" in schema:
-        launch = pl.col("launch_ts_us")
-        times["launch_ns"] = pl.when(launch.abs() < _MAX_US).then(_ns(launch, base_ns))
+        # A launch out of range is no launch (as where its runtime call, dropped for it, is
+        # joined after the scanner: _join_launches): neither time nor thread.
+        launch = pl.col("launch_ts_us").abs() < _MAX_US
+        times["launch_ns"] = pl.when(launch).then(_ns(pl.col("launch_ts_us"), base_ns))
+        times["launch_tid"] = pl.when(launch).then(pl.col("launch_tid"))
         dropped.append("launch_ts_us")
     return events.with_columns(**times).drop(dropped)
 
