@@ -1842,10 +1842,14 @@ def _timed(
 _MAX_US = 2**61 / 1000
 
 
-def _in_range() -> pl.Expr:
-    """Whether a row's time and duration are times (see _MAX_US)."""
-    ts, dur = pl.col("ts_us"), pl.col("dur_us").fill_null(0.0)
-    return ts.is_not_null() & (ts.abs() < _MAX_US) & (dur < _MAX_US)
+def _in_range(columns: list[str]) -> pl.Expr:
+    """Whether a row has a time, and its time and duration (of `columns`, where present)
+    are within _TIME_RANGES: the rows _out_of_range counts as dropped are the ones dropped."""
+    kept = pl.col("ts_us").is_not_null()
+    for name, (low, high, _) in _TIME_RANGES.items():
+        if name in columns:
+            kept &= pl.col(name).is_null() | pl.col(name).is_between(low, high, closed="left")
+    return kept
 
 
 # Collective args beyond these are damage (a size near 2^63 wraps to a negative byte count):
@@ -1903,11 +1907,7 @@ def _to_ns(events: pl.LazyFrame, base_ns: pl.Expr, clean: bool) -> pl.LazyFrame:
     ts = pl.col("ts_us")
     start = _ns(ts, base_ns)
     if not clean:
-        events = events.filter(
-            _in_range()
-            if "dur_us" in events.collect_schema()
-            else ts.is_not_null() & (ts.abs() < _MAX_US)
-        )
+        events = events.filter(_in_range(events.collect_schema().names()))
     schema = events.collect_schema()
     if "dur_us" not in schema:  # launches: only their start matters
         return events.with_columns(start_ns=start).drop("ph", "ts_us")
