@@ -42,6 +42,9 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     advice: tuple[str, ...] = ()
     rule: str = ""
+    # The fix as the model of time replays it (kineto_comm.analysis.steptime.Edit), or None
+    # where no edit models it; not part of the JSON form nor of equality.
+    edit: Any = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (stable field names)."""

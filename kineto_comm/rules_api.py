@@ -30,14 +30,17 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm.analysis import steptime
 from kineto_comm.analysis.bandwidth import busbw_factor
 from kineto_comm.analysis.overlap import merge_intervals
+from kineto_comm.analysis.steptime import Edit
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect, in_rank_order, sample
 from kineto_comm.model.collectives import parse_ranks
 from kineto_comm.rank_store import RankStore, SpillFolder, keep
 
 __all__ = [
+    "Edit",
     "Finding",
     "Option",
     "Rule",
@@ -58,8 +61,13 @@ __all__ = [
     "median_of_counts",
     "n_steps",
     "parse_ranks",
+    "rank_lateness",
+    "replay_saving",
     "rule",
     "severity_for",
+    "step_blame",
+    "step_time_ns",
+    "step_times",
     "uncovered_ns",
 ]
 
@@ -402,27 +410,125 @@ def severity_for(share: float, warn: float, error: float) -> Severity | None:
 
 
 def mean_step_ns(tables: Tables) -> int:
-    """Mean step time: per step the longest rank's device window, averaged over steps.
+    """The job's step time (kineto_comm.analysis.steptime, docs/tables.md `step_times`): per
+    step the longest rank's device window, averaged over the complete steps (step >= 0, not
+    the last one when there are several, whose window is cut at its last kernel); without
+    step markers the whole trace is one step. The same number as `step_time_ns`."""
+    return step_time_ns(tables)
 
-    Only complete steps count (step >= 0, not the last one when there are several, whose
-    window is cut at its last kernel); without step markers the whole trace is one step.
-    """
-    if not tables.has("steps", "step", "wall_ns"):
-        return 0
-    per_step = tables.once(
-        ("kineto_comm", "step_walls"),
-        lambda: tables.collect(
-            tables.lazy("steps", ["step", "wall_ns"])
-            .group_by("step")
-            .agg(wall=pl.col("wall_ns").max())
-        ).sort("step"),
+
+def step_time_ns(tables: Tables) -> int:
+    """The job's step time: the one every rule's share and saving is "of the step"."""
+    return steptime.job_step_ns(step_times(tables))
+
+
+def step_times(tables: Tables) -> pl.DataFrame:
+    """Per step: step, step_ns (the longest rank's window), critical_rank (that rank),
+    ranks, complete (counts toward the job's step time). Computed once per rules run from
+    the steps table's windows."""
+
+    def compute() -> pl.DataFrame:
+        if not tables.has("steps", "step", "start_ns", "end_ns"):
+            return pl.DataFrame(schema=steptime.STEP_TIMES_SCHEMA)
+        walls = tables.collect(
+            tables.lazy("steps", ["rank", "step", "start_ns", "end_ns"]).select(
+                pl.col("rank").cast(pl.Int64),
+                pl.col("step").cast(pl.Int64),
+                wall_ns=(pl.col("end_ns") - pl.col("start_ns")).clip(lower_bound=0),
+            )
+        )
+        return steptime.step_times(walls)
+
+    return tables.once(("kineto_comm", "step_times"), compute)
+
+
+def _call_last(tables: Tables) -> pl.DataFrame:
+    """Per call matched across its group (CALL_KEY, no point-to-point, two ranks or more):
+    `late_rank`, the rank whose call was the shortest (it arrived last; it did not wait)."""
+
+    def compute() -> pl.DataFrame:
+        query = (
+            tables.lazy("collectives", [*CALL_KEY, "rank", "duration_ns"])
+            .filter(~pl.col("collective").is_in(P2P))
+            .group_by(CALL_KEY)
+            .agg(
+                late_rank=pl.col("rank").sort_by("duration_ns", "rank").first().cast(pl.Int64),
+                _n=pl.len(),
+            )
+            .filter(pl.col("_n") > 1)
+            .drop("_n")
+        )
+        return tables.collect(query)
+
+    return tables.once(("rules_api", "call_last"), compute)
+
+
+def step_blame(tables: Tables) -> pl.LazyFrame:
+    """Every rank's step windows split into blame categories (docs/tables.md `step_blame`;
+    kineto_comm.analysis.steptime): rank, step, category, collective, process_group, role,
+    late_rank, calls, ns; per (rank, step) the ns sum to the window exactly. Built a few
+    ranks at a time, once per rules run (kept in files on a big job), as a lazy query."""
+    if not tables.has("steps", "step", "start_ns", "end_ns"):
+        return pl.DataFrame(schema=steptime.BLAME_SCHEMA).lazy()
+    roles = group_roles(tables).select("process_group", "role")
+    has_calls = tables.has("collectives")
+    durations = _call_durations(tables) if has_calls else None
+    late = _call_last(tables) if has_calls else None
+    kcols = ("rank", "kind", "start_ns", "end_ns", "launch_ns")
+    ccols = (*CALL_KEY, "rank", "start_ns", "end_ns", "duration_ns", "launch_ns")
+
+    def build(windows: pl.DataFrame) -> pl.DataFrame:
+        ranks = windows["rank"].unique().sort().to_list()
+        kernels = pl.concat(
+            [b for b in tables.rank_batches("kernels", kcols, ranks) if b.width == len(kcols)]
+            or [pl.DataFrame(schema={c: pl.Int64 for c in kcols} | {"kind": pl.String})],
+            how="vertical_relaxed",
+        )
+        if has_calls and durations is not None and late is not None:
+            calls = pl.concat(
+                list(tables.rank_batches("collectives", ccols, ranks)), how="vertical_relaxed"
+            )
+            calls = collect(
+                _with_waits(calls.lazy(), durations)
+                .join(late.lazy(), on=CALL_KEY, how="left", nulls_equal=True)
+                .with_columns(pl.col("process_group").cast(pl.String))
+                .join(roles.lazy(), on="process_group", how="left")
+            )
+        else:
+            calls = pl.DataFrame(
+                schema={
+                    "rank": pl.Int64,
+                    "start_ns": pl.Int64,
+                    "end_ns": pl.Int64,
+                    "transfer_ns": pl.Int64,
+                }
+            )
+        return steptime.rank_blame(kernels, calls, windows)
+
+    return tables.derived(
+        ("rules_api", "step_blame"), "steps", build, ("rank", "step", "start_ns", "end_ns")
     )
-    real = per_step.filter(pl.col("step") >= 0)
-    if real.height >= 2:
-        real = real.head(real.height - 1)
-    use = real if real.height else per_step
-    value = use["wall"].mean()
-    return int(value) if value is not None else 0
+
+
+def rank_lateness(tables: Tables) -> pl.DataFrame:
+    """rank, step, remove_ns: per step, the longest wait any rank had for this rank (the
+    model of time's `late_rank` waits): the time its window loses when it does the mean
+    rank's work. For an Edit's `rank_ns`."""
+    return tables.collect(steptime.lateness(step_blame(tables)))
+
+
+def replay_saving(tables: Tables, *edits: Edit) -> int:
+    """The step time (ns per step) the edits save, replayed together on the model of time
+    (kineto_comm.analysis.steptime): each rank's windows lose what the edits remove, each
+    step lasts as long as its longest rank's new window, and the saving is the job's step
+    time less the new one. Never more than the step; several edits never save more than
+    the largest share each row loses to one of them (overlaps are not added up)."""
+    if not edits:
+        return 0
+    blame = tables.once(
+        ("rules_api", "step_blame_frame"), lambda: tables.collect(step_blame(tables))
+    )
+    return steptime.saving(blame, step_times(tables), edits)
 
 
 def n_steps(tables: Tables) -> int:
@@ -753,8 +859,13 @@ def make_finding(
     window_ns: tuple[int, int] | None = None,
     evidence: dict[str, Any] | None = None,
     advice: Sequence[str] = (),
+    edit: Edit | None = None,
 ) -> Finding:
-    """A Finding with `step_share = impact / step_ns` and JSON-safe ints, sorted ranks."""
+    """A Finding with `step_share = impact / step_ns` and JSON-safe ints, sorted ranks.
+
+    `edit`: the change that fixes the cause, as the model of time replays it (its saving
+    is what `replay_saving(tables, edit)` gives); the report replays every finding's edit
+    together for the saving of all fixes at once."""
     code = rule_.code if isinstance(rule_, Rule) else rule_
     impact = max(0, int(round(impact_ns_per_step or 0)))
     return Finding(
@@ -771,6 +882,7 @@ def make_finding(
         evidence=dict(evidence or {}),
         advice=tuple(advice),
         rule=rule_.name if isinstance(rule_, Rule) else "",
+        edit=edit,
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.rules_api import (
+    Edit,
     Finding,
     Option,
     Severity,
@@ -16,6 +17,7 @@ from kineto_comm.rules_api import (
     impact_per_step,
     make_finding,
     mean_step_ns,
+    replay_saving,
     rule,
     severity_for,
 )
@@ -115,7 +117,20 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     step_ns = mean_step_ns(tables)
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
-        share = c["impact_ns"] / step_ns if step_ns else 0.0
+        mine = slow.filter(pl.col("process_group") == c["process_group"])
+        fraction: pl.Expr = pl.lit(0.0)
+        for coll, ratio in mine.select("collective", "ratio").iter_rows():
+            fraction = pl.when(pl.col("collective") == coll).then(1.0 - ratio).otherwise(fraction)
+        edit = Edit(
+            f"run group {c['process_group']}'s {', '.join(c['collective'])} at "
+            f"{c['reference']:.1f} GB/s bus bandwidth",
+            (pl.col("category") == "transfer")
+            & (pl.col("process_group") == c["process_group"])
+            & pl.col("collective").is_in(list(c["collective"])),
+            fraction,
+        )
+        saving = replay_saving(tables, edit)
+        share = saving / step_ns if step_ns else 0.0
         sev = severity_for(share, options["warn_share"], options["error_share"]) or Severity.info
         out.append(
             make_finding(
@@ -127,8 +142,10 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 f"({c['role']}) run at a median {c['median_busbw']:.1f} GB/s bus bandwidth "
                 f"against {c['reference']:.1f} GB/s "
                 f"({'the link' if link > 0 else 'the best comparable group'}); the exposed "
-                f"part of the difference costs {c['impact_ns'] / 1e6:.2f} ms per step.",
-                impact_ns_per_step=c["impact_ns"],
+                f"part of the difference costs {c['impact_ns'] / 1e6:.2f} ms per step on the "
+                f"worst rank; at the reference the step would be {saving / 1e6:.2f} ms "
+                "shorter.",
+                impact_ns_per_step=saving,
                 step_ns=step_ns,
                 ranks=c["ranks"] or [],
                 steps=c["steps"] or [],
@@ -138,8 +155,11 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     "median_busbw_gbps": round(c["median_busbw"], 2),
                     "reference_busbw_gbps": round(c["reference"], 2),
                     "reference": "link_busbw_gbps" if link > 0 else "best group",
+                    "exposed_lost_ns_per_step": int(c["impact_ns"]),
                     "step_ns": step_ns,
+                    "saving_method": f"replay: {edit.name}",
                 },
+                edit=edit,
                 advice=(
                     "Run nccl-tests (all_reduce_perf -b 1M -e 1G) on exactly these ranks' "
                     "hosts and compare with a healthy group.",

@@ -7,6 +7,7 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.rules_api import (
+    Edit,
     Finding,
     Option,
     Severity,
@@ -17,6 +18,7 @@ from kineto_comm.rules_api import (
     make_finding,
     mean_step_ns,
     median_of_counts,
+    replay_saving,
     rule,
     severity_for,
 )
@@ -96,10 +98,31 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
         counts.group_by(keys).agg(role=pl.col("role").first()), on=keys, nulls_equal=True
     )
     causes = causes.join(sizes, on=["process_group", "collective"], how="left")
+    latency = _latency_shares(tables, exp, ref)
     step_ns = mean_step_ns(tables)
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
-        share = c["impact_ns"] / step_ns if step_ns else 0.0
+        row = latency.filter(
+            (pl.col("process_group") == c["process_group"])
+            & (pl.col("collective") == c["collective"])
+        )
+        fraction = float(row["share"][0]) if row.height and row["share"][0] is not None else 1.0
+        method = (
+            "replay: merge the run's calls into one call of their summed size at the group's "
+            "large-message bandwidth"
+            if row.height and row["share"][0] is not None
+            else "replay: remove the run's exposed time (heuristic: no large-message "
+            "bandwidth known to time the merged call)"
+        )
+        edit = Edit(
+            method.removeprefix("replay: "),
+            pl.col("category").is_in(["transfer", "wait", "launch"])
+            & (pl.col("process_group") == c["process_group"])
+            & (pl.col("collective") == c["collective"]),
+            fraction,
+        )
+        saving = replay_saving(tables, edit)
+        share = saving / step_ns if step_ns else 0.0
         sev = severity_for(share, options["warn_share"], options["error_share"])
         if sev is None:
             sev = Severity.info if share >= 0.01 else None
@@ -114,8 +137,9 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
                 f"{c['process_group']}",
                 f"Group {c['process_group']} ({c['role']}) issues {c['calls']} {c['collective']}"
                 f" calls per rank and step with a median of {med / 1024:.0f} KiB; they cost "
-                f"{c['impact_ns'] / 1e6:.2f} ms per step ({share:.1%}), mostly fixed latency.",
-                impact_ns_per_step=c["impact_ns"],
+                f"{c['impact_ns'] / 1e6:.2f} ms per step on the worst rank, mostly fixed "
+                f"latency; merged, the step would be {saving / 1e6:.2f} ms shorter ({share:.1%}).",
+                impact_ns_per_step=saving,
                 step_ns=step_ns,
                 ranks=c["ranks"] or [],
                 steps=c["steps"] or [],
@@ -126,8 +150,11 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
                     "calls_per_step": c["calls"],
                     "median_bytes": med,
                     "exposed_ns_per_step": int(c["impact_ns"]),
+                    "latency_share": round(fraction, 4),
                     "step_ns": step_ns,
+                    "saving_method": method,
                 },
+                edit=edit,
                 advice=(
                     "DDP: raise bucket_cap_mb (default 25 MB) so gradients travel in a few "
                     "large buckets; do not split tensors into tiny all-reduces.",
@@ -139,3 +166,26 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
             )
         )
     return out
+
+
+def _latency_shares(tables: Tables, exp: pl.LazyFrame, ref: float) -> pl.DataFrame:
+    """Per storm (process_group, collective): `share`, the part of its calls' time a single
+    call of their summed size would not need (latency): from the storms table's
+    `latency_bound_share` (time-weighted), else from `reference_busbw_gbps` when set, else
+    null (unknown)."""
+    keys = ["process_group", "collective"]
+    if tables.has("storms", "latency_bound_share", "time_ns"):
+        st = tables["storms"].with_columns(pl.col("process_group").cast(pl.String))
+        known = pl.col("latency_bound_share").is_not_null()
+        return st.group_by(keys).agg(
+            share=pl.when(pl.when(known).then(pl.col("time_ns")).sum() > 0).then(
+                (pl.col("latency_bound_share") * pl.col("time_ns")).filter(known).sum()
+                / pl.when(known).then(pl.col("time_ns")).sum()
+            )
+        )
+    if ref > 0:
+        # exposed_ns here is already less the bandwidth floor: the share left is latency.
+        return tables.collect(exp.group_by(keys).agg(share=pl.lit(1.0)))
+    return pl.DataFrame(
+        schema={"process_group": pl.String, "collective": pl.String, "share": pl.Float64}
+    )

@@ -7,6 +7,7 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.rules_api import (
+    Edit,
     Finding,
     Option,
     Severity,
@@ -14,8 +15,11 @@ from kineto_comm.rules_api import (
     collective_exposure_lazy,
     make_finding,
     mean_step_ns,
+    rank_lateness,
+    replay_saving,
     rule,
     severity_for,
+    step_times,
 )
 
 from ._common import (
@@ -73,7 +77,8 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     step_ns = mean_step_ns(tables)
     out = []
     for r in named.sort("delay_ns", "rank", descending=[True, False]).iter_rows(named=True):
-        impact = r["delay_ns"]
+        edit = straggler_fixed(r["rank"], r["delay_ns"])
+        impact = replay_saving(tables, edit)
         share = impact / step_ns if step_ns else 0.0
         sev = severity_for(share, options["warn_share"], options["error_share"]) or Severity.info
         out.append(
@@ -88,7 +93,8 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 impact_ns_per_step=impact,
                 step_ns=step_ns,
                 ranks=[r["rank"]],
-                evidence={**r, "step_ns": step_ns},
+                evidence={**r, "step_ns": step_ns, "saving_method": f"replay: {edit.name}"},
+                edit=edit,
                 advice=(
                     f"Profile rank {r['rank']}'s CPU side before its first collective of a step:"
                     " data loading (num_workers, pin_memory, prefetch_factor), rank-0-only "
@@ -101,6 +107,18 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             )
         )
     return out
+
+
+def straggler_fixed(rank: int, delay_ns: int) -> Edit:
+    """The edit of a straggler fixed: its windows shorter by its lateness (`delay_ns`, the
+    stragglers table's); the replay shortens the others' waits for it by as much."""
+    return Edit(
+        f"rank {rank}'s lateness removed ({delay_ns / 1e6:.2f} ms per step; the others' "
+        "waits for it shrink as much)",
+        pl.lit(False),
+        0.0,
+        pl.DataFrame({"rank": [int(rank)], "remove_ns": [int(delay_ns)]}),
+    )
 
 
 def _exposed_waits(tables: Tables) -> pl.DataFrame:
@@ -185,7 +203,22 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     # A straggler's own delay is SYNC101's time: only the rest of the waits count here.
     named = late.filter(pl.col("is_straggler"))
     blamed = float(named["delay_ns"].sum())
-    impact = max(0.0, waited - blamed)
+    others = ~pl.col("late_rank").is_in(named["rank"].cast(pl.Int64).implode()).fill_null(False)
+    # Equal work: a late rank's extra work spread over the n ranks, so each late rank
+    # sheds (n-1)/n of its lateness and the others' waits shrink as much.
+    n = max(1, int(step_times(tables)["ranks"].max() or 1))
+    keep = (n - 1) / n
+    edit = Edit(
+        "the late ranks' extra work spread evenly over the ranks (their lateness and the "
+        "others' waits for them shrink by (n-1)/n)"
+        + (", the stragglers' excepted" if named.height else ""),
+        (pl.col("category") == "wait") & others,
+        keep,
+        rank_lateness(tables)
+        .filter(~pl.col("rank").is_in(named["rank"].cast(pl.Int64).implode()))
+        .with_columns(remove_ns=(pl.col("remove_ns") * keep).round().cast(pl.Int64)),
+    )
+    impact = replay_saving(tables, edit)
     step_ns = mean_step_ns(tables)
     share = impact / step_ns if step_ns else 0.0
     sev = share_severity(share, options)
@@ -203,11 +236,12 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         make_finding(
             arrival_imbalance,
             sev,
-            f"Ranks reach collectives out of step: each waits {impact / 1e6:.2f} ms per step "
-            "for late ranks",
-            f"A rank waits {impact / 1e6:.2f} ms per step ({share:.1%} of "
-            f"{step_ns / 1e6:.2f} ms) inside collectives for the group's late ranks, with no "
-            f"compute to hide it. {lasts.height} of {late.height} ranks arrived last at "
+            f"Ranks reach collectives out of step: waiting for late ranks costs "
+            f"{impact / 1e6:.2f} ms per step",
+            f"A rank waits {waited / 1e6:.2f} ms per step on average inside collectives for "
+            f"the group's late ranks, with no compute to hide it; without those waits the "
+            f"step would be {impact / 1e6:.2f} ms shorter ({share:.1%} of "
+            f"{step_ns / 1e6:.2f} ms). {lasts.height} of {late.height} ranks arrived last at "
             f"some call; {culprit}",
             impact_ns_per_step=impact,
             step_ns=step_ns,
@@ -221,7 +255,9 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "most_late_rank": top["rank"],
                 "most_late_share": round(top_share, 3),
                 "step_ns": step_ns,
+                "saving_method": f"replay: {edit.name}",
             },
+            edit=edit,
             advice=(
                 "Give every rank the same work per step: pack sequences or bucket them by "
                 "length so that each rank's batch holds the same number of tokens; keep the "

@@ -1,0 +1,531 @@
+"""The one model of step time: what a step is, where its time went (blame), and replay.
+
+**A step.** Each rank's step s is its device window (kineto_comm.model.steps: windows tile
+the rank's device timeline). The job's step s lasts as long as its longest rank's window
+(`step_ns`; that rank is the step's `critical_rank`, the lowest on a tie): a synchronous job
+waits for its slowest rank. The job's step time is the mean of `step_ns` over the complete
+steps: numbered ones (step >= 0) except the last when there are several (its window is cut at
+its last kernel). Without step markers the whole trace is one step (-1). Every rule,
+percentage and table that says "of the step" uses this number (`job_step_ns`).
+
+**Blame.** Every (rank, step) window is split, in integer ns, into categories that sum
+exactly to its length. Each instant of the window goes to the first of these that covers it:
+
+    compute          a compute kernel runs
+    memory           a memcpy or memset runs (no compute)
+    transfer         a collective moves data (the call's last `transfer_ns`: the shortest
+                     duration of the same call over its group's ranks), no compute running
+    wait             a collective waits for its group's late rank (the rest of the call);
+                     `late_rank` is the rank of the group whose call was the shortest (it
+                     arrived last: it did not wait)
+
+(`last_call`: the row is of the rank's last collective of the step, which nothing later in
+the step can hide.)
+    pipeline_bubble  a point-to-point call of a pipeline group (waiting for, or receiving
+                     from, the neighbouring stage)
+    launch           nothing runs and the next kernel was launched by the CPU after the
+                     device went idle (a late launch delays its kernel); when that kernel
+                     is a collective, the row names its collective and group
+    idle             nothing runs otherwise
+
+Calls overlapping each other on one rank (several streams) are made disjoint in start
+order (the earlier call keeps the shared time). The `step_blame` table is the critical
+rank's rows of each step, so it sums to `step_ns` exactly; this is the critical rank's own
+timeline, with its waits charged to the late rank: a first, documented model of the
+critical path (the chain across ranks is not followed further).
+
+**Replay.** An edit removes a share (0..1) of some blame rows (a class of collectives
+hidden, or run at a reference bandwidth; waits for a rank removed; launch gaps removed; a
+share of the pipeline bubble) and may shorten given ranks' windows by a fixed time (a
+straggler's own lateness). Each rank's window shrinks by what is removed from it, each step
+lasts as long as its longest rank's new window, and the saving is the old job step time
+less the new one. A rank that gains d also shortens the others' remaining waits for it
+(`late_rank`) by up to d: one round of propagation through the waits, not a fixed point.
+Several edits replayed together remove, from each row, the largest share any of them
+removes (never more than the row), so the joint saving never exceeds the step.
+
+Pure functions of tables: Polars in, Polars out, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from kineto_comm.analysis.overlap import merge_intervals
+
+CATEGORIES = ("compute", "memory", "transfer", "wait", "pipeline_bubble", "launch", "idle")
+# The blame table's columns (docs/tables.md `step_blame`).
+BLAME_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int64(),
+    "step": pl.Int64(),
+    "category": pl.String(),
+    "collective": pl.String(),
+    "process_group": pl.String(),
+    "role": pl.String(),
+    "late_rank": pl.Int64(),
+    "last_call": pl.Boolean(),
+    "calls": pl.Int64(),
+    "ns": pl.Int64(),
+}
+STEP_TIMES_SCHEMA: dict[str, pl.DataType] = {
+    "step": pl.Int64(),
+    "step_ns": pl.Int64(),
+    "critical_rank": pl.Int64(),
+    "ranks": pl.Int64(),
+    "complete": pl.Boolean(),
+}
+P2P = ("send", "recv", "send_recv")
+_KEYS = ["category", "collective", "process_group", "role", "late_rank", "last_call"]
+
+
+def _empty_blame() -> pl.DataFrame:
+    return pl.DataFrame(schema=BLAME_SCHEMA)
+
+
+def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """`pieces` (rank, start_ns, end_ns, ...) cut to the rank's step windows, with `step`:
+    the window holding a piece's start, and the one holding its end when that is another
+    (windows tile the timeline; a piece over three windows loses its middle one to idle)."""
+    if pieces.height == 0:
+        return pieces.with_columns(step=pl.lit(None, dtype=pl.Int64))
+    win = windows.select("rank", "step", _ws=pl.col("start_ns"), _we=pl.col("end_ns")).sort("_ws")
+    base = pieces.with_columns(pl.col("rank").cast(pl.Int64))
+
+    def at(column: str) -> pl.DataFrame:
+        return (
+            base.with_columns(_t=pl.col(column) - (1 if column == "end_ns" else 0))
+            .sort("_t")
+            .join_asof(
+                win,
+                left_on="_t",
+                right_on="_ws",
+                by="rank",
+                strategy="backward",
+                check_sortedness=False,
+            )
+            .drop("_t")
+        )
+
+    first = at("start_ns")
+    last = at("end_ns").filter(pl.col("_ws") > pl.col("start_ns"))
+    both = pl.concat([first, last], how="vertical")
+    return (
+        both.filter(pl.col("step").is_not_null())
+        .with_columns(
+            start_ns=pl.max_horizontal("start_ns", "_ws"),
+            end_ns=pl.min_horizontal("end_ns", "_we"),
+        )
+        .filter(pl.col("end_ns") > pl.col("start_ns"))
+        .drop("_ws", "_we")
+    )
+
+
+def _disjoint(pieces: pl.DataFrame) -> pl.DataFrame:
+    """`pieces` made disjoint per rank in start order: each starts no earlier than every
+    earlier piece's end (the earlier one keeps the shared time); empty ones dropped."""
+    reach = pl.col("end_ns").cum_max().shift(1).over("rank")
+    return (
+        pieces.sort("rank", "start_ns")
+        .with_columns(start_ns=pl.max_horizontal("start_ns", reach.fill_null(pl.col("start_ns"))))
+        .filter(pl.col("end_ns") > pl.col("start_ns"))
+    )
+
+
+def _uncovered(pieces: pl.DataFrame, cover: pl.DataFrame) -> pl.Series:
+    """Per row of `pieces` (rank, start_ns, end_ns), its ns that `cover`'s union (per rank)
+    does not cover: a cumulative "covered before t" read at both ends."""
+    length = (pieces["end_ns"] - pieces["start_ns"]).clip(lower_bound=0)
+    if cover.height == 0 or pieces.height == 0:
+        return length
+    union = (
+        merge_intervals(cover.select("rank", "start_ns", "end_ns"), ["rank"])
+        .sort("rank", "start_ns")
+        .with_columns(_len=pl.col("end_ns") - pl.col("start_ns"))
+        .with_columns(_acc=pl.col("_len").cum_sum().over("rank") - pl.col("_len"))
+        .select("rank", _us="start_ns", _ue="end_ns", _acc="_acc")
+        .sort("_us")
+    )
+
+    def before(column: str) -> pl.Series:
+        hit = (
+            pieces.select("rank", _t=pl.col(column))
+            .with_row_index("_row")
+            .sort("_t")
+            .join_asof(
+                union,
+                left_on="_t",
+                right_on="_us",
+                by="rank",
+                strategy="backward",
+                check_sortedness=False,
+            )
+            .sort("_row")
+        )
+        inside = (pl.min_horizontal("_t", "_ue") - pl.col("_us")).clip(lower_bound=0)
+        return hit.select((pl.col("_acc") + inside).fill_null(0)).to_series()
+
+    return (length - (before("end_ns") - before("start_ns"))).clip(lower_bound=0)
+
+
+def rank_blame(
+    kernels: pl.DataFrame,
+    calls: pl.DataFrame,
+    windows: pl.DataFrame,
+) -> pl.DataFrame:
+    """The blame rows (BLAME_SCHEMA) of every (rank, step) window of `windows`.
+
+    kernels: rank, kind, start_ns, end_ns, launch_ns (communication rows are read from
+    `calls` instead). calls: rank, start_ns, end_ns, transfer_ns, collective,
+    process_group, role, late_rank (one row per communication kernel). windows: rank, step,
+    start_ns, end_ns. Per window the rows' `ns` sum to end_ns - start_ns exactly.
+    """
+    if windows.height == 0:
+        return _empty_blame()
+    windows = windows.select(
+        pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64), "start_ns", "end_ns"
+    ).filter(pl.col("end_ns") >= pl.col("start_ns"))
+    k = kernels.select(
+        pl.col("rank").cast(pl.Int64), "kind", "start_ns", "end_ns", "launch_ns"
+    ).filter(pl.col("end_ns") > pl.col("start_ns"))
+    compute = _clip_to_windows(
+        k.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns"), windows
+    )
+    memory = _disjoint(
+        _clip_to_windows(
+            k.filter(pl.col("kind").is_in(["memcpy", "memset"])).select(
+                "rank", "start_ns", "end_ns"
+            ),
+            windows,
+        )
+    )
+    labels = {
+        "collective": pl.String,
+        "process_group": pl.String,
+        "role": pl.String,
+        "late_rank": pl.Int64,
+    }
+    c = calls.select(
+        pl.col("rank").cast(pl.Int64),
+        "start_ns",
+        "end_ns",
+        pl.col("transfer_ns").fill_null(pl.col("end_ns") - pl.col("start_ns")),
+        *[
+            pl.col(n).cast(t) if n in calls.columns else pl.lit(None, dtype=t).alias(n)
+            for n, t in labels.items()
+        ],
+    ).filter(pl.col("end_ns") > pl.col("start_ns"))
+    split = pl.max_horizontal(pl.col("start_ns"), pl.col("end_ns") - pl.col("transfer_ns"))
+    p2p = pl.col("collective").is_in(P2P)
+    bubble = p2p & (pl.col("role") == "pipeline")
+    moved = c.select(
+        "rank",
+        start_ns=split,
+        end_ns="end_ns",
+        category=pl.when(bubble).then(pl.lit("pipeline_bubble")).otherwise(pl.lit("transfer")),
+        collective="collective",
+        process_group="process_group",
+        role="role",
+        late_rank=pl.lit(None, dtype=pl.Int64),
+        _call=pl.lit(1, dtype=pl.Int64),
+        _end="end_ns",
+    )
+    waited = c.filter(split > pl.col("start_ns")).select(
+        "rank",
+        start_ns="start_ns",
+        end_ns=split,
+        category=pl.when(bubble).then(pl.lit("pipeline_bubble")).otherwise(pl.lit("wait")),
+        collective="collective",
+        process_group="process_group",
+        role="role",
+        late_rank=pl.when(bubble).then(None).otherwise(pl.col("late_rank")),
+        _call=pl.lit(0, dtype=pl.Int64),
+        _end="end_ns",
+    )
+    comm = _disjoint(
+        _clip_to_windows(pl.concat([moved, waited], how="vertical"), windows)
+    ).with_columns(
+        # The step's last call of a rank: nothing after it in the step to hide it behind.
+        last_call=pl.col("_end") == pl.col("_end").max().over("rank", "step")
+    )
+    # Launch gaps: where nothing runs before a kernel the CPU launched after the device
+    # went idle (every kernel, communication included, covers the device).
+    every = pl.concat(
+        [
+            k.filter(pl.col("kind") != "communication").select(
+                "rank",
+                "start_ns",
+                "end_ns",
+                "launch_ns",
+                collective=pl.lit(None, dtype=pl.String),
+                process_group=pl.lit(None, dtype=pl.String),
+                role=pl.lit(None, dtype=pl.String),
+            ),
+            c.join(
+                calls.select(
+                    pl.col("rank").cast(pl.Int64),
+                    "start_ns",
+                    "end_ns",
+                    pl.col("launch_ns")
+                    if "launch_ns" in calls.columns
+                    else pl.lit(None, dtype=pl.Int64).alias("launch_ns"),
+                ).unique(["rank", "start_ns", "end_ns"]),
+                on=["rank", "start_ns", "end_ns"],
+                how="left",
+            ).select(
+                "rank", "start_ns", "end_ns", "launch_ns", "collective", "process_group", "role"
+            ),
+        ],
+        how="vertical_relaxed",
+    ).sort("rank", "start_ns")
+    reach = pl.col("end_ns").cum_max().shift(1).over("rank")
+    # A launch gap is labelled with the kernel it delayed (a collective: its call).
+    gaps = (
+        every.with_columns(_prev=reach)
+        .filter(
+            pl.col("_prev").is_not_null()
+            & (pl.col("start_ns") > pl.col("_prev"))
+            & (pl.col("launch_ns") > pl.col("_prev"))
+        )
+        .select("rank", "collective", "process_group", "role", start_ns="_prev", end_ns="start_ns")
+    )
+    gaps = _clip_to_windows(gaps, windows)
+    rows = []
+    compute_union = (
+        merge_intervals(compute.select("rank", "step", "start_ns", "end_ns"), ["rank", "step"])
+        if compute.height
+        else compute.select("rank", "step", "start_ns", "end_ns")
+    )
+    rows.append(
+        compute_union.group_by("rank", "step")
+        .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
+        .with_columns(category=pl.lit("compute"))
+    )
+    if memory.height:
+        rows.append(
+            memory.with_columns(ns=_uncovered(memory, compute))
+            .group_by("rank", "step")
+            .agg(pl.col("ns").sum(), calls=pl.len())
+            .with_columns(category=pl.lit("memory"))
+        )
+    if comm.height:
+        cover = pl.concat(
+            [
+                compute.select("rank", "start_ns", "end_ns"),
+                memory.select("rank", "start_ns", "end_ns"),
+            ]
+        )
+        rows.append(
+            comm.with_columns(ns=_uncovered(comm, cover))
+            .group_by("rank", "step", *_KEYS)
+            .agg(pl.col("ns").sum(), calls=pl.col("_call").sum())
+        )
+    if gaps.height:
+        rows.append(
+            gaps.group_by("rank", "step", "collective", "process_group", "role")
+            .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
+            .with_columns(category=pl.lit("launch"))
+        )
+    parts = [
+        r.select(
+            *[
+                pl.col(n).cast(t) if n in r.columns else pl.lit(None, dtype=t).alias(n)
+                for n, t in BLAME_SCHEMA.items()
+            ]
+        )
+        for r in rows
+    ]
+    found = pl.concat(parts, how="vertical") if parts else _empty_blame()
+    found = found.filter(pl.col("ns") > 0)
+    used = found.group_by("rank", "step").agg(_used=pl.col("ns").sum())
+    idle = (
+        windows.join(used, on=["rank", "step"], how="left")
+        .select(
+            "rank",
+            "step",
+            category=pl.lit("idle"),
+            ns=(pl.col("end_ns") - pl.col("start_ns") - pl.col("_used").fill_null(0)).cast(
+                pl.Int64
+            ),
+        )
+        .select(
+            *[
+                pl.col(n).cast(t)
+                if n in ("rank", "step", "category", "ns")
+                else pl.lit(None, dtype=t).alias(n)
+                for n, t in BLAME_SCHEMA.items()
+            ]
+        )
+        .with_columns(calls=pl.lit(0, dtype=pl.Int64))
+    )
+    return pl.concat([found, idle], how="vertical").sort(
+        "rank", "step", "category", "process_group", "collective", "late_rank", nulls_last=True
+    )
+
+
+def rank_walls(blame: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
+    """rank, step, wall_ns: each rank's window length, the sum of its blame rows."""
+    return blame.lazy().group_by("rank", "step").agg(wall_ns=pl.col("ns").sum())
+
+
+def step_times(walls: pl.DataFrame) -> pl.DataFrame:
+    """Per step (STEP_TIMES_SCHEMA): `step_ns`, the longest rank's window; `critical_rank`,
+    that rank (the lowest on a tie); `ranks` with a window; `complete`: counts toward the
+    job's step time (numbered, and not the last of several)."""
+    if walls.height == 0:
+        return pl.DataFrame(schema=STEP_TIMES_SCHEMA)
+    per = (
+        walls.sort("step", pl.col("wall_ns"), "rank", descending=[False, True, False])
+        .group_by("step", maintain_order=True)
+        .agg(
+            step_ns=pl.col("wall_ns").first(),
+            critical_rank=pl.col("rank").first(),
+            ranks=pl.len(),
+        )
+        .sort("step")
+    )
+    numbered = per.filter(pl.col("step") >= 0)
+    if numbered.height >= 2:
+        last = numbered["step"].max()
+        complete = (pl.col("step") >= 0) & (pl.col("step") != last)
+    elif numbered.height == 1:
+        complete = pl.col("step") >= 0
+    else:
+        complete = pl.lit(True)
+    return per.with_columns(complete=complete).select(
+        *[pl.col(n).cast(t) for n, t in STEP_TIMES_SCHEMA.items()]
+    )
+
+
+def job_step_ns(times: pl.DataFrame) -> int:
+    """The job's step time: mean `step_ns` over the complete steps (0 without steps)."""
+    use = times.filter(pl.col("complete"))
+    if use.height == 0:
+        return 0
+    return int(use["step_ns"].sum() // use.height)
+
+
+def critical_blame(blame: pl.DataFrame, times: pl.DataFrame) -> pl.DataFrame:
+    """The blame rows of each step's critical rank: sums to the step's `step_ns`."""
+    if times.height == 0:
+        return _empty_blame()
+    pick = times.select("step", rank="critical_rank")
+    return blame.join(pick, on=["step", "rank"], how="semi").sort(
+        "step", pl.col("ns"), descending=[False, True]
+    )
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A change to the job, for replay: which time it removes.
+
+    `where`: the blame rows it touches (a Polars expression over BLAME_SCHEMA's columns);
+    `fraction`: the share of each such row's ns removed (a number or an expression; clipped
+    to 0..1); `rank_ns`: optional fixed time removed from given ranks' windows (columns
+    rank, remove_ns, and step when it differs per step; without step, every window of the
+    rank), e.g. a straggler's own lateness; `name`: what it models (named in a finding's
+    evidence)."""
+
+    name: str
+    where: pl.Expr = field(default_factory=lambda: pl.lit(False))
+    fraction: float | pl.Expr = 1.0
+    rank_ns: pl.DataFrame | None = None
+
+
+def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
+    """rank, step, wall_ns, removed_ns: per window, what the edits together remove (per row
+    the largest share any edit removes, plus the largest fixed per-rank time), then one
+    round of propagation through the waits: a rank whose window shrinks by d makes the
+    others' remaining waits for it (`late_rank`) shorter by up to d. Capped at the window."""
+    share = pl.lit(0.0)
+    for e in edits:
+        f = e.fraction if isinstance(e.fraction, pl.Expr) else pl.lit(float(e.fraction))
+        this = pl.when(e.where).then(f.cast(pl.Float64).clip(0.0, 1.0)).otherwise(0.0)
+        share = pl.max_horizontal(share, this.fill_null(0.0))
+    rows = blame.with_columns(_rm=(pl.col("ns").cast(pl.Float64) * share).round().cast(pl.Int64))
+    per = rows.group_by("rank", "step").agg(
+        removed_ns=pl.col("_rm").sum(), wall_ns=pl.col("ns").sum()
+    )
+    fixed = [e.rank_ns for e in edits if e.rank_ns is not None and e.rank_ns.height]
+    if fixed:
+        # Per (rank, step): a frame without `step` applies to every step of its ranks.
+        steps = per.select("step").unique()
+        per_rank = (
+            pl.concat(
+                [
+                    (f.lazy() if "step" in f.columns else f.lazy().join(steps, how="cross")).select(
+                        pl.col("rank").cast(pl.Int64),
+                        pl.col("step").cast(pl.Int64),
+                        pl.col("remove_ns").cast(pl.Int64),
+                    )
+                    for f in fixed
+                ]
+            )
+            .group_by("rank", "step")
+            .agg(pl.col("remove_ns").max())
+        )
+        per = (
+            per.join(per_rank, on=["rank", "step"], how="left")
+            .with_columns(removed_ns=pl.col("removed_ns") + pl.col("remove_ns").fill_null(0))
+            .drop("remove_ns")
+        )
+    per = per.with_columns(removed_ns=pl.min_horizontal("removed_ns", "wall_ns"))
+    # Waits left per (rank, step, late rank), shortened by what the late rank gained.
+    left = (
+        rows.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
+        .group_by("rank", "step", "late_rank")
+        .agg(_left=(pl.col("ns") - pl.col("_rm")).sum())
+        .join(
+            per.select(late_rank="rank", step="step", _gain="removed_ns"),
+            on=["late_rank", "step"],
+            how="inner",
+        )
+        .group_by("rank", "step")
+        .agg(_more=pl.min_horizontal("_left", "_gain").clip(lower_bound=0).sum())
+    )
+    return (
+        per.join(left, on=["rank", "step"], how="left")
+        .with_columns(
+            removed_ns=pl.min_horizontal(
+                pl.col("removed_ns") + pl.col("_more").fill_null(0), pl.col("wall_ns")
+            )
+        )
+        .select("rank", "step", "wall_ns", "removed_ns")
+    )
+
+
+def replay(blame: pl.DataFrame | pl.LazyFrame, times: pl.DataFrame, edits: Sequence[Edit]) -> int:
+    """The job's step time (ns) with `edits` applied (together), on the complete steps of
+    `times`: per step the longest rank's window less what the edits remove from it."""
+    use = times.filter(pl.col("complete")).select("step")
+    if use.height == 0:
+        return 0
+    rows = _removed(blame.lazy(), edits).join(use.lazy(), on="step", how="semi")
+    new = rows.group_by("step").agg(new=(pl.col("wall_ns") - pl.col("removed_ns")).max()).collect()
+    return int(new["new"].sum() // use.height)
+
+
+def saving(blame: pl.DataFrame | pl.LazyFrame, times: pl.DataFrame, edits: Sequence[Edit]) -> int:
+    """Step time the edits save together: job_step_ns - replay (never negative, never more
+    than the step)."""
+    base = job_step_ns(times)
+    if not edits:
+        return 0
+    return max(0, min(base, base - replay(blame, times, edits)))
+
+
+def lateness(blame: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
+    """rank, step, remove_ns: per step, how late each rank made the others: the longest
+    wait (summed per waiting rank) any rank of the step had for it. What a rank's window
+    loses when it does the mean rank's work (an Edit's `rank_ns`)."""
+    return (
+        blame.lazy()
+        .filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
+        .group_by("rank", "step", "late_rank")
+        .agg(w=pl.col("ns").sum())
+        .group_by("late_rank", "step")
+        .agg(remove_ns=pl.col("w").max())
+        .select(rank="late_rank", step="step", remove_ns="remove_ns")
+    )
