@@ -428,13 +428,17 @@ def step_times(tables: Tables) -> pl.DataFrame:
     the steps table's windows."""
 
     def compute() -> pl.DataFrame:
-        if not tables.has("steps", "step", "start_ns", "end_ns"):
+        if tables.has("steps", "rank", "step", "wall_ns"):
+            wall = pl.col("wall_ns")
+        elif tables.has("steps", "rank", "step", "start_ns", "end_ns"):
+            wall = pl.col("end_ns") - pl.col("start_ns")
+        else:
             return pl.DataFrame(schema=steptime.STEP_TIMES_SCHEMA)
         walls = tables.collect(
-            tables.lazy("steps", ["rank", "step", "start_ns", "end_ns"]).select(
+            tables.lazy("steps", ["rank", "step", "start_ns", "end_ns", "wall_ns"]).select(
                 pl.col("rank").cast(pl.Int64),
                 pl.col("step").cast(pl.Int64),
-                wall_ns=(pl.col("end_ns") - pl.col("start_ns")).clip(lower_bound=0),
+                wall_ns=wall.clip(lower_bound=0).cast(pl.Int64),
             )
         )
         return steptime.step_times(walls)

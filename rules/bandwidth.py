@@ -49,7 +49,7 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     at least `min_bytes`, takes each process group's median per collective, and compares it
     with `link_busbw_gbps` or, when that is not given, the best median of the groups with the
     same role and collective. A group below `min_ratio` of that reference is reported; the
-    impact is its exposed transfer time times the share the reference would remove.
+    impact is the replayed saving of its exposed transfers at the reference bandwidth.
 
     Why is this bad?
     Large messages should run at link speed. A group far below its peers points at a slow or

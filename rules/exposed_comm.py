@@ -130,7 +130,9 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     data while no compute kernel runs on the rank, per step on the worst rank. Time spent
     waiting for late ranks is left to SYNC101 and SYNC104, the last collective of a step
     (nothing left to overlap it with) is not counted, FSDP/ZeRO gathers and scatters are
-    COMM102's, storms of tiny messages COMM201's and pipeline send/recv PIPE101's.
+    COMM102's, storms of tiny messages COMM201's and pipeline send/recv PIPE101's. The
+    impact is the replayed saving (the model of time) of those transfers hidden behind
+    compute, each rank's last call of a step excepted.
 
     Why is this bad?
     Exposed communication adds straight to step time: the GPU sits idle until it finishes.

@@ -181,6 +181,8 @@ def host_bound_communication(tables: Tables, options: dict[str, Any]) -> list[Fi
     kernel had finished (the GPU was idle) and the CPU launched the collective only after
     that (kernels.launch_ns), the idle time from the end of the previous work to the launch
     is host-bound. Summed per rank and step; gaps after another collective are SYNC103's.
+    The impact is the replayed saving of the model of time's launch gaps before collectives
+    without this rule's share of them.
 
     Why is this bad?
     The GPU waits for Python: slow collective launch paths (per-tensor all-reduce calls,
@@ -237,7 +239,8 @@ def blocking_synchronisation(tables: Tables, options: dict[str, Any]) -> list[Fi
     Finds collectives after which the GPU goes idle and the next kernel was launched by the
     CPU only after the collective had finished: the CPU waited for it (work.wait() on the
     host, torch.cuda.synchronize(), .item()/.cpu() on its result, a blocking barrier). The
-    idle time until the next kernel is counted per rank and step.
+    idle time until the next kernel is counted per rank and step. The impact is the
+    replayed saving of the model of time's launch gaps without this rule's share of them.
 
     Why is this bad?
     A host-side wait empties the GPU's queue: after the collective the GPU idles for the

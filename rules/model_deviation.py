@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import polars as pl
 
 from kineto_comm.rules_api import (
+    Edit,
     Finding,
     Option,
     Severity,
     Tables,
-    collective_exposure_lazy,
-    impact_per_step,
     make_finding,
     mean_step_ns,
+    replay_saving,
     rule,
 )
 
@@ -34,9 +33,9 @@ def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     Reads the expected-vs-measured table that `report --model CONFIG` adds (analytical
     formulas per group role: data, tensor, pipeline, expert parallel, FSDP/ZeRO) and reports
     each role and collective whose bytes or calls per step differ from the configuration by
-    more than `threshold_pct`, with the likely causes. The impact is the exposed time of that
-    collective scaled by the share of its volume the model does not account for (none when
-    the trace moves less than expected).
+    more than `threshold_pct`, with the likely causes. The impact is the replayed saving of
+    that collective's transfers shortened by the share of its volume the model does not
+    account for (none when the trace moves less than expected).
 
     Why is this bad?
     Volume the configuration does not call for is pure overhead: fp32 gradients where bf16
@@ -66,15 +65,6 @@ def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     step_ns = mean_step_ns(tables)
     calls = tables.has("collectives")
 
-    def exposure(view: Tables, collective: str, groups: list[str]) -> pl.LazyFrame:
-        rows = collective_exposure_lazy(view).select(
-            "rank", "step", "process_group", "collective", "exposed_ns"
-        )
-        return rows.filter(
-            (pl.col("collective") == collective)
-            & pl.col("process_group").fill_null("?").is_in(groups or ["?"])
-        )
-
     findings = []
     for row in flagged.iter_rows(named=True):  # one row per role and collective
         groups = [g.strip() for g in (row["process_groups"] or "").split(",") if g.strip()]
@@ -82,13 +72,19 @@ def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         expected = row["expected_bytes_per_step"] or 0.0
         excess = 0.0 if measured <= 0 else max(0.0, 1.0 - expected / measured)
         impact = 0.0
+        edit = None
         if excess > 0 and calls:
-            per_step = impact_per_step(
-                partial(exposure, collective=row["collective"], groups=groups),
-                "exposed_ns",
-                tables=tables,
+            # The bytes the model does not expect, removed: that share of the collective's
+            # exposed transfers (the model of time's replay).
+            edit = Edit(
+                f"{row['collective']} of groups {', '.join(groups) or '?'} moving only the "
+                f"model's bytes ({excess:.0%} less transfer time)",
+                (pl.col("category") == "transfer")
+                & (pl.col("collective") == row["collective"])
+                & pl.col("process_group").fill_null("?").is_in(groups or ["?"]),
+                excess,
             )
-            impact = excess * (per_step["impact_ns"][0] if per_step.height else 0.0)
+            impact = replay_saving(tables, edit)
         dev = row["bytes_dev_pct"]
         what = (
             "missing from the trace"
@@ -112,8 +108,12 @@ def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 impact_ns_per_step=impact,
                 step_ns=step_ns,
                 process_group=", ".join(groups) or None,
-                evidence={k: v for k, v in row.items() if k not in ("flagged",)},
+                evidence={
+                    **{k: v for k, v in row.items() if k not in ("flagged",)},
+                    "saving_method": f"replay: {edit.name}" if edit else "none: no excess bytes",
+                },
                 advice=tuple(causes),
+                edit=edit,
             )
         )
     return findings

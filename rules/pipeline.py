@@ -130,13 +130,14 @@ def _stage_steps(tables: Tables) -> pl.DataFrame:
 )
 def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
-    For each pipeline, compares the measured bubble (1 - stage busy time / the step's span
-    over all stages, first kernel to last) with the 1F1B theory (p-1)/(m+p-1) for p stages
-    and m micro-batches, and estimates the step time regained with `target_micro_batches`
-    (default 4p) and balanced stages: step - mean busy / (1 - theory(p, target)). Idle time
-    above theory (`bubble_above_theory`: point-to-point transfers and other work between
-    micro-batches) counts as regained too, by hiding the transfers; when it is more than
-    the theory bubble, that advice comes first.
+    For each pipeline, compares the measured bubble (the pipeline table's bubble fraction,
+    the title's percentage) with the 1F1B theory (p-1)/(m+p-1) for p stages and m
+    micro-batches. The saving is replayed on the model of time (step_blame's
+    pipeline_bubble and idle time of the pipeline ranks): `target_micro_batches` (default
+    4p) shrink the schedule's bubble (p-1) x busy / m to (p-1) x busy / m'; idle time above
+    theory (`bubble_above_theory`: point-to-point transfers and other work between
+    micro-batches) is removed too, by hiding the transfers, and when it is more than the
+    theory bubble that advice comes first. Each advice names its own replayed saving.
 
     Why is this bad?
     During a pipeline's warm-up and cool-down, stages wait for activations or gradients.

@@ -52,9 +52,10 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
     """What it does:
     Finds process groups that issue many small collectives per step (median message at or
     below `max_bytes`, at least `min_calls` per rank and step; or the analysis' storms
-    table) and estimates the step time they cost: the time their kernels run, waiting
-    included, with no compute running, on the worst rank, less the bandwidth cost the same
-    bytes would keep in large messages.
+    table). The saving is replayed on the model of time: the calls merged into one of their
+    summed size at the group's large-message bandwidth (the storms table's
+    latency-bound share of their transfer, wait and launch-gap time is removed); with no
+    large-message bandwidth known, all of that time (a heuristic, said so in evidence).
 
     Why is this bad?
     Every collective pays a fixed latency (launch, synchronisation, protocol handshakes of

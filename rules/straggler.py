@@ -52,12 +52,14 @@ def _stragglers(tables: Tables) -> pl.DataFrame:
 )
 def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
-    Names every rank the stragglers table marks `is_straggler`, with that table's
-    `delay_ns` as its cost. There, for every collective call matched across its group, the
-    rank that arrived last is charged its lateness behind the second-latest one; per step
-    its largest lateness is the time the job waited for it (a late rank stays late for the
-    rest of the step: the delay shifts, it does not add up), averaged over the steps. A
-    rank is a straggler when it caused the most lateness in most steps and most of all
+    Names every rank the stragglers table marks `is_straggler`; its cost is the replayed
+    saving (the model of time) of that table's `delay_ns` removed from the rank, the
+    others' waits for it shrinking as much. There, for every collective call matched
+    across its group, the rank that arrived last is charged its lateness behind the
+    second-latest one; per step its largest lateness is the time the job waited for it (a
+    late rank stays late for the rest of the step: the delay shifts, it does not add up),
+    averaged over the steps. A rank is a straggler when it caused the most lateness in most
+    steps and most of all
     lateness (`confidence` >= 0.5) and its delay is at least 20 us. The finding is an
     error or a warning by the delay's share of step time, else information.
 
@@ -167,11 +169,12 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
     Measures the time ranks spend inside collectives waiting for the group's late ranks
     with no compute running (each call's duration less the shortest duration of the same
-    call on the group's ranks, clock-independent), per step, averaged over ranks: what the
-    step would lose if every rank did the mean rank's work. A straggler's delay (the
-    stragglers table's `delay_ns` of its `is_straggler` ranks) is SYNC101's and is taken
-    off; what remains are waits no one rank is to blame for: the ranks take turns arriving
-    last.
+    call on the group's ranks, clock-independent), per step, averaged over ranks. The
+    impact is what the step would lose if every rank did the mean rank's work, replayed on
+    the model of time: each late rank sheds (n-1)/n of its lateness and the others' waits
+    for it shrink as much. A straggler (the stragglers table's `is_straggler` ranks) is
+    SYNC101's and is left out; what remains are waits no one rank is to blame for: the
+    ranks take turns arriving last.
     Point-to-point calls and message storms are left to PIPE101 and COMM201.
 
     Why is this bad?

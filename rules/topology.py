@@ -47,8 +47,8 @@ def tensor_parallel_across_hosts(tables: Tables, options: dict[str, Any]) -> lis
     """What it does:
     Reads each tensor-parallel process group's ranks and counts the hosts they span
     (`ranks_per_host` consecutive ranks per host). A group on more than one host is
-    reported with the exposed time of its collectives; the impact assumes that time shrinks
-    by `inter_host_slowdown` inside one host.
+    reported; the impact is the replayed saving of its exposed transfers running
+    `inter_host_slowdown` times faster inside one host.
 
     Why is this bad?
     Tensor parallelism puts several all-reduces (or all-gather/reduce-scatter pairs) on the
