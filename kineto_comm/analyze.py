@@ -334,7 +334,13 @@ def analyze(
         from kineto_comm.analytic import with_model
 
         report = with_model(report, *model_config)
-    return replace(report, findings=checks.run(report))
+    from kineto_comm.rules_api import Tables
+    from kineto_comm.rules_engine import step_model
+
+    # One Tables for the rules and the model of time: the blame is built once.
+    tables = Tables(report)
+    findings = checks.run(tables)
+    return replace(report, findings=findings, **step_model(tables, findings))
 
 
 def _rule_set(

@@ -14,6 +14,9 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
     steps        rank, step, cpu_start_ns, cpu_end_ns, start_ns, end_ns and the metrics of
                  kineto_comm.analysis.overlap over each step's device window. A property
                  over `rank_steps`, as kernels are over `rank_kernels`.
+    step_times, step_blame, savings
+                 the model of time (kineto_comm.analysis.steptime): each step's time (its
+                 longest rank's window), the critical rank's blame, the fixes' savings.
     totals       one row per rank: the same metrics over all of the rank's device activity
 `collective_summary()` aggregates collectives per rank, collective, process group and dtype.
 """
@@ -50,6 +53,8 @@ TABLE_NAMES = (
     "pipeline",
     "storms",
     "model_comparison",
+    "step_times",
+    "step_blame",
 )
 
 # The tables kept per rank (kineto_comm.rank_store), by name -> the Report's field for them.
@@ -80,6 +85,11 @@ class Report:
     pipeline: pl.DataFrame = field(default_factory=pl.DataFrame)
     storms: pl.DataFrame = field(default_factory=pl.DataFrame)
     model_comparison: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # The model of time (kineto_comm.analysis.steptime): per step its time and critical
+    # rank, the critical rank's blame rows, and the savings of the findings' fixes.
+    step_times: pl.DataFrame = field(default_factory=pl.DataFrame)
+    step_blame: pl.DataFrame = field(default_factory=pl.DataFrame)
+    savings: dict[str, Any] = field(default_factory=dict)
     errors: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = ()
     findings: tuple[Any, ...] = ()
@@ -263,6 +273,9 @@ class Report:
             "pipeline": self.pipeline.to_dicts(),
             "storms": self.storms.to_dicts(),
             "model_comparison": self.model_comparison.to_dicts(),
+            "step_times": self.step_times.to_dicts(),
+            "step_blame": self.step_blame.to_dicts(),
+            "savings": dict(self.savings),
             "errors": [{"file": f, "message": m} for f, m in self.errors],
             "warnings": list(self.warnings),
             "findings": [f.to_dict() if hasattr(f, "to_dict") else f for f in self.findings],

@@ -488,6 +488,39 @@ class RuleSet:
         return rank_findings(findings)
 
 
+def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
+    """The model of time of a Report (or Tables) with its findings: `step_times` (per
+    step), `step_blame` (the critical rank's blame rows of each step, summing to its
+    `step_ns`) and `savings`: the job's `step_ns`, `joint_saving_ns` (every finding's fix
+    replayed together: never more than the step), `sum_of_savings_ns` (the findings'
+    savings added up), `overlapping` (the sum is more than the joint saving: the fixes
+    claim some of the same time), and how many findings were `replayed` (carry an edit)."""
+    from kineto_comm.analysis import steptime
+    from kineto_comm.rules_api import step_blame, step_times
+
+    tables = report if isinstance(report, Tables) else Tables(report)
+    times = step_times(tables)
+    blame = tables.once(
+        ("rules_api", "step_blame_frame"), lambda: tables.collect(step_blame(tables))
+    )
+    step_ns = steptime.job_step_ns(times)
+    edits = [f.edit for f in findings if f.edit is not None]
+    joint = steptime.saving(blame, times, edits) if edits else 0
+    total = sum(int(f.impact_ns_per_step) for f in findings)
+    return {
+        "step_times": times,
+        "step_blame": steptime.critical_blame(blame, times),
+        "savings": {
+            "step_ns": step_ns,
+            "joint_saving_ns": joint,
+            "sum_of_savings_ns": total,
+            "overlapping": total > joint,
+            "replayed": len(edits),
+            "findings": len(findings),
+        },
+    }
+
+
 def rule_set(
     *,
     select: Sequence[str] = (),

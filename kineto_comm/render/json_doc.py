@@ -227,10 +227,28 @@ def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[
         "fail_on": fail_on.value,
         "failed": bool(failing),
         "failing_findings": len(failing),
-        # The three that save the most, whatever their severity (findings lead by severity).
-        "estimated_savings_ns_per_step": sum(
-            sorted((int(f.impact_ns_per_step) for f in findings), reverse=True)[:3]
-        ),
+        **_savings(report, findings),
+    }
+
+
+def _savings(report: Report, findings: list[Finding]) -> dict[str, Any]:
+    """The step time (the model of time's: per step the longest rank's window, mean over
+    the complete steps) and what the findings' fixes save together (their edits replayed
+    at once: never more than the step). A report without the model (built by hand) falls
+    back on the three largest savings, capped at the step."""
+    saved = report.savings or {}
+    total = sum(int(f.impact_ns_per_step) for f in findings)
+    if "joint_saving_ns" in saved:
+        joint = int(saved["joint_saving_ns"])
+        step = saved.get("step_ns")
+    else:
+        step = None
+        joint = sum(sorted((int(f.impact_ns_per_step) for f in findings), reverse=True)[:3])
+    return {
+        "step_ns": step,
+        "estimated_savings_ns_per_step": joint,
+        "sum_of_savings_ns": total,
+        "savings_overlap": total > joint,
     }
 
 
@@ -271,6 +289,9 @@ def _document(report: Report, fail_on: Severity, doc: dict[str, Any]) -> dict[st
     doc["findings"] = [f.to_dict() for f in findings]
     doc["summary"] = summary(report, findings, fail_on)
     doc["collective_totals"] = collective_totals(report)
+    for name in ("step_times", "step_blame"):
+        table = getattr(report, name, None)
+        doc[name] = table.to_dicts() if isinstance(table, pl.DataFrame) else []
     for name in OPTIONAL_TABLES:
         table = getattr(report, name, None)
         doc[name] = table.to_dicts() if isinstance(table, pl.DataFrame) else []

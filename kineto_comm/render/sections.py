@@ -399,9 +399,90 @@ def model_comparison(report: Report) -> Section | None:
     )
 
 
+def _blame_detail() -> pl.Expr:
+    """What a blame row is about, as people read it: the collective and group, the late
+    rank waited for, the kernel a launch gap delayed."""
+    grp = pl.col("process_group").fill_null(UNKNOWN_GROUP)
+    call = pl.concat_str(
+        pl.col("collective").fill_null("?"),
+        pl.lit(" on "),
+        grp,
+        pl.lit(" ("),
+        pl.col("role").fill_null("unknown"),
+        pl.lit(")"),
+    )
+    cat = pl.col("category")
+    return (
+        pl.when(cat == "wait")
+        .then(
+            pl.concat_str(
+                call, pl.lit(", for rank "), pl.col("late_rank").cast(pl.String).fill_null("?")
+            )
+        )
+        .when(cat.is_in(["transfer", "pipeline_bubble"]))
+        .then(call)
+        .when((cat == "launch") & pl.col("collective").is_not_null())
+        .then(pl.concat_str(pl.lit("before "), call))
+        .when(cat == "launch")
+        .then(pl.lit("before other kernels"))
+        .otherwise(pl.lit(""))
+    )
+
+
+def step_blame(report: Report) -> Section | None:
+    """Where the median and the worst step went: the critical rank's blame rows (json
+    `step_blame`), each category's time and share of that step; they sum to the step."""
+    times = report.step_times
+    blame = report.step_blame
+    if times.height == 0 or blame.height == 0 or "complete" not in times.columns:
+        return None
+    done = times.filter(pl.col("complete")).sort("step_ns", "step")
+    if done.height == 0:
+        return None
+    median = done.row((done.height - 1) // 2, named=True)
+    worst = done.row(done.height - 1, named=True)
+    picked = [("median", median), ("worst", worst)]
+    rows_by: dict[str, dict[tuple[str, str], int]] = {}
+    order: dict[tuple[str, str], int] = {}
+    for label, st in picked:
+        part = (
+            blame.filter((pl.col("step") == st["step"]) & (pl.col("rank") == st["critical_rank"]))
+            .with_columns(detail=_blame_detail())
+            .group_by("category", "detail")
+            .agg(pl.col("ns").sum())
+        )
+        rows_by[label] = {(c, d): int(n) for c, d, n in part.iter_rows()}
+        for key, n in rows_by[label].items():
+            order[key] = max(order.get(key, 0), n)
+    keys = sorted(order, key=lambda k: (-order[k], k))
+    rows = []
+    for key in keys:
+        cells: list[str] = [key[0], key[1] or "-"]
+        for label, st in picked:
+            n = rows_by[label].get(key, 0)
+            cells += [fmt_ns(n), pct(n / st["step_ns"] if st["step_ns"] else None)]
+        rows.append(tuple(cells))
+    rows, note = _cut(rows, "row(s)")
+    legend = (
+        f"median step {median['step']} ({fmt_ns(median['step_ns'])}, critical rank "
+        f"{median['critical_rank']}); worst step {worst['step']} ({fmt_ns(worst['step_ns'])}, "
+        f"critical rank {worst['critical_rank']}). A step lasts as long as its longest rank's "
+        "window; its time is split on that rank's timeline (docs/tables.md step_blame)."
+    )
+    return Section(
+        "step_blame",
+        "Step time: where the median and the worst step went (critical rank)",
+        ("category", "what", "median", "share", "worst", "share"),
+        rows,
+        frozenset({2, 3, 4, 5}),
+        (note + " " + legend).strip(),
+    )
+
+
 BUILDERS = (
     collectives,
     skew,
+    step_blame,
     process_groups,
     pipeline,
     message_sizes,
