@@ -82,6 +82,7 @@ def test_every_format_shows_the_sections_json_has(with_model: Report) -> None:
                 "offsets",
                 "stragglers",
                 "model_comparison",
+                "step_blame",
             )
             if _has_content(doc, key)
         }
