@@ -40,7 +40,9 @@ share of the pipeline bubble) and may shorten given ranks' windows by a fixed ti
 straggler's own lateness). Each rank's window shrinks by what is removed from it, each step
 lasts as long as its longest rank's new window, and the saving is the old job step time
 less the new one. A rank that gains d also shortens the others' remaining waits for it
-(`late_rank`) by up to d: one round of propagation through the waits, not a fixed point.
+(`late_rank`) by up to d, and so on along chains of waits to a fixed point (at most
+PROPAGATION_ROUNDS rounds); a rank gains the most any of its waits gives it, not their sum
+(a delay shifts the rest of the step, it does not add up).
 Several edits replayed together remove, from each row, the largest share any of them
 removes (never more than the row), so the joint saving never exceeds the step.
 
@@ -78,6 +80,8 @@ STEP_TIMES_SCHEMA: dict[str, pl.DataType] = {
     "complete": pl.Boolean(),
 }
 P2P = ("send", "recv", "send_recv")
+# Rounds of propagation through the waits at most (a chain of late ranks this long).
+PROPAGATION_ROUNDS = 16
 _KEYS = ["category", "collective", "process_group", "role", "late_rank", "last_call"]
 
 
@@ -472,28 +476,45 @@ def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
             .drop("remove_ns")
         )
     per = per.with_columns(removed_ns=pl.min_horizontal("removed_ns", "wall_ns"))
-    # Waits left per (rank, step, late rank), shortened by what the late rank gained.
-    left = (
+    # Propagation through the waits, to a fixed point: a rank's remaining waits for a late
+    # rank shrink by up to what that rank gained; a rank gains the most any of its waits
+    # gives it (a delay shifts the rest of the step: it does not add up over late ranks).
+    waits = (
         rows.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
         .group_by("rank", "step", "late_rank")
         .agg(_left=(pl.col("ns") - pl.col("_rm")).sum())
-        .join(
-            per.select(late_rank="rank", step="step", _gain="removed_ns"),
-            on=["late_rank", "step"],
-            how="inner",
-        )
-        .group_by("rank", "step")
-        .agg(_more=pl.min_horizontal("_left", "_gain").clip(lower_bound=0).sum())
+        .collect()
     )
-    return (
-        per.join(left, on=["rank", "step"], how="left")
-        .with_columns(
-            removed_ns=pl.min_horizontal(
-                pl.col("removed_ns") + pl.col("_more").fill_null(0), pl.col("wall_ns")
+    gains = per.collect()
+    if waits.height == 0:
+        return gains.lazy().select("rank", "step", "wall_ns", "removed_ns")
+    direct = gains.select("rank", "step", "wall_ns", _direct="removed_ns")
+    for _ in range(PROPAGATION_ROUNDS):
+        more = (
+            waits.join(
+                gains.select(late_rank="rank", step="step", _gain="removed_ns"),
+                on=["late_rank", "step"],
+                how="inner",
             )
+            .group_by("rank", "step")
+            .agg(_more=pl.min_horizontal("_left", "_gain").clip(lower_bound=0).max())
         )
-        .select("rank", "step", "wall_ns", "removed_ns")
-    )
+        new = (
+            direct.join(more, on=["rank", "step"], how="left")
+            .select(
+                "rank",
+                "step",
+                "wall_ns",
+                removed_ns=pl.min_horizontal(
+                    pl.col("_direct") + pl.col("_more").fill_null(0), pl.col("wall_ns")
+                ),
+            )
+            .sort("rank", "step")
+        )
+        if new.equals(gains.sort("rank", "step")):
+            break
+        gains = new
+    return gains.lazy().select("rank", "step", "wall_ns", "removed_ns")
 
 
 def replay(blame: pl.DataFrame | pl.LazyFrame, times: pl.DataFrame, edits: Sequence[Edit]) -> int:
