@@ -363,3 +363,69 @@ def test_a_straggler_is_the_same_rank_everywhere(path: Path) -> None:
         assert last == named["rank"].to_list()
         for f in (f for f in findings if f.code == "SYNC104"):
             assert f.evidence["straggler_lateness_ns_per_step"] == sum(delay.values())
+
+
+# Issue 51: the replayed saving of the matching finding is within 10% of truth.json's impact,
+# at several rank counts and layouts. Known gaps are strict xfails: they fail the test when
+# they start passing, so that the list stays honest.
+REPLAY_SCENARIOS = [
+    ("exposed-allreduce", "dp", 4, "COMM101", {}),
+    ("exposed-allreduce", "dp", 8, "COMM101", {}),
+    ("straggler", "dp", 4, "SYNC101", {}),
+    ("straggler", "dp", 8, "SYNC101", {}),
+    ("straggler", "tp-dp", 8, "SYNC101", {}),
+    ("small-messages", "dp", 4, "COMM201", {}),
+    ("small-messages", "dp", 8, "COMM201", {}),
+    ("slow-link", "dp", 4, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
+    pytest.param(
+        "bubble",
+        "pp-dp",
+        4,
+        "PIPE101",
+        {},
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="truth.json times a step from the first rank's begin to the last rank's "
+            "end (the stages' stagger included); the model of time's step is a rank's "
+            "window (the period): the saving is 16% short",
+        ),
+    ),
+    pytest.param(
+        "exposed-allreduce",
+        "tp-dp",
+        8,
+        "COMM101",
+        {},
+        marks=pytest.mark.xfail(
+            strict=True, reason="hiding the TP all-reduces is over-claimed (+47%, as before)"
+        ),
+    ),
+    pytest.param(
+        "slow-link",
+        "tp-dp",
+        8,
+        "NET101",
+        {"NET101": {"link_busbw_gbps": 100.0}},
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="the TP partners' waits hide under compute: the replay propagates only "
+            "exposed waits (-40%)",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("scenario", "layout", "ranks", "code", "options"), REPLAY_SCENARIOS)
+def test_scenario_replayed_saving_is_within_10_percent(
+    job, scenario: str, layout: str, ranks: int, code: str, options: dict
+) -> None:
+    report, truth = job(scenario, layout, ranks)
+    findings = run_rules(report, options=options)
+    top = findings[0]
+    assert top.code == code, [(f.code, f.impact_ns_per_step) for f in findings]
+    assert top.evidence["saving_method"].startswith("replay:")
+    expected = truth["problems"][0]["impact_ns_per_step"]
+    assert abs(top.impact_ns_per_step - expected) <= 0.1 * expected, (
+        top.impact_ns_per_step,
+        expected,
+    )

@@ -129,7 +129,7 @@ def test_replay_edits_on_a_real_capture() -> None:
 
 def test_a_rank_s_gain_shortens_the_others_waits_for_it() -> None:
     """rank_ns shortens a rank's windows; the others' waits for that rank shrink by as much
-    (and so on along chains of waits), so a late rank's fix saves its lateness when it is critical."""
+    (and so on along chains of waits): a late rank's fix saves its lateness when critical."""
     blame = pl.DataFrame(
         {
             "rank": [0, 0, 1],
