@@ -56,8 +56,6 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from kineto_comm.analysis.overlap import merge_intervals
-
 CATEGORIES = ("compute", "memory", "transfer", "wait", "pipeline_bubble", "launch", "idle")
 # The blame table's columns (docs/tables.md `step_blame`).
 BLAME_SCHEMA: dict[str, pl.DataType] = {
@@ -98,9 +96,9 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
     win = windows.select("rank", "step", _ws=pl.col("start_ns"), _we=pl.col("end_ns")).sort("_ws")
     base = pieces.with_columns(pl.col("rank").cast(pl.Int64))
 
-    def at(column: str) -> pl.DataFrame:
+    def at(frame: pl.DataFrame, column: str) -> pl.DataFrame:
         return (
-            base.with_columns(_t=pl.col(column) - (1 if column == "end_ns" else 0))
+            frame.with_columns(_t=pl.col(column) - (1 if column == "end_ns" else 0))
             .sort("_t")
             .join_asof(
                 win,
@@ -113,9 +111,13 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
             .drop("_t")
         )
 
-    first = at("start_ns")
-    last = at("end_ns").filter(pl.col("_ws") > pl.col("start_ns"))
-    both = pl.concat([first, last], how="vertical")
+    first = at(base, "start_ns")
+    # Only a piece running past its window's end has a second window: looked up alone.
+    crossing = first.filter(pl.col("end_ns") > pl.col("_we")).drop("step", "_ws", "_we")
+    parts = [first]
+    if crossing.height:
+        parts.append(at(crossing, "end_ns").filter(pl.col("_ws") > pl.col("start_ns")))
+    both = pl.concat(parts, how="vertical")
     return (
         both.filter(pl.col("step").is_not_null())
         .with_columns(
@@ -139,14 +141,14 @@ def _disjoint(pieces: pl.DataFrame) -> pl.DataFrame:
 
 
 def _uncovered(pieces: pl.DataFrame, cover: pl.DataFrame) -> pl.Series:
-    """Per row of `pieces` (rank, start_ns, end_ns), its ns that `cover`'s union (per rank)
-    does not cover: a cumulative "covered before t" read at both ends."""
+    """Per row of `pieces` (rank, start_ns, end_ns), its ns that `cover` does not cover;
+    `cover` is disjoint per rank and in (rank, start) order (from _disjoint): a cumulative
+    "covered before t" read at both ends."""
     length = (pieces["end_ns"] - pieces["start_ns"]).clip(lower_bound=0)
     if cover.height == 0 or pieces.height == 0:
         return length
     union = (
-        merge_intervals(cover.select("rank", "start_ns", "end_ns"), ["rank"])
-        .sort("rank", "start_ns")
+        cover.select("rank", "start_ns", "end_ns")
         .with_columns(_len=pl.col("end_ns") - pl.col("start_ns"))
         .with_columns(_acc=pl.col("_len").cum_sum().over("rank") - pl.col("_len"))
         .select("rank", _us="start_ns", _ue="end_ns", _acc="_acc")
@@ -194,8 +196,10 @@ def rank_blame(
     k = kernels.select(
         pl.col("rank").cast(pl.Int64), "kind", "start_ns", "end_ns", "launch_ns"
     ).filter(pl.col("end_ns") > pl.col("start_ns"))
-    compute = _clip_to_windows(
-        k.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns"), windows
+    compute = _disjoint(
+        _clip_to_windows(
+            k.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns"), windows
+        )
     )
     memory = _disjoint(
         _clip_to_windows(
@@ -297,13 +301,9 @@ def rank_blame(
     )
     gaps = _clip_to_windows(gaps, windows)
     rows = []
-    compute_union = (
-        merge_intervals(compute.select("rank", "step", "start_ns", "end_ns"), ["rank", "step"])
-        if compute.height
-        else compute.select("rank", "step", "start_ns", "end_ns")
-    )
+    # Compute made disjoint: its pieces' lengths sum to the union's.
     rows.append(
-        compute_union.group_by("rank", "step")
+        compute.group_by("rank", "step")
         .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
         .with_columns(category=pl.lit("compute"))
     )
@@ -315,11 +315,13 @@ def rank_blame(
             .with_columns(category=pl.lit("memory"))
         )
     if comm.height:
-        cover = pl.concat(
-            [
-                compute.select("rank", "start_ns", "end_ns"),
-                memory.select("rank", "start_ns", "end_ns"),
-            ]
+        cover = _disjoint(
+            pl.concat(
+                [
+                    compute.select("rank", "start_ns", "end_ns"),
+                    memory.select("rank", "start_ns", "end_ns"),
+                ]
+            )
         )
         rows.append(
             comm.with_columns(ns=_uncovered(comm, cover))
