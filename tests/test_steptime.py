@@ -83,8 +83,10 @@ def test_the_known_overclaims_are_gone() -> None:
     assert pipe.evidence["micro_batches_saving_ns"] <= pipe.impact_ns_per_step
     tpdp = analyze(h100 / "tp-dp-8", jobs=1)
     s = tpdp.savings
-    assert s["joint_saving_ns"] <= s["step_ns"] < s["sum_of_savings_ns"]
-    assert s["overlapping"]
+    assert all(f.impact_ns_per_step <= s["step_ns"] for f in tpdp.findings)
+    assert s["joint_saving_ns"] <= s["step_ns"]
+    # The three fixes claim some of the same exposed all-reduces: said, not added.
+    assert s["joint_saving_ns"] < s["sum_of_savings_ns"] and s["overlapping"]
     doc = tpdp.to_dict()
     assert doc["summary"]["estimated_savings_ns_per_step"] == s["joint_saving_ns"]
     assert doc["summary"]["savings_overlap"] is True

@@ -41,8 +41,9 @@ straggler's own lateness). Each rank's window shrinks by what is removed from it
 lasts as long as its longest rank's new window, and the saving is the old job step time
 less the new one. A rank that gains d also shortens the others' remaining waits for it
 (`late_rank`) by up to d, and so on along chains of waits to a fixed point (at most
-PROPAGATION_ROUNDS rounds); a rank gains the most any of its waits gives it, not their sum
-(a delay shifts the rest of the step, it does not add up).
+PROPAGATION_ROUNDS rounds); a rank gains the larger of its own removal and the most any of
+its waits gives it, not their sum (a delay shifts the rest of the step, it does not add up,
+and a gain coming back around a cycle of waits is not counted twice).
 Several edits replayed together remove, from each row, the largest share any of them
 removes (never more than the row), so the joint saving never exceeds the step.
 
@@ -479,8 +480,10 @@ def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
         )
     per = per.with_columns(removed_ns=pl.min_horizontal("removed_ns", "wall_ns"))
     # Propagation through the waits, to a fixed point: a rank's remaining waits for a late
-    # rank shrink by up to what that rank gained; a rank gains the most any of its waits
-    # gives it (a delay shifts the rest of the step: it does not add up over late ranks).
+    # rank shrink by up to what that rank gained, and a rank gains the larger of its own
+    # removal and the most any of its waits gives it (a delay shifts the rest of the step:
+    # it does not add up; and a gain that comes back around a cycle of waits is not
+    # counted twice).
     waits = (
         rows.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
         .group_by("rank", "step", "late_rank")
@@ -508,7 +511,8 @@ def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
                 "step",
                 "wall_ns",
                 removed_ns=pl.min_horizontal(
-                    pl.col("_direct") + pl.col("_more").fill_null(0), pl.col("wall_ns")
+                    pl.max_horizontal(pl.col("_direct"), pl.col("_more").fill_null(0)),
+                    pl.col("wall_ns"),
                 ),
             )
             .sort("rank", "step")
