@@ -470,7 +470,7 @@ def _call_last(tables: Tables) -> pl.DataFrame:
 def step_blame(tables: Tables) -> pl.LazyFrame:
     """Every rank's step windows split into blame categories (docs/tables.md `step_blame`;
     kineto_comm.analysis.steptime): rank, step, category, collective, process_group, role,
-    late_rank, calls, ns; per (rank, step) the ns sum to the window exactly. Built a few
+    late_rank, last_call, calls, ns; per (rank, step) the ns sum to the window exactly. Built a few
     ranks at a time, once per rules run (kept in files on a big job), as a lazy query."""
     if not tables.has("steps", "step", "start_ns", "end_ns"):
         return pl.DataFrame(schema=steptime.BLAME_SCHEMA).lazy()

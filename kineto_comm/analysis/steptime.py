@@ -221,6 +221,9 @@ def rank_blame(
         "start_ns",
         "end_ns",
         pl.col("transfer_ns").fill_null(pl.col("end_ns") - pl.col("start_ns")),
+        pl.col("launch_ns").cast(pl.Int64)
+        if "launch_ns" in calls.columns
+        else pl.lit(None, dtype=pl.Int64).alias("launch_ns"),
         *[
             pl.col(n).cast(t) if n in calls.columns else pl.lit(None, dtype=t).alias(n)
             for n, t in labels.items()
@@ -272,18 +275,7 @@ def rank_blame(
                 process_group=pl.lit(None, dtype=pl.String),
                 role=pl.lit(None, dtype=pl.String),
             ),
-            c.join(
-                calls.select(
-                    pl.col("rank").cast(pl.Int64),
-                    "start_ns",
-                    "end_ns",
-                    pl.col("launch_ns")
-                    if "launch_ns" in calls.columns
-                    else pl.lit(None, dtype=pl.Int64).alias("launch_ns"),
-                ).unique(["rank", "start_ns", "end_ns"]),
-                on=["rank", "start_ns", "end_ns"],
-                how="left",
-            ).select(
+            c.select(
                 "rank", "start_ns", "end_ns", "launch_ns", "collective", "process_group", "role"
             ),
         ],
