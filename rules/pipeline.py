@@ -255,7 +255,7 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             advice.append(
                 f"Raise micro-batches per step from {m} to at least {int(s['mt'])} (same "
                 f"global batch, smaller micro-batch): theory bubble {s['theory']:.0%} -> "
-                f"{s['theory_target']:.0%}."
+                f"{s['theory_target']:.0%}, about {saved_mb / 1e6:.2f} ms per step."
             )
             advice.append(
                 "Use interleaved (virtual) pipeline stages: Megatron "
@@ -290,8 +290,8 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 f"Stages are idle {s['measured']:.0%} of each pipeline step"
                 + (f" (1F1B theory for p={p}, m={m}: {theory:.0%})" if theory is not None else "")
                 + (f", {excess:.0%} of the step above theory" if excess > 0.05 else "")
-                + f"; with {int(s['mt'])} micro-batches, "
-                + ("and hidden transfers" if hide else "the schedule's bubble shrinks:")
+                + f"; with {int(s['mt'])} micro-batches"
+                + (" and the transfers hidden," if hide else ",")
                 + f" about {impact / 1e6:.2f} ms per step "
                 f"({share:.0%} of {wall / 1e6:.2f} ms) would be regained.",
                 impact_ns_per_step=impact,
