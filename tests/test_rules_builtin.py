@@ -401,6 +401,18 @@ REPLAY_SCENARIOS = [
         ),
     ),
     pytest.param(
+        "exposed-allreduce",
+        "fsdp",
+        4,
+        "COMM102",
+        {},
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="SYNC102's launch gaps before the late reduce-scatters (the same cause "
+            "seen from the host) outrank COMM102, whose saving is +31% of truth",
+        ),
+    ),
+    pytest.param(
         "slow-link",
         "tp-dp",
         8,

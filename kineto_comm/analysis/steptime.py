@@ -134,8 +134,11 @@ def _disjoint(pieces: pl.DataFrame) -> pl.DataFrame:
     """`pieces` made disjoint per rank in start order: each starts no earlier than every
     earlier piece's end (the earlier one keeps the shared time); empty ones dropped."""
     reach = pl.col("end_ns").cum_max().shift(1).over("rank")
+    # Ties broken by every column: the same pieces give the same result in any input order
+    # (a big job's ranks are built in batches of other sizes).
+    rest = sorted(c for c in pieces.columns if c not in ("rank", "start_ns", "end_ns"))
     return (
-        pieces.sort("rank", "start_ns")
+        pieces.sort(["rank", "start_ns", "end_ns", *rest], nulls_last=True)
         .with_columns(start_ns=pl.max_horizontal("start_ns", reach.fill_null(pl.col("start_ns"))))
         .filter(pl.col("end_ns") > pl.col("start_ns"))
     )
@@ -280,7 +283,10 @@ def rank_blame(
             ),
         ],
         how="vertical_relaxed",
-    ).sort("rank", "start_ns")
+    ).sort(
+        ["rank", "start_ns", "end_ns", "launch_ns", "collective", "process_group"],
+        nulls_last=True,
+    )
     reach = pl.col("end_ns").cum_max().shift(1).over("rank")
     # A launch gap is labelled with the kernel it delayed (a collective: its call).
     gaps = (
