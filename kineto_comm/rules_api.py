@@ -71,6 +71,8 @@ __all__ = [
     "uncovered_ns",
 ]
 
+# The Report tables of the model of time (computed after the rules; read through it here).
+MODEL_TABLES = ("step_times", "step_blame")
 CODE_RE = re.compile(r"^[A-Z]+[0-9]+$")
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 DOC_SECTIONS = ("What it does", "Why is this bad?", "How to fix")
@@ -220,6 +222,10 @@ class Tables(Mapping[str, pl.DataFrame]):
                 value = src.table(name)
             except KeyError:
                 value = None
+        if name in MODEL_TABLES and (not isinstance(value, pl.DataFrame) or value.height == 0):
+            # The model of time is built after the rules run: a rule (a SQL rule too) asking
+            # for it gets it from the same functions the report uses.
+            value = step_times(self) if name == "step_times" else _critical_blame(self)
         return _normal(value)
 
     def once(self, key: Hashable, compute: Callable[[], pl.DataFrame]) -> pl.DataFrame:
@@ -444,6 +450,17 @@ def step_times(tables: Tables) -> pl.DataFrame:
         return steptime.step_times(walls)
 
     return tables.once(("kineto_comm", "step_times"), compute)
+
+
+def _critical_blame(tables: Tables) -> pl.DataFrame:
+    """The step_blame table (the critical rank's rows of each step) from step_blame."""
+    times = step_times(tables)
+    if times.height == 0:
+        return pl.DataFrame(schema=steptime.BLAME_SCHEMA)
+    blame = tables.once(
+        ("rules_api", "step_blame_frame"), lambda: tables.collect(step_blame(tables))
+    )
+    return steptime.critical_blame(blame, times)
 
 
 def _call_last(tables: Tables) -> pl.DataFrame:

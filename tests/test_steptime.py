@@ -147,3 +147,25 @@ def test_a_rank_s_gain_shortens_the_others_waits_for_it() -> None:
     assert steptime.saving(blame, times, [late]) == 30
     lat = steptime.lateness(blame).collect()
     assert lat.rows() == [(1, 0, 50)]
+
+
+def test_rules_read_the_model_of_time_as_tables(tmp_path: Path) -> None:
+    """A rule running before the report has its model of time (a SQL rule here) reads
+    step_times and step_blame as the report will hold them; its finding, with no edit to
+    replay, is left out of the joint saving and counted apart."""
+    rules = tmp_path / "model.toml"
+    rules.write_text(
+        "[[rule]]\n"
+        'code = "SQL901"\n'
+        'name = "waits-on-the-critical-rank"\n'
+        'summary = "Waits on the critical rank."\n'
+        'query = "SELECT SUM(ns) / 2 AS impact_ns_per_step FROM step_blame '
+        "WHERE category = 'wait'\"\n"
+        'message = "waits {impact_ns_per_step}"\n',
+        encoding="utf-8",
+    )
+    report = analyze(REPO / "tests" / "data" / "h100-nccl" / "tp-dp-8", jobs=1, rules=[rules])
+    (found,) = [f for f in report.findings if f.code == "SQL901"]
+    waits = report.step_blame.filter(pl.col("category") == "wait")["ns"].sum()
+    assert found.impact_ns_per_step == round(waits / 2) and found.edit is None
+    assert report.savings["replayed"] == report.savings["findings"] - 1
