@@ -508,7 +508,7 @@ def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     joint = steptime.saving(blame, times, edits) if edits else 0
     total = sum(int(f.impact_ns_per_step) for f in findings)
     return {
-        "step_times": times,
+        "step_times": steptime.critical_paths(blame, times),
         "step_blame": steptime.critical_blame(blame, times),
         "savings": {
             "step_ns": step_ns,

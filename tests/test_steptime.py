@@ -47,6 +47,18 @@ def _check(report: Report) -> None:
         per = report.step_blame.group_by("step").agg(ns=pl.col("ns").sum())
         both = report.step_times.join(per, on="step", how="left")
         assert (both["ns"] == both["step_ns"]).all(), both
+    # The critical path starts at the critical rank and each next rank is one the rank
+    # before it waited for, no rank twice.
+    waited = set(
+        blame.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
+        .select("rank", "step", "late_rank")
+        .iter_rows()
+    )
+    for st, critical, path in report.step_times.select(
+        "step", "critical_rank", "critical_path"
+    ).iter_rows():
+        assert path[0] == critical and len(set(path)) == len(path)
+        assert all((a, st, b) in waited for a, b in zip(path, path[1:], strict=False))
     step = report.savings.get("step_ns", 0)
     assert step == steptime.job_step_ns(times)
     for f in report.findings:

@@ -422,6 +422,33 @@ def critical_blame(blame: pl.DataFrame, times: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def critical_paths(blame: pl.DataFrame, times: pl.DataFrame) -> pl.DataFrame:
+    """`times` plus `critical_path`: per step, the chain of ranks that set its end: the
+    critical rank, then the rank it waited for longest (its `wait` rows' `late_rank`), then
+    the rank that one waited for longest, and so on until a rank waited for no one or the
+    chain comes back to a rank already in it. Followed per step in Python over one row per
+    (rank, step) with waits (not per kernel)."""
+    if times.height == 0:
+        return times.with_columns(critical_path=pl.lit(None, dtype=pl.List(pl.Int64)))
+    top = (
+        blame.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
+        .group_by("rank", "step", "late_rank")
+        .agg(pl.col("ns").sum())
+        .sort(["rank", "step", "ns", "late_rank"], descending=[False, False, True, False])
+        .group_by("rank", "step", maintain_order=True)
+        .agg(pl.col("late_rank").first())
+    )
+    waited = {(r, s): k for r, s, k in top.iter_rows()}
+    paths = []
+    for step, rank in times.select("step", "critical_rank").iter_rows():
+        chain = [rank]
+        while (rank, step) in waited and waited[(rank, step)] not in chain:
+            rank = waited[(rank, step)]
+            chain.append(rank)
+        paths.append(chain)
+    return times.with_columns(critical_path=pl.Series(paths, dtype=pl.List(pl.Int64)))
+
+
 @dataclass(frozen=True)
 class Edit:
     """A change to the job, for replay: which time it removes.

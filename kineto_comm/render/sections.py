@@ -463,11 +463,17 @@ def step_blame(report: Report) -> Section | None:
             cells += [fmt_ns(n), pct(n / st["step_ns"] if st["step_ns"] else None)]
         rows.append(tuple(cells))
     rows, note = _cut(rows, "row(s)")
+
+    def path(st: dict[str, Any]) -> str:
+        chain = st.get("critical_path") or [st["critical_rank"]]
+        return " <- ".join(f"rank {r}" for r in chain)
+
     legend = (
-        f"median step {median['step']} ({fmt_ns(median['step_ns'])}, critical rank "
-        f"{median['critical_rank']}); worst step {worst['step']} ({fmt_ns(worst['step_ns'])}, "
-        f"critical rank {worst['critical_rank']}). A step lasts as long as its longest rank's "
-        "window; its time is split on that rank's timeline (docs/tables.md step_blame)."
+        f"median step {median['step']} ({fmt_ns(median['step_ns'])}, critical path "
+        f"{path(median)}); worst step {worst['step']} ({fmt_ns(worst['step_ns'])}, critical "
+        f"path {path(worst)}). A step lasts as long as its longest rank's window; its time is "
+        "split on that rank's timeline, each rank after it the one the one before waited for "
+        "longest (docs/tables.md step_blame)."
     )
     return Section(
         "step_blame",
