@@ -899,8 +899,13 @@ def _frame(
         if key not in schema:
             continue
         fallback_for = _FALLBACK.get(key) if "device" in schema else None
-        if fallback_for is None or cols[fallback_for].null_count():
+        if fallback_for is None:
             cols[key] = _series(key, _values(events, attr), schema[key])
+        elif cols[fallback_for].null_count():
+            # Only the rows that lack a device/stream carry their host coordinates: the
+            # same rows however the file is cut into pieces.
+            host = _series(key, _values(events, attr), schema[key])
+            cols[key] = pl.select(pl.when(cols[fallback_for].is_null()).then(host)).to_series()
     if "external_id" in cols and cols["external_id"].null_count():
         old = _series("old", _values(args, "external_id_old"), _I64)
         cols["external_id"] = cols["external_id"].fill_null(old)
@@ -1027,12 +1032,20 @@ def _wants_shapes(host: bool, annotated: int, described: int, spare: int) -> tup
     return annotated > available, min(described, max(0, available - annotated))
 
 
+# A record_param_comms that gives its call's size (so its annotation need not): a named
+# collective with a message size in range (_ARG_RANGES). Counted on raw values, so whether
+# sizes are read depends on the events alone, not on how the file is cut into pieces.
+_SIZED = pl.col("collective").is_not_null() & pl.col("in_nelems").is_between(
+    0, 2**40, closed="left"
+).fill_null(False)
+
+
 def _needs_shapes(cpu: pl.DataFrame, notes: list[_Annotations]) -> list[int]:
     """The files (positions in `notes`) whose ops gain from annotation sizes (_wants_shapes)."""
     name = pl.col("name")
     described = pl.lit(0, dtype=pl.UInt32)
     if "collective" in cpu.columns:
-        described = ((name == _PARAM_COMMS) & pl.col("collective").is_not_null()).sum()
+        described = ((name == _PARAM_COMMS) & _SIZED).sum()
     counts = [
         pl.any_horizontal(name.str.starts_with(p) for p in HOST_SPANS).any().alias("host"),
         pl.any_horizontal(name.str.starts_with(p) for p in _NCCL_SPANS).sum().alias("annotated"),
@@ -1248,8 +1261,7 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
     # span, NCCL annotation, record_param_comms) is found once, as the names are tested.
     kind = pl.lit(piece_.names.get_column("_span")).gather(pl.col("name"))
     if piece_.details.height:
-        collective = pl.lit(piece_.details.get_column("collective")).gather(pl.col("_detail"))
-        named = collective.is_not_null()
+        named = pl.lit(piece_.details.select(_SIZED).to_series()).gather(pl.col("_detail"))
     else:
         named = pl.lit(False)
     host, annotated, described = (
@@ -1393,10 +1405,9 @@ def _scanned_frame(
             col = pl.lit(piece_.names.get_column("name")).gather(pl.col("name")).alias("name")
         else:
             col = pl.col(key).cast(_STR) if key in _INT_LIKE else pl.col(key)
-        if fallback_for is not None and piece_.data is None:
-            # Only the files that lack some device/stream carry their host coordinates.
-            needed = pl.col(fallback_for).is_null().any().over("_file")
-            col = pl.when(needed).then(col).alias(key)
+        if fallback_for is not None:
+            # Only the rows that lack a device/stream carry their host coordinates (_frame).
+            col = pl.when(pl.col(fallback_for).is_null()).then(col).alias(key)
         cols.append(col)
     rest = [k for k in _COLL if k in schema] if detail is not None else []
     held = piece_.by_name(rows, detail) if rest and detail is not None else None
