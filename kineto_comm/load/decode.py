@@ -235,7 +235,12 @@ _NCCL_SPANS = ("nccl:", "xccl:")
 # every other CPU op carries too. Decoding those two fields for every op costs a quarter of
 # the decode, so they are read only for these events, found by name in the raw bytes (see
 # _shapes).
-_ANNOTATION_PREFIXES = tuple(b'"' + p.encode() for p in (*_NCCL_SPANS, *HOST_SPANS))
+# The c10d ops whose Input Dims give the output and the input size of a call ([output,
+# input, ...]): the only record of the output (received) size in traces whose
+# record_param_comms carry no sizes, and in gloo traces (uneven all-to-all receives what
+# it does not send). Kept in the ops table (and in the host table, where one is kept).
+SIZED_C10D = ("c10d::alltoall_base_", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_")
+_ANNOTATION_PREFIXES = tuple(b'"' + p.encode() for p in (*_NCCL_SPANS, *HOST_SPANS, *SIZED_C10D))
 _NAME_KEY = re.compile(rb'"name"\s*:\s*$')
 _EVENTS = _Decoder(list[TaggedEvent], list[Event])
 _EMPTY_ARGS = Args()
@@ -991,7 +996,8 @@ _CAT_OF = pl.Series("cat", [next((c for c, k in _CODE.items() if k == i), None) 
 
 
 # CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
-_OP_NAME = _COMM_OP | pl.col("name").str.starts_with(_STEP_MARK).fill_null(False)
+_SIZED_OP = pl.col("name").is_in(SIZED_C10D).fill_null(False)
+_OP_NAME = _COMM_OP | pl.col("name").str.starts_with(_STEP_MARK).fill_null(False) | _SIZED_OP
 _IS_OP = (pl.col("cat") == "user_annotation") | _OP_NAME
 # Tests of an event's name alone, evaluated per distinct name of a scanned piece (Scanned).
 _NAME_TESTS = {"_comm_kernel": _COMM_KERNEL, "_op_name": _OP_NAME, "_comm_op": _COMM_OP}
@@ -1017,7 +1023,9 @@ class _Annotations:
 
 # _OP_NAME as name prefixes, for the scanner: it lets go of the other CPU ops of a file
 # that keeps no host table (most of a GPU trace's rows) before they become rows at all.
-_OP_PREFIXES = tuple(p.encode() for p in (_PARAM_COMMS, *_NCCL_SPANS, *HOST_SPANS, _STEP_MARK))
+_OP_PREFIXES = tuple(
+    p.encode() for p in (_PARAM_COMMS, *_NCCL_SPANS, *HOST_SPANS, _STEP_MARK, *SIZED_C10D)
+)
 _ANNOTATION = _CODE["user_annotation"]  # kept whatever its name (_IS_OP)
 
 
@@ -1106,7 +1114,7 @@ def _columns(
     if cpu:
         frame = _frame(cpu, cat, phased, OPS_SCHEMA, _COMM_OP, notes)
     out["ops"] = frame.filter(_IS_OP)
-    out["host"] = frame.filter(~_IS_OP).select(list(HOST_SCHEMA))
+    out["host"] = frame.filter(~_IS_OP | _SIZED_OP).select(list(HOST_SCHEMA))
     out["threads"] = _threads(_take(events, (roles == 3).arg_true().to_list()))
     return out
 
@@ -1219,7 +1227,10 @@ def _names(names: list[str]) -> pl.DataFrame:
     comm_op = [
         n.startswith(_PARAM_COMMS) or _COLLECTIVE_SPAN_RE.match(n) is not None for n in names
     ]
-    op_name = [c or n.startswith(_STEP_MARK) for n, c in zip(names, comm_op, strict=True)]
+    op_name = [
+        c or n.startswith(_STEP_MARK) or n in SIZED_C10D
+        for n, c in zip(names, comm_op, strict=True)
+    ]
     span = [_span_kind(n) if c else 0 for n, c in zip(names, comm_op, strict=True)]
     return pl.DataFrame(
         {
@@ -1368,7 +1379,7 @@ def _scanned_columns(
     if cpu.height:
         frame = _scanned_frame(piece_, cpu, OPS_SCHEMA, _COMM_OP, notes)
     out["ops"] = frame if is_op is None else frame.filter(is_op)
-    out["host"] = frame.clear() if is_op is None else frame.filter(~is_op)
+    out["host"] = frame.clear() if is_op is None else frame.filter(~is_op | _SIZED_OP)
     out["host"] = out["host"].select(*HOST_SCHEMA, *_FILE.intersection(frame.columns))
     meta = by_role[3]
     out["threads"] = _threads(piece_.decode(meta)).with_columns(meta["_file"])

@@ -31,7 +31,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.lazy import collect
-from kineto_comm.load.decode import COLLECTIVE_SPAN, RawTrace
+from kineto_comm.load.decode import COLLECTIVE_SPAN, SIZED_C10D, RawTrace
 from kineto_comm.load.discover import MAX_RANKS
 from kineto_comm.model.names import (
     dtype_bytes,
@@ -40,6 +40,7 @@ from kineto_comm.model.names import (
     kernel_fields,
     normalize_collective,
     normalize_dtype,
+    nth_tensor_numel,
 )
 
 COLLECTIVE_COLUMNS = (
@@ -181,6 +182,7 @@ def build_collectives(
     found = _enclosing(comm.lazy(), rpc, [*_RPC, *_RPC_MORE], "rpc_")
     found = _enclosing(found, ann, ["name", "input_dims", "input_type"], "ann_")
     out = found.with_columns(**_PARSED).with_columns(**_FIELDS)
+    out = _with_c10d_sizes(out, ops.filter(pl.col("name").is_in(SIZED_C10D)))
     if process_groups is not None and process_groups.height:
         out = _named_from_config(out, process_groups.lazy())
         out = out.join(
@@ -205,6 +207,58 @@ def build_collectives(
         "rank", "start_ns", "launch_ns", "end_ns", "stream", nulls_last=True, maintain_order=True
     ).with_columns(call_index=_CALL_INDEX)
     return collect(_compute_before(out, kernels.lazy()).select(COLLECTIVE_COLUMNS))
+
+
+# What each sized c10d op (decode.SIZED_C10D) calls, canonically.
+_C10D_COLLECTIVE = {
+    "c10d::alltoall_base_": "all_to_all",
+    "c10d::_allgather_base_": "all_gather",
+    "c10d::_reduce_scatter_base_": "reduce_scatter",
+}
+
+
+def _with_c10d_sizes(calls: pl.LazyFrame, c10d: pl.LazyFrame) -> pl.LazyFrame:
+    """The calls' sizes where neither their args nor a record_param_comms give them, from
+    the c10d op that made each call (its Input Dims are [output, input, ...]; the output,
+    what a rank receives, is recorded nowhere else in older and gloo traces). A kernel's op
+    encloses its launch; a host backend (gloo) runs the call on its own thread after the op
+    returned, in the order the ops were issued, so there the k-th call of a collective on a
+    rank is its k-th op of that collective. An op of another collective gives nothing."""
+    ops = c10d.select(
+        "rank",
+        "tid",
+        "start_ns",
+        "end_ns",
+        pl.col("name").replace_strict(_C10D_COLLECTIVE, default=None).alias("_coll"),
+        nth_tensor_numel(pl.col("input_dims"), 0).alias("_out"),
+        nth_tensor_numel(pl.col("input_dims"), 1).alias("_in"),
+    )
+    nth = pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "_coll", order_by="start_ns")
+    key = ["rank", "start_ns", "end_ns", "launch_tid", "_coll"]
+    host = (
+        calls.filter(_HOST)
+        .select("rank", "start_ns", "end_ns", "launch_tid", _coll="collective")
+        .with_columns(_nth=nth)
+        .join(ops.with_columns(_nth=nth), on=["rank", "_coll", "_nth"], how="inner")
+        .select(*key, h_out="_out", h_in="_in")
+        .unique(key, keep="first")
+    )
+    same = pl.col("c10d_coll") == pl.col("collective")
+    return (
+        _enclosing(calls, ops, ["_coll", "_out", "_in"], "c10d")
+        .with_columns(_coll="collective")
+        .join(host, on=key, how="left")
+        .with_columns(
+            in_nelems=pl.coalesce(
+                "arg_in_nelems",
+                "rpc_in_nelems",
+                pl.when(same).then("c10d_in").otherwise("h_in"),
+                "in_nelems",
+            ),
+            out_nelems=pl.coalesce("out_nelems", pl.when(same).then("c10d_out").otherwise("h_out")),
+        )
+        .drop("c10d_coll", "c10d_out", "c10d_in", "_coll", "h_out", "h_in")
+    )
 
 
 def _named_from_config(calls: pl.LazyFrame, groups: pl.LazyFrame) -> pl.LazyFrame:
