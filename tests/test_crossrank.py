@@ -488,3 +488,13 @@ def test_files_of_different_jobs_are_not_compared():
     assert not [f for f in run_rules(report) if f.impact_ns_per_step > span]
     # One job's files say nothing of the kind.
     assert not [w for w in analyze(SAMPLES / "tp-2", jobs=1).warnings if "one job" in w]
+
+
+def test_a_trace_of_one_step_says_its_figures_rest_on_it() -> None:
+    """HTA's call_stack trace profiles one ProfilerStep: the report says every per-step
+    figure rests on that step; a capture of three steps says nothing of the kind."""
+    one = analyze(shared("hta/call_stack"), jobs=1, ignore=["ALL"])
+    assert one.steps.filter(pl.col("step") >= 0)["step"].n_unique() == 1
+    assert [w for w in one.warnings if "one profiled step" in w]
+    three = analyze(SAMPLES / "tp-2", jobs=1, ignore=["ALL"])
+    assert not [w for w in three.warnings if "one profiled step" in w]

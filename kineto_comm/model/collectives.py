@@ -20,6 +20,10 @@ Columns (`COLLECTIVE_COLUMNS`):
     call_index      0-based order of this call among the rank's calls of the same
                     (process_group, collective): the fallback key for cross-rank matching
     source          where the metadata came from (above)
+    annotation      the innermost user annotation (record_function) around the call's launch,
+                    other than the step and collective spans ("## all2all_data:kjt values
+                    ##"): what the code was doing, which the roles read (null for host
+                    backends and where none encloses it)
     compute_before  share (0..1) of the rank's compute time in the call's step that started
                     before the call: where in the step's work it runs, whatever share of
                     the wall time communication takes (null outside steps or when the
@@ -71,6 +75,7 @@ COLLECTIVE_COLUMNS = (
     "peer",
     "call_index",
     "source",
+    "annotation",
     "compute_before",
 )
 _RPC = ("collective", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc")
@@ -181,6 +186,12 @@ def build_collectives(
     ann = ops.filter(pl.col("name").str.contains(COLLECTIVE_SPAN))
     found = _enclosing(comm.lazy(), rpc, [*_RPC, *_RPC_MORE], "rpc_")
     found = _enclosing(found, ann, ["name", "input_dims", "input_type"], "ann_")
+    notes = ops.filter(
+        (pl.col("cat") == "user_annotation")
+        & ~pl.col("name").str.contains(COLLECTIVE_SPAN)
+        & ~pl.col("name").str.starts_with("ProfilerStep#")
+    )
+    found = _enclosing(found, notes, ["name"], "note_").rename({"note_name": "annotation"})
     out = found.with_columns(**_PARSED).with_columns(**_FIELDS)
     out = _with_c10d_sizes(out, ops.filter(pl.col("name").is_in(SIZED_C10D)))
     if process_groups is not None and process_groups.height:
@@ -355,6 +366,7 @@ def _empty_schema() -> dict[str, pl.DataType]:
         "pg_desc",
         "pg_ranks",
         "source",
+        "annotation",
     ):
         types[c] = s
     return types
