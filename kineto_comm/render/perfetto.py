@@ -118,7 +118,9 @@ def parse_numbers(spec: str | None) -> list[int] | None:
         try:
             first, last = (int(lo), int(hi)) if sep and lo else (int(piece), int(piece))
         except ValueError:
-            raise ValueError(f"expected numbers and ranges such as 0,3,8-11, got {spec!r}") from None
+            raise ValueError(
+                f"expected numbers and ranges such as 0,3,8-11, got {spec!r}"
+            ) from None
         if last < first:
             raise ValueError(f"empty range {piece!r} in {spec!r}")
         out.extend(range(first, last + 1))
@@ -295,7 +297,9 @@ def _arg(key: str, value: pl.Expr, text: bool = False) -> pl.Expr:
 
 def _args(*pieces: pl.Expr) -> pl.Expr:
     """`,"args":{...}` from `_arg` pieces."""
-    return pl.concat_str(pl.lit(',"args":{'), pl.concat_str(list(pieces), separator=","), pl.lit("}"))
+    return pl.concat_str(
+        pl.lit(',"args":{'), pl.concat_str(list(pieces), separator=","), pl.lit("}")
+    )
 
 
 def _slices(frame: pl.DataFrame, cat: str, extra: list[pl.Expr], order: int) -> pl.DataFrame:
@@ -318,14 +322,23 @@ def _slices(frame: pl.DataFrame, cat: str, extra: list[pl.Expr], order: int) -> 
     )
 
 
-def _points(frame: pl.DataFrame, ph: str, cat: str, extra: list[pl.Expr], order: int) -> pl.DataFrame:
+def _points(
+    frame: pl.DataFrame, ph: str, cat: str, extra: list[pl.Expr], order: int
+) -> pl.DataFrame:
     """Events at one time (instants, flow ends) of `frame` (tid, at_ns, label)."""
     return frame.select(
         tid=pl.col("tid").cast(pl.Int64),
         ts_ns=pl.col("at_ns"),
         neg_dur=pl.lit(0, pl.Int64),
         order=pl.lit(order, pl.Int64),
-        json=_event(ph, pl.col("tid"), pl.col("at_ns") - pl.col("_base"), _quoted(pl.col("label")), cat, extra),
+        json=_event(
+            ph,
+            pl.col("tid"),
+            pl.col("at_ns") - pl.col("_base"),
+            _quoted(pl.col("label")),
+            cat,
+            extra,
+        ),
     )
 
 
@@ -428,9 +441,7 @@ def _rank_events(report: Report, plan: _Plan, rank: int) -> Iterator[str]:
     kernels = report.rank_kernels.frame([rank], ["rank", *KERNEL_COLUMNS])
     if sel.steps is not None and kernels.height:
         kernels = kernels.filter(pl.col("step").is_in(sel.steps))
-    windows = [
-        w for w in plan.step_windows.get(rank, []) if sel.steps is None or w[0] in sel.steps
-    ]
+    windows = [w for w in plan.step_windows.get(rank, []) if sel.steps is None or w[0] in sel.steps]
     frames: list[pl.DataFrame] = []
     names: dict[int, str] = {}
     if kernels.height:
@@ -458,7 +469,9 @@ def _rank_events(report: Report, plan: _Plan, rank: int) -> Iterator[str]:
                 tid=pl.lit(CRITICAL_TID, pl.Int64),
                 start_ns=pl.col("start_ns"),
                 end_ns=pl.col("end_ns"),
-                label=pl.col("name").cast(pl.String) if "name" in crit.columns else pl.lit("critical path"),
+                label=pl.col("name").cast(pl.String)
+                if "name" in crit.columns
+                else pl.lit("critical path"),
                 _base=pl.lit(plan.base_ns, pl.Int64),
             )
             frames.append(_slices(crit, "critical_path", [], 0))
@@ -472,8 +485,7 @@ def _rank_events(report: Report, plan: _Plan, rank: int) -> Iterator[str]:
         return
     events = pl.concat(frames).sort("tid", "ts_ns", "neg_dur", "order", maintain_order=True)
     pid = str(rank)
-    for text in events["json"].str.replace("{PID}", pid, literal=True):
-        yield text
+    yield from events["json"].str.replace("{PID}", pid, literal=True)
 
 
 def _kernel_frames(
@@ -554,7 +566,9 @@ def _kernel_frames(
         frames.append(
             _points(
                 ends.with_columns(
-                    label=pl.concat_str(pl.lit("waited for rank "), pl.col("last_rank").cast(pl.String))
+                    label=pl.concat_str(
+                        pl.lit("waited for rank "), pl.col("last_rank").cast(pl.String)
+                    )
                 ),
                 "f",
                 "wait_flow",
@@ -563,11 +577,17 @@ def _kernel_frames(
             )
         )
         # Arrow starts: this rank arrived last; one arrow to each selected rank that waited.
-        starts = calls.filter(pl.col("last_rank") == rank).join(
-            plan.arrows.filter(pl.col("last_rank") == rank).select("instance", "flow", "waiter"),
-            on="instance",
-            how="inner",
-        ).with_columns(at_ns=pl.col("start_ns"))
+        starts = (
+            calls.filter(pl.col("last_rank") == rank)
+            .join(
+                plan.arrows.filter(pl.col("last_rank") == rank).select(
+                    "instance", "flow", "waiter"
+                ),
+                on="instance",
+                how="inner",
+            )
+            .with_columns(at_ns=pl.col("start_ns"))
+        )
         frames.append(
             _points(
                 starts.with_columns(
@@ -629,9 +649,17 @@ def _finding_frames(
             parts = [span] if span else []
         tid = FINDING_TID + i
         for a, b in parts:
-            rows.append({"tid": tid, "start_ns": int(a), "end_ns": int(b), "label": label,
-                         "severity": f.severity.value, "message": f.message,
-                         "saving_ns": int(f.impact_ns_per_step)})
+            rows.append(
+                {
+                    "tid": tid,
+                    "start_ns": int(a),
+                    "end_ns": int(b),
+                    "label": label,
+                    "severity": f.severity.value,
+                    "message": f.message,
+                    "saving_ns": int(f.impact_ns_per_step),
+                }
+            )
         if parts:
             names[tid] = f"finding {i + 1}: {f.code} {f.title}"
     if not rows:
@@ -666,7 +694,7 @@ def timeline_pieces(report: Report, selection: Selection | None = None) -> Itera
         "flows_left_out_why": "the rank that arrived last is not in the file",
         "critical_path": "included" if plan.critical is not None else "none in this report",
     }
-    yield "{\"displayTimeUnit\":\"ns\",\n"
+    yield '{"displayTimeUnit":"ns",\n'
     yield f'"baseTimeNanoseconds":{plan.base_ns},\n'
     yield '"otherData":' + json.dumps(other, ensure_ascii=False) + ",\n"
     yield '"traceEvents":[\n'
