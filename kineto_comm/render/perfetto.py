@@ -359,6 +359,7 @@ class _Plan:
     roles: dict[int, list[str]]
     hosts: dict[int, str]
     flows_left_out: int
+    width: int  # flow ids: instance x width + waiting rank
 
 
 def _plan(report: Report, selection: Selection) -> _Plan:
@@ -416,6 +417,7 @@ def _plan(report: Report, selection: Selection) -> _Plan:
         roles=roles,
         hosts=hosts,
         flows_left_out=waited.height - arrows.height,
+        width=int(width),
     )
 
 
@@ -690,6 +692,8 @@ def timeline_pieces(report: Report, selection: Selection | None = None) -> Itera
         if report.offsets.height
         else {},
         **selection.metadata(),
+        "flow_id_width": plan.width,
+        "flow_id": "instance x flow_id_width + the waiting rank",
         "flows_left_out": plan.flows_left_out,
         "flows_left_out_why": "the rank that arrived last is not in the file",
         "critical_path": "included" if plan.critical is not None else "none in this report",
