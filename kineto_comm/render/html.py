@@ -10,6 +10,9 @@ a Content-Security-Policy that forbids both):
                    for the group's last arrival (`collective_waits`)
     pipeline       one step's kernels on each pipeline rank (ranks of the `pipeline` table,
                    else the ranks that send/recv), compute vs communication
+    timelines      the median and the worst step, a lane per rank: compute, exposed
+                   communication, waits and idle, the findings' windows linked to their
+                   cards (kineto_comm.render.html_timeline)
 Every string that comes from a trace goes through `esc` (html.escape with quotes).
 """
 
@@ -24,6 +27,7 @@ import polars as pl
 
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
+from kineto_comm.render.html_timeline import timelines_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview, step_rows
 from kineto_comm.render.sections import Section, sections
 from kineto_comm.render.text import fmt_bytes, fmt_ns
@@ -499,8 +503,9 @@ def svg_pipeline(report: Report) -> str:
 # ------------------------------------------------------------------ tables and findings
 
 
-def _finding_html(f: Finding, mean_step: float | None) -> str:
-    """A finding card with its cost, where it is, and the advice."""
+def _finding_html(f: Finding, mean_step: float | None, number: int | None = None) -> str:
+    """A finding card with its cost, where it is, and the advice; `number` (its place in
+    the list) gives it the id `finding-N` that the timelines' windows link to."""
     share = f.step_share
     if share is None and mean_step:
         share = f.impact_ns_per_step / mean_step
@@ -522,8 +527,9 @@ def _finding_html(f: Finding, mean_step: float | None) -> str:
         else ""
     )
     color = SEV_COLOR[f.severity.value]
+    anchor = f' id="finding-{number}"' if number is not None else ""
     return (
-        f'<div class="finding" style="border-color:{color}">'
+        f'<div class="finding"{anchor} style="border-color:{color}">'
         f'<span class="sev" style="color:{color}">{esc(f.severity.value)}</span> '
         f'<b>{esc(f.code)}</b> <span class="muted">{esc(f.rule)}</span>'
         f"<h3>{esc(f.title)}</h3><p>{esc(f.message)}</p>"
@@ -619,6 +625,8 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         "<h2>Step time per rank (mean per step)</h2>",
         svg_step_time(report),
         _rank_table(doc),
+        "<h2>Timeline: the median and the worst step, rank by rank</h2>",
+        timelines_html(report),
         "" if "collective_totals" in keys else "<p>No communication kernels found.</p>",
         *(_section_html(section) for section in shown),
         "<h2>Message sizes per collective</h2>",
@@ -628,7 +636,8 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         "<h2>Pipeline timeline</h2>",
         svg_pipeline(report),
         f"<h2>Findings ({len(findings)})</h2>",
-        "".join(_finding_html(f, mean_step) for f in findings) or "<p>No findings.</p>",
+        "".join(_finding_html(f, mean_step, i + 1) for i, f in enumerate(findings))
+        or "<p>No findings.</p>",
         f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "",
     ]
     csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"

@@ -48,6 +48,7 @@ from typing import IO, Any
 import polars as pl
 
 from kineto_comm.lazy import collect
+from kineto_comm.render.json_doc import findings_of
 from kineto_comm.report import Report
 
 # The default ceiling on the uncompressed JSON (what the viewer holds): Perfetto UI in a
@@ -412,7 +413,7 @@ def _plan(report: Report, selection: Selection) -> _Plan:
         arrows=arrows,
         instances=inst,
         step_windows=windows,
-        findings=list(report.findings)[:MAX_FINDINGS],
+        findings=findings_of(report)[:MAX_FINDINGS],
         critical=critical,
         roles=roles,
         hosts=hosts,
