@@ -231,6 +231,9 @@ def test_default_selection_and_what_is_left_out(straggler_job, tmp_path):
     # A ceiling below the whole job keeps the middle steps and says so.
     small = select(report, ranks=range(8), max_bytes=1)
     assert small.steps == [1] and "middle step" in small.notes[0]
+    # 'all' is every rank and every step, whatever the size.
+    every = select(report, ranks="all", steps="all", max_bytes=1)
+    assert every.ranks == list(range(8)) and every.steps is None
 
 
 def test_kept_in_files_the_export_is_the_same(monkeypatch, tmp_path):
@@ -261,7 +264,7 @@ def test_trace_strings_are_escaped_json():
 
 @pytest.mark.parametrize(
     ("spec", "numbers"),
-    [("0,3,8-11", [0, 3, 8, 9, 10, 11]), ("all", None), (None, None), ("5", [5])],
+    [("0,3,8-11", [0, 3, 8, 9, 10, 11]), ("all", "all"), (None, None), ("5", [5])],
 )
 def test_rank_and_step_lists_parse(spec, numbers):
     assert parse_numbers(spec) == numbers

@@ -57,6 +57,7 @@ MAX_BYTES = 200_000_000
 # Measured mean bytes of text per kernel (slice, children, flows and launches included) on
 # the H100 captures and the synthetic jobs, rounded up: the estimate `select` plans with.
 BYTES_PER_KERNEL = 330
+ALL = "all"  # --ranks all / --steps all: every rank, every step whatever the size
 # Track ids (tid) of the tracks that are not a GPU stream.
 STEPS_TID = 1_000_000_000
 CRITICAL_TID = 1_000_000_001
@@ -106,10 +107,13 @@ class Selection:
 # ------------------------------------------------------------------ selection
 
 
-def parse_numbers(spec: str | None) -> list[int] | None:
-    """'0,3,8-11' -> [0, 3, 8, 9, 10, 11]; None or 'all' -> None. ValueError when bad."""
-    if spec is None or spec.strip().lower() in ("", "all"):
+def parse_numbers(spec: str | None) -> list[int] | str | None:
+    """'0,3,8-11' -> [0, 3, 8, 9, 10, 11]; 'all' -> 'all'; None or '' -> None (the
+    default choice). ValueError when bad."""
+    if spec is None or not spec.strip():
         return None
+    if spec.strip().lower() == "all":
+        return ALL
     out: list[int] = []
     for piece in spec.split(","):
         piece = piece.strip()
@@ -185,19 +189,22 @@ def _kernels_per_step(report: Report, ranks: list[int]) -> dict[int, int]:
 
 def select(
     report: Report,
-    ranks: Iterable[int] | None = None,
-    steps: Iterable[int] | None = None,
+    ranks: Iterable[int] | str | None = None,
+    steps: Iterable[int] | str | None = None,
     max_bytes: int = MAX_BYTES,
 ) -> Selection:
-    """The ranks and steps to write: those asked for, else the default ranks
-    (`default_ranks`) and every step, or the middle steps when all of them would make the
-    text longer than `max_bytes` (estimated from kernel counts, BYTES_PER_KERNEL)."""
+    """The ranks and steps to write: those asked for ('all': every one), else the default
+    ranks (`default_ranks`) and every step, or the middle steps when all of them would
+    make the text longer than `max_bytes` (estimated from kernel counts,
+    BYTES_PER_KERNEL)."""
     all_ranks = sorted(int(r) for r in report.ranks["rank"])
     notes: list[str] = []
+    if ranks == ALL:
+        ranks = all_ranks
     if ranks is None:
         why = default_ranks(report)
     else:
-        asked = sorted(set(ranks))
+        asked = sorted(set(ranks))  # type: ignore[arg-type]
         missing = [r for r in asked if r not in set(all_ranks)]
         if missing:
             notes.append(f"ranks not in the job: {', '.join(map(str, missing))}")
@@ -205,8 +212,10 @@ def select(
     chosen = sorted(why)
     per_step = _kernels_per_step(report, chosen) if chosen else {}
     all_steps = sorted(s for s in per_step if s >= 0)
+    if steps == ALL:
+        return Selection(chosen, why, None, all_ranks, all_steps, notes)
     if steps is not None:
-        wanted = sorted(set(steps))
+        wanted = sorted(set(steps))  # type: ignore[arg-type]
         return Selection(chosen, why, wanted, all_ranks, all_steps, notes)
     total = sum(per_step.values()) * BYTES_PER_KERNEL
     if total <= max_bytes or len(all_steps) <= 1:
