@@ -54,9 +54,12 @@ from kineto_comm.report import Report
 # The default ceiling on the uncompressed JSON (what the viewer holds): Perfetto UI in a
 # browser tab opens about this much comfortably.
 MAX_BYTES = 200_000_000
-# Measured mean bytes of text per kernel (slice, children, flows and launches included) on
-# the H100 captures and the synthetic jobs, rounded up: the estimate `select` plans with.
-BYTES_PER_KERNEL = 330
+# Bytes of text per kernel (slice, wait/transfer children, arrows and launches included)
+# when no sample can be measured: the most seen, 421 on tests/data/h100-nccl/tp-dp-8 (178 to
+# 421 on the H100 captures, the gloo samples and a synthetic straggler job), rounded up.
+BYTES_PER_KERNEL = 450
+# `select` measures the text of one rank's middle step and plans with it times this margin.
+MARGIN = 1.15
 ALL = "all"  # --ranks all / --steps all: every rank, every step whatever the size
 # Track ids (tid) of the tracks that are not a GPU stream.
 STEPS_TID = 1_000_000_000
@@ -195,8 +198,8 @@ def select(
 ) -> Selection:
     """The ranks and steps to write: those asked for ('all': every one), else the default
     ranks (`default_ranks`) and every step, or the middle steps when all of them would
-    make the text longer than `max_bytes` (estimated from kernel counts,
-    BYTES_PER_KERNEL)."""
+    make the text longer than `max_bytes` (estimated from kernel counts and the bytes per
+    kernel of a sample, `_bytes_per_kernel`)."""
     all_ranks = sorted(int(r) for r in report.ranks["rank"])
     notes: list[str] = []
     if ranks == ALL:
@@ -217,7 +220,8 @@ def select(
     if steps is not None:
         wanted = sorted(set(steps))  # type: ignore[arg-type]
         return Selection(chosen, why, wanted, all_ranks, all_steps, notes)
-    total = sum(per_step.values()) * BYTES_PER_KERNEL
+    per_kernel = _bytes_per_kernel(report, chosen, all_steps)
+    total = int(sum(per_step.values()) * per_kernel)
     if total <= max_bytes or len(all_steps) <= 1:
         if total > max_bytes:
             notes.append(f"estimated {total / 1e6:.0f} MB, above {max_bytes / 1e6:.0f} MB")
@@ -225,12 +229,12 @@ def select(
     # The middle step, then its neighbours, while the estimate stays under the ceiling.
     mid = len(all_steps) // 2
     kept = [all_steps[mid]]
-    size = per_step[all_steps[mid]] * BYTES_PER_KERNEL
+    size = per_step[all_steps[mid]] * per_kernel
     lo, hi = mid - 1, mid + 1
     while lo >= 0 or hi < len(all_steps):
         for i in (hi, lo):
             if 0 <= i < len(all_steps):
-                extra = per_step[all_steps[i]] * BYTES_PER_KERNEL
+                extra = per_step[all_steps[i]] * per_kernel
                 if size + extra > max_bytes:
                     lo, hi = -1, len(all_steps)
                     break
@@ -243,6 +247,23 @@ def select(
         f" under {max_bytes / 1e6:.0f} MB (--steps to choose)"
     )
     return Selection(chosen, why, sorted(kept), all_ranks, all_steps, notes)
+
+
+def _bytes_per_kernel(report: Report, ranks: list[int], steps: list[int]) -> float:
+    """Bytes of text per kernel, measured on the first chosen rank's middle step (written
+    as it would be, then let go), times MARGIN; BYTES_PER_KERNEL without such a step.
+    Kernel names and the share of communication differ enough between jobs (178 to 421
+    bytes a kernel) that a constant would overshoot the ceiling or cut steps for nothing."""
+    if not ranks or not steps:
+        return BYTES_PER_KERNEL
+    rank, step = ranks[0], steps[len(steps) // 2]
+    sample = Selection([rank], {rank: []}, [step], [rank], [step])
+    kernels = report.rank_kernels.frame([rank], ["rank", "step"])
+    n = kernels.filter(pl.col("step") == step).height if kernels.height else 0
+    if n == 0:
+        return BYTES_PER_KERNEL
+    text = sum(len(e.encode()) + 2 for e in _rank_events(report, _plan(report, sample), rank))
+    return text / n * MARGIN
 
 
 # ------------------------------------------------------------------ text of events
