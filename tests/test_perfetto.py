@@ -301,3 +301,27 @@ def test_cli_writes_the_timeline_and_the_report(tmp_path):
         cwd=REPO,
     )
     assert bad.returncode == 2 and "expected numbers" in bad.stderr
+
+
+FOLDERS = sorted(
+    [p for p in SAMPLES.iterdir() if p.is_dir()]
+    + [p for p in (REPO / "tests" / "data" / "h100-nccl").iterdir() if p.is_dir()]
+)
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_real_capture_exports_a_valid_trace(folder, tmp_path):
+    """Every layout (gloo host spans, NCCL kernels, pipelines, one rank): a valid file with
+    every kernel of every rank, each arrow from a call's last arriver."""
+    report = analyze(folder)
+    out = tmp_path / "t.json"
+    write_timeline(report, out, select(report, ranks="all", steps="all"))
+    events = validate(load(out))
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    assert len(kernels) == report.rank_kernels.height
+    last = dict(report.collective_instances.select("instance", "last_rank").iter_rows())
+    waits = {e["args"]["instance"]: e for e in events if e.get("cat") == "comm_wait"}
+    for e in waits.values():
+        assert e["args"]["last_rank"] == last[e["args"]["instance"]]
+    starts = [e for e in events if e["ph"] == "s"]
+    assert len(starts) == len([e for e in events if e.get("cat") == "comm_wait"])

@@ -9,7 +9,9 @@ each matched call's last rank and every rank's wait. This module only lays them 
 - one process per rank (`pid` = rank), named with the rank, its host and its groups' roles,
   sorted by rank, with labels saying why it was chosen (median, worst or best of a group,
   straggler);
-- a track per GPU stream (`tid` = stream id): every kernel as a complete slice; a
+- a track per GPU stream (`tid` = stream id; a CPU-only trace's host threads likewise), and
+  overlap tracks for kernels that start before an earlier one on the stream ends: every
+  kernel as a complete slice; a
   communication kernel matched across ranks holds two child slices, `wait for rank L` (the
   time it sat waiting for the last arriver L) and `transfer`;
 - a track per CPU thread that launches communication: an instant per launch;
@@ -66,6 +68,7 @@ STEPS_TID = 1_000_000_000
 CRITICAL_TID = 1_000_000_001
 FINDING_TID = 1_000_000_100  # + the finding's position
 CPU_TID = 1_000_001_000  # + the thread's position among the rank's launching threads
+OVERLAP_TID = 1_000_002_000  # + n: tracks of kernels that overlap others on their stream
 MAX_FINDINGS = 50  # finding tracks per rank (the report ranks findings by saving)
 KERNEL_COLUMNS = [
     "stream",
@@ -477,8 +480,9 @@ def _rank_events(report: Report, plan: _Plan, rank: int) -> Iterator[str]:
     windows = [w for w in plan.step_windows.get(rank, []) if sel.steps is None or w[0] in sel.steps]
     frames: list[pl.DataFrame] = []
     names: dict[int, str] = {}
+    order: dict[int, int] = {}  # sort index of the overlap tracks: beside their stream
     if kernels.height:
-        frames += _kernel_frames(report, plan, rank, kernels, names)
+        frames += _kernel_frames(report, plan, rank, kernels, names, order)
     if windows:
         steps = pl.DataFrame(
             {
@@ -512,7 +516,7 @@ def _rank_events(report: Report, plan: _Plan, rank: int) -> Iterator[str]:
     for tid, name in sorted(names.items()):
         yield _meta(rank, tid, "thread_name", {"name": name})
         # Steps, the critical path and findings above the streams, CPU threads below.
-        index = tid - STEPS_TID if tid >= STEPS_TID else 100 + tid
+        index = _sort_index(tid, order)
         yield _meta(rank, tid, "thread_sort_index", {"sort_index": index})
     if not frames:
         return
@@ -521,15 +525,30 @@ def _rank_events(report: Report, plan: _Plan, rank: int) -> Iterator[str]:
     yield from events["json"].str.replace("{PID}", pid, literal=True)
 
 
+def _sort_index(tid: int, order: dict[int, int]) -> int:
+    """Where a track sits in its process: steps, the critical path and the findings first,
+    then the streams by id (each followed by its overlap tracks), the CPU threads last."""
+    if tid in order:
+        return order[tid]
+    if STEPS_TID <= tid < CPU_TID:
+        return tid - STEPS_TID
+    if CPU_TID <= tid < OVERLAP_TID:
+        return 1_500_000_000 + tid - CPU_TID
+    return 1000 + tid * 8
+
+
 def _kernel_frames(
-    report: Report, plan: _Plan, rank: int, kernels: pl.DataFrame, names: dict[int, str]
+    report: Report,
+    plan: _Plan,
+    rank: int,
+    kernels: pl.DataFrame,
+    names: dict[int, str],
+    order: dict[int, int],
 ) -> list[pl.DataFrame]:
     """The GPU streams' slices (kernels; wait and transfer inside matched calls), the flow
     ends and starts of the arrows, and the CPU threads' launches of communication."""
     base = pl.lit(plan.base_ns, pl.Int64)
-    kernels = kernels.with_columns(_base=base, tid=pl.col("stream"))
-    for stream, device in kernels.select("stream", "device").unique().sort("stream").iter_rows():
-        names[int(stream)] = f"GPU {device} stream {stream}"
+    kernels = _tracks(kernels.with_columns(_base=base), names, order)
     frames = [
         _slices(
             kernels.with_columns(label=pl.col("name")),
@@ -653,6 +672,51 @@ def _kernel_frames(
             )
         )
     return frames
+
+
+def _track_name(device: int | None, stream: int, lane: int) -> str:
+    """A kernel track's name: the GPU stream, or the host thread of a CPU-only trace's
+    spans (gloo), with the overlap lane when there is one."""
+    where = (
+        f"host thread {stream}" if device is None or device < 0 else f"GPU {device} stream {stream}"
+    )
+    return where if lane == 0 else f"{where} (overlapping {lane})"
+
+
+def _tracks(kernels: pl.DataFrame, names: dict[int, str], order: dict[int, int]) -> pl.DataFrame:
+    """`kernels` with `tid`: the stream, or, for a kernel that starts before an earlier one
+    on its stream ends, an overlap track of that stream (`OVERLAP_TID` + n), so that no two
+    slices of a track overlap without nesting (viewers draw such pairs wrong). GPU streams
+    seldom have any; a CPU-only trace's host spans (gloo's asynchronous send and recv on
+    one thread) do. Kernels are put on the first overlap track that is free, in start
+    order; only those that clash are placed one by one."""
+    kernels = kernels.sort("stream", "start_ns", "end_ns", maintain_order=True)
+    reach = pl.col("end_ns").cum_max().shift(1).over("stream")
+    kernels = kernels.with_columns(_clash=(pl.col("start_ns") < reach).fill_null(False))
+    devices = dict(kernels.select("stream", "device").unique("stream").iter_rows())
+    for stream in sorted(devices):
+        names[int(stream)] = _track_name(devices[stream], int(stream), 0)
+    clashing = kernels.filter(pl.col("_clash"))
+    if clashing.height == 0:
+        return kernels.with_columns(tid=pl.col("stream")).drop("_clash")
+    lanes: dict[int, list[int]] = {}  # stream -> each overlap lane's last end
+    tids: dict[tuple[int, int], int] = {}
+    chosen = []
+    for stream, start, end in clashing.select("stream", "start_ns", "end_ns").iter_rows():
+        ends = lanes.setdefault(stream, [])
+        lane = next((i for i, e in enumerate(ends) if e <= start), len(ends))
+        if lane == len(ends):
+            ends.append(end)
+            tids[(stream, lane + 1)] = OVERLAP_TID + len(tids)
+            names[tids[(stream, lane + 1)]] = _track_name(devices[stream], stream, lane + 1)
+            order[tids[(stream, lane + 1)]] = 1000 + stream * 8 + min(lane + 1, 7)
+        else:
+            ends[lane] = end
+        chosen.append(tids[(stream, lane + 1)])
+    moved = pl.Series("tid", chosen, dtype=pl.Int64)
+    at = kernels.with_row_index("_i").filter(pl.col("_clash"))["_i"]
+    tid = kernels["stream"].cast(pl.Int64).scatter(at, moved)
+    return kernels.with_columns(tid=tid).drop("_clash")
 
 
 def _finding_frames(
