@@ -136,3 +136,25 @@ def test_interval_arithmetic() -> None:
     assert _merged([(5, 6), (0, 2), (1.8, 3)], 0.5) == [(0, 3), (5, 6)]
     assert _minus([(0, 10)], [(2, 3), (5, 12)]) == [(0, 2), (3, 5)]
     assert _within([(0, 10), (20, 30)], [(5, 25)]) == [(5, 10), (20, 25)]
+
+
+def test_html_carries_what_the_text_report_has() -> None:
+    """Roles, skew and bandwidth, offsets, stragglers (the shared sections) and the clock
+    lines the text report prints, in the HTML too."""
+    import html as htmllib
+
+    from kineto_comm.render.formats import render
+    from kineto_comm.render.sections import sections
+    from kineto_comm.render.text import clock_sets_line, hosts_line
+
+    report = analyze(TP_DP)
+    page = htmllib.unescape(render_html(report, Severity.error))
+    text = render(report, "text")
+    keys = {s.key for s in sections(report)}
+    assert {"process_groups", "skew", "offsets", "stragglers"} <= keys
+    for section in sections(report):
+        assert section.title in page and section.title in text
+    lines = [line for line in (hosts_line(report), clock_sets_line(report)) if line]
+    assert lines
+    for line in lines:
+        assert line in page and line in " ".join(text.split())

@@ -32,7 +32,7 @@ from kineto_comm.lazy import collect
 from kineto_comm.render.html_timeline import timelines_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview, step_rows
 from kineto_comm.render.sections import UNKNOWN_GROUP, Section, sections
-from kineto_comm.render.text import fmt_bytes, fmt_ns
+from kineto_comm.render.text import clock_sets_line, fmt_bytes, fmt_ns, hosts_line
 from kineto_comm.report import Report
 
 COLORS = {
@@ -673,6 +673,11 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         timelines_html(report),
         "" if "collective_totals" in keys else "<p>No communication kernels found.</p>",
         *(_section_html(section) for section in shown),
+        *(
+            f'<p class="muted">{esc(line)}</p>'
+            for line in (hosts_line(report), clock_sets_line(report))
+            if line
+        ),
         "<h2>Message sizes per collective</h2>",
         svg_histograms(report),
         "<h2>Arrival skew: time each rank waited in each collective</h2>",
