@@ -220,6 +220,12 @@ def report(
 
         shown_ranks = parse_numbers(timeline_ranks)
         shown_steps = parse_numbers(timeline_steps)
+        exported = format in EXPORTS or any(fmt in EXPORTS for fmt, _ in extra)
+        if (timeline_ranks or timeline_steps) and not exported:
+            raise ValueError(
+                "--ranks and --steps choose what --format perfetto (or --also"
+                " perfetto=FILE) shows; no perfetto output was asked for"
+            )
     except ValueError as exc:
         raise _fail(str(exc)) from None
     result = analyze(

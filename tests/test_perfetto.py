@@ -302,6 +302,13 @@ def test_cli_writes_the_timeline_and_the_report(tmp_path):
         cwd=REPO,
     )
     assert bad.returncode == 2 and "expected numbers" in bad.stderr
+    alone = subprocess.run(
+        [sys.executable, "-m", "kineto_comm.cli", "report", str(TP_DP), "--ranks", "0"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert alone.returncode == 2 and "no perfetto output" in alone.stderr
 
 
 FOLDERS = sorted(
