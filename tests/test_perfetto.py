@@ -333,6 +333,17 @@ def test_every_real_capture_exports_a_valid_trace(folder, tmp_path):
         assert e["args"]["last_rank"] == last[e["args"]["instance"]]
     starts = [e for e in events if e["ph"] == "s"]
     assert len(starts) == len([e for e in events if e.get("cat") == "comm_wait"])
+    # One step of two ranks: every arrow still has both ends (a call near a step's edge
+    # may be in another step on another rank), and the kernels are that step's.
+    steps = sorted(report.steps.filter(pl.col("step") >= 0)["step"].unique())
+    if steps:
+        step = steps[len(steps) // 2]
+        write_timeline(
+            report, out, select(report, ranks=[0, report.ranks.height - 1], steps=[step])
+        )
+        doc = load(out)
+        events = validate(doc)
+        assert {e["args"]["step"] for e in events if e.get("cat") == "kernel"} <= {step}
 
 
 def test_a_critical_path_table_becomes_its_own_track(tp_dp, tmp_path):

@@ -402,9 +402,23 @@ def _plan(report: Report, selection: Selection) -> _Plan:
     keep = ["instance", "process_group", "collective", "bytes", "last_rank", "ranks_seen"]
     inst = inst.select(keep) if inst.height else pl.DataFrame(schema={c: pl.Int64 for c in keep})
     if report.rank_waits.height and ranks:
-        waits = report.rank_waits.frame(ranks, ["instance", "rank", "wait_ns"])
+        waits = report.rank_waits.frame(
+            ranks, ["instance", "rank", "start_ns", "end_ns", "wait_ns"]
+        )
+        waits = waits.unique(["rank", "start_ns", "end_ns"], keep="first", maintain_order=True)
+        # Only the calls whose kernel is in the file (its step chosen: a call near a step's
+        # edge can be in different steps on different ranks): an arrow needs both ends.
+        calls = report.rank_collectives.frame(ranks, ["rank", "start_ns", "end_ns", "step"])
+        if selection.steps is not None:
+            calls = calls.filter(pl.col("step").is_in(selection.steps))
+        waits = waits.join(
+            calls.select("rank", "start_ns", "end_ns"),
+            on=["rank", "start_ns", "end_ns"],
+            how="semi",
+        )
     else:
         waits = pl.DataFrame(schema={"instance": pl.Int64, "rank": pl.Int64, "wait_ns": pl.Int64})
+    present = waits.select("instance", last_rank=pl.col("rank"))
     width = max(report.ranks["rank"].max() or 0, 0) + 1  # type: ignore[operator]
     waited = (
         waits.join(inst.select("instance", "last_rank", "ranks_seen"), on="instance", how="inner")
@@ -415,7 +429,7 @@ def _plan(report: Report, selection: Selection) -> _Plan:
         )
         .select("instance", waiter=pl.col("rank"), last_rank=pl.col("last_rank"))
     )
-    arrows = waited.filter(pl.col("last_rank").is_in(ranks)).with_columns(
+    arrows = waited.join(present, on=["instance", "last_rank"], how="semi").with_columns(
         flow=pl.col("instance") * width + pl.col("waiter")
     )
     steps = report.rank_steps.frame(ranks, ["rank", "step", "start_ns", "end_ns", "cpu_start_ns"])
@@ -793,7 +807,8 @@ def timeline_pieces(report: Report, selection: Selection | None = None) -> Itera
         "flow_id_width": plan.width,
         "flow_id": "instance x flow_id_width + the waiting rank",
         "flows_left_out": plan.flows_left_out,
-        "flows_left_out_why": "the rank that arrived last is not in the file",
+        "flows_left_out_why": "the call's kernel on the rank that arrived last is not in the"
+        " file (that rank, or that step on it, left out)",
         "critical_path": "included" if plan.critical is not None else "none in this report",
     }
     yield '{"displayTimeUnit":"ns",\n'
