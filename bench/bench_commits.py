@@ -6,7 +6,8 @@ The other commit is checked out (once) as a git worktree under bench/out/trees/,
 tree's compiled scanner copied in when its sources are the same (else the run stops). Each
 run is a fresh interpreter (a first call, as the CLI makes) importing one tree or the other
 through PYTHONPATH; the trees take turns per folder, so a noisy minute hits both. Prints the
-median wall and CPU seconds per folder and tree, and the ratio.
+median wall and CPU seconds per folder and tree (imports excluded for --decode), and the
+ratio. On a shared machine the CPU seconds are the steadier figure.
 """
 
 from __future__ import annotations
@@ -22,13 +23,23 @@ from statistics import median
 HERE = Path(__file__).resolve().parent.parent
 CHILD = """
 import sys, time, resource
-t = time.perf_counter()
-from kineto_comm import analyze
-report = analyze(sys.argv[1], jobs=1, ignore=["ALL"])
+from pathlib import Path
+if sys.argv[2] == "decode":  # decoding alone: every trace file of the folder, whole
+    from kineto_comm.load.decode import decode_file
+    files = sorted(p for p in Path(sys.argv[1]).rglob("*") if p.name.endswith((".json", ".gz")))
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    t = time.perf_counter()
+    for f in files:
+        decode_file(f)
+else:
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    t = time.perf_counter()
+    from kineto_comm import analyze
+    report = analyze(sys.argv[1], jobs=1, ignore=["ALL"])
+    assert not report.errors, report.errors[:2]
 wall = time.perf_counter() - t
-assert not report.errors, report.errors[:2]
 usage = resource.getrusage(resource.RUSAGE_SELF)
-print(wall, usage.ru_utime + usage.ru_stime)
+print(wall, usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime)
 """
 
 
@@ -49,10 +60,10 @@ def tree_of(rev: str) -> Path:
     return where
 
 
-def run(tree: Path, folder: str) -> tuple[float, float]:
+def run(tree: Path, folder: str, what: str) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(Path(folder).resolve())],
+        [sys.executable, "-c", CHILD, str(Path(folder).resolve()), what],
         capture_output=True,
         text=True,
         env=env,
@@ -70,6 +81,9 @@ def main() -> None:
     ap.add_argument("rev", help="the commit to compare with (e.g. HEAD~1)")
     ap.add_argument("folders", nargs="+")
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument(
+        "--decode", action="store_true", help="time decode_file on each file, not analyze()"
+    )
     args = ap.parse_args()
     trees = {"this": HERE, args.rev: tree_of(args.rev)}
     print(f"{'folder':40} {'tree':>10} {'wall s':>8} {'cpu s':>8}")
@@ -77,7 +91,7 @@ def main() -> None:
         got: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
         for _ in range(args.runs):
             for name, tree in trees.items():
-                got[name].append(run(tree, folder))
+                got[name].append(run(tree, folder, "decode" if args.decode else "analyze"))
         walls = {}
         for name, runs in got.items():
             walls[name] = median(w for w, _ in runs)
