@@ -19,7 +19,7 @@ import polars as pl
 
 from kineto_comm import budget, cache
 from kineto_comm.analysis.crossrank import cross_rank
-from kineto_comm.analysis.jobs import separate_jobs
+from kineto_comm.analysis.jobs import conflicting_groups, separate_jobs
 from kineto_comm.errors import UsageError
 from kineto_comm.load.decode import empty_trace
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
@@ -299,7 +299,8 @@ def analyze(
     spilled = folder if merged["collectives"].spilled else None
     # Files of different jobs are not compared across ranks (one warning per problem).
     apart = separate_jobs(merged["totals"])
-    warnings += apart + one_step_warning(merged["steps"])
+    groups = conflicting_groups({r.rank: r.meta.get("groups") or {} for r in kept})
+    warnings += apart + groups + one_step_warning(merged["steps"])
     merged.update(
         cross_rank(
             merged,
