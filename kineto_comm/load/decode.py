@@ -1114,7 +1114,10 @@ def _columns(
     if cpu:
         frame = _frame(cpu, cat, phased, OPS_SCHEMA, _COMM_OP, notes)
     out["ops"] = frame.filter(_IS_OP)
-    out["host"] = frame.filter(~_IS_OP | _SIZED_OP).select(list(HOST_SCHEMA))
+    # A file that keeps its host table keeps the sized c10d ops there too (the host
+    # timeline reads them); one that keeps none has none.
+    kept = ~_IS_OP | (_SIZED_OP if host else pl.lit(False))
+    out["host"] = frame.filter(kept).select(list(HOST_SCHEMA))
     out["threads"] = _threads(_take(events, (roles == 3).arg_true().to_list()))
     return out
 
@@ -1369,17 +1372,19 @@ def _scanned_columns(
             out[key] = pl.DataFrame(schema=schema)
     cpu = by_role[2]
     is_op = None  # without host tables, every row left is an op
+    keeps: pl.Expr = pl.lit(True)  # which rows' files keep their host table (_columns)
     if any(host):
         is_op = cpu.select(op.fill_null(False)).to_series()
         if not all(host):  # only the files that keep all CPU ops keep the others
             keep_all = pl.lit(pl.Series(host, dtype=pl.Boolean)).gather(pl.col("_file"))
+            keeps = keep_all
             cpu = cpu.filter(is_op | keep_all)
             is_op = cpu.select(op.fill_null(False)).to_series()
     frame = pl.DataFrame(schema=OPS_SCHEMA)
     if cpu.height:
         frame = _scanned_frame(piece_, cpu, OPS_SCHEMA, _COMM_OP, notes)
     out["ops"] = frame if is_op is None else frame.filter(is_op)
-    out["host"] = frame.clear() if is_op is None else frame.filter(~is_op | _SIZED_OP)
+    out["host"] = frame.clear() if is_op is None else frame.filter(~is_op | (_SIZED_OP & keeps))
     out["host"] = out["host"].select(*HOST_SCHEMA, *_FILE.intersection(frame.columns))
     meta = by_role[3]
     out["threads"] = _threads(piece_.decode(meta)).with_columns(meta["_file"])
