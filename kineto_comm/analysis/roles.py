@@ -132,6 +132,11 @@ _USED = [
 # ##`), or tokens routed to experts (mixture of experts).
 EMBEDDING_WORDS = r"(?i)embed|sparse|kjt|torchrec|dlrm|all2all_data|alltoall_(fwd|bwd)_single"
 EXPERT_WORDS = r"(?i)moe|expert|dispatch|combine|router|token"
+# An all-to-all group's role by those words: (feature, role, what the evidence says).
+_ALL_TO_ALL_PURPOSES = (
+    ("_embed", "embedding", "embeddings or sparse features (embedding exchange, as in DLRM)"),
+    ("_moe", "expert", "experts or token routing (mixture of experts)"),
+)
 
 
 # What the calls' positions read of the steps table, and a store of no such rows.
@@ -416,25 +421,17 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
             pl.format("{} of calls are broadcast/barrier/other", _pct(c("_other"))),
         ),
         (c("_p2p") >= 0.5, "pipeline", pl.format("{} of calls are send/recv", _pct(c("_p2p")))),
-        (
-            (c("_a2a") >= 0.5) & (c("_embed") > 0),
-            "embedding",
-            pl.format(
-                "{} of calls are all_to_all; {} sit in annotations naming embeddings or sparse "
-                "features (embedding exchange, as in DLRM/torchrec)",
-                _pct(c("_a2a")),
-                _pct(c("_embed")),
-            ),
-        ),
-        (
-            (c("_a2a") >= 0.5) & (c("_moe") > 0),
-            "expert",
-            pl.format(
-                "{} of calls are all_to_all; {} sit in annotations naming experts or token "
-                "routing (mixture of experts)",
-                _pct(c("_a2a")),
-                _pct(c("_moe")),
-            ),
+        *(
+            (
+                (c("_a2a") >= 0.5) & (c(share) > 0),
+                role,
+                pl.format(
+                    f"{{}} of calls are all_to_all; {{}} sit in annotations naming {what}",
+                    _pct(c("_a2a")),
+                    _pct(c(share)),
+                ),
+            )
+            for share, role, what in _ALL_TO_ALL_PURPOSES
         ),
         (
             c("_a2a") >= 0.5,
