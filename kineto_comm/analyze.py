@@ -19,11 +19,12 @@ import polars as pl
 
 from kineto_comm import budget, cache
 from kineto_comm.analysis.crossrank import cross_rank
-from kineto_comm.analysis.jobs import separate_jobs
+from kineto_comm.analysis.jobs import conflicting_groups, separate_jobs
 from kineto_comm.errors import UsageError
 from kineto_comm.load.decode import empty_trace
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
 from kineto_comm.model.names import check_comm_patterns
+from kineto_comm.model.steps import one_step_warning
 from kineto_comm.per_rank import SPILLED, TABLES, RankTables, spill, tabulate
 from kineto_comm.rank_store import Part, RankStore, SpillFolder
 from kineto_comm.report import Report
@@ -211,7 +212,8 @@ def analyze(
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    checks = _rule_set(select, ignore, rules, rule_options, config)
+    checks, per_host = _rule_set(select, ignore, rules, rule_options, config)
+    ranks_per_host = ranks_per_host if ranks_per_host is not None else per_host
     model_config = _model(model)
     patterns = tuple(comm_patterns)
     check_comm_patterns(patterns)
@@ -297,7 +299,8 @@ def analyze(
     spilled = folder if merged["collectives"].spilled else None
     # Files of different jobs are not compared across ranks (one warning per problem).
     apart = separate_jobs(merged["totals"])
-    warnings += apart
+    groups = conflicting_groups({r.rank: r.meta.get("groups") or {} for r in kept})
+    warnings += apart + groups + one_step_warning(merged["steps"])
     merged.update(
         cross_rank(
             merged,
@@ -349,13 +352,15 @@ def _rule_set(
     rules: Sequence[Any],
     options: Mapping[str, Mapping[str, Any]] | None,
     config: str | Path | None,
-) -> Any:
-    """The rules analyze() runs (kineto_comm.rules_engine.RuleSet), from the config file
-    (given, or found upward from the current directory) and the arguments."""
+) -> tuple[Any, int | None]:
+    """The rules analyze() runs (kineto_comm.rules_engine.RuleSet) and the config file's
+    ranks_per_host, from the config file (given, or found upward from the current
+    directory) and the arguments."""
     from kineto_comm.rules_engine import load_config, rule_set
 
     cfg = load_config(None if config is None else Path(config))
-    return rule_set(select=select, ignore=ignore, options=options, extra_rules=rules, config=cfg)
+    checks = rule_set(select=select, ignore=ignore, options=options, extra_rules=rules, config=cfg)
+    return checks, cfg.ranks_per_host
 
 
 def _model(path: str | Path | None) -> tuple[Any, Any] | None:

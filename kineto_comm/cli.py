@@ -63,7 +63,10 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-FORMATS_HELP = "text, json, markdown, sarif, junit, github or html."
+FORMATS_HELP = (
+    "text, json, markdown, sarif, junit, github, html, or perfetto (a clock-aligned timeline"
+    " for Perfetto UI / chrome://tracing; gzip when the -o name ends in .gz)."
+)
 
 # The rule options `report` and `diff` share: a diff of trace folders runs the same rules,
 # with the same config and options, as `report` does on each.
@@ -174,6 +177,22 @@ def report(
         Path | None,
         typer.Option("--model", help="Model config (TOML): compare with the analytical model."),
     ] = None,
+    timeline_ranks: Annotated[
+        str | None,
+        typer.Option(
+            "--ranks",
+            help="perfetto: ranks to include, e.g. 0,3,8-11 or all (default: the median"
+            " rank, the slowest and fastest of each group, every straggler).",
+        ),
+    ] = None,
+    timeline_steps: Annotated[
+        str | None,
+        typer.Option(
+            "--steps",
+            help="perfetto: steps to include, e.g. 5-7 (default: all, or the middle ones"
+            " under about 200 MB).",
+        ),
+    ] = None,
     select: SelectOption = None,
     ignore: IgnoreOption = None,
     rules: RulesOption = None,
@@ -183,6 +202,7 @@ def report(
     """Analyse traces: where each rank's time went, what communication costs, what to change."""
     from kineto_comm.analyze import analyze
     from kineto_comm.render.formats import (
+        EXPORTS,
         FORMATS,
         exit_code,
         parse_also,
@@ -193,8 +213,19 @@ def report(
     try:
         severity = parse_severity(fail_on)
         extra = [parse_also(item) for item in also or ()]
-        if format not in FORMATS:
-            raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        if format not in FORMATS and format not in EXPORTS:
+            choices = ", ".join((*FORMATS, *EXPORTS))
+            raise ValueError(f"unknown format {format!r}; choose one of {choices}")
+        from kineto_comm.render.perfetto import parse_numbers
+
+        shown_ranks = parse_numbers(timeline_ranks)
+        shown_steps = parse_numbers(timeline_steps)
+        exported = format in EXPORTS or any(fmt in EXPORTS for fmt, _ in extra)
+        if (timeline_ranks or timeline_steps) and not exported:
+            raise ValueError(
+                "--ranks and --steps choose what --format perfetto (or --also"
+                " perfetto=FILE) shows; no perfetto output was asked for"
+            )
     except ValueError as exc:
         raise _fail(str(exc)) from None
     result = analyze(
@@ -220,9 +251,22 @@ def report(
         if not result.errors:
             print("error: no trace files found", file=sys.stderr)
         raise typer.Exit(2)
+
+    def export(out: Path | Any) -> None:
+        """The perfetto timeline of the ranks and steps asked for (render.perfetto)."""
+        from kineto_comm.render.perfetto import select as choose
+        from kineto_comm.render.perfetto import write_timeline
+
+        write_timeline(result, out, choose(result, shown_ranks, shown_steps))
+
     for fmt, path in extra:
-        write(result, fmt, path, fail_on=severity)
-    if format == "text" and output is None:
+        if fmt in EXPORTS:
+            export(path)
+        else:
+            write(result, fmt, path, fail_on=severity)
+    if format in EXPORTS:
+        export(output or sys.stdout)
+    elif format == "text" and output is None:
         render_text(result, out=sys.stdout, problems=False)
     else:
         write(result, format, output or sys.stdout, fail_on=severity)
@@ -396,7 +440,7 @@ def synth(
 
 @app.command(cls=Command)
 def capture(
-    layout: Annotated[str, typer.Argument(help="ddp, fsdp, pp, tp or tp-dp.")],
+    layout: Annotated[str, typer.Argument(help="ddp, fsdp, pp, tp, tp-dp or ep.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for the rank traces.")],
     ranks: Annotated[int, typer.Option("--ranks", help="World size (processes).")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="Profiled training steps.")] = 2,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import uuid
+import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,16 @@ class RankTables:
             if name not in self.files  # rows in a file keep `held` (RankStore relabels them)
         }
         return replace(self, rank=rank, **relabel)
+
+
+def group_digests(groups: list[dict[str, Any]]) -> dict[str, int]:
+    """pg_name -> a digest of the ranks its config lists (crc32 of the sorted list: the same
+    in every process), for telling files of different jobs apart (analysis.jobs)."""
+    return {
+        str(g["pg_name"]): zlib.crc32(str(sorted(g["ranks"] or [])).encode())
+        for g in groups
+        if g.get("pg_name") is not None and isinstance(g.get("ranks"), list)
+    }
 
 
 def _process_groups(raws: list[RawTrace]) -> pl.DataFrame:
@@ -256,9 +267,10 @@ def _rank_tables(
         "host_name": raw.host_name,
         "bytes": raw.nbytes,
         "has_step_markers": marked,
+        "groups": group_digests(raw.process_groups),
     }
-    # Not the process groups: each lists its ranks, so every rank's copy would hold
-    # ranks x group size values in the parent (they are in the calls' pg_ columns).
+    # Not the process groups' rank lists: every rank's copy would hold ranks x group size
+    # values in the parent (they are in the calls' pg_ columns); a digest of each will do.
     return RankTables(
         file=raw.file,
         rank=raw.rank,

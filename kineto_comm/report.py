@@ -123,7 +123,9 @@ class Report:
         return getattr(self, name)
 
     def collective_summary(self) -> pl.DataFrame:
-        """count, bytes and time per (rank, collective, process_group, dtype)."""
+        """count, bytes (the nccl-tests size), in_bytes and out_bytes (what the rank put in
+        and got out: sent and received, for all_to_all) and time per (rank, collective,
+        process_group, dtype)."""
         keys = ["rank", "collective", "process_group", "dtype"]
         calls = self.rank_collectives
         if calls.height == 0:
@@ -135,15 +137,19 @@ class Report:
                     "dtype": pl.String,
                     "count": pl.Int64,
                     "bytes": pl.Int64,
+                    "in_bytes": pl.Int64,
+                    "out_bytes": pl.Int64,
                     "total_ns": pl.Int64,
                 }
             )
         return collect(
-            calls.lazy([*keys, "bytes", "duration_ns"])
+            calls.lazy([*keys, "bytes", "in_bytes", "out_bytes", "duration_ns"])
             .group_by(keys)
             .agg(
                 count=pl.len().cast(pl.Int64),
                 bytes=pl.col("bytes").sum(),
+                in_bytes=pl.col("in_bytes").sum(),
+                out_bytes=pl.col("out_bytes").sum(),
                 total_ns=pl.col("duration_ns").sum(),
             )
             .sort(["rank", "total_ns"], descending=[False, True]),

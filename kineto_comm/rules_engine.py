@@ -39,7 +39,7 @@ from kineto_comm.rules_api import Option, Rule, Tables, make_finding, mean_step_
 BUILTIN_PACKAGE = "kineto_comm_builtin_rules"
 ENTRY_POINT_GROUP = "kineto_comm.rules"
 CONFIG_FILE = "kineto-comm.toml"
-CONFIG_KEYS = ("select", "ignore", "rules", "options", "rule")
+CONFIG_KEYS = ("select", "ignore", "rules", "options", "rule", "ranks_per_host")
 
 
 class RuleError(UsageError):
@@ -277,6 +277,8 @@ class Config:
     rules: list[str] = field(default_factory=list)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     sql_rules: list[dict[str, Any]] = field(default_factory=list)
+    # Ranks r // N share a host and its clock (the CLI's --ranks-per-host wins over it).
+    ranks_per_host: int | None = None
     path: Path | None = None
 
     @property
@@ -328,7 +330,13 @@ def load_config(path: Path | None = None, search: bool = True) -> Config:
     options = section.get("options", {})
     if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
         raise RuleError(f"config file {path}: options must be tables [options.CODE]")
+    per_host = section.get("ranks_per_host")
+    if per_host is not None and (
+        isinstance(per_host, bool) or not isinstance(per_host, int) or per_host < 1
+    ):
+        raise RuleError(f"config file {path}: ranks_per_host must be a whole number >= 1")
     return Config(
+        ranks_per_host=per_host,
         select=_strs(section.get("select", []), path, "select"),
         ignore=_strs(section.get("ignore", []), path, "ignore"),
         rules=_strs(section.get("rules", []), path, "rules"),

@@ -37,6 +37,13 @@ ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
         "Overlap expert dispatch/combine with compute (e.g. DeepEP, Megatron "
         "--moe-shared-expert-overlap); lower the capacity factor.",
     ),
+    ("embedding", "all_to_all"): (
+        "torchrec: pipeline the sparse-feature all-to-all with the previous batch's dense "
+        "compute (TrainPipelineSparseDist), so the embedding exchange overlaps it.",
+        "Re-shard the embedding tables (torchrec's planner: table-, row- or column-wise) to "
+        "cut and balance the all-to-all volume; quantize the exchange (qcomms: fp16/bf16 "
+        "forward and backward).",
+    ),
     ("fsdp", "all_gather"): (
         "FSDP: forward_prefetch=True and backward_prefetch=BackwardPrefetch.BACKWARD_PRE so "
         "the next unit's parameters are gathered during the current unit's compute; "

@@ -13,6 +13,7 @@ from kineto_comm.rules_api import (
     Severity,
     Tables,
     collective_exposure_lazy,
+    group_roles,
     make_finding,
     mean_step_ns,
     rank_lateness,
@@ -158,11 +159,46 @@ def _exposed_waits(tables: Tables) -> pl.DataFrame:
     return steps if steps.height else empty
 
 
+# How to give every rank the same work, by what its groups do (process-group roles): the
+# first role present wins; a job whose groups' purpose is unknown gets the generic line.
+_BALANCE = (
+    (
+        "embedding",
+        "Balance the embedding work per rank: shard the tables by measured lookup and "
+        "feature statistics (torchrec's planner) so that each rank's all-to-all carries the "
+        "same number of rows, and give every rank batches with the same number of sparse ids.",
+    ),
+    (
+        "expert",
+        "Balance the tokens per expert: a load-balancing (auxiliary) loss, a capacity factor "
+        "that drops or re-routes overflow tokens, or expert placement that spreads hot experts.",
+    ),
+    (
+        ("data_parallel", "tensor_parallel", "fsdp", "pipeline"),
+        "Give every rank the same work per step: pack sequences or bucket them by length so "
+        "that each rank's batch holds the same number of tokens.",
+    ),
+)
+_BALANCE_GENERIC = (
+    "Give every rank the same work per step: the same batch size and input shapes on every "
+    "rank (what the groups exchange is not known from the trace)."
+)
+
+
+def _balance_advice(tables: Tables) -> tuple[str, ...]:
+    """The work-balancing advice that fits the job's process-group roles."""
+    roles = set(group_roles(tables)["role"].drop_nulls().to_list())
+    for wanted, text in _BALANCE:
+        if roles & ({wanted} if isinstance(wanted, str) else set(wanted)):
+            return (text,)
+    return (_BALANCE_GENERIC,)
+
+
 @rule(
     code="SYNC104",
     name="arrival-imbalance",
     summary="Ranks reach collectives out of step, no one rank to blame: all wait in turn.",
-    tables=("collectives", "kernels", "steps", "storms", "stragglers"),
+    tables=("collectives", "kernels", "steps", "storms", "stragglers", "process_groups"),
     options=SHARE_OPTIONS,
 )
 def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -262,9 +298,9 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             },
             edit=edit,
             advice=(
-                "Give every rank the same work per step: pack sequences or bucket them by "
-                "length so that each rank's batch holds the same number of tokens; keep the "
-                "data loader ahead (num_workers, pin_memory, prefetch_factor).",
+                *_balance_advice(tables),
+                "Keep the data loader ahead of the step on every rank (num_workers, "
+                "pin_memory, prefetch_factor).",
                 "Collect garbage at the same step on every rank: gc.freeze() after start-up "
                 "and gc.disable() with a gc.collect() every N steps (Megatron-LM: "
                 "--manual-gc --manual-gc-interval N).",

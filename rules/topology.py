@@ -22,18 +22,45 @@ from kineto_comm.rules_api import (
     rule,
 )
 
+# Ranks per host where neither the option nor the traces say (an 8-GPU server).
+DEFAULT_RANKS_PER_HOST = 8
+
+
+def _report_hosts(tables: Tables) -> pl.DataFrame | None:
+    """rank, host, host_source from the offsets table, where the hosts are known there (not
+    `unknown`: a host per rank, which says nothing of the layout)."""
+    if not tables.has("offsets", "rank", "host", "host_source"):
+        return None
+    hosts = tables["offsets"].select("rank", "host", "host_source")
+    if hosts.height == 0 or (hosts["host_source"] == "unknown").all():
+        return None
+    return hosts
+
+
+def _spans(groups: pl.DataFrame, hosts: pl.DataFrame) -> pl.DataFrame:
+    """process_group, hosts: how many of the report's hosts each group's ranks are on (a
+    rank without a trace counts as a host of its own)."""
+    return (
+        groups.select("process_group", rank=pl.col("ranks"))
+        .explode("rank")
+        .join(hosts.select("rank", "host"), on="rank", how="left")
+        .group_by("process_group")
+        .agg(hosts=pl.coalesce("host", pl.format("rank {}", "rank")).n_unique())
+    )
+
 
 @rule(
     code="NET102",
     name="tensor-parallel-across-hosts",
     summary="A tensor-parallel group spans several hosts instead of one NVLink domain.",
-    tables=("process_groups", "collectives", "kernels", "steps"),
+    tables=("process_groups", "collectives", "kernels", "steps", "offsets"),
     options=(
         Option(
             "ranks_per_host",
-            8,
-            "GPUs per host (ranks r and s share a host when "
-            "r // ranks_per_host == s // ranks_per_host).",
+            0,
+            "GPUs per host (ranks r and s share a host when r // ranks_per_host == "
+            "s // ranks_per_host); 0: the report's hosts (the offsets table: --ranks-per-host, "
+            "the traces' host names or device ids), 8 where the traces do not tell.",
         ),
         Option(
             "inter_host_slowdown",
@@ -45,10 +72,12 @@ from kineto_comm.rules_api import (
 )
 def tensor_parallel_across_hosts(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
-    Reads each tensor-parallel process group's ranks and counts the hosts they span
-    (`ranks_per_host` consecutive ranks per host). A group on more than one host is
-    reported; the impact is the replayed saving of its exposed transfers running
-    `inter_host_slowdown` times faster inside one host.
+    Reads each tensor-parallel process group's ranks and counts the hosts they span: the
+    report's hosts (the offsets table's `host`, the same grouping the clock alignment uses),
+    or `ranks_per_host` consecutive ranks per host where that option is set or the traces
+    do not tell (8). A group on more than one host is reported; the impact is the replayed
+    saving of its exposed transfers running `inter_host_slowdown` times faster inside one
+    host.
 
     Why is this bad?
     Tensor parallelism puts several all-reduces (or all-gather/reduce-scatter pairs) on the
@@ -66,9 +95,15 @@ def tensor_parallel_across_hosts(tables: Tables, options: dict[str, Any]) -> lis
     if tp.height == 0:
         return []
     per_host = int(options["ranks_per_host"])
-    spanning = tp.with_columns(hosts=hosts_of(pl.col("ranks"), per_host)).filter(
-        pl.col("hosts") > 1
-    )
+    known = _report_hosts(tables) if per_host <= 0 else None
+    if known is None:
+        per_host = per_host if per_host > 0 else DEFAULT_RANKS_PER_HOST
+        spanning = tp.with_columns(hosts=hosts_of(pl.col("ranks"), per_host))
+        how = f"{per_host} ranks per host"
+    else:
+        spanning = tp.join(_spans(tp, known), on="process_group", how="left")
+        how = f"hosts from {known['host_source'][0].replace('_', ' ')}"
+    spanning = spanning.filter(pl.col("hosts") > 1)
     if spanning.height == 0:
         return []
     step_ns = mean_step_ns(tables)
@@ -105,7 +140,7 @@ def tensor_parallel_across_hosts(tables: Tables, options: dict[str, Any]) -> lis
             Severity.error if share >= 0.10 else Severity.warning,
             f"{len(groups)} tensor-parallel group(s) span several hosts",
             f"Tensor-parallel groups {', '.join(groups)} span up to "
-            f"{int(spanning['hosts'].max())} hosts ({per_host} ranks per host); their "
+            f"{int(spanning['hosts'].max())} hosts ({how}); their "
             f"collectives cross the network on every layer.",
             impact_ns_per_step=total,
             step_ns=step_ns,
@@ -114,7 +149,7 @@ def tensor_parallel_across_hosts(tables: Tables, options: dict[str, Any]) -> lis
             evidence={
                 "process_groups": groups,
                 "hosts_spanned": spanning["hosts"].to_list(),
-                "ranks_per_host": per_host,
+                "hosts_from": how,
                 "exposed_saved_ns_per_step": int(spanning["impact_ns"].fill_null(0).max() or 0),
                 "step_ns": step_ns,
                 "saving_method": f"replay: {edit.name}",

@@ -16,7 +16,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
+
+from tests.conftest import shared
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "sample_traces"
@@ -27,6 +30,7 @@ EXPECTED_SAMPLES: dict[str, tuple[int, set[str]]] = {
     "pp-4": (4, {"gloo:send", "gloo:recv", "c10d::send", "c10d::recv_"}),
     "tp-2": (2, {"gloo:all_reduce", "c10d::allreduce_"}),
     "fsdp-2": (2, {"gloo:all_gather", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_"}),
+    "ep-4": (4, {"gloo:all_to_all", "c10d::alltoall_base_"}),
 }
 
 COMM_PREFIXES = ("gloo:", "nccl:", "c10d::")
@@ -101,6 +105,7 @@ C10D_TO_GLOO = {
     "c10d::_reduce_scatter_base_": "gloo:all_reduce",
     "c10d::send": "gloo:send",
     "c10d::recv_": "gloo:recv",
+    "c10d::alltoall_base_": "gloo:all_to_all",
 }
 
 
@@ -144,6 +149,51 @@ def test_shipped_pp_sends_match_receives() -> None:
     # 4 micro-batches x 3 steps, activations forward and gradients backward.
     assert set(sends) == {(0, 1), (1, 2), (2, 3), (1, 0), (2, 1), (3, 2)}
     assert set(sends.values()) == {12}
+
+
+def test_shipped_uneven_all_to_all_bytes_are_what_each_rank_sent_and_received() -> None:
+    """ep-4: per call, the analyser's input and output sizes are what the capturing script
+    routed (ep_tokens x hidden x 4 bytes): the dispatch sends the rank's tokens and receives
+    its expert's, the combine the reverse, and backward repeats both. What the rank sends
+    differs from what it receives, and `bytes` (the nccl-tests size) is the larger."""
+    from kineto_comm import analyze
+    from kineto_comm.capture.workloads import HIDDEN, ep_tokens
+
+    report = analyze(SAMPLES / "ep-4", jobs=1, ignore=["ALL"])
+    assert report.errors == ()
+    tokens = ep_tokens(4)
+    calls = report.collectives.filter(pl.col("step") >= 0).sort("rank", "start_ns")
+    assert set(calls["collective"]) == {"all_to_all"}
+    summary = report.collective_summary()
+    for rank in range(4):
+        sent = sum(tokens[rank]) * HIDDEN * 4
+        received = sum(tokens[src][rank] for src in range(4)) * HIDDEN * 4
+        mine = calls.filter(pl.col("rank") == rank)
+        assert mine.height == 12  # 4 exchanges x 3 steps
+        pairs = list(zip(mine["in_bytes"], mine["out_bytes"], strict=True))
+        assert pairs == [(sent, received), (received, sent)] * 6, (rank, pairs[:4])
+        assert (mine["bytes"] == max(sent, received)).all()
+        row = summary.filter(pl.col("rank") == rank)
+        assert row["in_bytes"].item() == row["out_bytes"].item() == 6 * (sent + received)
+    assert {sum(t) for t in tokens} != {sum(t[d] for t in tokens) for d in range(4)}
+
+
+def test_an_older_trace_reads_received_sizes_from_the_c10d_op() -> None:
+    """HTA's 16-rank NCCL trace records no sizes in record_param_comms: the annotation has
+    only the input, the c10d op [output, input]. An uneven all-to-all's received size and
+    an all-gather's full output come from the op (nccl-tests counts the output)."""
+    from kineto_comm import analyze
+
+    report = analyze(shared("hta/negative_queue_length_values_check"), ignore=["ALL"])
+    calls = report.collectives
+    a2a = calls.filter(pl.col("collective") == "all_to_all")
+    assert a2a.height and a2a["out_nelems"].null_count() == 0
+    assert (a2a["in_nelems"] != a2a["out_nelems"]).any()  # uneven: sends != receives
+    pairs = set(zip(a2a["out_nelems"], a2a["in_nelems"], strict=True))
+    assert (2883584, 3145728) in pairs  # the first alltoall_fwd_single's op: [[2883584], [3145728]]
+    gather = calls.filter(pl.col("collective") == "all_gather")
+    assert gather.height and (gather["out_nelems"] > gather["in_nelems"]).all()
+    assert (gather["bytes"] == gather["out_bytes"]).all()
 
 
 def test_shipped_ddp_allreduce_sizes_agree_across_ranks() -> None:

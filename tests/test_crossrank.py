@@ -488,3 +488,38 @@ def test_files_of_different_jobs_are_not_compared():
     assert not [f for f in run_rules(report) if f.impact_ns_per_step > span]
     # One job's files say nothing of the kind.
     assert not [w for w in analyze(SAMPLES / "tp-2", jobs=1).warnings if "one job" in w]
+
+
+def test_a_trace_of_one_step_says_its_figures_rest_on_it() -> None:
+    """HTA's call_stack trace profiles one ProfilerStep: the report says every per-step
+    figure rests on that step; a capture of three steps says nothing of the kind."""
+    one = analyze(shared("hta/call_stack"), jobs=1, ignore=["ALL"])
+    assert one.steps.filter(pl.col("step") >= 0)["step"].n_unique() == 1
+    assert [w for w in one.warnings if "one profiled step" in w]
+    three = analyze(SAMPLES / "tp-2", jobs=1, ignore=["ALL"])
+    assert not [w for w in three.warnings if "one profiled step" in w]
+
+
+def test_a_group_name_with_two_rank_lists_is_said(tmp_path) -> None:
+    """One job names each group once: the H100 tp-dp-8 capture's files agree. Rank 3's file
+    edited to list other ranks for its tensor-parallel group '2' gives one line naming the
+    group and the files that disagree."""
+    import gzip
+    import json
+    import shutil
+
+    src = REPO / "tests" / "data" / "h100-nccl" / "tp-dp-8"
+    assert not [w for w in analyze(src, jobs=1, ignore=["ALL"]).warnings if "lists" in w]
+    job = tmp_path / "job"
+    shutil.copytree(src, job)
+    victim = next(job.glob("rank-3.*"))
+    doc = json.loads(gzip.decompress(victim.read_bytes()))
+    groups = doc["distributedInfo"]["pg_config"]
+    tp = next(g for g in groups if g["pg_name"] == "2")
+    tp["ranks"] = [3, 4]
+    victim.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    said = [w for w in analyze(job, jobs=1, ignore=["ALL"]).warnings if "lists" in w]
+    assert said == [
+        "process group '2' lists different ranks in the files of ranks 2, 3 (2 versions): the "
+        "files may come from different jobs, or the groups were named per rank"
+    ]

@@ -242,3 +242,32 @@ def test_a_cut_off_file_without_its_rank_says_so(tmp_path):
     raw = decode.decode_file(path)
     assert raw.rank is None
     assert [w for w in raw.warnings if "no distributedInfo before the cut" in w]
+
+
+def test_what_a_piece_reads_does_not_depend_on_where_the_file_is_cut(tmp_path):
+    """Campaign cases collargs:549/627/733. On HTA's trace_filter trace, a record_param_comms
+    named a collective but without a size still leaves its annotation's Input Dims to be
+    read; on the MI250 trace, a kernel whose stream is out of range keeps its host thread,
+    and only it. Both were decided per piece, so whole and pieces gave different tables."""
+    text = gzip.decompress(shared("hta/trace_filter/sampled_rank-0.json.gz").read_bytes())
+    doc = json.loads(text)
+    comms = [e for e in doc["traceEvents"] if e.get("name") == "record_param_comms"]
+    comms[-1].setdefault("args", {})["Collective name"] = "allreduce"
+    filtered = _write(tmp_path / "filter.json", doc)
+    text = gzip.decompress(
+        shared("hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz").read_bytes()
+    )
+    doc = json.loads(text)
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[len(kernels) // 2]["args"]["stream"] = 2**64 + 5
+    mi250 = _write(tmp_path / "mi250.json", doc)
+    for path in (filtered, mi250):
+        got = fuzz._decode_all(path)
+        assert all(v[0] == "ok" for v in got.values()), got
+        assert not fuzz._disagreements(got), (path.name, fuzz._disagreements(got))
+    ops = decode.decode_file(filtered, fuzz.PIECE).ops
+    sized = ops.filter(pl.col("name").str.starts_with("nccl:"))
+    assert sized.height and sized.get_column("input_dims").null_count() == 0
+    gpu = decode.decode_file(mi250).gpu
+    assert gpu.filter(pl.col("tid").is_not_null()).height == 1
+    assert gpu.filter(pl.col("stream").is_null()).height == 1

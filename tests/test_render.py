@@ -261,6 +261,18 @@ def test_markdown_headline_tables_and_escaping(ddp: Report) -> None:
     assert markdown.md_escape("a|b\nc<d>") == "a\\|b c&lt;d&gt;"
 
 
+def test_markdown_says_which_ranks_share_a_clock() -> None:
+    """The hosts line the text report prints (which ranks share a host and its clock, and
+    how that was inferred) is in the Markdown too, escaped."""
+    from kineto_comm import analyze
+    from kineto_comm.render.text import hosts_line
+
+    report = analyze(SAMPLES / "tp-2", jobs=1, ranks_per_host=1)
+    line = hosts_line(report)
+    assert line and line.startswith("Clocks: 2 host(s)")
+    assert markdown.md_escape(line) in render(report, "markdown")
+
+
 def test_markdown_without_findings(clean_report: Report) -> None:
     text = render(clean_report, "markdown")
     assert "No findings at or above `error`." in text

@@ -164,6 +164,23 @@ def test_tensor_parallel_across_hosts_positive_and_negative(job) -> None:
     assert f.impact_ns_per_step > 0
 
 
+def test_tensor_parallel_hosts_are_the_reports_hosts(job, tmp_path) -> None:
+    """NET102 counts hosts as the clock alignment does (the offsets table): one rank per
+    host by --ranks-per-host puts each TP pair on two hosts; pairs of ranks per host keep
+    them together; the rule's own option still overrides."""
+    out = tmp_path / "tp-dp"
+    generate("baseline", out, ranks=8, layout="tp-dp", steps=3, model=TINY, hardware=HW)
+    apart = analyze(out, jobs=1, ranks_per_host=1)
+    assert set(apart.offsets["host_source"]) == {"ranks_per_host"}
+    (f,) = only(apart, "NET102")
+    assert f.evidence["hosts_from"] == "hosts from ranks per host"
+    assert f.ranks == tuple(range(8))
+    together = analyze(out, jobs=1, ranks_per_host=2)
+    assert only(together, "NET102") == []
+    (g,) = only(together, "NET102", ranks_per_host=1)
+    assert g.evidence["hosts_from"] == "1 ranks per host"
+
+
 def test_pipeline_bubble_positive_and_negative(job) -> None:
     bad, truth = job("bubble", "pp-dp")
     (f,) = only(bad, "PIPE101")

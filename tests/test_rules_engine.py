@@ -468,3 +468,23 @@ def test_custom_rules_are_first_class_in_rules_explain_and_text(tmp_path: Path, 
     assert report.findings[0].severity is not Severity.info
     top = render_text_str(report).split("`kineto-comm explain CODE`")[0]
     assert f"1. {report.findings[0].severity.value} {report.findings[0].code}" in top
+
+
+def test_ranks_per_host_from_the_config_file(tmp_path: Path) -> None:
+    """The config file's ranks_per_host groups the hosts (hence the clocks) as
+    --ranks-per-host does; the argument wins over it; a bad value is one usage error."""
+    from kineto_comm import analyze
+    from kineto_comm.errors import UsageError
+
+    from .conftest import SAMPLES
+
+    cfg = tmp_path / "kineto-comm.toml"
+    cfg.write_text("ranks_per_host = 1\n")
+    report = analyze(SAMPLES / "tp-2", jobs=1, config=cfg, ignore=["ALL"])
+    assert set(report.offsets["host_source"]) == {"ranks_per_host"}
+    assert report.offsets["host"].n_unique() == 2
+    report = analyze(SAMPLES / "tp-2", jobs=1, config=cfg, ranks_per_host=2, ignore=["ALL"])
+    assert report.offsets["host"].n_unique() == 1
+    cfg.write_text("ranks_per_host = 0\n")
+    with pytest.raises(UsageError, match="ranks_per_host must be a whole number"):
+        analyze(SAMPLES / "tp-2", jobs=1, config=cfg)

@@ -251,6 +251,18 @@ def test_roles_on_real_gloo_captures(samples: dict[str, Report]) -> None:
             assert row["role"] == expected[name], row["evidence"]
 
 
+def test_an_all_to_all_of_unknown_purpose_is_not_called_expert() -> None:
+    """The real uneven all-to-all capture (sample_traces/ep-4) has no annotation naming
+    experts or embeddings: its group is an all-to-all of unknown purpose, and the advice
+    stays generic (no token packing, no MoE flags)."""
+    rep = kineto_comm.analyze(SAMPLES / "ep-4", jobs=1)
+    row = _roles(rep).row(0, named=True)
+    assert row["role"] == "unknown" and "all_to_all of unknown purpose" in row["evidence"]
+    for finding in rep.findings:
+        text = " ".join(finding.advice)
+        assert "tokens" not in text and "DeepEP" not in text, (finding.code, text)
+
+
 def test_calls_stay_unnamed_where_the_config_lists_several_groups() -> None:
     """The real 300-rank gloo trace lists eleven groups of 300 ranks in its pg_config and its
     calls give no size: which one a call is on cannot be told, so none is named."""
@@ -265,7 +277,10 @@ def test_roles_on_hta_control_trace() -> None:
     pgs = _roles(rep)
     assert pgs["process_group"].to_list() == ["?"]
     row = pgs.row(0, named=True)
-    assert row["role"] == "expert"
+    # A DLRM-style job: its all-to-alls sit in torchrec's annotations (`## all2all_data:
+    # lengths ##`, `## alltoall_fwd_single ##`): an embedding exchange, not experts.
+    assert row["role"] == "embedding", row["evidence"]
+    assert "embeddings or sparse features" in row["evidence"]
     assert row["collectives"] == ["all_to_all", "all_reduce"]
     n_steps = rep.steps.filter(pl.col("step") >= 0).height
     in_steps = rep.collectives.filter(pl.col("step") >= 0)

@@ -1,8 +1,10 @@
 """Algorithm and bus bandwidth of collectives, by the nccl-tests definitions.
 
 algbw = size / time, where size is the message size nccl-tests reports (the `bytes` column:
-the full buffer for all_gather / reduce_scatter / all_to_all). busbw = algbw x factor, the
-factor making busbw comparable to the link speed whatever the collective and group size n:
+the full buffer for all_gather / reduce_scatter / all_to_all; for an uneven all-to-all, the
+larger of what the rank sent and received). busbw = algbw x factor, the factor making busbw
+comparable to the link speed whatever the collective and group size n (PARAM's all_to_allv
+uses the all_to_all factor):
     all_reduce                            2 (n - 1) / n
     all_gather, reduce_scatter, all_to_all    (n - 1) / n
     broadcast, reduce, send, recv, send_recv  1

@@ -1,4 +1,5 @@
-"""What each process group is for: data, tensor, pipeline or expert parallelism, or FSDP.
+"""What each process group is for: data, tensor, pipeline or expert parallelism, embedding
+exchange, or FSDP.
 
 Why: traces name groups by number ("0", "5") and rarely by purpose (`pg_desc` is often
 `default_pg` or missing, and gloo traces carry no group at all), yet every judgement about
@@ -30,7 +31,10 @@ Decision, first match wins:
 
 1. >= 50 % of calls broadcast / barrier / reduce / gather / scatter / unknown -> unknown
 2. >= 50 % send / recv / send_recv -> pipeline
-3. >= 50 % all_to_all -> expert
+3. >= 50 % all_to_all -> embedding when some of its calls sit in user annotations naming
+   embeddings or sparse features (torchrec's `## all2all_data:kjt values ##`), else expert
+   when some sit in annotations naming experts or token routing, else unknown (an all-to-all
+   of unknown purpose: the trace does not say, and the advice stays generic)
 4. all_gather and reduce_scatter both present, together >= 50 % of calls, volumes within 4x ->
    fsdp; but tensor_parallel (sequence parallelism) when >= 25 % of the reduce_scatters run in
    the forward (FSDP reduce-scatters only in backward)
@@ -61,7 +65,7 @@ from kineto_comm.model.collectives import parse_ranks
 from kineto_comm.model.steps import steps_per_rank
 from kineto_comm.rank_store import RankStore, as_store
 
-ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "fsdp", "unknown")
+ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "embedding", "fsdp", "unknown")
 PROCESS_GROUP_SCHEMA: dict[str, pl.DataType] = {
     "process_group": pl.String(),
     "pg_desc": pl.String(),
@@ -119,7 +123,20 @@ _USED = [
     "group_size",
     "pg_desc",
     "pg_ranks",
+    "annotation",
 ]
+
+# Words in the user annotations around a call that say what an all-to-all exchanges:
+# embedding rows and sparse features (torchrec names its exchanges `## all2all_data:kjt
+# values ##`, `## alltoall_fwd_single ##` for pooled embeddings, `## forward:sparse_arch
+# ##`), or tokens routed to experts (mixture of experts).
+EMBEDDING_WORDS = r"(?i)embed|sparse|kjt|torchrec|dlrm|all2all_data|alltoall_(fwd|bwd)_single"
+EXPERT_WORDS = r"(?i)moe|expert|dispatch|combine|router|token"
+# An all-to-all group's role by those words: (feature, role, what the evidence says).
+_ALL_TO_ALL_PURPOSES = (
+    ("_embed", "embedding", "embeddings or sparse features (embedding exchange, as in DLRM)"),
+    ("_moe", "expert", "experts or token routing (mixture of experts)"),
+)
 
 
 # What the calls' positions read of the steps table, and a store of no such rows.
@@ -273,6 +290,8 @@ def _features(calls: pl.LazyFrame, firsts: pl.DataFrame, world: int, rows: int) 
                 _other=share(coll.is_in(list(_OTHER))),
                 _p2p=share(is_p2p(coll)),
                 _a2a=share(coll == "all_to_all"),
+                _embed=share(pl.col("annotation").str.contains(EMBEDDING_WORDS).fill_null(False)),
+                _moe=share(pl.col("annotation").str.contains(EXPERT_WORDS).fill_null(False)),
                 _ag=share(coll == "all_gather"),
                 _rs=share(coll == "reduce_scatter"),
                 _ar=share(coll == "all_reduce"),
@@ -402,7 +421,27 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
             pl.format("{} of calls are broadcast/barrier/other", _pct(c("_other"))),
         ),
         (c("_p2p") >= 0.5, "pipeline", pl.format("{} of calls are send/recv", _pct(c("_p2p")))),
-        (c("_a2a") >= 0.5, "expert", pl.format("{} of calls are all_to_all", _pct(c("_a2a")))),
+        *(
+            (
+                (c("_a2a") >= 0.5) & (c(share) > 0),
+                role,
+                pl.format(
+                    f"{{}} of calls are all_to_all; {{}} sit in annotations naming {what}",
+                    _pct(c("_a2a")),
+                    _pct(c(share)),
+                ),
+            )
+            for share, role, what in _ALL_TO_ALL_PURPOSES
+        ),
+        (
+            c("_a2a") >= 0.5,
+            "unknown",
+            pl.format(
+                "{} of calls are all_to_all of unknown purpose (no annotation around them "
+                "names experts or embeddings)",
+                _pct(c("_a2a")),
+            ),
+        ),
         (
             (c("_ag") > 0) & (c("_rs") > 0) & (c("_ag") + c("_rs") >= 0.5) & comparable_rs,
             "sp",

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-LAYOUTS: tuple[str, ...] = ("ddp", "fsdp", "pp", "tp", "tp-dp")
+LAYOUTS: tuple[str, ...] = ("ddp", "fsdp", "pp", "tp", "tp-dp", "ep")
 """Parallelism layouts :func:`capture` knows how to run."""
 
 TRACE_NAME = "rank-{rank}.pt.trace.json.gz"

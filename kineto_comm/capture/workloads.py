@@ -1,11 +1,13 @@
-"""The tiny transformer and the five parallel layouts (ddp, fsdp, pp, tp, tp-dp).
+"""The tiny transformer and the six parallel layouts (ddp, fsdp, pp, tp, tp-dp, ep).
 
 Why: each layout produces a distinct communication pattern in the trace: DDP
 bucketed gradient all-reduces, FSDP all-gathers and reduce-scatters, pipeline
 point-to-point sends/receives of activations and gradients, tensor-parallel
 all-reduces inside every block's forward and backward, and both at once in tp-dp
 (tensor parallel in pairs of neighbouring ranks, data parallel across the pairs, as
-Megatron lays a job out: many small calls inside a pair, fewer across). Models are kept tiny
+Megatron lays a job out: many small calls inside a pair, fewer across), and expert
+parallelism in ep (tokens sent to the rank holding their expert and back with uneven
+all_to_all_single calls: each rank sends and receives different amounts). Models are kept tiny
 (hidden 64, sequence 32) so traces stay small and 4 ranks run on 2 CPU cores.
 
 Only imported by workers (and argument checks); torch is imported inside functions
@@ -38,6 +40,8 @@ def check_layout_ranks(layout: str, ranks: int) -> str | None:
         return f"pp needs 2..8 ranks (one pipeline stage each), got {ranks}"
     if layout == "tp" and (HEADS % ranks or FFN % ranks):
         return f"tp needs ranks dividing heads={HEADS} and ffn={FFN}, got {ranks}"
+    if layout == "ep" and not 2 <= ranks <= 8:
+        return f"ep needs 2..8 ranks (one expert each), got {ranks}"
     if layout == "tp-dp" and (ranks % TP_PAIR or ranks < 2 * TP_PAIR):
         return f"tp-dp needs an even number of ranks, at least {2 * TP_PAIR}, got {ranks}"
     return None
@@ -45,7 +49,7 @@ def check_layout_ranks(layout: str, ranks: int) -> str | None:
 
 def build_workload(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
     """Build this rank's model, optimizer and data; return one training iteration."""
-    builders = {"ddp": _ddp, "fsdp": _fsdp, "pp": _pp, "tp": _tp, "tp-dp": _tp_dp}
+    builders = {"ddp": _ddp, "fsdp": _fsdp, "pp": _pp, "tp": _tp, "tp-dp": _tp_dp, "ep": _ep}
     return builders[cfg.layout](cfg, rank, device)
 
 
@@ -369,6 +373,53 @@ def _pp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
                 pending.append(dist.isend(inputs[i].grad.contiguous(), dst=rank - 1))
         for work in pending:
             work.wait()
+        opt.step()
+
+    return step
+
+
+# --------------------------------------------------------------------------- ep
+
+
+def ep_tokens(world: int) -> list[list[int]]:
+    """Tokens rank `src` routes to the expert on rank `dst` each step ([src][dst]): uneven
+    on purpose (rank r sends 4 * (1 + (r + 2 * dst) % world) tokens to dst), so what a rank
+    sends differs from what it receives, as in a real mixture-of-experts router. The
+    capture's ground truth: a test compares the trace's sizes with it."""
+    return [[4 * (1 + (src + 2 * dst) % world) for dst in range(world)] for src in range(world)]
+
+
+def _ep(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
+    """Expert parallelism: each rank embeds its tokens, sends each to the rank holding its
+    expert (all_to_all_single with uneven splits, ep_tokens), runs its expert MLP on what
+    it received, and sends the results back (the reverse split); backward repeats both
+    exchanges in reverse. Four uneven all-to-alls a step, nothing else communicated."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.nn.functional import all_to_all_single
+
+    world = dist.get_world_size()
+    tokens = ep_tokens(world)
+    send = tokens[rank]  # tokens this rank sends to each expert
+    recv = [tokens[src][rank] for src in range(world)]  # tokens its expert gets from each
+    torch.manual_seed(cfg.seed + rank)
+    embed = nn.Embedding(VOCAB, HIDDEN).to(device)
+    expert = nn.Sequential(nn.Linear(HIDDEN, FFN), nn.GELU(), nn.Linear(FFN, HIDDEN)).to(device)
+    params = [*embed.parameters(), *expert.parameters()]
+    opt = torch.optim.AdamW(params, lr=LR)
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+    idx = torch.randint(0, VOCAB, (sum(send),), generator=gen).to(device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        x = embed(idx)
+        routed = torch.empty(sum(recv), HIDDEN, device=device)
+        routed = all_to_all_single(routed, x, recv, send)
+        y = expert(routed)
+        back = torch.empty(sum(send), HIDDEN, device=device)
+        back = all_to_all_single(back, y, send, recv)
+        (back - x).pow(2).mean().backward()
         opt.step()
 
     return step

@@ -235,7 +235,12 @@ _NCCL_SPANS = ("nccl:", "xccl:")
 # every other CPU op carries too. Decoding those two fields for every op costs a quarter of
 # the decode, so they are read only for these events, found by name in the raw bytes (see
 # _shapes).
-_ANNOTATION_PREFIXES = tuple(b'"' + p.encode() for p in (*_NCCL_SPANS, *HOST_SPANS))
+# The c10d ops whose Input Dims give the output and the input size of a call ([output,
+# input, ...]): the only record of the output (received) size in traces whose
+# record_param_comms carry no sizes, and in gloo traces (uneven all-to-all receives what
+# it does not send). Kept in the ops table (and in the host table, where one is kept).
+SIZED_C10D = ("c10d::alltoall_base_", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_")
+_ANNOTATION_PREFIXES = tuple(b'"' + p.encode() for p in (*_NCCL_SPANS, *HOST_SPANS, *SIZED_C10D))
 _NAME_KEY = re.compile(rb'"name"\s*:\s*$')
 _EVENTS = _Decoder(list[TaggedEvent], list[Event])
 _EMPTY_ARGS = Args()
@@ -899,8 +904,13 @@ def _frame(
         if key not in schema:
             continue
         fallback_for = _FALLBACK.get(key) if "device" in schema else None
-        if fallback_for is None or cols[fallback_for].null_count():
+        if fallback_for is None:
             cols[key] = _series(key, _values(events, attr), schema[key])
+        elif cols[fallback_for].null_count():
+            # Only the rows that lack a device/stream carry their host coordinates: the
+            # same rows however the file is cut into pieces.
+            host = _series(key, _values(events, attr), schema[key])
+            cols[key] = pl.select(pl.when(cols[fallback_for].is_null()).then(host)).to_series()
     if "external_id" in cols and cols["external_id"].null_count():
         old = _series("old", _values(args, "external_id_old"), _I64)
         cols["external_id"] = cols["external_id"].fill_null(old)
@@ -986,7 +996,8 @@ _CAT_OF = pl.Series("cat", [next((c for c, k in _CODE.items() if k == i), None) 
 
 
 # CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
-_OP_NAME = _COMM_OP | pl.col("name").str.starts_with(_STEP_MARK).fill_null(False)
+_SIZED_OP = pl.col("name").is_in(SIZED_C10D).fill_null(False)
+_OP_NAME = _COMM_OP | pl.col("name").str.starts_with(_STEP_MARK).fill_null(False) | _SIZED_OP
 _IS_OP = (pl.col("cat") == "user_annotation") | _OP_NAME
 # Tests of an event's name alone, evaluated per distinct name of a scanned piece (Scanned).
 _NAME_TESTS = {"_comm_kernel": _COMM_KERNEL, "_op_name": _OP_NAME, "_comm_op": _COMM_OP}
@@ -1012,7 +1023,9 @@ class _Annotations:
 
 # _OP_NAME as name prefixes, for the scanner: it lets go of the other CPU ops of a file
 # that keeps no host table (most of a GPU trace's rows) before they become rows at all.
-_OP_PREFIXES = tuple(p.encode() for p in (_PARAM_COMMS, *_NCCL_SPANS, *HOST_SPANS, _STEP_MARK))
+_OP_PREFIXES = tuple(
+    p.encode() for p in (_PARAM_COMMS, *_NCCL_SPANS, *HOST_SPANS, _STEP_MARK, *SIZED_C10D)
+)
 _ANNOTATION = _CODE["user_annotation"]  # kept whatever its name (_IS_OP)
 
 
@@ -1027,12 +1040,20 @@ def _wants_shapes(host: bool, annotated: int, described: int, spare: int) -> tup
     return annotated > available, min(described, max(0, available - annotated))
 
 
+# A record_param_comms that gives its call's size (so its annotation need not): a named
+# collective with a message size in range (_ARG_RANGES). Counted on raw values, so whether
+# sizes are read depends on the events alone, not on how the file is cut into pieces.
+_SIZED = pl.col("collective").is_not_null() & pl.col("in_nelems").is_between(
+    0, 2**40, closed="left"
+).fill_null(False)
+
+
 def _needs_shapes(cpu: pl.DataFrame, notes: list[_Annotations]) -> list[int]:
     """The files (positions in `notes`) whose ops gain from annotation sizes (_wants_shapes)."""
     name = pl.col("name")
     described = pl.lit(0, dtype=pl.UInt32)
     if "collective" in cpu.columns:
-        described = ((name == _PARAM_COMMS) & pl.col("collective").is_not_null()).sum()
+        described = ((name == _PARAM_COMMS) & _SIZED).sum()
     counts = [
         pl.any_horizontal(name.str.starts_with(p) for p in HOST_SPANS).any().alias("host"),
         pl.any_horizontal(name.str.starts_with(p) for p in _NCCL_SPANS).sum().alias("annotated"),
@@ -1093,7 +1114,10 @@ def _columns(
     if cpu:
         frame = _frame(cpu, cat, phased, OPS_SCHEMA, _COMM_OP, notes)
     out["ops"] = frame.filter(_IS_OP)
-    out["host"] = frame.filter(~_IS_OP).select(list(HOST_SCHEMA))
+    # A file that keeps its host table keeps the sized c10d ops there too (the host
+    # timeline reads them); one that keeps none has none.
+    kept = ~_IS_OP | (_SIZED_OP if host else pl.lit(False))
+    out["host"] = frame.filter(kept).select(list(HOST_SCHEMA))
     out["threads"] = _threads(_take(events, (roles == 3).arg_true().to_list()))
     return out
 
@@ -1206,7 +1230,10 @@ def _names(names: list[str]) -> pl.DataFrame:
     comm_op = [
         n.startswith(_PARAM_COMMS) or _COLLECTIVE_SPAN_RE.match(n) is not None for n in names
     ]
-    op_name = [c or n.startswith(_STEP_MARK) for n, c in zip(names, comm_op, strict=True)]
+    op_name = [
+        c or n.startswith(_STEP_MARK) or n in SIZED_C10D
+        for n, c in zip(names, comm_op, strict=True)
+    ]
     span = [_span_kind(n) if c else 0 for n, c in zip(names, comm_op, strict=True)]
     return pl.DataFrame(
         {
@@ -1248,8 +1275,7 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
     # span, NCCL annotation, record_param_comms) is found once, as the names are tested.
     kind = pl.lit(piece_.names.get_column("_span")).gather(pl.col("name"))
     if piece_.details.height:
-        collective = pl.lit(piece_.details.get_column("collective")).gather(pl.col("_detail"))
-        named = collective.is_not_null()
+        named = pl.lit(piece_.details.select(_SIZED).to_series()).gather(pl.col("_detail"))
     else:
         named = pl.lit(False)
     host, annotated, described = (
@@ -1346,17 +1372,19 @@ def _scanned_columns(
             out[key] = pl.DataFrame(schema=schema)
     cpu = by_role[2]
     is_op = None  # without host tables, every row left is an op
+    keeps: pl.Expr = pl.lit(True)  # which rows' files keep their host table (_columns)
     if any(host):
         is_op = cpu.select(op.fill_null(False)).to_series()
         if not all(host):  # only the files that keep all CPU ops keep the others
             keep_all = pl.lit(pl.Series(host, dtype=pl.Boolean)).gather(pl.col("_file"))
+            keeps = keep_all
             cpu = cpu.filter(is_op | keep_all)
             is_op = cpu.select(op.fill_null(False)).to_series()
     frame = pl.DataFrame(schema=OPS_SCHEMA)
     if cpu.height:
         frame = _scanned_frame(piece_, cpu, OPS_SCHEMA, _COMM_OP, notes)
     out["ops"] = frame if is_op is None else frame.filter(is_op)
-    out["host"] = frame.clear() if is_op is None else frame.filter(~is_op)
+    out["host"] = frame.clear() if is_op is None else frame.filter(~is_op | (_SIZED_OP & keeps))
     out["host"] = out["host"].select(*HOST_SCHEMA, *_FILE.intersection(frame.columns))
     meta = by_role[3]
     out["threads"] = _threads(piece_.decode(meta)).with_columns(meta["_file"])
@@ -1393,10 +1421,9 @@ def _scanned_frame(
             col = pl.lit(piece_.names.get_column("name")).gather(pl.col("name")).alias("name")
         else:
             col = pl.col(key).cast(_STR) if key in _INT_LIKE else pl.col(key)
-        if fallback_for is not None and piece_.data is None:
-            # Only the files that lack some device/stream carry their host coordinates.
-            needed = pl.col(fallback_for).is_null().any().over("_file")
-            col = pl.when(needed).then(col).alias(key)
+        if fallback_for is not None:
+            # Only the rows that lack a device/stream carry their host coordinates (_frame).
+            col = pl.when(pl.col(fallback_for).is_null()).then(col).alias(key)
         cols.append(col)
     rest = [k for k in _COLL if k in schema] if detail is not None else []
     held = piece_.by_name(rows, detail) if rest and detail is not None else None

@@ -20,6 +20,10 @@ Columns (`COLLECTIVE_COLUMNS`):
     call_index      0-based order of this call among the rank's calls of the same
                     (process_group, collective): the fallback key for cross-rank matching
     source          where the metadata came from (above)
+    annotation      the innermost user annotation (record_function) around the call's launch,
+                    other than the step and collective spans ("## all2all_data:kjt values
+                    ##"): what the code was doing, which the roles read (null for host
+                    backends and where none encloses it)
     compute_before  share (0..1) of the rank's compute time in the call's step that started
                     before the call: where in the step's work it runs, whatever share of
                     the wall time communication takes (null outside steps or when the
@@ -31,7 +35,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.lazy import collect
-from kineto_comm.load.decode import COLLECTIVE_SPAN, RawTrace
+from kineto_comm.load.decode import COLLECTIVE_SPAN, SIZED_C10D, RawTrace
 from kineto_comm.load.discover import MAX_RANKS
 from kineto_comm.model.names import (
     dtype_bytes,
@@ -40,6 +44,7 @@ from kineto_comm.model.names import (
     kernel_fields,
     normalize_collective,
     normalize_dtype,
+    nth_tensor_numel,
 )
 
 COLLECTIVE_COLUMNS = (
@@ -70,6 +75,7 @@ COLLECTIVE_COLUMNS = (
     "peer",
     "call_index",
     "source",
+    "annotation",
     "compute_before",
 )
 _RPC = ("collective", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc")
@@ -180,7 +186,14 @@ def build_collectives(
     ann = ops.filter(pl.col("name").str.contains(COLLECTIVE_SPAN))
     found = _enclosing(comm.lazy(), rpc, [*_RPC, *_RPC_MORE], "rpc_")
     found = _enclosing(found, ann, ["name", "input_dims", "input_type"], "ann_")
+    notes = ops.filter(
+        (pl.col("cat") == "user_annotation")
+        & ~pl.col("name").str.contains(COLLECTIVE_SPAN)
+        & ~pl.col("name").str.starts_with("ProfilerStep#")
+    )
+    found = _enclosing(found, notes, ["name"], "note_").rename({"note_name": "annotation"})
     out = found.with_columns(**_PARSED).with_columns(**_FIELDS)
+    out = _with_c10d_sizes(out, ops.filter(pl.col("name").is_in(SIZED_C10D)))
     if process_groups is not None and process_groups.height:
         out = _named_from_config(out, process_groups.lazy())
         out = out.join(
@@ -205,6 +218,58 @@ def build_collectives(
         "rank", "start_ns", "launch_ns", "end_ns", "stream", nulls_last=True, maintain_order=True
     ).with_columns(call_index=_CALL_INDEX)
     return collect(_compute_before(out, kernels.lazy()).select(COLLECTIVE_COLUMNS))
+
+
+# What each sized c10d op (decode.SIZED_C10D) calls, canonically.
+_C10D_COLLECTIVE = {
+    "c10d::alltoall_base_": "all_to_all",
+    "c10d::_allgather_base_": "all_gather",
+    "c10d::_reduce_scatter_base_": "reduce_scatter",
+}
+
+
+def _with_c10d_sizes(calls: pl.LazyFrame, c10d: pl.LazyFrame) -> pl.LazyFrame:
+    """The calls' sizes where neither their args nor a record_param_comms give them, from
+    the c10d op that made each call (its Input Dims are [output, input, ...]; the output,
+    what a rank receives, is recorded nowhere else in older and gloo traces). A kernel's op
+    encloses its launch; a host backend (gloo) runs the call on its own thread after the op
+    returned, in the order the ops were issued, so there the k-th call of a collective on a
+    rank is its k-th op of that collective. An op of another collective gives nothing."""
+    ops = c10d.select(
+        "rank",
+        "tid",
+        "start_ns",
+        "end_ns",
+        pl.col("name").replace_strict(_C10D_COLLECTIVE, default=None).alias("_coll"),
+        nth_tensor_numel(pl.col("input_dims"), 0).alias("_out"),
+        nth_tensor_numel(pl.col("input_dims"), 1).alias("_in"),
+    )
+    nth = pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "_coll", order_by="start_ns")
+    key = ["rank", "start_ns", "end_ns", "launch_tid", "_coll"]
+    host = (
+        calls.filter(_HOST)
+        .select("rank", "start_ns", "end_ns", "launch_tid", _coll="collective")
+        .with_columns(_nth=nth)
+        .join(ops.with_columns(_nth=nth), on=["rank", "_coll", "_nth"], how="inner")
+        .select(*key, h_out="_out", h_in="_in")
+        .unique(key, keep="first")
+    )
+    same = pl.col("c10d_coll") == pl.col("collective")
+    return (
+        _enclosing(calls, ops, ["_coll", "_out", "_in"], "c10d")
+        .with_columns(_coll="collective")
+        .join(host, on=key, how="left")
+        .with_columns(
+            in_nelems=pl.coalesce(
+                "arg_in_nelems",
+                "rpc_in_nelems",
+                pl.when(same).then("c10d_in").otherwise("h_in"),
+                "in_nelems",
+            ),
+            out_nelems=pl.coalesce("out_nelems", pl.when(same).then("c10d_out").otherwise("h_out")),
+        )
+        .drop("c10d_coll", "c10d_out", "c10d_in", "_coll", "h_out", "h_in")
+    )
 
 
 def _named_from_config(calls: pl.LazyFrame, groups: pl.LazyFrame) -> pl.LazyFrame:
@@ -301,6 +366,7 @@ def _empty_schema() -> dict[str, pl.DataType]:
         "pg_desc",
         "pg_ranks",
         "source",
+        "annotation",
     ):
         types[c] = s
     return types

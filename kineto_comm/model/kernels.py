@@ -125,7 +125,8 @@ def _blocked(training: pl.LazyFrame, wrappers: pl.Expr, comm: pl.DataFrame) -> p
         )
         .select(*by, start_ns="start_ns_op", end_ns="end_ns_op")
     )
-    waiting = subtract_intervals(parents, inside, by)
+    # Collected: the plan would otherwise compute it (and all above) once per use below.
+    waiting = collect(subtract_intervals(parents, inside, by)).lazy()
     # ... only while the rank's communication runs, on whichever thread.
     threads = waiting.select(*by).unique()
     running = comm.lazy().select("rank", *span).join(threads, on="rank")
@@ -153,11 +154,11 @@ def host_timeline(raw: RawTrace) -> pl.DataFrame:
         )
         .select("rank", "pid", "tid")
     )
-    training = (
+    training = collect(  # used by several queries below: computed once
         raw.host.lazy()
         .join(comm.lazy().select("rank").unique(), on="rank", how="semi")  # ranks with comm
         .join(workers, on=["rank", "pid", "tid"], how="anti")
-    )
+    ).lazy()
     wrappers = pl.col("name").str.starts_with("c10d::") | (pl.col("name") == "record_param_comms")
     ops = training.filter(~wrappers)
     # A thread blocked in a communication span is not computing, whatever op encloses it:

@@ -240,6 +240,18 @@ def first_tensor_numel(input_dims: pl.Expr) -> pl.Expr:
     )
 
 
+def nth_tensor_numel(input_dims: pl.Expr, n: int) -> pl.Expr:
+    """Element count of the `n`-th (0-based) tensor in an `Input Dims` text such as
+    `[[2883584], [3145728], [], []]`; null where it has no such entry, the entry is empty,
+    or the count is beyond 2^40 (damage: it would wrap)."""
+    entry = input_dims.str.extract_all(r"\[[0-9,\s]*\]").list.get(n, null_on_oob=True)
+    sizes = entry.str.extract_all(r"\d+").cast(pl.List(pl.Float64), strict=False)
+    count = sizes.list.eval(pl.element().product()).list.first()
+    return pl.when(sizes.list.len() > 0).then(
+        pl.when(count < 2**40).then(count.cast(pl.Int64, strict=False))
+    )
+
+
 def first_input_type(input_type: pl.Expr) -> pl.Expr:
     """The first entry of an `Input type` list text such as `["float", "Scalar"]`."""
     return input_type.str.extract(r"^\s*\[\s*\"([^\"]*)\"", 1)

@@ -129,3 +129,16 @@ def steps_per_rank(steps: RankStore, numbered_only: bool = True) -> pl.DataFrame
             .agg(n_steps=pl.col("step").n_unique())
         )
     )
+
+
+def one_step_warning(steps: RankStore) -> list[str]:
+    """A warning when no rank has more than one profiled step: every per-step figure (means,
+    savings per step, shares of the step) then rests on that one step, whose noise nothing
+    averages out."""
+    counts = steps_per_rank(steps)
+    if counts.height == 0 or counts.get_column("n_steps").max() != 1:
+        return []
+    return [
+        "the trace holds one profiled step per rank: every per-step figure rests on that "
+        "one step (profile several, e.g. schedule(active=3), for averages)"
+    ]

@@ -46,6 +46,9 @@ FORMATS: dict[str, Renderer] = {
 }
 # Formats whose text comes in pieces to write one after the other (`write`).
 PIECES: dict[str, Callable[[Report, Severity], Iterable[str]]] = {"json": json_pieces}
+# Formats that are not a report but an export of the traces, written by their own module
+# (not `render`): perfetto, the clock-aligned timeline (kineto_comm.render.perfetto).
+EXPORTS = ("perfetto",)
 EXTENSIONS = {
     "text": ".txt",
     "json": ".json",
@@ -96,8 +99,9 @@ def parse_also(spec: str) -> tuple[str, Path]:
     fmt = fmt.strip().lower()
     if not sep or not path.strip():
         raise ValueError(f"--also expects FORMAT=FILE, got {spec!r}")
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r} in --also; choose one of {', '.join(FORMATS)}")
+    if fmt not in FORMATS and fmt not in EXPORTS:
+        choices = ", ".join((*FORMATS, *EXPORTS))
+        raise ValueError(f"unknown format {fmt!r} in --also; choose one of {choices}")
     return fmt, Path(path.strip())
 
 

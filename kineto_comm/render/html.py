@@ -6,10 +6,14 @@ a Content-Security-Policy that forbids both):
                    exposed communication, idle (and memcpy/memset when present)
     message sizes  a log2 histogram of calls per (collective, process group), from the
                    `message_sizes` table when filled, else from `collectives`
-    skew heatmap   rank x collective instance (time order), colour = time the rank waited
-                   for the group's last arrival (`collective_waits`)
+    skew heatmap   rank x collective instance (by group, in time order; a line between
+                   groups), colour = time the rank waited for the group's last arrival
+                   (`collective_waits`), each column's last arriver outlined
     pipeline       one step's kernels on each pipeline rank (ranks of the `pipeline` table,
                    else the ranks that send/recv), compute vs communication
+    timelines      the median and the worst step, a lane per rank: compute, exposed
+                   communication, waits and idle, the findings' windows linked to their
+                   cards (kineto_comm.render.html_timeline)
 Every string that comes from a trace goes through `esc` (html.escape with quotes).
 """
 
@@ -22,11 +26,13 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm.analysis.stragglers import NOISE_NS
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
+from kineto_comm.render.html_timeline import timelines_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview, step_rows
-from kineto_comm.render.sections import Section, sections
-from kineto_comm.render.text import fmt_bytes, fmt_ns
+from kineto_comm.render.sections import UNKNOWN_GROUP, Section, sections
+from kineto_comm.render.text import clock_sets_line, fmt_bytes, fmt_ns, hosts_line
 from kineto_comm.report import Report
 
 COLORS = {
@@ -276,17 +282,32 @@ def _heat_color(x: float) -> str:
 
 
 def svg_skew_heatmap(report: Report) -> str:
-    """Rank x collective instance (time order); colour = this rank's wait for the last one."""
+    """Rank x collective instance; colour = this rank's wait for the last one. Columns are
+    grouped by process group (each group's calls in time order, a line between groups),
+    and each column's last arriver (the rank most often last among its calls with a skew
+    above the stragglers' noise) is outlined in black."""
     store, inst = report.rank_waits, report.collective_instances
     if store.height == 0 or inst.height == 0 or "wait_ns" not in store.columns:
         return _empty("plot-skew", "No collective calls matched across ranks.")
-    inst = inst.filter(pl.col("ranks_seen") > 1).sort("first_start_ns", "instance")
+    inst = inst.filter(pl.col("ranks_seen") > 1).sort(
+        pl.col("process_group").fill_null(UNKNOWN_GROUP), "first_start_ns", "instance"
+    )
     if inst.height == 0:
         return _empty("plot-skew", "No collective call was seen on more than one rank.")
     ninst = inst.height
     per_col = math.ceil(ninst / MAX_HEAT_COLS)
-    cols = inst.with_row_index("order").with_columns(
-        col=(pl.col("order") // per_col).cast(pl.Int64)
+    # Each group's calls start a column of their own: a column never mixes two groups.
+    named = inst.with_columns(_pg=pl.col("process_group").fill_null(UNKNOWN_GROUP))
+    sizes = named.group_by("_pg", maintain_order=True).len()
+    starts, at = {}, 0
+    for pg, n in sizes.iter_rows():
+        starts[pg] = at
+        at += math.ceil(n / per_col)
+    cols = named.with_columns(
+        col=(
+            pl.col("_pg").replace_strict(starts, return_dtype=pl.Int64)
+            + pl.int_range(pl.len()).over("_pg") // per_col
+        ).cast(pl.Int64)
     )
     # Aggregations over the waits (a row per call and rank, kept in files on a big job).
     waits = store.lazy(["instance", "rank", "wait_ns"])
@@ -327,7 +348,7 @@ def svg_skew_heatmap(report: Report) -> str:
     vmax = float(cells["wait_ns"].max() or 0) or 1.0  # type: ignore[arg-type]
     cw = (PLOT_W - LABEL_W - 20) / ncols
     ch = max(4, min(20, 640 // nrows))
-    top = 4
+    top = 18  # group names above the columns
     height = top + nrows * ch + 60
     titles = cells.height <= 6000
     parts = [
@@ -364,11 +385,38 @@ def svg_skew_heatmap(report: Report) -> str:
             f'<rect class="cell" x="{x:.2f}" y="{y}" width="{cw + 0.3:.2f}" height="{ch}" '
             f'fill="{_heat_color(wait / vmax)}">{tip}</rect>'
         )
+    # Lines between groups, each group's name over its columns.
+    for pg, first in starts.items():
+        x = LABEL_W + first * cw
+        if first:
+            parts.append(
+                f'<line class="group-sep" x1="{x:.2f}" y1="{top - 14}" x2="{x:.2f}" '
+                f'y2="{top + nrows * ch}" stroke="#333" stroke-width="1.5"/>'
+            )
+        parts.append(f'<text x="{x + 3:.2f}" y="{top - 5}" {FONT}>group {esc(pg)}</text>')
+    # Each column's last arriver: the row most often last among its skewed calls.
+    last_of = cols.filter(pl.col("arrival_skew_ns") >= NOISE_NS).join(
+        row_of.with_columns(pl.col("rank").cast(pl.Int64)),
+        left_on="last_rank",
+        right_on="rank",
+        how="inner",
+    )
+    if last_of.height:
+        marks = last_of.group_by("col").agg(
+            row=pl.col("row").mode().min(), calls=pl.len(), rank=pl.col("last_rank").mode().min()
+        )
+        for c, r, n, rank in marks.sort("col").select("col", "row", "calls", "rank").iter_rows():
+            parts.append(
+                f'<rect class="last" x="{LABEL_W + c * cw + 0.5:.2f}" y="{top + r * ch + 0.5}" '
+                f'width="{max(cw - 1, 1):.2f}" height="{max(ch - 1, 1)}" fill="none" '
+                f'stroke="#000" stroke-width="1.2"><title>last to arrive: rank {esc(rank)}'
+                f" ({n} call(s) of this column)</title></rect>"
+            )
     y0 = top + nrows * ch
     span = f"{ninst} calls" + (f", {per_col} per column" if per_col > 1 else "")
     parts.append(
-        f'<text x="{LABEL_W}" y="{y0 + 16}" {FONT} fill="#666">collective calls in time order '
-        f"({esc(span)}) →</text>"
+        f'<text x="{LABEL_W}" y="{y0 + 16}" {FONT} fill="#666">collective calls by group, in time'
+        f" order ({esc(span)}) →; black outline: the call's last arriver</text>"
         f'<rect x="{PLOT_W - 320}" y="{y0 + 28}" width="200" height="10" fill="url(#heat)"/>'
         f'<text x="{PLOT_W - 326}" y="{y0 + 37}" text-anchor="end" {FONT}>wait 0</text>'
         f'<text x="{PLOT_W - 114}" y="{y0 + 37}" {FONT}>{esc(fmt_ns(vmax))}</text>'
@@ -499,8 +547,9 @@ def svg_pipeline(report: Report) -> str:
 # ------------------------------------------------------------------ tables and findings
 
 
-def _finding_html(f: Finding, mean_step: float | None) -> str:
-    """A finding card with its cost, where it is, and the advice."""
+def _finding_html(f: Finding, mean_step: float | None, number: int | None = None) -> str:
+    """A finding card with its cost, where it is, and the advice; `number` (its place in
+    the list) gives it the id `finding-N` that the timelines' windows link to."""
     share = f.step_share
     if share is None and mean_step:
         share = f.impact_ns_per_step / mean_step
@@ -522,8 +571,9 @@ def _finding_html(f: Finding, mean_step: float | None) -> str:
         else ""
     )
     color = SEV_COLOR[f.severity.value]
+    anchor = f' id="finding-{number}"' if number is not None else ""
     return (
-        f'<div class="finding" style="border-color:{color}">'
+        f'<div class="finding"{anchor} style="border-color:{color}">'
         f'<span class="sev" style="color:{color}">{esc(f.severity.value)}</span> '
         f'<b>{esc(f.code)}</b> <span class="muted">{esc(f.rule)}</span>'
         f"<h3>{esc(f.title)}</h3><p>{esc(f.message)}</p>"
@@ -619,8 +669,15 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         "<h2>Step time per rank (mean per step)</h2>",
         svg_step_time(report),
         _rank_table(doc),
+        "<h2>Timeline: the median and the worst step, rank by rank</h2>",
+        timelines_html(report),
         "" if "collective_totals" in keys else "<p>No communication kernels found.</p>",
         *(_section_html(section) for section in shown),
+        *(
+            f'<p class="muted">{esc(line)}</p>'
+            for line in (hosts_line(report), clock_sets_line(report))
+            if line
+        ),
         "<h2>Message sizes per collective</h2>",
         svg_histograms(report),
         "<h2>Arrival skew: time each rank waited in each collective</h2>",
@@ -628,7 +685,8 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         "<h2>Pipeline timeline</h2>",
         svg_pipeline(report),
         f"<h2>Findings ({len(findings)})</h2>",
-        "".join(_finding_html(f, mean_step) for f in findings) or "<p>No findings.</p>",
+        "".join(_finding_html(f, mean_step, i + 1) for i, f in enumerate(findings))
+        or "<p>No findings.</p>",
         f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "",
     ]
     csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"

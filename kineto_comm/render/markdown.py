@@ -15,7 +15,7 @@ from typing import Any
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview
 from kineto_comm.render.sections import sections
-from kineto_comm.render.text import fmt_ns
+from kineto_comm.render.text import clock_sets_line, fmt_ns, hosts_line
 from kineto_comm.report import Report
 
 MAX_CHARS = 60_000
@@ -82,6 +82,10 @@ def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
         f"{_share(s['mean_idle_ns'], mean_step)}"
     )
     out.append("")
+    # Which ranks share a host and its clock, and clocks left unaligned (as text and HTML).
+    for line in (hosts_line(report), clock_sets_line(report)):
+        if line:
+            out += [md_escape(line), ""]
     if findings:
         out.append("### Top recommendations")
         out.append("")

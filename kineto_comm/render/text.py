@@ -202,17 +202,21 @@ _HOSTS_FROM = {
 }
 
 
-def _render_hosts(report: Report, console: Console) -> None:
-    """One line: how many hosts (one clock each) and how that was inferred."""
+def hosts_line(report: Report) -> str | None:
+    """How many hosts (one clock each) and how that was inferred; None for one rank."""
     offsets = report.offsets
     if offsets.height < 2 or "host_source" not in offsets.columns:
-        return
+        return None
     sources = offsets["host_source"].unique().to_list()
     how = "; ".join(_HOSTS_FROM.get(s, s) for s in sorted(sources))
-    console.print(
-        f"Clocks: {offsets['host'].n_unique()} host(s), one clock each, from {how}.",
-        markup=False,
-    )
+    return f"Clocks: {offsets['host'].n_unique()} host(s), one clock each, from {how}."
+
+
+def _render_hosts(report: Report, console: Console) -> None:
+    """One line: how many hosts (one clock each) and how that was inferred."""
+    line = hosts_line(report)
+    if line is not None:
+        console.print(line, markup=False)
 
 
 def _render_problems(report: Report, console: Console, problems: bool) -> None:
@@ -221,15 +225,23 @@ def _render_problems(report: Report, console: Console, problems: bool) -> None:
         console.print(line, markup=False, soft_wrap=True)  # one line each, as on stderr
 
 
-def _render_clock_sets(report: Report, console: Console) -> None:
+def clock_sets_line(report: Report) -> str | None:
     """A note when the ranks fall into sets that share no collective: their clocks could
-    not be aligned with each other."""
+    not be aligned with each other (None when they all share one clock)."""
     roots = report.offsets.filter(pl.col("method") == "reference")["rank"]
-    if roots.len() > 1:
-        shown = ", ".join(str(r) for r in roots.head(EXTREME_RANKS))
-        more = f" and {roots.len() - EXTREME_RANKS} more" if roots.len() > EXTREME_RANKS else ""
-        console.print(
-            f"Clocks not aligned across {roots.len()} sets of ranks that share no collective"
-            f" (point-to-point ends do not fix offsets); each set is on the clock of its"
-            f" lowest rank: {shown}{more}. Waits between the sets include any clock offset."
-        )
+    if roots.len() <= 1:
+        return None
+    shown = ", ".join(str(r) for r in roots.head(EXTREME_RANKS))
+    more = f" and {roots.len() - EXTREME_RANKS} more" if roots.len() > EXTREME_RANKS else ""
+    return (
+        f"Clocks not aligned across {roots.len()} sets of ranks that share no collective"
+        f" (point-to-point ends do not fix offsets); each set is on the clock of its"
+        f" lowest rank: {shown}{more}. Waits between the sets include any clock offset."
+    )
+
+
+def _render_clock_sets(report: Report, console: Console) -> None:
+    """The clock sets' note (clock_sets_line), when there is one."""
+    line = clock_sets_line(report)
+    if line is not None:
+        console.print(line)
