@@ -54,6 +54,7 @@ TABLE_NAMES = (
     "storms",
     "model_comparison",
     "step_times",
+    "critical_path",
     "step_blame",
 )
 
@@ -88,6 +89,8 @@ class Report:
     # The model of time (kineto_comm.analysis.steptime): per step its time and critical
     # rank, the critical rank's blame rows, and the savings of the findings' fixes.
     step_times: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # The critical path of each step as segments on its ranks (steptime.critical_segments).
+    critical_path: pl.DataFrame = field(default_factory=pl.DataFrame)
     step_blame: pl.DataFrame = field(default_factory=pl.DataFrame)
     savings: dict[str, Any] = field(default_factory=dict)
     errors: tuple[tuple[str, str], ...] = ()
@@ -280,6 +283,7 @@ class Report:
             "storms": self.storms.to_dicts(),
             "model_comparison": self.model_comparison.to_dicts(),
             "step_times": self.step_times.to_dicts(),
+            "critical_path": self.critical_path.to_dicts(),
             "step_blame": self.step_blame.to_dicts(),
             "savings": dict(self.savings),
             "errors": [{"file": f, "message": m} for f, m in self.errors],

@@ -496,6 +496,28 @@ class RuleSet:
         return rank_findings(findings)
 
 
+def _path_tables(tables: Tables, times: pl.DataFrame) -> list[pl.DataFrame]:
+    """The steps, collective_waits and collective_instances rows critical_segments reads:
+    those of the ranks on some step's critical path (a few ranks, whatever the job)."""
+    if times.height == 0 or "critical_path" not in times.columns:
+        return [pl.DataFrame()] * 3
+    ranks = times.get_column("critical_path").explode().drop_nulls().unique().to_list()
+    on_path = pl.col("rank").is_in(ranks)
+    wanted = {
+        "steps": ["rank", "step", "start_ns", "end_ns"],
+        "collective_waits": ["instance", "rank", "wait_ns"],
+        "collective_instances": ["instance", "last_rank", "last_start_ns"],
+    }
+    out = []
+    for name, columns in wanted.items():
+        if not tables.has(name, *columns):
+            out.append(pl.DataFrame())
+            continue
+        query = tables.lazy(name, columns)
+        out.append(tables.collect(query.filter(on_path) if "rank" in columns else query))
+    return out
+
+
 def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     """The model of time of a Report (or Tables) with its findings: `step_times` (per
     step), `step_blame` (the critical rank's blame rows of each step, summing to its
@@ -515,8 +537,11 @@ def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     edits = [f.edit for f in findings if f.edit is not None]
     joint = steptime.saving(blame, times, edits) if edits else 0
     total = sum(int(f.impact_ns_per_step) for f in findings)
+    times = steptime.critical_paths(blame, times)
+    path = steptime.critical_segments(times, *_path_tables(tables, times))
     return {
-        "step_times": steptime.critical_paths(blame, times),
+        "step_times": times,
+        "critical_path": path,
         "step_blame": steptime.critical_blame(blame, times),
         "savings": {
             "step_ns": step_ns,

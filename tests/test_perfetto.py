@@ -346,25 +346,22 @@ def test_every_real_capture_exports_a_valid_trace(folder, tmp_path):
         assert {e["args"]["step"] for e in events if e.get("cat") == "kernel"} <= {step}
 
 
-def test_a_critical_path_table_becomes_its_own_track(tp_dp, tmp_path):
-    """The optional input of issue #51's model: a `critical_path` table on the report
-    (rank, start_ns, end_ns, name, step) is drawn on a `critical path` track; without one
-    the file says there is none."""
-    out = tmp_path / "none.json"
-    write_timeline(tp_dp, out, select(tp_dp, ranks=[0, 1]))
-    assert load(out)["otherData"]["critical_path"] == "none in this report"
-    steps = tp_dp.steps.filter(pl.col("rank").is_in([0, 1]))
-    path = steps.select(
-        "rank", "step", "start_ns", end_ns=pl.col("start_ns") + 1000, name=pl.lit("compute")
-    )
-    report = dataclasses.replace(tp_dp)
-    object.__setattr__(report, "critical_path", path)  # the field issue #51 adds
-    write_timeline(report, out, select(report, ranks=[0, 1], steps=[3]))
+def test_the_critical_path_becomes_its_own_track(tp_dp, tmp_path):
+    """The report's `critical_path` (issue #51's model: each step's chain of ranks as time
+    segments) is drawn on each rank's `critical path` track, segment for segment, on the
+    reference clock; a report without one says so in the file."""
+    path = tp_dp.critical_path.filter(pl.col("step") == 3)
+    assert path.height >= 2  # tp-dp-8's step 3: the critical rank and the rank it waited for
+    ranks = sorted(set(path["rank"].to_list()))
+    out = tmp_path / "path.json"
+    write_timeline(tp_dp, out, select(tp_dp, ranks=ranks, steps=[3]))
     doc = load(out)
     events = validate(doc)
     assert doc["otherData"]["critical_path"] == "included"
     crit = [e for e in events if e.get("cat") == "critical_path"]
-    want = path.filter(pl.col("step") == 3)
     base = doc["baseTimeNanoseconds"]
-    got = sorted((e["pid"], base + _ns(e["ts"])) for e in crit)
-    assert got == sorted(want.select("rank", "start_ns").iter_rows())
+    got = sorted((e["pid"], base + _ns(e["ts"]), e["name"]) for e in crit)
+    assert got == sorted(path.select("rank", "start_ns", "name").iter_rows())
+    bare = dataclasses.replace(tp_dp, critical_path=pl.DataFrame())
+    write_timeline(bare, out, select(bare, ranks=[0, 1]))
+    assert load(out)["otherData"]["critical_path"] == "none in this report"

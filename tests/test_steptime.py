@@ -59,6 +59,18 @@ def _check(report: Report) -> None:
     ).iter_rows():
         assert path[0] == critical and len(set(path)) == len(path)
         assert all((a, st, b) in waited for a, b in zip(path, path[1:], strict=False))
+    # The path as time segments: it ends where the critical rank's window ends, each hop
+    # ends where the one before it starts (a rank holds it until the rank it waited for
+    # arrived), and the ranks are the chain's first ones.
+    chains = dict(report.step_times.select("step", "critical_path").iter_rows())
+    ends = dict(((r, st), e) for r, st, e in steps.select("rank", "step", "end_ns").iter_rows())
+    for st, segs in report.critical_path.group_by("step", maintain_order=True):
+        segs = segs.sort("hop")
+        ranks = segs["rank"].to_list()
+        assert ranks == chains[st[0]][: len(ranks)]
+        assert segs["end_ns"][0] == ends[(ranks[0], st[0])]
+        assert (segs["start_ns"] <= segs["end_ns"]).all()
+        assert segs["end_ns"][1:].to_list() == segs["start_ns"][:-1].to_list()
     step = report.savings.get("step_ns", 0)
     assert step == steptime.job_step_ns(times)
     for f in report.findings:

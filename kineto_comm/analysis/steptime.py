@@ -581,3 +581,75 @@ def lateness(blame: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
         .agg(remove_ns=pl.col("w").max())
         .select(rank="late_rank", step="step", remove_ns="remove_ns")
     )
+
+
+CRITICAL_PATH_SCHEMA: dict[str, pl.DataType] = {
+    "step": pl.Int64(),
+    "hop": pl.Int64(),
+    "rank": pl.Int64(),
+    "start_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+    "waited_for": pl.Int64(),
+    "name": pl.String(),
+}
+
+
+def critical_segments(
+    times: pl.DataFrame, windows: pl.DataFrame, waits: pl.DataFrame, instances: pl.DataFrame
+) -> pl.DataFrame:
+    """The critical path of each step as time segments on its ranks (docs/tables.md
+    `critical_path`), from `times`' rank chains (critical_paths): walking back from the end
+    of the critical rank's window, each rank of the chain holds the path from when the rank
+    it waited for arrived (the instance's last start; of the rank's calls waiting on that
+    rank inside the path's reach, the longest wait) to where the path left it; a rank whose
+    wait is not found, and the chain's last rank, hold it from their window's start, and the
+    walk ends there. `windows`: the steps table (rank, step, start_ns, end_ns); `waits` and
+    `instances`: the collective_waits and collective_instances tables; all on the reference
+    clock. One row per hop: a Python walk over the chains (a few ranks per step) and the
+    waits of those ranks."""
+    empty = pl.DataFrame(schema=CRITICAL_PATH_SCHEMA)
+    if times.height == 0 or "critical_path" not in times.columns or windows.height == 0:
+        return empty
+    window = {
+        (r, s): (a, b)
+        for r, s, a, b in windows.select("rank", "step", "start_ns", "end_ns").iter_rows()
+    }
+    # (rank, rank it waited for) -> [(wait_ns, arrival of the late rank)], longest first.
+    arrivals: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    if waits.height and instances.height:
+        found = (
+            waits.select("instance", "rank", "wait_ns")
+            .filter(pl.col("wait_ns") > 0)
+            .join(instances.select("instance", "last_rank", "last_start_ns"), on="instance")
+            .drop_nulls()
+            .sort("wait_ns", "instance", descending=[True, False])
+        )
+        for rank, late, wait, at in found.select(
+            "rank", "last_rank", "wait_ns", "last_start_ns"
+        ).iter_rows():
+            arrivals.setdefault((rank, late), []).append((wait, at))
+    out = []
+    for step, chain in times.select("step", "critical_path").iter_rows():
+        if not chain or (chain[0], step) not in window:
+            continue
+        end = window[(chain[0], step)][1]
+        for hop, rank in enumerate(chain):
+            w0 = window.get((rank, step), (None, None))[0]
+            late = chain[hop + 1] if hop + 1 < len(chain) else None
+            low = w0 if w0 is not None else end
+            at = next(
+                (a for _, a in arrivals.get((rank, late), ()) if low <= a <= end),
+                None,
+            )
+            start = at if at is not None else low
+            who = late if at is not None else None
+            name = (
+                f"critical path, step {step}: rank {rank} after rank {late} arrived"
+                if at is not None
+                else f"critical path, step {step}: rank {rank} from its step start"
+            )
+            out.append((step, hop, rank, min(start, end), end, who, name))
+            if at is None:
+                break
+            end = start
+    return pl.DataFrame(out, schema=CRITICAL_PATH_SCHEMA, orient="row") if out else empty
