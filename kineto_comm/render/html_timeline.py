@@ -36,6 +36,7 @@ COLORS = {
     "compute": "#4e79a7",
     "exposed": "#f28e2b",
     "wait": "#d62728",
+    "critical": "#111111",
 }
 Intervals = list[tuple[float, float]]
 
@@ -47,8 +48,19 @@ def _esc(value: Any) -> str:
 
 
 def chosen_steps(report: Report) -> list[tuple[str, int, float]]:
-    """(which, step, mean step time over the ranks) of the median step and the worst one
-    (the worst left out when it is the median step): numbered steps only."""
+    """(which, step, step time) of the median step and the worst one (the worst left out
+    when it is the median step): numbered steps only. The step time is the model of time's
+    (`step_times.step_ns`: the longest rank's window), as every table and finding uses; a
+    report without it (rules not run) falls back to the mean window over the ranks."""
+    if report.step_times.height and "step_ns" in report.step_times.columns:
+        times = report.step_times.filter(pl.col("step") >= 0).select("step", "step_ns")
+        rows = times.drop_nulls().sort("step_ns", "step").rows()
+        if rows:
+            mid, worst = rows[(len(rows) - 1) // 2], rows[-1]
+            out = [("median", int(mid[0]), float(mid[1]))]
+            if worst[0] != mid[0]:
+                out.append(("worst", int(worst[0]), float(worst[1])))
+            return out
     steps = report.rank_steps
     if steps.height == 0:
         return []
@@ -187,8 +199,10 @@ def _finding_windows(
     return out[:MAX_FINDING_ROWS]
 
 
-def svg_step_timeline(report: Report, which: str, step: int, mean_ns: float) -> str:
-    """One step's lanes (see the module's docstring) as an SVG with id timeline-WHICH."""
+def svg_step_timeline(report: Report, which: str, step: int, step_ns: float) -> str:
+    """One step's lanes (see the module's docstring) as an SVG with id timeline-WHICH; the
+    step's critical path (`report.critical_path`) as a black bar under the lanes it
+    crosses."""
     ranks, why = lanes(report)
     steps = report.rank_steps.frame(ranks, ["rank", "step", "start_ns", "end_ns"])
     steps = steps.filter(pl.col("step") == step) if steps.height else steps
@@ -204,6 +218,15 @@ def svg_step_timeline(report: Report, which: str, step: int, mean_ns: float) -> 
 
     findings = findings_of(report)
     marks = _finding_windows(findings, step, t0, t1, windows)
+    critical: dict[int, list[tuple[int, int, str]]] = {}
+    path = report.critical_path
+    if path.height and {"step", "rank", "start_ns", "end_ns", "name"} <= set(path.columns):
+        for r, c0, c1, name in (
+            path.filter(pl.col("step") == step)
+            .select("rank", "start_ns", "end_ns", "name")
+            .iter_rows()
+        ):
+            critical.setdefault(int(r), []).append((int(c0), int(c1), name))
     lane_h, gap, top, band = 18, 4, 4, 14
     ftop = top
     ltop = ftop + len(marks) * (band + 2) + (6 if marks else 0)
@@ -247,6 +270,13 @@ def svg_step_timeline(report: Report, which: str, step: int, mean_ns: float) -> 
                     f'<rect class="tl-{kind}" x="{LABEL_W + offset + p0:.2f}" y="{y}" '
                     f'width="{max(p1 - p0, 0.5):.2f}" height="{lane_h}" fill="{COLORS[kind]}"/>'
                 )
+        for c0, c1, name in critical.get(rank, []):
+            x0, x1 = LABEL_W + (max(c0, t0) - t0) * scale, LABEL_W + (min(c1, t1) - t0) * scale
+            parts.append(
+                f'<rect class="tl-critical" x="{x0:.2f}" y="{y + lane_h - 4}" '
+                f'width="{max(x1 - x0, 1):.2f}" height="4" fill="{COLORS["critical"]}">'
+                f"<title>{_esc(name)}: {_esc(fmt_ns(c1 - c0))}</title></rect>"
+            )
     y0 = ltop + len(shown) * (lane_h + gap)
     span = t1 - t0
     from kineto_comm.render.html import _tick_label, _ticks
@@ -258,9 +288,9 @@ def svg_step_timeline(report: Report, which: str, step: int, mean_ns: float) -> 
             f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle" {FONT}>{_tick_label(t)}</text>'
         )
     parts.append(
-        f'<text x="{LABEL_W}" y="{y0 + 32}" {FONT} fill="#666">step {step} ({which}: mean '
-        f"{_esc(fmt_ns(mean_ns))} over the ranks), time from its first rank's start on the "
-        "reference clock</text></svg>"
+        f'<text x="{LABEL_W}" y="{y0 + 32}" {FONT} fill="#666">step {step} ({which}: '
+        f"{_esc(fmt_ns(step_ns))}, its longest rank's window), time from its first rank's "
+        "start on the reference clock</text></svg>"
     )
     return "".join(parts)
 
@@ -279,6 +309,7 @@ def timelines_html(report: Report) -> str:
             ("exposed communication", COLORS["exposed"]),
             ("waiting for the last rank", COLORS["wait"]),
             ("idle", COLORS["idle"]),
+            ("critical path (under the lanes)", COLORS["critical"]),
             ("finding's window (links to it)", "#fff3cd"),
         ]
     )
@@ -289,7 +320,7 @@ def timelines_html(report: Report) -> str:
             f'<p class="muted">{len(ranks)} of {total} ranks: the median rank, the slowest '
             "and fastest of each group, the stragglers (the perfetto export shows any).</p>"
         )
-    for which, step, mean in chosen:
+    for which, step, step_ns in chosen:
         out.append(f"<h3>{'Median' if which == 'median' else 'Worst'} step: step {step}</h3>")
-        out.append(svg_step_timeline(report, which, step, mean))
+        out.append(svg_step_timeline(report, which, step, step_ns))
     return "".join(out)
