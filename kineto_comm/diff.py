@@ -4,14 +4,18 @@ Each side is a Report, a JSON document (`kineto_comm.render.json_doc.document`),
 written by `kineto-comm report --format json`, or trace files/directories to analyse. Both
 sides are reduced to that JSON document first, so a saved baseline compares like fresh traces.
 
-Compared (per step, means over every rank's numbered steps):
-    mean step time, exposed communication, communication, idle;
+Compared:
+    step time: the model of time's (each step's longest rank window, averaged over the
+    complete steps: summary `step_ns`, the step every finding's share is of), or, where a
+    saved document predates it, the mean step over every rank's numbered steps;
+    per step and rank (means over every rank's numbered steps): exposed communication,
+    communication, idle;
     bus bandwidth per (collective, process group) (median over matched calls, `skew`);
     findings, matched by (code, process group, ranks): new and resolved.
 Gates (each optional) make `DiffResult.failed` true, which the CLI turns into exit 1:
-    max_regression          mean step time may grow by at most this fraction ("5%", 0.05)
+    max_regression          step time may grow by at most this fraction ("5%", 0.05)
     max_exposed_regression  exposed communication per step may grow by at most this fraction
-                            of the baseline's mean step time (a share, so a tiny exposure
+                            of the baseline's step time (a share, so a tiny exposure
                             doubling does not fail a job)
     max_busbw_drop          busbw of any (collective, group) may fall by at most this fraction
     fail_on_new             a new finding at or above this severity fails
@@ -112,6 +116,8 @@ def step_means(doc: dict[str, Any]) -> dict[str, float | None]:
     for col in ("wall_ns", "exposed_comm_ns", "comm_ns", "idle_ns"):
         vals = [float(st[col]) for st in rows if st.get(col) is not None]
         out[col] = sum(vals) / len(vals) if vals else None
+    step = (doc.get("summary") or {}).get("step_ns")
+    out["step_ns"] = float(step) if step else None
     return out
 
 
@@ -229,6 +235,8 @@ def diff(
     base_doc, base_label = load_side(baseline, jobs=jobs, analysis=analysis)
     new_doc, new_label = load_side(new, jobs=jobs, analysis=analysis)
     b, n = step_means(base_doc), step_means(new_doc)
+    # The one step time where both sides have it; a document saved before it, the mean.
+    step_key = "step_ns" if b["step_ns"] and n["step_ns"] else "wall_ns"
     failures: list[str] = []
     notes: list[str] = []
     bw_ranks = [len(d.get("ranks", [])) for d in (base_doc, new_doc)]
@@ -241,24 +249,24 @@ def diff(
         if gate is not None and c.delta is not None:
             if basis == "relative" and c.relative is not None:
                 regressed = c.relative > gate
-            elif basis == "share_of_step" and b["wall_ns"]:
-                regressed = c.delta / b["wall_ns"] > gate
+            elif basis == "share_of_step" and b[step_key]:
+                regressed = c.delta / b[step_key] > gate
         if regressed:
             what = (
                 f"{100 * (c.relative or 0):+.1f}%"
                 if basis == "relative"
-                else f"{100 * c.delta / (b['wall_ns'] or 1):+.1f}% of the baseline step"  # type: ignore[operator]
+                else f"{100 * c.delta / (b[step_key] or 1):+.1f}% of the baseline step"  # type: ignore[operator]
             )
             failures.append(f"{name} {fmt_ns(c.delta)} ({what}) exceeds {100 * gate:.1f}%")  # type: ignore[operator]
         return Change(name, "ns", b[key], n[key], True, gate, basis, regressed)
 
     changes = (
-        change("mean step time", "wall_ns", step_gate),
+        change("step time" if step_key == "step_ns" else "mean step time", step_key, step_gate),
         change("exposed communication per step", "exposed_comm_ns", exposed_gate, "share_of_step"),
         change("communication per step", "comm_ns", None),
         change("idle per step", "idle_ns", None),
     )
-    if b["wall_ns"] is None or n["wall_ns"] is None:
+    if b[step_key] is None or n[step_key] is None:
         notes.append("step times are missing on one side: no step-time comparison")
 
     bb, nb = busbw_by_group(base_doc), busbw_by_group(new_doc)

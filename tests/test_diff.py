@@ -34,11 +34,11 @@ def test_injected_regression_is_flagged(runs: dict[str, Path]) -> None:
     result = diff(runs["a_json"], runs["x"], max_regression="5%", jobs=1)
     assert result.failed
     step = result.changes[0]
-    assert step.name == "mean step time" and step.regressed
+    assert step.name == "step time" and step.regressed  # the model of time's step
     assert step.relative is not None and step.relative > 0.10
     exposed = result.changes[1]
     assert exposed.delta is not None and exposed.delta > 1_000_000  # +ms of exposed comm
-    assert any("mean step time" in f for f in result.failures)
+    assert any("step time" in f for f in result.failures)
     text = render_diff_text(result)
     assert "REGRESSED" in text and text.rstrip().splitlines()[-1].startswith("FAILED:")
     doc = json.loads(render_diff_json(result))
@@ -156,3 +156,19 @@ def test_trace_folders_and_saved_reports_give_one_verdict(tmp_path: Path) -> Non
         app, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), *gates, "--ignore", "COMM101"]
     )
     assert quiet.exit_code == 0 and "COMM101" not in quiet.stdout
+
+
+def test_a_baseline_saved_before_the_model_of_time_compares_mean_steps(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """A saved JSON without summary.step_ns (an older kineto-comm) is compared on the mean
+    step over the ranks, on both sides, and says so by the change's name."""
+    doc = json.loads(runs["a_json"].read_text())
+    del doc["summary"]["step_ns"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    step = diff(old, runs["x"], max_regression="5%", jobs=1).changes[0]
+    assert step.name == "mean step time" and step.regressed
+    now = diff(runs["a_json"], runs["x"], jobs=1).changes[0]
+    saved = json.loads(runs["a_json"].read_text())["summary"]["step_ns"]
+    assert now.name == "step time" and now.baseline == saved

@@ -547,6 +547,24 @@ def svg_pipeline(report: Report) -> str:
 # ------------------------------------------------------------------ tables and findings
 
 
+def _all_fixes(summary: dict[str, Any]) -> str:
+    """The joint replay of every finding's fix (summary `estimated_savings_ns_per_step`),
+    against the step, saying when the findings' savings overlap."""
+    joint, step = summary.get("estimated_savings_ns_per_step"), summary.get("step_ns")
+    if not joint or not step:
+        return ""
+    overlap = (
+        "; the findings' savings overlap (they claim some of the same time): do not add them"
+        if summary.get("savings_overlap")
+        else ""
+    )
+    return (
+        f'<p class="headline">All fixes together: <b>{esc(fmt_ns(joint))}</b> of the '
+        f"{esc(fmt_ns(step))} step ({100 * joint / step:.0f}%), replayed on the model of "
+        f"time{overlap}.</p>"
+    )
+
+
 def _finding_html(f: Finding, mean_step: float | None, number: int | None = None) -> str:
     """A finding card with its cost, where it is, and the advice; `number` (its place in
     the list) gives it the id `finding-N` that the timelines' windows link to."""
@@ -640,6 +658,8 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
     findings = findings_of(report)
     failing = at_or_above(findings, fail_on)
     mean_step = s["mean_step_ns"]
+    # The step of the model of time (its longest rank's window), as the findings' shares.
+    step = s.get("step_ns") or mean_step
 
     def share(v: float | None) -> str:
         return "-" if v is None or not mean_step else f"{100 * v / mean_step:.1f}%"
@@ -662,10 +682,13 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         "<h1>kineto-comm report</h1>",
         f'<p class="muted">{s["ranks"]} rank(s) · kineto-comm {esc(doc["tool"]["version"])} · '
         f"JSON schema v{esc(doc['schema_version'])}</p>",
-        f'<p class="headline"><b>{esc(verdict)}</b> · mean step <b>{esc(fmt_ns(mean_step))}</b>'
-        f" · exposed communication <b>{esc(fmt_ns(s['mean_exposed_comm_ns']))}</b> per step "
-        f"({share(s['mean_exposed_comm_ns'])}) · idle {share(s['mean_idle_ns'])}</p>",
+        f'<p class="headline"><b>{esc(verdict)}</b> · step <b>{esc(fmt_ns(step))}</b> (its '
+        f"longest rank's window; the mean rank's {esc(fmt_ns(mean_step))}) · exposed "
+        f"communication <b>{esc(fmt_ns(s['mean_exposed_comm_ns']))}</b> per step and rank "
+        f"({share(s['mean_exposed_comm_ns'])} of its window) · idle "
+        f"{share(s['mean_idle_ns'])}</p>",
         f"<h2>Top recommendations</h2><ol>{top}</ol>" if top else "",
+        _all_fixes(s),
         "<h2>Step time per rank (mean per step)</h2>",
         svg_step_time(report),
         _rank_table(doc),
@@ -685,7 +708,7 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         "<h2>Pipeline timeline</h2>",
         svg_pipeline(report),
         f"<h2>Findings ({len(findings)})</h2>",
-        "".join(_finding_html(f, mean_step, i + 1) for i, f in enumerate(findings))
+        "".join(_finding_html(f, step, i + 1) for i, f in enumerate(findings))
         or "<p>No findings.</p>",
         f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "",
     ]

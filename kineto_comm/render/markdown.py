@@ -44,11 +44,11 @@ def _share(part: float | None, whole: float | None) -> str:
     return "-" if part is None or not whole else f"{100 * part / whole:.1f}%"
 
 
-def _impact(f: Finding, mean_step: float | None) -> str:
+def _impact(f: Finding, step: float | None) -> str:
     """Estimated savings per step, with the share of step time when known."""
     share = f.step_share
-    if share is None and mean_step:
-        share = f.impact_ns_per_step / mean_step
+    if share is None and step:
+        share = f.impact_ns_per_step / step
     text = f"~{fmt_ns(f.impact_ns_per_step)}/step"
     return text + (f" ({100 * share:.1f}% of step time)" if share is not None else "")
 
@@ -75,12 +75,26 @@ def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
         else f"No findings at or above `{fail_on.value}`."
     )
     counts = ", ".join(f"{s['findings'][k]} {k}" for k in ("error", "warning", "info"))
+    # The step is the model of time's (its longest rank's window), as the findings' shares
+    # are; the per-rank means are said to be per rank.
+    step = s.get("step_ns") or mean_step
     out.append(
-        f"{verdict} ({counts}) · {s['ranks']} rank(s) · mean step **{fmt_ns(mean_step)}** · "
-        f"exposed communication **{fmt_ns(s['mean_exposed_comm_ns'])}** per step "
-        f"({_share(s['mean_exposed_comm_ns'], mean_step)}) · idle "
+        f"{verdict} ({counts}) · {s['ranks']} rank(s) · step **{fmt_ns(step)}** (its longest "
+        f"rank's window; the mean rank's {fmt_ns(mean_step)}) · exposed communication "
+        f"**{fmt_ns(s['mean_exposed_comm_ns'])}** per step and rank "
+        f"({_share(s['mean_exposed_comm_ns'], mean_step)} of its window) · idle "
         f"{_share(s['mean_idle_ns'], mean_step)}"
     )
+    joint = s.get("estimated_savings_ns_per_step")
+    if joint and step:
+        overlap = (
+            " (the findings' savings overlap: do not add them)" if s.get("savings_overlap") else ""
+        )
+        out.append("")
+        out.append(
+            f"All fixes together: **{fmt_ns(joint)}** of the {fmt_ns(step)} step "
+            f"({_share(joint, step)}), replayed on the model of time{overlap}."
+        )
     out.append("")
     # Which ranks share a host and its clock, and clocks left unaligned (as text and HTML).
     for line in (hosts_line(report), clock_sets_line(report)):
@@ -93,7 +107,7 @@ def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
             first = f" {md_escape(f.advice[0])}" if f.advice else ""
             out.append(
                 f"{i}. {ICON[f.severity.value]} **{md_escape(f.title)}** (`{md_escape(f.code)}`, "
-                f"{f.severity.value}): saves {_impact(f, mean_step)}.{first}"
+                f"{f.severity.value}): saves {_impact(f, step)}.{first}"
             )
         out.append("")
 
@@ -149,7 +163,7 @@ def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
             loc = f" · {' · '.join(where)}" if where else ""
             out.append(
                 f"<details><summary>{ICON[f.severity.value]} <b>{html_escape(f.code)}</b> "
-                f"{html_escape(f.title)} · {_impact(f, mean_step)}{loc}</summary>"
+                f"{html_escape(f.title)} · {_impact(f, step)}{loc}</summary>"
             )
             out.append("")
             out.append(md_escape(f.message))
