@@ -18,6 +18,7 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.analysis.overlap import COMPUTE_EDGES, breakdowns
+from kineto_comm.frames import read_frame, write_frame
 from kineto_comm.lazy import collect_all, split
 from kineto_comm.lazy import stack as stack_frames
 from kineto_comm.load.decode import COLLECTIVE_SPAN, RawTrace, decode_file
@@ -313,22 +314,6 @@ def spill(tables: RankTables, folder: str | Path) -> RankTables:
     return replace(tables, files=files, meta=meta, warnings=warnings, **moved)
 
 
-def write_frame(frame: pl.DataFrame, out: io.BytesIO | Path) -> None:
-    """The frame as Arrow IPC, read back by `read_frame`."""
-    # Text is written dictionary-encoded: kernel names repeat, and IPC would otherwise
-    # write every row's copy (for a 50 MB trace, 11 MB of kernels instead of ~2 MB).
-    frame.with_columns(pl.col(pl.String).cast(pl.Categorical)).write_ipc(out)
-
-
-def read_frame(source: bytes | str | Path, columns: list[str] | None = None) -> pl.DataFrame:
-    """A frame written by `write_frame` (bytes or a file; only `columns` when given), its text
-    columns back as strings whose rows share one copy of each distinct value (what keeps the
-    parent's memory small)."""
-    data = io.BytesIO(source) if isinstance(source, bytes) else source
-    frame = pl.read_ipc(data, columns=columns)
-    return shared_text(frame)
-
-
 def to_wire(batch: list[RankTables]) -> dict[str, Any]:
     """A picklable form of several files' tables, cheap to send between processes: their
     headers, and per table one Arrow IPC stream of every file's rows, one file after the
@@ -359,23 +344,3 @@ def from_wire(wire: dict[str, Any]) -> list[RankTables]:
             start[name] += rows
         out.append(RankTables.from_parts(header, parts))
     return out
-
-
-def shared_text(frame: pl.DataFrame) -> pl.DataFrame:
-    """The frame with its Categorical columns as text whose rows point at one copy of each
-    distinct value, in two queries whatever the number of columns.
-
-    (A plain cast writes every row's own copy: ~150 bytes per kernel row for typical kernel
-    names, ten times the 16 bytes of a shared view. Gathering rows from the few distinct
-    values instead makes every row a view on them.)"""
-    text = [c for c, t in frame.schema.items() if t == pl.Categorical]
-    if not text:
-        return frame
-    distinct = frame.select(pl.col(c).unique().drop_nulls().implode() for c in text)
-    shared = []
-    for c in text:
-        values = distinct[c][0]
-        position = pl.int_range(values.len(), dtype=pl.UInt32, eager=True)
-        at = pl.col(c).to_physical().replace_strict(values.to_physical(), position, default=None)
-        shared.append(pl.lit(values.cast(pl.String)).gather(at).alias(c))
-    return frame.with_columns(shared)

@@ -33,8 +33,9 @@ from pathlib import Path
 
 import polars as pl
 
-from kineto_comm.analysis.align import shift, shifted
+from kineto_comm.frames import read_frame, shared_text, write_frame
 from kineto_comm.lazy import collect
+from kineto_comm.timeshift import shift, shifted
 
 BATCH_ROWS = 100_000  # rows per batch: a few MB for the columns a rule reads
 # Calls per view of a few ranks (Tables.rank_slices): a fold over ranks holds state per
@@ -158,8 +159,6 @@ class Part:
         """The rows (only `columns`, in that order, when given)."""
         if self.frame is not None:
             return self.frame if columns is None else self.frame.select(columns)
-        from kineto_comm.per_rank import read_frame
-
         assert self.path is not None
         if not self.relabels:
             return read_frame(self.path, columns)
@@ -484,8 +483,6 @@ def _read_group(parts: list[Part], columns: list[str] | None) -> pl.DataFrame:
     `rank`, only `columns` (in that order) when given."""
     if len(parts) == 1:
         return parts[0].read(columns)
-    from kineto_comm.per_rank import shared_text
-
     schema = parts[0].schema()
     text = tuple(c for c, kind in schema.items() if kind == pl.Categorical)
     return shared_text(collect(_scan_files(parts, schema, columns, None, text)))
@@ -505,8 +502,6 @@ def keep(frame: pl.DataFrame, folder: SpillFolder | None) -> Part:
         span = None if low is None else (int(low), int(high))
     if folder is None:
         return Part(rows=frame.height, frame=frame, span=span)
-    from kineto_comm.per_rank import write_frame
-
     path = folder.path / f"{uuid.uuid4().hex}.arrow"
     write_frame(frame, path)
     return Part(rows=frame.height, path=str(path), span=span, layout=layout(path))

@@ -652,7 +652,7 @@ def test_files_read_in_one_scan_keep_each_rows_final_rank(tmp_path):
     rank, in the store's order."""
     import polars as pl
 
-    from kineto_comm.per_rank import write_frame
+    from kineto_comm.frames import write_frame
     from kineto_comm.rank_store import TIME_COLUMNS, Part, RankStore, _groups, layout
 
     steps = analyze(SAMPLES / "ddp-4", jobs=1, align=False).steps

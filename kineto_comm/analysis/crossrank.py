@@ -14,7 +14,7 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm.analysis.align import estimate_offsets, hosts, no_offsets, shift
+from kineto_comm.analysis.align import estimate_offsets, hosts, no_offsets
 from kineto_comm.analysis.match import instances, keyed_calls, waits
 from kineto_comm.analysis.pipeline import pipeline
 from kineto_comm.analysis.roles import process_groups
@@ -23,6 +23,7 @@ from kineto_comm.analysis.storms import storms
 from kineto_comm.analysis.stragglers import stragglers
 from kineto_comm.lazy import collect
 from kineto_comm.rank_store import TIME_COLUMNS, RankStore, SpillFolder
+from kineto_comm.timeshift import shift
 
 
 def cross_rank(
