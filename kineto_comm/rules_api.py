@@ -496,7 +496,7 @@ def step_blame(tables: Tables) -> pl.LazyFrame:
     durations = _call_durations(tables) if has_calls else None
     late = _call_last(tables) if has_calls else None
     kcols = ("rank", "kind", "start_ns", "end_ns", "launch_ns")
-    ccols = (*CALL_KEY, "rank", "start_ns", "end_ns", "duration_ns", "launch_ns")
+    ccols = (*CALL_KEY, "rank", "start_ns", "end_ns", "duration_ns", "launch_ns", "peer")
 
     def build(windows: pl.DataFrame) -> pl.DataFrame:
         ranks = windows["rank"].unique().sort().to_list()
@@ -512,6 +512,12 @@ def step_blame(tables: Tables) -> pl.LazyFrame:
             calls = collect(
                 _with_waits(calls.lazy(), durations)
                 .join(late.lazy(), on=CALL_KEY, how="left", nulls_equal=True)
+                # A point-to-point call waits for, or receives from, its peer.
+                .with_columns(
+                    late_rank=pl.when(pl.col("collective").is_in(P2P))
+                    .then(pl.col("peer").cast(pl.Int64))
+                    .otherwise(pl.col("late_rank"))
+                )
                 .with_columns(pl.col("process_group").cast(pl.String))
                 .join(roles.lazy(), on="process_group", how="left")
             )

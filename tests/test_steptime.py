@@ -50,7 +50,10 @@ def _check(report: Report) -> None:
     # The critical path starts at the critical rank and each next rank is one the rank
     # before it waited for, no rank twice.
     waited = set(
-        blame.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
+        blame.filter(
+            pl.col("category").is_in(["wait", "pipeline_bubble"])
+            & pl.col("late_rank").is_not_null()
+        )
         .select("rank", "step", "late_rank")
         .iter_rows()
     )
@@ -193,3 +196,16 @@ def test_rules_read_the_model_of_time_as_tables(tmp_path: Path) -> None:
     waits = report.step_blame.filter(pl.col("category") == "wait")["ns"].sum()
     assert found.impact_ns_per_step == round(waits / 2) and found.edit is None
     assert report.savings["replayed"] == report.savings["findings"] - 1
+
+
+def test_a_pipeline_s_critical_path_walks_back_through_its_stages() -> None:
+    """On the H100 4-stage pipeline the path follows the point-to-point peers a stage
+    waited on (its pipeline_bubble rows' late_rank): from the critical stage back through
+    neighbouring stages, each hop ending where the one before starts."""
+    report = analyze(REPO / "tests" / "data" / "h100-nccl" / "pp-4", jobs=1)
+    paths = report.step_times["critical_path"].to_list()
+    longest = max(paths, key=len)
+    assert len(longest) >= 3, paths
+    assert all(abs(a - b) == 1 for a, b in zip(longest, longest[1:], strict=False)), longest
+    hops = report.critical_path.filter(pl.col("hop") > 0)
+    assert hops.height and (hops["end_ns"] > hops["start_ns"]).any()

@@ -22,7 +22,9 @@ exactly to its length. Each instant of the window goes to the first of these tha
 (`last_call`: the row is of the rank's last collective of the step, which nothing later in
 the step can hide.)
     pipeline_bubble  a point-to-point call of a pipeline group (waiting for, or receiving
-                     from, the neighbouring stage)
+                     from, the neighbouring stage); it names that stage (`late_rank`, the
+                     call's peer), which the critical path follows (the replay of waits does
+                     not: a bubble is the schedule's, PIPE101 replays it)
     launch           nothing runs and the next kernel was launched by the CPU after the
                      device went idle (a late launch delays its kernel); when that kernel
                      is a collective, the row names its collective and group
@@ -243,7 +245,8 @@ def rank_blame(
         collective="collective",
         process_group="process_group",
         role="role",
-        late_rank=pl.lit(None, dtype=pl.Int64),
+        # A bubble is spent on the neighbouring stage, however the call splits.
+        late_rank=pl.when(bubble).then(pl.col("late_rank")),
         _call=pl.lit(1, dtype=pl.Int64),
         _end="end_ns",
     )
@@ -255,7 +258,7 @@ def rank_blame(
         collective="collective",
         process_group="process_group",
         role="role",
-        late_rank=pl.when(bubble).then(None).otherwise(pl.col("late_rank")),
+        late_rank=pl.col("late_rank"),
         _call=pl.lit(0, dtype=pl.Int64),
         _end="end_ns",
     )
@@ -424,14 +427,18 @@ def critical_blame(blame: pl.DataFrame, times: pl.DataFrame) -> pl.DataFrame:
 
 def critical_paths(blame: pl.DataFrame, times: pl.DataFrame) -> pl.DataFrame:
     """`times` plus `critical_path`: per step, the chain of ranks that set its end: the
-    critical rank, then the rank it waited for longest (its `wait` rows' `late_rank`), then
+    critical rank, then the rank it waited for longest (its `wait` and pipeline_bubble rows'
+    `late_rank`: a collective's late rank, or the pipeline stage it waited for), then
     the rank that one waited for longest, and so on until a rank waited for no one or the
     chain comes back to a rank already in it. Followed per step in Python over one row per
     (rank, step) with waits (not per kernel)."""
     if times.height == 0:
         return times.with_columns(critical_path=pl.lit(None, dtype=pl.List(pl.Int64)))
     top = (
-        blame.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
+        blame.filter(
+            pl.col("category").is_in(["wait", "pipeline_bubble"])
+            & pl.col("late_rank").is_not_null()
+        )
         .group_by("rank", "step", "late_rank")
         .agg(pl.col("ns").sum())
         .sort(["rank", "step", "ns", "late_rank"], descending=[False, False, True, False])
