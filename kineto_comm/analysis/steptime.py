@@ -612,8 +612,8 @@ def critical_segments(
     wait is not found, and the chain's last rank, hold it from their window's start, and the
     walk ends there. `windows`: the steps table (rank, step, start_ns, end_ns); `waits` and
     `instances`: the collective_waits and collective_instances tables; all on the reference
-    clock. One row per hop: a Python walk over the chains (a few ranks per step) and the
-    waits of those ranks."""
+    clock. One row per hop: a Python walk over the chains (a few ranks per step), each hop
+    offered only its rank's waits on the next one inside the step (found by a join)."""
     empty = pl.DataFrame(schema=CRITICAL_PATH_SCHEMA)
     if times.height == 0 or "critical_path" not in times.columns or windows.height == 0:
         return empty
@@ -621,20 +621,37 @@ def critical_segments(
         (r, s): (a, b)
         for r, s, a, b in windows.select("rank", "step", "start_ns", "end_ns").iter_rows()
     }
-    # (rank, rank it waited for) -> [(wait_ns, arrival of the late rank)], longest first.
-    arrivals: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    if waits.height and instances.height:
+    # The hops: (step, rank, rank it waited for), with the span a wait of theirs can lie in
+    # (the rank's window start to the critical rank's window end).
+    hops = (
+        times.select("step", rank="critical_path")
+        .with_columns(waited_for=pl.col("rank").list.shift(-1))
+        .explode("rank", "waited_for")
+        .drop_nulls()
+        .join(windows.select("rank", "step", _low="start_ns"), on=["rank", "step"])
+        .join(
+            times.select("step", rank=pl.col("critical_path").list.first()).join(
+                windows.select("rank", "step", _high="end_ns"), on=["rank", "step"]
+            ),
+            on="step",
+        )
+        .select("step", "rank", "waited_for", "_low", "_high")
+    )
+    # Per hop, the arrivals of the rank it waited for at the calls it waited on inside that
+    # span, longest wait first: a join, so only those calls reach the walk below.
+    arrivals: dict[tuple[int, int, int], list[int]] = {}
+    if waits.height and instances.height and hops.height:
         found = (
             waits.select("instance", "rank", "wait_ns")
             .filter(pl.col("wait_ns") > 0)
             .join(instances.select("instance", "last_rank", "last_start_ns"), on="instance")
-            .drop_nulls()
+            .join(hops, left_on=["rank", "last_rank"], right_on=["rank", "waited_for"])
+            .filter(pl.col("last_start_ns").is_between("_low", "_high"))
             .sort("wait_ns", "instance", descending=[True, False])
+            .group_by("step", "rank", "last_rank", maintain_order=True)
+            .agg("last_start_ns")
         )
-        for rank, late, wait, at in found.select(
-            "rank", "last_rank", "wait_ns", "last_start_ns"
-        ).iter_rows():
-            arrivals.setdefault((rank, late), []).append((wait, at))
+        arrivals = {(st, r, k): at for st, r, k, at in found.iter_rows()}
     out = []
     for step, chain in times.select("step", "critical_path").iter_rows():
         if not chain or (chain[0], step) not in window:
@@ -644,10 +661,7 @@ def critical_segments(
             w0 = window.get((rank, step), (None, None))[0]
             late = chain[hop + 1] if hop + 1 < len(chain) else None
             low = w0 if w0 is not None else end
-            at = next(
-                (a for _, a in arrivals.get((rank, late), ()) if low <= a <= end),
-                None,
-            )
+            at = next((a for a in arrivals.get((step, rank, late), ()) if low <= a <= end), None)
             start = at if at is not None else low
             who = late if at is not None else None
             name = (
