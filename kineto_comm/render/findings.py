@@ -42,17 +42,26 @@ def render_findings(report: Any, console: Console, limit: int = 5) -> None:
             console.print(f"   -> {f.advice[0]}", markup=False, highlight=False)
     if len(findings) > limit:
         console.print(f"({len(findings) - limit} more findings in --format json)")
-    saved = getattr(report, "savings", None) or {}
-    if saved.get("step_ns") and saved.get("replayed"):
-        total, joint = saved["sum_of_savings_ns"], saved["joint_saving_ns"]
-        line = (
-            f"All fixes together: {_ms(joint)} of the {_ms(saved['step_ns'])} step "
-            f"({joint / saved['step_ns']:.0%}), replayed on the model of time"
-        )
-        if saved.get("overlapping"):
-            line += (
-                f"; the savings above overlap (they claim some of the same time) and add "
-                f"up to {_ms(total)}: do not add them"
-            )
-        console.print(line + ".", markup=False, highlight=False)
+    line = all_fixes_line(report)
+    if line:
+        console.print(line, markup=False, highlight=False)
     console.print("`kineto-comm explain CODE` documents a rule.\n")
+
+
+def all_fixes_line(report: Any) -> str | None:
+    """The joint replay of every finding's fix against the step (`report.savings`), saying
+    when the findings' savings overlap: one sentence, as text, Markdown and HTML print it."""
+    saved = getattr(report, "savings", None) or {}
+    if not (saved.get("step_ns") and saved.get("replayed")):
+        return None
+    total, joint = saved["sum_of_savings_ns"], saved["joint_saving_ns"]
+    line = (
+        f"All fixes together: {_ms(joint)} of the {_ms(saved['step_ns'])} step "
+        f"({joint / saved['step_ns']:.0%}), replayed on the model of time"
+    )
+    if saved.get("overlapping"):
+        line += (
+            f"; the findings' savings overlap (they claim some of the same time) and add "
+            f"up to {_ms(total)}: do not add them"
+        )
+    return line + "."

@@ -29,6 +29,7 @@ import polars as pl
 from kineto_comm.analysis.stragglers import NOISE_NS
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
+from kineto_comm.render.findings import all_fixes_line
 from kineto_comm.render.html_timeline import timelines_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview, step_rows
 from kineto_comm.render.sections import UNKNOWN_GROUP, Section, sections
@@ -547,24 +548,6 @@ def svg_pipeline(report: Report) -> str:
 # ------------------------------------------------------------------ tables and findings
 
 
-def _all_fixes(summary: dict[str, Any]) -> str:
-    """The joint replay of every finding's fix (summary `estimated_savings_ns_per_step`),
-    against the step, saying when the findings' savings overlap."""
-    joint, step = summary.get("estimated_savings_ns_per_step"), summary.get("step_ns")
-    if not joint or not step:
-        return ""
-    overlap = (
-        "; the findings' savings overlap (they claim some of the same time): do not add them"
-        if summary.get("savings_overlap")
-        else ""
-    )
-    return (
-        f'<p class="headline">All fixes together: <b>{esc(fmt_ns(joint))}</b> of the '
-        f"{esc(fmt_ns(step))} step ({100 * joint / step:.0f}%), replayed on the model of "
-        f"time{overlap}.</p>"
-    )
-
-
 def _finding_html(f: Finding, mean_step: float | None, number: int | None = None) -> str:
     """A finding card with its cost, where it is, and the advice; `number` (its place in
     the list) gives it the id `finding-N` that the timelines' windows link to."""
@@ -688,7 +671,7 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         f"({share(s['mean_exposed_comm_ns'])} of its window) · idle "
         f"{share(s['mean_idle_ns'])}</p>",
         f"<h2>Top recommendations</h2><ol>{top}</ol>" if top else "",
-        _all_fixes(s),
+        f'<p class="headline">{esc(fixes)}</p>' if (fixes := all_fixes_line(report)) else "",
         "<h2>Step time per rank (mean per step)</h2>",
         svg_step_time(report),
         _rank_table(doc),

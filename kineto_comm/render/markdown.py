@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from kineto_comm.findings import Finding, Severity
+from kineto_comm.render.findings import all_fixes_line
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview
 from kineto_comm.render.sections import sections
 from kineto_comm.render.text import clock_sets_line, fmt_ns, hosts_line
@@ -85,16 +86,8 @@ def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
         f"({_share(s['mean_exposed_comm_ns'], mean_step)} of its window) · idle "
         f"{_share(s['mean_idle_ns'], mean_step)}"
     )
-    joint = s.get("estimated_savings_ns_per_step")
-    if joint and step:
-        overlap = (
-            " (the findings' savings overlap: do not add them)" if s.get("savings_overlap") else ""
-        )
-        out.append("")
-        out.append(
-            f"All fixes together: **{fmt_ns(joint)}** of the {fmt_ns(step)} step "
-            f"({_share(joint, step)}), replayed on the model of time{overlap}."
-        )
+    if fixes := all_fixes_line(report):
+        out += ["", md_escape(fixes)]
     out.append("")
     # Which ranks share a host and its clock, and clocks left unaligned (as text and HTML).
     for line in (hosts_line(report), clock_sets_line(report)):
