@@ -32,7 +32,6 @@ import polars as pl
 
 from kineto_comm.analysis import steptime
 from kineto_comm.analysis.bandwidth import busbw_factor
-from kineto_comm.analysis.overlap import merge_intervals
 from kineto_comm.analysis.steptime import Edit
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect, in_rank_order, sample
@@ -68,7 +67,6 @@ __all__ = [
     "step_blame",
     "step_time_ns",
     "step_times",
-    "uncovered_ns",
 ]
 
 # The Report tables of the model of time (computed after the rules; read through it here).
@@ -489,8 +487,35 @@ def step_blame(tables: Tables) -> pl.LazyFrame:
     kineto_comm.analysis.steptime): rank, step, category, collective, process_group, role,
     late_rank, last_call, calls, ns; per (rank, step) the ns sum to the window exactly. Built a few
     ranks at a time, once per rules run (kept in files on a big job), as a lazy query."""
+    rows = _model_of_time(tables)
+    return rows.filter(pl.col("_call_row").is_null()).select(list(steptime.BLAME_SCHEMA))
+
+
+def _call_exposure(tables: Tables) -> pl.LazyFrame:
+    """rank, process_group, collective, call_index, exposed_ns, exposed_all_ns: the time
+    the blame charges to each call (steptime.rank_time), from the same pass."""
+    rows = _model_of_time(tables)
+    return rows.filter(pl.col("_call_row").is_not_null()).select(
+        "rank", *CALL_KEY, "exposed_ns", "exposed_all_ns"
+    )
+
+
+# The columns of a call's exposure rows in _model_of_time's table.
+_CALL_COLUMNS: dict[str, pl.DataType] = {
+    "_call_row": pl.UInt32(),
+    "call_index": pl.Int64(),
+    "exposed_ns": pl.Int64(),
+    "exposed_all_ns": pl.Int64(),
+}
+
+
+def _model_of_time(tables: Tables) -> pl.LazyFrame:
+    """One table per rules run, built a few ranks at a time from one read of their kernels
+    and calls (steptime.rank_time): the blame rows (`_call_row` null) and, per call, its
+    exposed time (`_call_row` set; rank and the call's key in the blame's columns)."""
+    schema = {**steptime.BLAME_SCHEMA, **_CALL_COLUMNS}
     if not tables.has("steps", "step", "start_ns", "end_ns"):
-        return pl.DataFrame(schema=steptime.BLAME_SCHEMA).lazy()
+        return pl.DataFrame(schema=schema).lazy()
     roles = group_roles(tables).select("process_group", "role")
     has_calls = tables.has("collectives")
     durations = _call_durations(tables) if has_calls else None
@@ -529,11 +554,25 @@ def step_blame(tables: Tables) -> pl.LazyFrame:
                     "end_ns": pl.Int64,
                     "transfer_ns": pl.Int64,
                 }
+                | {c: pl.String for c in CALL_KEY[:2]}
+                | {"call_index": pl.Int64}
             )
-        return steptime.rank_blame(kernels, calls, windows)
+        blame, exposure = steptime.rank_time(kernels, calls, windows)
+        per_call = exposure.join(
+            calls.with_row_index("_call_row").select(
+                "_call_row",
+                pl.col("rank").cast(pl.Int64),
+                *[pl.col(c).cast(pl.String) for c in CALL_KEY[:2]],
+                pl.col("call_index").cast(pl.Int64),
+            ),
+            on="_call_row",
+        )
+        return pl.concat([blame, per_call], how="diagonal_relaxed").select(
+            *[pl.col(n).cast(t) for n, t in schema.items()]
+        )
 
     return tables.derived(
-        ("rules_api", "step_blame"), "steps", build, ("rank", "step", "start_ns", "end_ns")
+        ("rules_api", "model_of_time"), "steps", build, ("rank", "step", "start_ns", "end_ns")
     )
 
 
@@ -597,69 +636,6 @@ def median_of_counts(
 def hosts_of(ranks: pl.Expr, ranks_per_host: int) -> pl.Expr:
     """Number of distinct hosts a list of ranks spans (rank // ranks_per_host)."""
     return (ranks.list.eval(pl.element() // max(1, ranks_per_host))).list.n_unique()
-
-
-def _union(cover: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """The disjoint union of `cover`'s [start_ns, end_ns) intervals per `by` group, each
-    with the union's length before it (`_acc`), ready for _covered_before."""
-    union = merge_intervals(cover, by).sort([*by, "start_ns"])
-    return (
-        union.with_columns(
-            _acc=(pl.col("end_ns") - pl.col("start_ns")).cum_sum().over(by)
-            - (pl.col("end_ns") - pl.col("start_ns"))
-        )
-        .rename({"start_ns": "_us", "end_ns": "_ue"})
-        .sort("_us")
-    )
-
-
-def _covered_before(t: str, u: pl.DataFrame, by: list[str], frame: pl.DataFrame) -> pl.Series:
-    """For each row of `frame`, the length of the union (`u`, from _union) per `by` lying
-    before time column `t`."""
-    hit = (
-        frame.select(*by, _t=pl.col(t))
-        .with_row_index("_row")
-        .sort("_t")
-        .join_asof(
-            u, left_on="_t", right_on="_us", by=by, strategy="backward", check_sortedness=False
-        )
-        .sort("_row")
-    )
-    inside = pl.min_horizontal(pl.col("_t"), pl.col("_ue")) - pl.col("_us")
-    return hit.select((pl.col("_acc") + inside).fill_null(0))["_acc"]
-
-
-def uncovered_ns(
-    intervals: pl.DataFrame, cover: pl.DataFrame, by: Sequence[str] = ("rank",)
-) -> pl.Series:
-    """Per row of `intervals` (start_ns, end_ns, `by`), the ns not covered by `cover`'s union.
-
-    O((n + m) log m): a cumulative "covered time before t" function evaluated at both ends.
-    """
-    return _uncovered(intervals, ["start_ns"], cover, list(by))[0]
-
-
-def _uncovered(
-    frame: pl.DataFrame, starts: list[str], cover: pl.DataFrame, by: list[str]
-) -> list[pl.Series]:
-    """uncovered_ns of [start, end_ns) for each of the `starts` columns of `frame`: `cover`'s
-    union is merged once for all of them (the exposure of a whole call and of its transfer:
-    merging every compute kernel twice was a fifth of the exposure's time)."""
-    if frame.height == 0:
-        return [pl.Series("uncovered_ns", [], dtype=pl.Int64) for _ in starts]
-    lengths = [(frame["end_ns"] - frame[s]).clip(lower_bound=0) for s in starts]
-    if cover.height == 0:
-        return [length.alias("uncovered_ns").cast(pl.Int64) for length in lengths]
-    cast = {c: frame.schema[c] for c in by}
-    union = _union(cover.with_columns(pl.col(c).cast(t) for c, t in cast.items()), by)
-    ends = _covered_before("end_ns", union, by, frame)
-    return [
-        (length - (ends - _covered_before(s, union, by, frame)))
-        .clip(lower_bound=0)
-        .alias("uncovered_ns")
-        .cast(pl.Int64)
-        for s, length in zip(starts, lengths, strict=True)
-    ]
 
 
 P2P = ("send", "recv", "send_recv")
@@ -730,68 +706,38 @@ def _with_waits(calls: pl.LazyFrame, durations: pl.DataFrame) -> pl.LazyFrame:
 
 
 def collective_exposure(tables: Tables, transfer_only: bool = True) -> pl.DataFrame:
-    """collective_waits() plus `exposed_ns`: the part of each call with no compute kernel
-    running on its rank. With `transfer_only`, only the call's last `transfer_ns` count (the
-    time it moved data, not the time it sat waiting for late ranks). Every rank's rows in one
-    DataFrame: rules that must stay within memory on big jobs use
-    `collective_exposure_lazy`."""
+    """collective_waits() plus `exposed_ns`: the time of each call that the model of time
+    charges to it (steptime.rank_time; docs/tables.md `step_blame`): inside a step window,
+    with no compute or memory kernel running on its rank, and not already held by an
+    earlier call on the rank. With `transfer_only`, only the call's last `transfer_ns`
+    count (the time it moved data, not the time it sat waiting for late ranks). Summed
+    over a rank's calls in a step, it is that step's transfer and pipeline_bubble blame
+    (with the waits: every communication row). Every rank's rows in one DataFrame: rules
+    that must stay within memory on big jobs use `collective_exposure_lazy`."""
     if not tables.has("collectives"):
         return tables["collectives"].with_columns(exposed_ns=pl.lit(0, dtype=pl.Int64))
     return tables.collect(collective_exposure_lazy(tables, transfer_only))
 
 
 def collective_exposure_lazy(tables: Tables, transfer_only: bool = True) -> pl.LazyFrame:
-    """collective_exposure() as a lazy query (see Tables.lazy). The exposure is computed a
-    few ranks at a time, once per rules run (both variants at once), and kept in files on a
-    big job."""
+    """collective_exposure() as a lazy query (see Tables.lazy): the calls stream through a
+    join with their exposure, which the blame's pass computed (kept in files on a big
+    job)."""
     if not tables.has("collectives"):
         return collective_exposure(tables, transfer_only).lazy()
-    durations = _call_durations(tables)
-    rows = tables.derived(
-        ("rules_api", "collective_exposure"),
-        "collectives",
-        lambda calls: _exposure(tables, calls, durations),
-    )
-    if transfer_only:
-        return rows.drop("exposed_all_ns")
-    return rows.drop("exposed_ns").rename({"exposed_all_ns": "exposed_ns"})
-
-
-def _exposure(tables: Tables, calls: pl.DataFrame, durations: pl.DataFrame) -> pl.DataFrame:
-    """A batch of whole ranks' calls with their waits, `exposed_ns` (of the transfer) and
-    `exposed_all_ns` (of the whole call), against the same ranks' compute kernels, read a
-    few ranks at a time (a rank has many more kernels than calls)."""
-    waits = collect(_with_waits(calls.lazy(), durations)).with_row_index("_row")
-    need = ("rank", "kind", "start_ns", "end_ns")
-    spans = waits.select(
-        "_row",
+    exposure = _call_exposure(tables).select(
         "rank",
-        "start_ns",
-        "end_ns",
-        _transfer_start=pl.col("end_ns") - pl.col("transfer_ns"),
+        *CALL_KEY,
+        exposed_ns="exposed_ns" if transfer_only else "exposed_all_ns",
     )
-    found, seen = [], []
-    ranks = spans["rank"].unique().sort().to_list()
-    for kernels in tables.rank_batches("kernels", need, ranks):
-        if kernels.height == 0 or kernels.width < len(need):
-            continue
-        compute = kernels.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns")
-        present = kernels["rank"].unique().cast(spans.schema["rank"])
-        found.append(_exposed(spans.filter(pl.col("rank").is_in(present.implode())), compute))
-        seen.append(present)
-    # Calls on ranks without kernels: nothing covers them.
-    rest = spans.filter(~pl.col("rank").is_in(pl.concat(seen).implode())) if seen else spans
-    found.append(_exposed(rest, rest.clear().select("rank", "start_ns", "end_ns")))
-    exposed = pl.concat(found).sort("_row")
-    return waits.drop("_row").with_columns(
-        exposed_ns=exposed["exposed_ns"], exposed_all_ns=exposed["exposed_all_ns"]
+    calls = collective_waits_lazy(tables)
+    schema = calls.collect_schema()
+    exposure = exposure.with_columns(
+        pl.col(c).cast(schema[c]) for c in ("rank", *CALL_KEY) if c in schema
     )
-
-
-def _exposed(spans: pl.DataFrame, compute: pl.DataFrame) -> pl.DataFrame:
-    """_row, exposed_ns (from _transfer_start) and exposed_all_ns (from start_ns) of `spans`."""
-    transfer, whole = _uncovered(spans, ["_transfer_start", "start_ns"], compute, ["rank"])
-    return spans.select("_row", exposed_ns=transfer, exposed_all_ns=whole)
+    return calls.join(
+        exposure, on=["rank", *CALL_KEY], how="left", nulls_equal=True, maintain_order="left"
+    ).with_columns(pl.col("exposed_ns").fill_null(0))
 
 
 ROLE_PATTERNS = (

@@ -17,7 +17,7 @@ from kineto_comm.rules_api import (
     collective_waits_lazy,
     impact_per_step,
     median_of_counts,
-    uncovered_ns,
+    step_blame,
 )
 
 from .conftest import SAMPLES
@@ -72,15 +72,28 @@ def test_lazy_waits_and_exposure_follow_their_definitions(spill, monkeypatch):
     assert waits.equals(_waits_by_definition(coll))
     assert waits.equals(tables.collect(collective_waits_lazy(tables)))
     assert (waits["wait_ns"] > 0).any() and waits["arrived_last"].any()
-    kernels = tables["kernels"]
-    compute = kernels.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns")
-    for transfer_only in (True, False):
+    # A call's exposure is the time the model of time charges to it: per (rank, step) the
+    # calls' exposure adds up to the blame's communication rows exactly.
+    blame = tables.collect(step_blame(tables))
+    for transfer_only, cats in (
+        (True, ["transfer", "pipeline_bubble"]),
+        (False, ["transfer", "pipeline_bubble", "wait"]),
+    ):
         exposure = collective_exposure(tables, transfer_only)
-        start = pl.col("end_ns") - pl.col("transfer_ns") if transfer_only else pl.col("start_ns")
-        spans = waits.select("rank", start_ns=start, end_ns="end_ns")
-        want = waits.with_columns(exposed_ns=uncovered_ns(spans, compute, ["rank"]))
-        assert exposure.equals(want), transfer_only
+        assert exposure.drop("exposed_ns").equals(waits), transfer_only
         assert 0 < exposure["exposed_ns"].sum() < exposure["duration_ns"].sum()
+        per_step = exposure.group_by("rank", "step").agg(pl.col("exposed_ns").sum())
+        charged = (
+            blame.filter(pl.col("category").is_in(cats))
+            .group_by("rank", "step")
+            .agg(exposed_ns=pl.col("ns").sum())
+        )
+        both = per_step.join(charged, on=["rank", "step"], how="full", coalesce=True)
+        both = both.with_columns(pl.col("exposed_ns", "exposed_ns_right").fill_null(0))
+        assert both["exposed_ns"].equals(both["exposed_ns_right"], check_names=False), both
+        # Never more than the part of the call it is the exposure of.
+        length = pl.col("transfer_ns") if transfer_only else pl.col("duration_ns")
+        assert exposure.select((pl.col("exposed_ns") <= length).all()).item()
     # The transfer alone is never more exposed than the whole call.
     both = (
         collective_exposure(tables, True)["exposed_ns"]

@@ -91,18 +91,23 @@ def _empty_blame() -> pl.DataFrame:
 
 
 def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """`pieces` (rank, start_ns, end_ns, ...) cut to the rank's step windows, with `step`:
-    the window holding a piece's start, and the one holding its end when that is another
-    (windows tile the timeline; a piece over three windows loses its middle one to idle)."""
+    """`pieces` (rank, start_ns, end_ns, ...; each rank's rows in start order, ranks in any
+    order) cut to the rank's step windows, with `step`: the window holding a piece's start,
+    and the one holding its end when that is another (windows tile the timeline; a piece
+    over three windows loses its middle one to idle). The rows keep their order, the
+    second parts of pieces across a window's end last."""
     if pieces.height == 0:
         return pieces.with_columns(step=pl.lit(None, dtype=pl.Int64))
-    win = windows.select("rank", "step", _ws=pl.col("start_ns"), _we=pl.col("end_ns")).sort("_ws")
+    win = windows.select("rank", "step", _ws=pl.col("start_ns"), _we=pl.col("end_ns")).sort(
+        "rank", "_ws"
+    )
     base = pieces.with_columns(pl.col("rank").cast(pl.Int64))
 
     def at(frame: pl.DataFrame, column: str) -> pl.DataFrame:
+        # An as-of join by rank needs each rank's rows in time order, not the whole frame's
+        # (a global sort of every kernel was most of the blame's time).
         return (
             frame.with_columns(_t=pl.col(column) - (1 if column == "end_ns" else 0))
-            .sort("_t")
             .join_asof(
                 win,
                 left_on="_t",
@@ -116,7 +121,11 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
 
     first = at(base, "start_ns")
     # Only a piece running past its window's end has a second window: looked up alone.
-    crossing = first.filter(pl.col("end_ns") > pl.col("_we")).drop("step", "_ws", "_we")
+    crossing = (
+        first.filter(pl.col("end_ns") > pl.col("_we"))
+        .drop("step", "_ws", "_we")
+        .sort("rank", "end_ns")
+    )
     parts = [first]
     if crossing.height:
         parts.append(at(crossing, "end_ns").filter(pl.col("_ws") > pl.col("start_ns")))
@@ -132,18 +141,20 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
     )
 
 
-def _disjoint(pieces: pl.DataFrame) -> pl.DataFrame:
+def _disjoint(pieces: pl.DataFrame, ordered: bool = False) -> pl.DataFrame:
     """`pieces` made disjoint per rank in start order: each starts no earlier than every
-    earlier piece's end (the earlier one keeps the shared time); empty ones dropped."""
+    earlier piece's end (the earlier one keeps the shared time); empty ones dropped.
+    `ordered`: the rows already come in (rank, start) order, each rank's rows together (the
+    kernels table's order): no sort."""
     reach = pl.col("end_ns").cum_max().shift(1).over("rank")
-    # Ties broken by every column: the same pieces give the same result in any input order
-    # (a big job's ranks are built in batches of other sizes).
-    rest = sorted(c for c in pieces.columns if c not in ("rank", "start_ns", "end_ns"))
-    return (
-        pieces.sort(["rank", "start_ns", "end_ns", *rest], nulls_last=True)
-        .with_columns(start_ns=pl.max_horizontal("start_ns", reach.fill_null(pl.col("start_ns"))))
-        .filter(pl.col("end_ns") > pl.col("start_ns"))
-    )
+    if not ordered:
+        # Ties broken by every column: the same pieces give the same result in any input
+        # order (a big job's ranks are built in batches of other sizes).
+        rest = sorted(c for c in pieces.columns if c not in ("rank", "start_ns", "end_ns"))
+        pieces = pieces.sort(["rank", "start_ns", "end_ns", *rest], nulls_last=True)
+    return pieces.with_columns(
+        start_ns=pl.max_horizontal("start_ns", reach.fill_null(pl.col("start_ns")))
+    ).filter(pl.col("end_ns") > pl.col("start_ns"))
 
 
 def _uncovered(pieces: pl.DataFrame, cover: pl.DataFrame) -> pl.Series:
@@ -158,7 +169,6 @@ def _uncovered(pieces: pl.DataFrame, cover: pl.DataFrame) -> pl.Series:
         .with_columns(_len=pl.col("end_ns") - pl.col("start_ns"))
         .with_columns(_acc=pl.col("_len").cum_sum().over("rank") - pl.col("_len"))
         .select("rank", _us="start_ns", _ue="end_ns", _acc="_acc")
-        .sort("_us")
     )
 
     def before(column: str) -> pl.Series:
@@ -187,34 +197,60 @@ def rank_blame(
     calls: pl.DataFrame,
     windows: pl.DataFrame,
 ) -> pl.DataFrame:
-    """The blame rows (BLAME_SCHEMA) of every (rank, step) window of `windows`.
+    """The blame rows (BLAME_SCHEMA) of every (rank, step) window of `windows` (rank_time's
+    first table)."""
+    return rank_time(kernels, calls, windows)[0]
 
-    kernels: rank, kind, start_ns, end_ns, launch_ns (communication rows are read from
-    `calls` instead). calls: rank, start_ns, end_ns, transfer_ns, collective,
-    process_group, role, late_rank (one row per communication kernel). windows: rank, step,
-    start_ns, end_ns. Per window the rows' `ns` sum to end_ns - start_ns exactly.
+
+# Per call, its exposed time as the blame counts it (rank_time's second table).
+CALL_EXPOSURE_SCHEMA: dict[str, pl.DataType] = {
+    "_call_row": pl.UInt32(),
+    "exposed_ns": pl.Int64(),
+    "exposed_all_ns": pl.Int64(),
+}
+
+
+def rank_time(
+    kernels: pl.DataFrame,
+    calls: pl.DataFrame,
+    windows: pl.DataFrame,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The blame rows (BLAME_SCHEMA) of every (rank, step) window of `windows`, and per row
+    of `calls` (`_call_row`, its position) the time the blame charges to it: `exposed_ns`,
+    of its transfer (its transfer or pipeline_bubble rows' time once it moved data),
+    `exposed_all_ns`, of the whole call (its wait included). A call's exposed time is
+    the part of it inside a step window that no compute or memory kernel covers and no
+    earlier call on the rank already holds, so the calls' exposed time adds up to the
+    blame's communication rows exactly; a call outside every window has none.
+
+    kernels: rank, kind, start_ns, end_ns, launch_ns, each rank's rows in start order (the
+    kernels table's order; sorted here otherwise). Communication rows are read from `calls`
+    instead: rank, start_ns, end_ns, transfer_ns, collective, process_group, role,
+    late_rank (one row per communication kernel). windows: rank, step, start_ns, end_ns.
+    Per window the blame rows' `ns` sum to end_ns - start_ns exactly.
     """
+    calls = calls.with_row_index("_call_row")
     if windows.height == 0:
-        return _empty_blame()
+        return _empty_blame(), pl.DataFrame(schema=CALL_EXPOSURE_SCHEMA)
     windows = windows.select(
         pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64), "start_ns", "end_ns"
     ).filter(pl.col("end_ns") >= pl.col("start_ns"))
+    # The kernels table's order, (rank, start), is kept: the compute and its cover are made
+    # disjoint before they are cut to the windows, without a sort.
     k = kernels.select(
         pl.col("rank").cast(pl.Int64), "kind", "start_ns", "end_ns", "launch_ns"
     ).filter(pl.col("end_ns") > pl.col("start_ns"))
-    compute = _disjoint(
-        _clip_to_windows(
-            k.filter(pl.col("kind") == "compute").select("rank", "start_ns", "end_ns"), windows
-        )
+    if not k.select((pl.col("start_ns").diff().over("rank") >= 0).all()).item():
+        k = k.sort("rank", "start_ns", maintain_order=True)
+    busy = k.filter(pl.col("kind") != "communication").select(
+        "rank", "start_ns", "end_ns", _compute=pl.col("kind") == "compute"
     )
-    memory = _disjoint(
-        _clip_to_windows(
-            k.filter(pl.col("kind").is_in(["memcpy", "memset"])).select(
-                "rank", "start_ns", "end_ns"
-            ),
-            windows,
-        )
-    )
+    compute = _disjoint(busy.filter("_compute").drop("_compute"), ordered=True)
+    # What covers a collective: compute or a memory copy, as one disjoint union.
+    cover = _disjoint(busy.drop("_compute"), ordered=True)
+    memory = _disjoint(busy.filter(~pl.col("_compute")).drop("_compute"), ordered=True)
+    compute_in = _clip_to_windows(compute, windows)
+    memory_in = _clip_to_windows(memory, windows)
     labels = {
         "collective": pl.String,
         "process_group": pl.String,
@@ -222,6 +258,7 @@ def rank_blame(
         "late_rank": pl.Int64,
     }
     c = calls.select(
+        "_call_row",
         pl.col("rank").cast(pl.Int64),
         "start_ns",
         "end_ns",
@@ -249,6 +286,7 @@ def rank_blame(
         late_rank=pl.when(bubble).then(pl.col("late_rank")),
         _call=pl.lit(1, dtype=pl.Int64),
         _end="end_ns",
+        _call_row="_call_row",
     )
     waited = c.filter(split > pl.col("start_ns")).select(
         "rank",
@@ -261,74 +299,67 @@ def rank_blame(
         late_rank=pl.col("late_rank"),
         _call=pl.lit(0, dtype=pl.Int64),
         _end="end_ns",
+        _call_row="_call_row",
     )
     comm = _disjoint(
-        _clip_to_windows(pl.concat([moved, waited], how="vertical"), windows)
+        _clip_to_windows(pl.concat([moved, waited]).sort("rank", "start_ns"), windows)
     ).with_columns(
         # The step's last call of a rank: nothing after it in the step to hide it behind.
         last_call=pl.col("_end") == pl.col("_end").max().over("rank", "step")
     )
     # Launch gaps: where nothing runs before a kernel the CPU launched after the device
-    # went idle (every kernel, communication included, covers the device).
-    every = pl.concat(
-        [
-            k.filter(pl.col("kind") != "communication").select(
-                "rank",
-                "start_ns",
-                "end_ns",
-                "launch_ns",
-                collective=pl.lit(None, dtype=pl.String),
-                process_group=pl.lit(None, dtype=pl.String),
-                role=pl.lit(None, dtype=pl.String),
-            ),
-            c.select(
-                "rank", "start_ns", "end_ns", "launch_ns", "collective", "process_group", "role"
-            ),
-        ],
-        how="vertical_relaxed",
-    ).sort(
-        ["rank", "start_ns", "end_ns", "launch_ns", "collective", "process_group"],
-        nulls_last=True,
-    )
+    # went idle (every kernel, communication included, covers the device). A launch gap is
+    # labelled with the kernel it delayed (a collective: its call).
     reach = pl.col("end_ns").cum_max().shift(1).over("rank")
-    # A launch gap is labelled with the kernel it delayed (a collective: its call).
     gaps = (
-        every.with_columns(_prev=reach)
+        k.with_columns(_prev=reach)
         .filter(
             pl.col("_prev").is_not_null()
             & (pl.col("start_ns") > pl.col("_prev"))
             & (pl.col("launch_ns") > pl.col("_prev"))
         )
+        .select("rank", "kind", "start_ns", "end_ns", _prev="_prev")
+    )
+    named = c.select("rank", "start_ns", "end_ns", "collective", "process_group", "role").unique(
+        ["rank", "start_ns", "end_ns"], keep="first", maintain_order=True
+    )
+    gaps = (
+        gaps.join(named, on=["rank", "start_ns", "end_ns"], how="left")
+        .with_columns(
+            [
+                pl.when(pl.col("kind") == "communication").then(pl.col(n)).alias(n)
+                for n in ("collective", "process_group", "role")
+            ]
+        )
         .select("rank", "collective", "process_group", "role", start_ns="_prev", end_ns="start_ns")
+        .sort("rank", "start_ns")
     )
     gaps = _clip_to_windows(gaps, windows)
     rows = []
     # Compute made disjoint: its pieces' lengths sum to the union's.
     rows.append(
-        compute.group_by("rank", "step")
+        compute_in.group_by("rank", "step")
         .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
         .with_columns(category=pl.lit("compute"))
     )
-    if memory.height:
+    if memory_in.height:
         rows.append(
-            memory.with_columns(ns=_uncovered(memory, compute))
+            memory_in.with_columns(ns=_uncovered(memory_in, compute))
             .group_by("rank", "step")
             .agg(pl.col("ns").sum(), calls=pl.len())
             .with_columns(category=pl.lit("memory"))
         )
+    exposure = pl.DataFrame(schema=CALL_EXPOSURE_SCHEMA)
     if comm.height:
-        cover = _disjoint(
-            pl.concat(
-                [
-                    compute.select("rank", "start_ns", "end_ns"),
-                    memory.select("rank", "start_ns", "end_ns"),
-                ]
+        comm = comm.with_columns(ns=_uncovered(comm, cover))
+        rows.append(
+            comm.group_by("rank", "step", *_KEYS).agg(
+                pl.col("ns").sum(), calls=pl.col("_call").sum()
             )
         )
-        rows.append(
-            comm.with_columns(ns=_uncovered(comm, cover))
-            .group_by("rank", "step", *_KEYS)
-            .agg(pl.col("ns").sum(), calls=pl.col("_call").sum())
+        exposure = comm.group_by("_call_row").agg(
+            exposed_ns=pl.col("ns").filter(pl.col("_call") == 1).sum(),
+            exposed_all_ns=pl.col("ns").sum(),
         )
     if gaps.height:
         rows.append(
@@ -368,9 +399,10 @@ def rank_blame(
         )
         .with_columns(calls=pl.lit(0, dtype=pl.Int64))
     )
-    return pl.concat([found, idle], how="vertical").sort(
+    blame = pl.concat([found, idle], how="vertical").sort(
         "rank", "step", "category", "process_group", "collective", "late_rank", nulls_last=True
     )
+    return blame, exposure.select(*[pl.col(n).cast(t) for n, t in CALL_EXPOSURE_SCHEMA.items()])
 
 
 def rank_walls(blame: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
