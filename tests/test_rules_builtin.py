@@ -394,19 +394,8 @@ REPLAY_SCENARIOS = [
     ("small-messages", "dp", 4, "COMM201", {}),
     ("small-messages", "dp", 8, "COMM201", {}),
     ("slow-link", "dp", 4, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
-    pytest.param(
-        "bubble",
-        "pp-dp",
-        4,
-        "PIPE101",
-        {},
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="truth.json times a step from the first rank's begin to the last rank's "
-            "end (the stages' stagger included); the model of time's step is a rank's "
-            "window (the period): the saving is 16% short",
-        ),
-    ),
+    ("bubble", "pp-dp", 4, "PIPE101", {}),
+    ("bubble", "pp-dp", 8, "PIPE101", {}),
     pytest.param(
         "exposed-allreduce",
         "tp-dp",
@@ -429,18 +418,7 @@ REPLAY_SCENARIOS = [
             "seen from the host) outrank COMM102, whose saving is +31% of truth",
         ),
     ),
-    pytest.param(
-        "slow-link",
-        "tp-dp",
-        8,
-        "NET101",
-        {"NET101": {"link_busbw_gbps": 100.0}},
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="the TP partners' waits hide under compute: the replay propagates only "
-            "exposed waits (-40%)",
-        ),
-    ),
+    ("slow-link", "tp-dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
 ]
 
 
