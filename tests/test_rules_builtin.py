@@ -403,7 +403,11 @@ REPLAY_SCENARIOS = [
         "COMM101",
         {},
         marks=pytest.mark.xfail(
-            strict=True, reason="hiding the TP all-reduces is over-claimed (+47%, as before)"
+            strict=True,
+            reason="a larger standing cause ranks first: the TP all-reduces, exposed in the "
+            "healthy job too (their COMM101 saving there, 341842 ns, is within 1.3% of the "
+            "simulator's job with the TP waits removed); the injected DP cause's COMM101 "
+            "ranks second, +5.8% of truth",
         ),
     ),
     pytest.param(
@@ -414,8 +418,9 @@ REPLAY_SCENARIOS = [
         {},
         marks=pytest.mark.xfail(
             strict=True,
-            reason="SYNC102's launch gaps before the late reduce-scatters (the same cause "
-            "seen from the host) outrank COMM102, whose saving is +31% of truth",
+            reason="COMM102 hides every reduce-scatter but the step's last; the per-unit "
+            "fix still exposes the one before it (layer 0's, behind only the embedding's "
+            "short backward): +31% of truth",
         ),
     ),
     ("slow-link", "tp-dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
