@@ -44,6 +44,7 @@ TIMELINE_SCHEMA = {
     "busy_through": pl.Int64,
     "busy_until": pl.Int64,
     "prev_kind": pl.String,
+    "prev_step": pl.Int64,
     "next_start": pl.Int64,
     "next_launch": pl.Int64,
     "in_storm": pl.Boolean,
@@ -78,6 +79,7 @@ def _build_timeline(tables: Tables, k: pl.DataFrame, storms: pl.DataFrame) -> pl
         .with_columns(
             busy_until=pl.when(prev).then(pl.col("busy_through").shift(1)),
             prev_kind=pl.when(prev).then(pl.col("kind").shift(1)),
+            prev_step=pl.when(prev).then(pl.col("step").shift(1)),
             next_start=pl.when(after).then(pl.col("start_ns").shift(-1)),
             next_launch=pl.when(after).then(pl.col("launch_ns").shift(-1)),
         )
@@ -181,6 +183,9 @@ def host_bound_communication(tables: Tables, options: dict[str, Any]) -> list[Fi
     kernel had finished (the GPU was idle) and the CPU launched the collective only after
     that (kernels.launch_ns), the idle time from the end of the previous work to the launch
     is host-bound. Summed per rank and step; gaps after another collective are SYNC103's.
+    The gap before a step's first kernel is left out, whichever kernel that is: there the
+    device waits for the host's work between steps (the previous step's synchronisation,
+    the data loader, zero_grad), not for a collective's launch path.
     The impact is the replayed saving of the model of time's launch gaps before collectives
     without this rule's share of them.
 
@@ -202,6 +207,8 @@ def host_bound_communication(tables: Tables, options: dict[str, Any]) -> list[Fi
                 pl.col("launch_ns").is_not_null()
                 & pl.col("busy_until").is_not_null()
                 & (pl.col("prev_kind") != "communication")
+                # Not a step's first kernel: that gap is the host's between steps.
+                & (pl.col("prev_step") == pl.col("step"))
             )
             .with_columns(
                 gap=(pl.min_horizontal("launch_ns", "start_ns") - pl.col("busy_until")).clip(

@@ -137,7 +137,9 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     4p) shrink the schedule's bubble (p-1) x busy / m to (p-1) x busy / m'; idle time above
     theory (`bubble_above_theory`: point-to-point transfers and other work between
     micro-batches) is removed too, by hiding the transfers, and when it is more than the
-    theory bubble that advice comes first. Each advice names its own replayed saving.
+    theory bubble that advice comes first. Both are removed from each (rank, step) window's
+    own bubble (a stage's first window, which starts when its first micro-batch arrives,
+    holds less of it). Each advice names its own replayed saving.
 
     Why is this bad?
     During a pipeline's warm-up and cool-down, stages wait for activations or gradients.
@@ -220,11 +222,16 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 s["measured"] = float(in_pipe)  # the pipeline table's own fraction
         excess = s["measured"] - theory if theory is not None else 0.0
         hide = excess > 0.05
-        above_ns = max(0.0, bubble_ns - sched_ns) if hide else 0.0
         where = pl.col("rank").is_in(ranks) & pl.col("category").is_in(BUBBLE)
+        # Each fix removes time from every window's own bubble: more micro-batches the
+        # schedule's difference, hiding the transfers what is above the schedule's bubble.
+        # Per window, not as a share of the mean bubble: a stage's first window, which
+        # starts when its first micro-batch arrives, holds less bubble than the others.
+        window_ns = pl.when(where).then(pl.col("ns")).otherwise(0).sum().over("rank", "step")
+        above: pl.Expr = (window_ns - sched_ns).clip(lower_bound=0) if hide else pl.lit(0.0)
 
-        def share_of(ns: float, bubble_ns: float = bubble_ns) -> float:
-            return min(1.0, ns / bubble_ns) if bubble_ns > 0 else 0.0
+        def share_of(ns: float | pl.Expr, window_ns: pl.Expr = window_ns) -> pl.Expr:
+            return pl.when(window_ns > 0).then(ns / window_ns).otherwise(0.0)
 
         fixes = (
             f"{m} -> {int(s['mt'])} micro-batches" if more_mb_ns > 0 else "",
@@ -235,11 +242,11 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             if any(fixes)
             else "pipeline bubble: no modelled fix",
             where,
-            share_of(more_mb_ns + above_ns),
+            share_of(more_mb_ns + above),
         )
         impact = replay_saving(tables, edit)
         saved_mb = replay_saving(tables, Edit("more micro-batches", where, share_of(more_mb_ns)))
-        saved_hide = replay_saving(tables, Edit("hidden transfers", where, share_of(above_ns)))
+        saved_hide = replay_saving(tables, Edit("hidden transfers", where, share_of(above)))
         s["impact"] = impact
         wall = step_ns or s["wall"]
         share = impact / wall if wall else 0.0

@@ -58,6 +58,7 @@ SCENARIOS = [
     ("bubble", "pp-dp", 4, "PIPE101", {}),
     ("small-messages", "dp", 4, "COMM201", {}),
     ("slow-link", "dp", 4, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
+    ("slow-link", "dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
 ]
 
 
@@ -391,22 +392,15 @@ REPLAY_SCENARIOS = [
     ("straggler", "dp", 4, "SYNC101", {}),
     ("straggler", "dp", 8, "SYNC101", {}),
     ("straggler", "tp-dp", 8, "SYNC101", {}),
+    ("straggler", "tp-dp", 4, "SYNC101", {}),
+    ("straggler", "fsdp", 4, "SYNC101", {}),
+    ("straggler", "fsdp", 8, "SYNC101", {}),
     ("small-messages", "dp", 4, "COMM201", {}),
     ("small-messages", "dp", 8, "COMM201", {}),
     ("slow-link", "dp", 4, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
-    pytest.param(
-        "bubble",
-        "pp-dp",
-        4,
-        "PIPE101",
-        {},
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="truth.json times a step from the first rank's begin to the last rank's "
-            "end (the stages' stagger included); the model of time's step is a rank's "
-            "window (the period): the saving is 16% short",
-        ),
-    ),
+    ("slow-link", "dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
+    ("bubble", "pp-dp", 4, "PIPE101", {}),
+    ("bubble", "pp-dp", 8, "PIPE101", {}),
     pytest.param(
         "exposed-allreduce",
         "tp-dp",
@@ -414,7 +408,11 @@ REPLAY_SCENARIOS = [
         "COMM101",
         {},
         marks=pytest.mark.xfail(
-            strict=True, reason="hiding the TP all-reduces is over-claimed (+47%, as before)"
+            strict=True,
+            reason="a larger standing cause ranks first: the TP all-reduces, exposed in the "
+            "healthy job too (their COMM101 saving there, 341842 ns, is within 1.3% of the "
+            "simulator's job with the TP waits removed); the injected DP cause's COMM101 "
+            "ranks second, +5.8% of truth (test_scenario_injected_cause_tops_the_new_findings)",
         ),
     ),
     pytest.param(
@@ -425,22 +423,12 @@ REPLAY_SCENARIOS = [
         {},
         marks=pytest.mark.xfail(
             strict=True,
-            reason="SYNC102's launch gaps before the late reduce-scatters (the same cause "
-            "seen from the host) outrank COMM102, whose saving is +31% of truth",
+            reason="COMM102 hides every reduce-scatter but the step's last; the per-unit "
+            "fix still exposes the one before it (layer 0's, behind only the embedding's "
+            "short backward): +31% of truth",
         ),
     ),
-    pytest.param(
-        "slow-link",
-        "tp-dp",
-        8,
-        "NET101",
-        {"NET101": {"link_busbw_gbps": 100.0}},
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="the TP partners' waits hide under compute: the replay propagates only "
-            "exposed waits (-40%)",
-        ),
-    ),
+    ("slow-link", "tp-dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
 ]
 
 
@@ -458,3 +446,42 @@ def test_scenario_replayed_saving_is_within_10_percent(
         top.impact_ns_per_step,
         expected,
     )
+
+
+def _identity(f: Finding) -> tuple:
+    """What a finding is about: its rule and process groups."""
+    return (f.code, f.process_group, tuple(f.evidence.get("process_groups") or ()))
+
+
+# tp-dp jobs hold a standing cause larger than some injected ones: the TP all-reduces, that
+# the compute stream waits for, exposed in the healthy job too. There the injected cause is
+# the top finding the healthy job does not have, and its saving is within 10% of truth.
+STANDING_SCENARIOS = [
+    ("exposed-allreduce", "tp-dp", 8, "COMM101", {}),
+    ("exposed-allreduce", "tp-dp", 4, "COMM101", {}),
+    ("slow-link", "tp-dp", 4, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
+]
+
+
+@pytest.mark.parametrize(("scenario", "layout", "ranks", "code", "options"), STANDING_SCENARIOS)
+def test_scenario_injected_cause_tops_the_new_findings(
+    job, scenario: str, layout: str, ranks: int, code: str, options: dict
+) -> None:
+    report, truth = job(scenario, layout, ranks)
+    healthy = {
+        _identity(f): f for f in run_rules(job("baseline", layout, ranks)[0], options=options)
+    }
+    findings = run_rules(report, options=options)
+    new = [f for f in findings if _identity(f) not in healthy]
+    assert new and new[0].code == code, [(f.code, f.impact_ns_per_step) for f in findings]
+    top = new[0]
+    assert top.evidence["saving_method"].startswith("replay:")
+    expected = truth["problems"][0]["impact_ns_per_step"]
+    assert abs(top.impact_ns_per_step - expected) <= 0.1 * expected, (
+        top.impact_ns_per_step,
+        expected,
+    )
+    # What ranks above it stands in the healthy job too, at about the same saving.
+    for f in findings[: findings.index(top)]:
+        before = healthy[_identity(f)].impact_ns_per_step
+        assert abs(f.impact_ns_per_step - before) <= 0.1 * before, (f, before)

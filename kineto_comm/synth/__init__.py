@@ -55,7 +55,10 @@ truth.json fields: ``scenario``, ``layout`` (and ``requested_layout``), ``world_
 calls_per_step, bytes_per_step and the formula; bytes count the full buffer: all-reduce and
 send/recv nelems*B, all-gather Out, reduce-scatter In), ``expected_per_rank`` (the same per rank
 and pg_name), ``step_time_ns`` (measured), ``fixed_step_time_ns`` (the same job without the
-problem), ``problems`` (list of {kind, ranks, steps, impact_ns_per_step, ...} with ``delay_ns``
+problem), both with the product's definition of a step (docs/tables.md, "The model of time": a
+step lasts as long as the longest rank's device window, from the step's first kernel to the
+next step's first kernel; the mean over the complete steps, all but the last when there are
+several), ``problems`` (list of {kind, ranks, steps, impact_ns_per_step, ...} with ``delay_ns``
 for straggler, ``bubble_fraction`` for pipeline_bubble, ``pg_name`` for slow_link,
 ``offsets_ns`` for clock_skew; kinds exposed_comm, straggler, pipeline_bubble, small_messages,
 slow_link, clock_skew) and ``measured_bubble_fraction`` for pipelines. ``impact_ns_per_step``

@@ -119,13 +119,20 @@ class _Job:
                 del st.pipe[marks[-1] :]
 
     def step_times(self) -> list[int]:
-        """Wall time of each step across the job: latest end minus earliest begin."""
-        n = len(self.states[0].step_spans)
-        return [
-            max(st.step_spans[k][1] for st in self.states)
-            - min(st.step_spans[k][0] for st in self.states)
-            for k in range(n)
-        ]
+        """The job's time of each complete step, as the product defines a step (docs/tables.md,
+        "The model of time"): the longest rank's device window, a window running from the
+        step's first kernel to the next step's first kernel (the last step's, to its last
+        kernel); complete steps are all but the last when there are several. Not the span
+        from the first rank's begin to the last rank's end: ranks that start and end a step
+        at different times (pipeline stages, a rank held by its slow group) overlap
+        consecutive steps, which costs no throughput; the window is the period."""
+        n = len(self.states[0].dev_spans)
+
+        def window(st: RankState, k: int) -> int:
+            lo, hi = st.dev_spans[k]
+            return (st.dev_spans[k + 1][0] if k + 1 < n else hi) - lo
+
+        return [max(window(st, k) for st in self.states) for k in range(max(1, n - 1))]
 
     def bubble_fraction(self) -> float:
         """Mean idle fraction of the compute stream inside each pipeline window.
@@ -490,11 +497,13 @@ def _truth(
         # Re-simulate the first few steps without the problem and compare like with like.
         n = min(len(times), MEASURED_STEPS)
         fixed = _Job(plan_for(False), seed, {r: 0 for r in offsets}, per_host)
-        for k in range(n):
+        # One step more than compared when the job has several: a window ends at the next
+        # step's first kernel.
+        for k in range(n + 1 if steps > 1 else n):
             fixed.step(k)
             for st in fixed.states:
                 st.buf.clear()
-        fixed_ns = sum(fixed.step_times()) // n
+        fixed_ns = sum(fixed.step_times()[:n]) // n
         step_ns_cmp = sum(times[:n]) // n
         fixed_bubble = fixed.bubble_fraction()
         impact = max(0, step_ns_cmp - fixed_ns)

@@ -94,6 +94,9 @@ class RankState:
     step_ids: tuple[int, int, int] = (0, 0, 0)
     # per-step records used by truth.json (true times, no clock offset)
     step_spans: list[tuple[int, int]] = field(default_factory=list)
+    # per step, the device's first kernel start and last kernel end (the product's windows)
+    dev_spans: list[tuple[int, int]] = field(default_factory=list)
+    dev_lo: int = -1
     pipe: list[tuple[int, int]] = field(default_factory=list)
     streams: set[int] = field(default_factory=set)
 
@@ -138,6 +141,8 @@ def run_rank(
             k0 = max(l0 + 4_000, tail)  # type: ignore[call-overload]
             k1 = k0 + gpu_ns
             tails[COMPUTE_STREAM] = k1
+            if st.dev_lo < 0 or k0 < st.dev_lo:
+                st.dev_lo = k0
             if tag:
                 st.pipe.append((k0, k1))
             a, b = _ts(c0 + off)
@@ -207,6 +212,8 @@ def run_rank(
             end = rpc_end + g[9]
             ready = max(t_l + 4_000, prev, tails.get(COMPUTE_STREAM, 0))  # type: ignore[call-overload]
             inst.post(ready)
+            if st.dev_lo < 0 or ready < st.dev_lo:
+                st.dev_lo = ready
             tails[spec.stream] = inst
             st.streams.add(spec.stream)
             seq = st.seq.get(spec.seq_key, 0) + 1
@@ -309,6 +316,7 @@ def run_rank(
         elif code == OP_STEP_BEGIN:
             st.step_begin = st.cpu
             st.step_ids = (st.ext, st.rf, st.ev)
+            st.dev_lo = -1
             st.ext += 1
             st.rf += 1
             st.ev += 1
@@ -336,6 +344,9 @@ def run_rank(
                 )
             )
             st.step_spans.append((t0, t1))
+            # After the step's sync every kernel of the step has ended.
+            ends = [v.end if isinstance(v, Coll) else v for v in tails.values()]
+            st.dev_spans.append((st.dev_lo, max(ends, default=st.dev_lo)))  # type: ignore[type-var]
         st.pc += 1
         moved = True
     return moved
