@@ -515,8 +515,11 @@ def _graph_loader(tables: Tables) -> Any:
     has_kernels = tables.has("kernels", "rank", "start_ns", "end_ns")
 
     def load(ranks: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
-        on = pl.col("rank").is_in(ranks)
-        windows = tables.collect(tables.lazy("steps", scols).filter(on))
+        windows = pl.concat(
+            [b for b in tables.rank_batches("steps", scols, ranks) if b.width == len(scols)]
+            or [pl.DataFrame(schema={c: pl.Int64 for c in scols})],
+            how="vertical_relaxed",
+        )
         kernels = (
             [b for b in tables.rank_batches("kernels", kcols, ranks) if b.height]
             if has_kernels

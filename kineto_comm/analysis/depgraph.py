@@ -69,6 +69,7 @@ TOLERANCE_NS = 2_000
 VIA = ("stream", "launch", "stream_wait", "collective", "p2p", "start")
 _CODE = {v: i for i, v in enumerate(VIA)}
 _FAR = -(2**62)
+_LABELS = ("stream", "kind", "name")
 
 GRAPH_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),
@@ -316,9 +317,8 @@ class _Rank:
         self.late_start = g["late_start_ns"].fill_null(0).to_numpy()
         self.late_p2p = (g["late_via"] == "p2p").fill_null(False).to_numpy()
         self.comm = (g["kind"] == "communication").fill_null(False).to_numpy()
-        self.stream = g["stream"].to_list()
-        self.kind = g["kind"].to_list()
-        self.name = g["name"].to_list()
+        # Read for the path's rows only, by a join at the end of the walk.
+        self.labels = g.select("rank", "idx", "stream", "kind", "name")
         # Running maximum of the end in start order, and where it was reached.
         if len(self.end):
             self.reach = np.maximum.accumulate(self.end)
@@ -423,9 +423,7 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
                     step,
                     order,
                     rank,
-                    g.stream[i],
-                    g.kind[i],
-                    g.name[i],
+                    i,
                     s,
                     e,
                     via if nxt is not None else "start",
@@ -441,7 +439,21 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
             order += 1
     if not rows:
         return pl.DataFrame(schema=CRITICAL_KERNELS_SCHEMA)
-    return pl.DataFrame(rows, schema=CRITICAL_KERNELS_SCHEMA, orient="row")
+    fields = {n: t for n, t in CRITICAL_KERNELS_SCHEMA.items() if n not in _LABELS}
+    order = [
+        "step",
+        "order",
+        "rank",
+        "idx",
+        *[n for n in fields if n not in ("step", "order", "rank")],
+    ]
+    schema = {n: fields.get(n, pl.Int64()) for n in order}
+    found = pl.DataFrame(rows, schema=schema, orient="row")
+    on_path = found["rank"].unique().to_list()
+    labels = pl.concat([r.labels for k, r in ranks.items() if r is not None and k in on_path])
+    return found.join(labels, on=["rank", "idx"], how="left", maintain_order="left").select(
+        *[pl.col(n).cast(t) for n, t in CRITICAL_KERNELS_SCHEMA.items()]
+    )
 
 
 def segments(path: pl.DataFrame) -> pl.DataFrame:
