@@ -2,8 +2,9 @@
 
 **The graph.** A node per kernel (the kernels table: memcpy, memset and communication
 kernels included), per rank in start order (`idx`). Each kernel has up to five candidate
-predecessors; the **binding** one is the edge that explains when it could start (or, for a
-collective that waited, end):
+predecessors; the **binding** ones are the edge that explains when it could start (`via`:
+stream, launch or stream_wait) and, for a communication kernel that waited, the edge that
+explains when it could end (`late_via`: collective or p2p):
 
     stream       the previous kernel on the same stream ended (stream order)
     launch       the CPU launched it (`launch_ns`) after its stream was free: a late launch
@@ -20,8 +21,8 @@ collective that waited, end):
                  send with its peer's recv): bound by the peer's kernel when the peer
                  arrived later
 
-A kernel with none of these (the first on its stream, launch unknown) has none: the walk
-ends there (`start`).
+A kernel with no start edge (the first on its stream, launch unknown) has `via` `start`:
+the walk ends there.
 
 **The conservative stream-wait rule.** The decoded traces keep no cudaEventRecord /
 cudaStreamWaitEvent calls, so cross-stream waits are inferred: a kernel that starts more
@@ -34,18 +35,21 @@ wait where the stream or the launch explains the start; it may name a kernel tha
 finished just before (an unrelated stream, or one that only competed for the device),
 which bounds the wait conservatively: the path then goes through work that did run there.
 
-The binding edge is, in this order: collective/p2p (a call that waited), stream_wait (the
-rule above), launch (launched at or after the stream's previous kernel ended), stream.
+The start edge is, in this order: stream_wait (the rule above), launch (launched at or
+after the stream's previous kernel ended), stream.
 
 **The critical path of a step.** From the end of the step's critical rank's window
 (steptime.step_times), take the kernel of that rank ending last in it and follow binding
-predecessors back, across ranks at collective and p2p edges, until a predecessor ends at
-or before the step's start (the later of the critical rank's window start and the current
-rank's) or there is none. Each element holds a stretch of the path: from its predecessor's
-end (a collective: the late rank's arrival) to where the path left it, so the elements
-tile the path in time; the walk's last element holds down to that step start. Consecutive
-elements on one rank make a hop (CRITICAL_PATH_SCHEMA); hops are contiguous and the whole
-path lies inside the critical rank's window: never longer than the step.
+predecessors back: a call reached after its late rank's arrival crosses to that rank's
+kernel at the arrival (collective, p2p), any other kernel goes to its start edge's
+predecessor (a call reached at its start: what let it start). It stops when a predecessor
+ends at or before the step's start (the later of the critical rank's window start and the
+current rank's), or there is none, or it would come back to a kernel already on the path.
+Each element holds a stretch of the path: from its predecessor's end (a collective: the
+late rank's arrival) to where the path left it, so the elements tile the path in time;
+the walk's last element holds down to that step start. Consecutive elements on one rank
+make a hop (CRITICAL_PATH_SCHEMA); hops are contiguous and the whole path lies inside the
+critical rank's window: never longer than the step.
 
 The graph is computed column-wise per rank (shifts over streams, as-of joins on end
 times); the walk is a Python loop over the path's elements only, loading a rank's graph
