@@ -17,6 +17,9 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
     step_times, step_blame, savings
                  the model of time (kineto_comm.analysis.steptime): each step's time (its
                  longest rank's window), the critical rank's blame, the fixes' savings.
+    critical_path, critical_path_kernels
+                 each step's critical path over the kernel dependency graph
+                 (kineto_comm.analysis.depgraph): hops on ranks, and kernel by kernel.
     totals       one row per rank: the same metrics over all of the rank's device activity
 `collective_summary()` aggregates collectives per rank, collective, process group and dtype.
 """
@@ -55,6 +58,7 @@ TABLE_NAMES = (
     "model_comparison",
     "step_times",
     "critical_path",
+    "critical_path_kernels",
     "step_blame",
 )
 
@@ -89,8 +93,10 @@ class Report:
     # The model of time (kineto_comm.analysis.steptime): per step its time and critical
     # rank, the critical rank's blame rows, and the savings of the findings' fixes.
     step_times: pl.DataFrame = field(default_factory=pl.DataFrame)
-    # The critical path of each step as segments on its ranks (steptime.critical_segments).
+    # The critical path of each step as segments on its ranks, and kernel by kernel
+    # (kineto_comm.analysis.depgraph: the walk back along the kernel dependency graph).
     critical_path: pl.DataFrame = field(default_factory=pl.DataFrame)
+    critical_path_kernels: pl.DataFrame = field(default_factory=pl.DataFrame)
     step_blame: pl.DataFrame = field(default_factory=pl.DataFrame)
     savings: dict[str, Any] = field(default_factory=dict)
     errors: tuple[tuple[str, str], ...] = ()
@@ -284,6 +290,7 @@ class Report:
             "model_comparison": self.model_comparison.to_dicts(),
             "step_times": self.step_times.to_dicts(),
             "critical_path": self.critical_path.to_dicts(),
+            "critical_path_kernels": self.critical_path_kernels.to_dicts(),
             "step_blame": self.step_blame.to_dicts(),
             "savings": dict(self.savings),
             "errors": [{"file": f, "message": m} for f, m in self.errors],

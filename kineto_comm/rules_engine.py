@@ -496,36 +496,60 @@ class RuleSet:
         return rank_findings(findings)
 
 
-def _path_tables(tables: Tables, times: pl.DataFrame) -> list[pl.DataFrame]:
-    """The steps, collective_waits and collective_instances rows critical_segments reads:
-    those of the ranks on some step's critical path (a few ranks, whatever the job)."""
-    if times.height == 0 or "critical_path" not in times.columns:
-        return [pl.DataFrame()] * 3
-    ranks = times.get_column("critical_path").explode().drop_nulls().unique().to_list()
-    on_path = pl.col("rank").is_in(ranks)
-    wanted = {
-        "steps": ["rank", "step", "start_ns", "end_ns"],
-        "collective_waits": ["instance", "rank", "wait_ns"],
-        "collective_instances": ["instance", "last_rank", "last_start_ns"],
-    }
-    out = []
-    for name, columns in wanted.items():
-        if not tables.has(name, *columns):
-            out.append(pl.DataFrame())
-            continue
-        query = tables.lazy(name, columns)
-        out.append(tables.collect(query.filter(on_path) if "rank" in columns else query))
-    return out
+def _graph_loader(tables: Tables) -> Any:
+    """A depgraph Loader over the report's tables: the dependency graph and step windows of
+    the ranks asked for, their kernels and waits read a few ranks at a time (a big job keeps
+    them in files per rank): only the ranks the critical path reaches are read."""
+    from kineto_comm.analysis import depgraph
+
+    kcols = ("rank", "stream", "kind", "name", "start_ns", "end_ns", "launch_ns")
+    wcols = ("instance", "rank", "start_ns", "wait_ns")
+    icols = ["instance", "key_kind", "last_rank", "last_start_ns"]
+    scols = ["rank", "step", "start_ns", "end_ns"]
+    has_waits = tables.has("collective_waits", *wcols)
+    instances = (
+        tables.collect(tables.lazy("collective_instances", icols))
+        if has_waits and tables.has("collective_instances", *icols)
+        else None
+    )
+    has_kernels = tables.has("kernels", "rank", "start_ns", "end_ns")
+
+    def load(ranks: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
+        windows = pl.concat(
+            [b for b in tables.rank_batches("steps", scols, ranks) if b.width == len(scols)]
+            or [pl.DataFrame(schema={c: pl.Int64 for c in scols})],
+            how="vertical_relaxed",
+        )
+        kernels = (
+            [b for b in tables.rank_batches("kernels", kcols, ranks) if b.height]
+            if has_kernels
+            else []
+        )
+        if not kernels:
+            return pl.DataFrame(schema=depgraph.GRAPH_SCHEMA), windows
+        waits = None
+        if has_waits and instances is not None:
+            waits = pl.concat(
+                list(tables.rank_batches("collective_waits", wcols, ranks)),
+                how="vertical_relaxed",
+            )
+        graph = depgraph.rank_graph(pl.concat(kernels, how="vertical_relaxed"), waits, instances)
+        return graph, windows
+
+    return load
 
 
 def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     """The model of time of a Report (or Tables) with its findings: `step_times` (per
-    step), `step_blame` (the critical rank's blame rows of each step, summing to its
-    `step_ns`) and `savings`: the job's `step_ns`, `joint_saving_ns` (every finding's fix
-    replayed together: never more than the step), `sum_of_savings_ns` (the findings'
-    savings added up), `overlapping` (the sum is more than the joint saving: the fixes
-    claim some of the same time), and how many findings were `replayed` (carry an edit)."""
-    from kineto_comm.analysis import steptime
+    step; `critical_path` the ranks of its critical path's hops), `critical_path` and
+    `critical_path_kernels` (each step's critical path as hops on its ranks and kernel by
+    kernel: kineto_comm.analysis.depgraph), `step_blame` (the critical rank's blame rows of
+    each step, summing to its `step_ns`) and `savings`: the job's `step_ns`,
+    `joint_saving_ns` (every finding's fix replayed together: never more than the step),
+    `sum_of_savings_ns` (the findings' savings added up), `overlapping` (the sum is more
+    than the joint saving: the fixes claim some of the same time), and how many findings
+    were `replayed` (carry an edit)."""
+    from kineto_comm.analysis import depgraph, steptime
     from kineto_comm.rules_api import step_blame, step_times
 
     tables = report if isinstance(report, Tables) else Tables(report)
@@ -537,11 +561,13 @@ def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     edits = [f.edit for f in findings if f.edit is not None]
     joint = steptime.saving(blame, times, edits) if edits else 0
     total = sum(int(f.impact_ns_per_step) for f in findings)
-    times = steptime.critical_paths(blame, times)
-    path = steptime.critical_segments(times, *_path_tables(tables, times))
+    kernels_path = depgraph.critical_walk(times, _graph_loader(tables))
+    path = depgraph.segments(kernels_path)
+    times = depgraph.chains(times, path)
     return {
         "step_times": times,
         "critical_path": path,
+        "critical_path_kernels": kernels_path,
         "step_blame": steptime.critical_blame(blame, times),
         "savings": {
             "step_ns": step_ns,

@@ -498,6 +498,9 @@ def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, m
         assert files.table(name).equals(memory.table(name)), name
     for name in ("process_groups", "pipeline", "storms"):
         assert files.table(name).equals(memory.table(name)), name
+    # The critical path reads the ranks it reaches from their files (analysis.depgraph).
+    for name in ("step_times", "critical_path", "critical_path_kernels"):
+        assert files.table(name).equals(memory.table(name)), name
     # No built-in rule or renderer assembles every rank's rows of a per-rank table: they
     # aggregate them lazily or read a few ranks at a time (docs/scale.md step 4).
     whole = rank_store.RankStore.frame

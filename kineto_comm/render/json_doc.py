@@ -289,7 +289,7 @@ def _document(report: Report, fail_on: Severity, doc: dict[str, Any]) -> dict[st
     doc["findings"] = [f.to_dict() for f in findings]
     doc["summary"] = summary(report, findings, fail_on)
     doc["collective_totals"] = collective_totals(report)
-    for name in ("step_times", "critical_path", "step_blame"):
+    for name in ("step_times", "critical_path", "critical_path_kernels", "step_blame"):
         table = getattr(report, name, None)
         doc[name] = table.to_dicts() if isinstance(table, pl.DataFrame) else []
     for name in OPTIONAL_TABLES:

@@ -33,8 +33,9 @@ Times are integer nanoseconds until written; `ts` and `dur` are microseconds wit
 decimals (exact), relative to `baseTimeNanoseconds` (the earliest selected activity, as
 Kineto's own files do), so float64 readers lose nothing.
 
-The critical path is the report's `critical_path` table (kineto_comm.analysis.steptime:
-each step's chain of ranks as segments, columns `rank, start_ns, end_ns, name, step`); a
+The critical path is the report's `critical_path` table (kineto_comm.analysis.depgraph:
+each step's path over the kernel dependency graph as hops on its ranks, columns `rank,
+start_ns, end_ns, name, step`); a
 report without one (rules not run) gets no such track, and the file says so.
 """
 

@@ -472,8 +472,9 @@ def step_blame(report: Report) -> Section | None:
         f"median step {median['step']} ({fmt_ns(median['step_ns'])}, critical path "
         f"{path(median)}); worst step {worst['step']} ({fmt_ns(worst['step_ns'])}, critical "
         f"path {path(worst)}). A step lasts as long as its longest rank's window; its time is "
-        "split on that rank's timeline, each rank after it the one the one before waited for "
-        "longest (docs/tables.md step_blame)."
+        "split on that rank's timeline; the critical path's ranks follow it back in time, each "
+        "the one the rank before waited for at a collective or point-to-point call "
+        "(docs/tables.md step_blame, critical_path)."
     )
     return Section(
         "step_blame",
