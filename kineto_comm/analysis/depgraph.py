@@ -65,14 +65,22 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import polars as pl
 
-from kineto_comm.analysis.steptime import CRITICAL_PATH_SCHEMA
-
 # Start more than this after the stream and the launch: the kernel waited for another
 # stream; and overlap allowed between that stream's kernel end and the start (rounding).
 TOLERANCE_NS = 2_000
 VIA = ("stream", "launch", "stream_wait", "collective", "p2p", "start")
 _CODE = {v: i for i, v in enumerate(VIA)}
 _FAR = -(2**62)
+# The critical path as hops, one per stretch on one rank (docs/tables.md `critical_path`).
+CRITICAL_PATH_SCHEMA: dict[str, pl.DataType] = {
+    "step": pl.Int64(),
+    "hop": pl.Int64(),
+    "rank": pl.Int64(),
+    "start_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+    "waited_for": pl.Int64(),
+    "name": pl.String(),
+}
 _LABELS = ("stream", "kind", "name")
 
 GRAPH_SCHEMA: dict[str, pl.DataType] = {
@@ -114,22 +122,30 @@ def _col(frame: pl.DataFrame, name: str, dtype: pl.DataType) -> pl.Expr:
     return pl.lit(None, dtype=dtype).alias(name)
 
 
+def _in_rank_order(frame: pl.DataFrame, key: str) -> bool:
+    """Each rank's rows of `frame` come in `key` order (ranks in any order)."""
+    return bool(frame.select((pl.col(key).diff().over("rank") >= 0).all()).item())
+
+
 def _asof(left: pl.DataFrame, key: str, right: pl.DataFrame, right_key: str) -> pl.DataFrame:
-    """`left` joined backward on `key` to `right`'s `right_key` by rank; left's order kept."""
-    return (
-        left.with_row_index("_row")
-        .sort(key)
-        .join_asof(
-            right.sort(right_key),
-            left_on=key,
-            right_on=right_key,
-            by="rank",
-            strategy="backward",
-            check_sortedness=False,
-        )
-        .sort("_row")
-        .drop("_row")
+    """`left` joined backward on `key` to `right`'s `right_key` by rank; left's order kept.
+    An as-of join by rank needs each rank's rows in key order, not the whole frame's: only
+    a side out of that order is sorted (a global sort of every kernel was most of the
+    graph's time)."""
+    if not _in_rank_order(right, right_key):
+        right = right.sort("rank", right_key)
+    ordered = _in_rank_order(left, key)
+    if not ordered:
+        left = left.with_row_index("_row").sort("rank", key)
+    out = left.join_asof(
+        right,
+        left_on=key,
+        right_on=right_key,
+        by="rank",
+        strategy="backward",
+        check_sortedness=False,
     )
+    return out if ordered else out.sort("_row").drop("_row")
 
 
 def rank_graph(
@@ -164,6 +180,13 @@ def rank_graph(
         .filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
         .sort("rank", "start_ns", "end_ns", "stream")
         .with_columns(idx=pl.int_range(pl.len(), dtype=pl.Int64).over("rank"))
+    )
+    # The text columns are set aside (every step below keeps the rows' order) and put back
+    # at the end: carried through the joins, they were a third of the graph's time.
+    labels = k.select("kind", "name")
+    k = (
+        k.drop("kind", "name")
+        .with_columns(_comm=labels["kind"] == "communication")
         # (a) stream order: the previous kernel on the same stream.
         .with_columns(
             _sp=pl.col("idx").shift(1).over("rank", "stream"),
@@ -172,20 +195,25 @@ def rank_graph(
     )
     # The rank's kernels in end order; `_alt`: the latest-ending kernel of another stream
     # at or before each one (the row before its run of one stream in end order).
+    # (Whole-frame shifts, ranks kept apart by hand: windows over many small runs cost
+    # more than the rest of the graph.)
+    same_rank = pl.col("rank") == pl.col("rank").shift(1)
+    run_start = ~same_rank.fill_null(False) | (pl.col("_estream") != pl.col("_estream").shift(1))
     ends = (
         k.select("rank", _eidx="idx", _estream="stream", _end="end_ns")
         .sort("rank", "_end", "_eidx")
         .with_columns(
-            _run=(pl.col("_estream") != pl.col("_estream").shift(1))
-            .fill_null(True)
-            .cum_sum()
-            .over("rank"),
-            _pidx=pl.col("_eidx").shift(1).over("rank"),
-            _pend=pl.col("_end").shift(1).over("rank"),
+            # At each run's start the row before it (-1: the rank's first run), carried on.
+            _aidx=pl.when(run_start)
+            .then(pl.when(same_rank).then(pl.col("_eidx").shift(1)).otherwise(-1))
+            .forward_fill(),
+            _aend=pl.when(run_start)
+            .then(pl.when(same_rank).then(pl.col("_end").shift(1)).otherwise(_FAR))
+            .forward_fill(),
         )
         .with_columns(
-            _aidx=pl.col("_pidx").first().over("rank", "_run"),
-            _aend=pl.col("_pend").first().over("rank", "_run"),
+            _aidx=pl.when(pl.col("_aidx") >= 0).then("_aidx"),
+            _aend=pl.when(pl.col("_aend") > _FAR).then("_aend"),
         )
         .select("rank", "_end", "_eidx", "_estream", "_aidx", "_aend")
     )
@@ -249,7 +277,7 @@ def rank_graph(
     if late is not None and late.height:
         k = k.join(late, on=["rank", "start_ns"], how="left", maintain_order="left")
         k = k.with_columns(
-            _crank=pl.when(pl.col("kind") == "communication").then(pl.col("_crank")),
+            _crank=pl.when(pl.col("_comm")).then(pl.col("_crank")),
         )
     else:
         k = k.with_columns(
@@ -276,7 +304,7 @@ def rank_graph(
         .then(pl.lit("stream"))
         .otherwise(pl.lit("start"))
     )
-    k = k.with_columns(via=via)
+    k = k.with_columns(via=via).hstack(labels)
     v = pl.col("via")
     return k.select(
         "rank",
@@ -312,7 +340,8 @@ class _Rank:
     """One rank's graph as arrays, for the walk."""
 
     def __init__(self, g: pl.DataFrame) -> None:
-        g = g.sort("idx")
+        if not g["idx"].is_sorted():
+            g = g.sort("idx")
         self.start = g["start_ns"].to_numpy()
         self.end = g["end_ns"].to_numpy()
         self.via = g["via"].replace_strict(_CODE, return_dtype=pl.Int8).to_numpy()

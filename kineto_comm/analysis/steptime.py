@@ -33,8 +33,8 @@ the step can hide.)
 Calls overlapping each other on one rank (several streams) are made disjoint in start
 order (the earlier call keeps the shared time). The `step_blame` table is the critical
 rank's rows of each step, so it sums to `step_ns` exactly; this is the critical rank's own
-timeline, with its waits charged to the late rank: a first, documented model of the
-critical path (the chain across ranks is not followed further).
+timeline, with its waits charged to the late rank. The critical path across ranks and
+streams, kernel by kernel, is the dependency graph's (kineto_comm.analysis.depgraph).
 
 **Replay.** An edit removes a share (0..1) of some blame rows (a class of collectives
 hidden, or run at a reference bandwidth; waits for a rank removed; launch gaps removed; a
@@ -457,37 +457,6 @@ def critical_blame(blame: pl.DataFrame, times: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def critical_paths(blame: pl.DataFrame, times: pl.DataFrame) -> pl.DataFrame:
-    """`times` plus `critical_path`: per step, the chain of ranks that set its end: the
-    critical rank, then the rank it waited for longest (its `wait` and pipeline_bubble rows'
-    `late_rank`: a collective's late rank, or the pipeline stage it waited for), then
-    the rank that one waited for longest, and so on until a rank waited for no one or the
-    chain comes back to a rank already in it. Followed per step in Python over one row per
-    (rank, step) with waits (not per kernel)."""
-    if times.height == 0:
-        return times.with_columns(critical_path=pl.lit(None, dtype=pl.List(pl.Int64)))
-    top = (
-        blame.filter(
-            pl.col("category").is_in(["wait", "pipeline_bubble"])
-            & pl.col("late_rank").is_not_null()
-        )
-        .group_by("rank", "step", "late_rank")
-        .agg(pl.col("ns").sum())
-        .sort(["rank", "step", "ns", "late_rank"], descending=[False, False, True, False])
-        .group_by("rank", "step", maintain_order=True)
-        .agg(pl.col("late_rank").first())
-    )
-    waited = {(r, s): k for r, s, k in top.iter_rows()}
-    paths = []
-    for step, rank in times.select("step", "critical_rank").iter_rows():
-        chain = [rank]
-        while (rank, step) in waited and waited[(rank, step)] not in chain:
-            rank = waited[(rank, step)]
-            chain.append(rank)
-        paths.append(chain)
-    return times.with_columns(critical_path=pl.Series(paths, dtype=pl.List(pl.Int64)))
-
-
 @dataclass(frozen=True)
 class Edit:
     """A change to the job, for replay: which time it removes.
@@ -620,89 +589,3 @@ def lateness(blame: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
         .agg(remove_ns=pl.col("w").max())
         .select(rank="late_rank", step="step", remove_ns="remove_ns")
     )
-
-
-CRITICAL_PATH_SCHEMA: dict[str, pl.DataType] = {
-    "step": pl.Int64(),
-    "hop": pl.Int64(),
-    "rank": pl.Int64(),
-    "start_ns": pl.Int64(),
-    "end_ns": pl.Int64(),
-    "waited_for": pl.Int64(),
-    "name": pl.String(),
-}
-
-
-def critical_segments(
-    times: pl.DataFrame, windows: pl.DataFrame, waits: pl.DataFrame, instances: pl.DataFrame
-) -> pl.DataFrame:
-    """The critical path of each step as time segments on its ranks (docs/tables.md
-    `critical_path`), from `times`' rank chains (critical_paths): walking back from the end
-    of the critical rank's window, each rank of the chain holds the path from when the rank
-    it waited for arrived (the instance's last start; of the rank's calls waiting on that
-    rank inside the path's reach, the longest wait) to where the path left it; a rank whose
-    wait is not found, and the chain's last rank, hold it from their window's start, and the
-    walk ends there. `windows`: the steps table (rank, step, start_ns, end_ns); `waits` and
-    `instances`: the collective_waits and collective_instances tables; all on the reference
-    clock. One row per hop: a Python walk over the chains (a few ranks per step), each hop
-    offered only its rank's waits on the next one inside the step (found by a join)."""
-    empty = pl.DataFrame(schema=CRITICAL_PATH_SCHEMA)
-    if times.height == 0 or "critical_path" not in times.columns or windows.height == 0:
-        return empty
-    window = {
-        (r, s): (a, b)
-        for r, s, a, b in windows.select("rank", "step", "start_ns", "end_ns").iter_rows()
-    }
-    # The hops: (step, rank, rank it waited for), with the span a wait of theirs can lie in
-    # (the rank's window start to the critical rank's window end).
-    hops = (
-        times.select("step", rank="critical_path")
-        .with_columns(waited_for=pl.col("rank").list.shift(-1))
-        .explode("rank", "waited_for")
-        .drop_nulls()
-        .join(windows.select("rank", "step", _low="start_ns"), on=["rank", "step"])
-        .join(
-            times.select("step", rank=pl.col("critical_path").list.first()).join(
-                windows.select("rank", "step", _high="end_ns"), on=["rank", "step"]
-            ),
-            on="step",
-        )
-        .select("step", "rank", "waited_for", "_low", "_high")
-    )
-    # Per hop, the arrivals of the rank it waited for at the calls it waited on inside that
-    # span, longest wait first: a join, so only those calls reach the walk below.
-    arrivals: dict[tuple[int, int, int], list[int]] = {}
-    if waits.height and instances.height and hops.height:
-        found = (
-            waits.select("instance", "rank", "wait_ns")
-            .filter(pl.col("wait_ns") > 0)
-            .join(instances.select("instance", "last_rank", "last_start_ns"), on="instance")
-            .join(hops, left_on=["rank", "last_rank"], right_on=["rank", "waited_for"])
-            .filter(pl.col("last_start_ns").is_between("_low", "_high"))
-            .sort("wait_ns", "instance", descending=[True, False])
-            .group_by("step", "rank", "last_rank", maintain_order=True)
-            .agg("last_start_ns")
-        )
-        arrivals = {(st, r, k): at for st, r, k, at in found.iter_rows()}
-    out = []
-    for step, chain in times.select("step", "critical_path").iter_rows():
-        if not chain or (chain[0], step) not in window:
-            continue
-        end = window[(chain[0], step)][1]
-        for hop, rank in enumerate(chain):
-            w0 = window.get((rank, step), (None, None))[0]
-            late = chain[hop + 1] if hop + 1 < len(chain) else None
-            low = w0 if w0 is not None else end
-            at = next((a for a in arrivals.get((step, rank, late), ()) if low <= a <= end), None)
-            start = at if at is not None else low
-            who = late if at is not None else None
-            name = (
-                f"critical path, step {step}: rank {rank} after rank {late} arrived"
-                if at is not None
-                else f"critical path, step {step}: rank {rank} from its step start"
-            )
-            out.append((step, hop, rank, min(start, end), end, who, name))
-            if at is None:
-                break
-            end = start
-    return pl.DataFrame(out, schema=CRITICAL_PATH_SCHEMA, orient="row") if out else empty
