@@ -520,8 +520,10 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
     has_calls = tables.has("collectives")
     durations = _call_durations(tables) if has_calls else None
     late = _call_last(tables) if has_calls else None
+    last = _instance_last(tables) if has_calls else None
     kcols = ("rank", "kind", "start_ns", "end_ns", "launch_ns")
     ccols = (*CALL_KEY, "rank", "start_ns", "end_ns", "duration_ns", "launch_ns", "peer")
+    wcols = ("instance", "rank", "start_ns")
 
     def build(windows: pl.DataFrame) -> pl.DataFrame:
         ranks = windows["rank"].unique().sort().to_list()
@@ -546,6 +548,8 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
                 .with_columns(pl.col("process_group").cast(pl.String))
                 .join(roles.lazy(), on="process_group", how="left")
             )
+            if last is not None:
+                calls = _named_by_instance(calls, tables, ranks, last, wcols)
         else:
             calls = pl.DataFrame(
                 schema={
@@ -573,6 +577,65 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
 
     return tables.derived(
         ("rules_api", "model_of_time"), "steps", build, ("rank", "step", "start_ns", "end_ns")
+    )
+
+
+def _instance_last(tables: Tables) -> pl.DataFrame | None:
+    """instance, _last: the rank that arrived last at each collective instance
+    (collective_instances.last_rank: the latest start on the reference clock), the rank
+    the stragglers table and the critical path name; None without instances."""
+    cols = ["instance", "key_kind", "last_rank"]
+    if not (tables.has("collective_instances", *cols) and tables.has("collective_waits")):
+        return None
+    query = (
+        tables.lazy("collective_instances", cols)
+        .filter(pl.col("key_kind") != "p2p")
+        .select(pl.col("instance").cast(pl.Int64), _last=pl.col("last_rank").cast(pl.Int64))
+    )
+    return tables.once(("rules_api", "instance_last"), lambda: tables.collect(query))
+
+
+def _named_by_instance(
+    calls: pl.DataFrame,
+    tables: Tables,
+    ranks: list[int],
+    last: pl.DataFrame,
+    columns: Sequence[str],
+) -> pl.DataFrame:
+    """`calls` (a few ranks' collectives rows with `late_rank`) with `late_rank` the rank
+    that arrived last at the call's instance (one straggler named the same way in the
+    blame, the stragglers table and the critical path); none where the call's own rank
+    arrived last (what is left of its call is its own); a call in no instance keeps the
+    rank whose call was the shortest."""
+    waits = [
+        b
+        for b in tables.rank_batches("collective_waits", columns, ranks)
+        if b.width == len(columns)
+    ]
+    if not waits:
+        return calls
+    named = (
+        pl.concat(waits, how="vertical_relaxed")
+        .select(
+            pl.col("instance").cast(pl.Int64),
+            pl.col("rank").cast(pl.Int64),
+            pl.col("start_ns").cast(pl.Int64),
+        )
+        .join(last, on="instance")
+        .unique(["rank", "start_ns"], keep="first", maintain_order=True)
+        .drop("instance")
+    )
+    cast = {"rank": calls.schema["rank"], "start_ns": calls.schema["start_ns"]}
+    named = named.with_columns(pl.col(c).cast(t) for c, t in cast.items())
+    return (
+        calls.join(named, on=["rank", "start_ns"], how="left", maintain_order="left")
+        .with_columns(
+            late_rank=pl.when(pl.col("collective").is_in(P2P) | pl.col("_last").is_null())
+            .then(pl.col("late_rank"))
+            .when(pl.col("_last") != pl.col("rank").cast(pl.Int64))
+            .then(pl.col("_last"))
+        )
+        .drop("_last")
     )
 
 

@@ -16,8 +16,11 @@ exactly to its length. Each instant of the window goes to the first of these tha
     transfer         a collective moves data (the call's last `transfer_ns`: the shortest
                      duration of the same call over its group's ranks), no compute running
     wait             a collective waits for its group's late rank (the rest of the call);
-                     `late_rank` is the rank of the group whose call was the shortest (it
-                     arrived last: it did not wait)
+                     `late_rank` is the rank that arrived last at the call's instance
+                     (collective_instances.last_rank, as the stragglers table and the
+                     critical path name it); none where the rank itself arrived last;
+                     for a call in no instance, the rank of the group whose call was the
+                     shortest
 
 (`last_call`: the row is of the rank's last collective of the step, which nothing later in
 the step can hide.)
