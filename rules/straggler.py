@@ -247,13 +247,22 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     # sheds (n-1)/n of its lateness and the others' waits shrink as much.
     n = max(1, int(step_times(tables)["ranks"].max() or 1))
     keep = (n - 1) / n
+    # The waits it measures, and no others: message storms' waits are COMM201's (merging
+    # the calls removes them), point-to-point calls are the pipeline's.
+    storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
+    storm = pl.concat_str("process_group", "collective", separator="\x00").is_in(
+        storms.select(pl.concat_str("process_group", "collective", separator="\x00"))
+        .to_series()
+        .implode()
+    )
+    measured = ~pl.col("collective").is_in(P2P).fill_null(False) & ~storm.fill_null(False)
     edit = Edit(
         "the late ranks' extra work spread evenly over the ranks (their lateness and the "
         "others' waits for them shrink by (n-1)/n)"
         + (", the stragglers' excepted" if named.height else ""),
-        (pl.col("category") == "wait") & others,
+        (pl.col("category") == "wait") & others & measured,
         keep,
-        rank_lateness(tables)
+        rank_lateness(tables, measured)
         .filter(~pl.col("rank").is_in(named["rank"].cast(pl.Int64).implode()))
         .with_columns(remove_ns=(pl.col("remove_ns") * keep).round().cast(pl.Int64)),
     )
