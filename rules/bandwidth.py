@@ -49,7 +49,12 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     at least `min_bytes`, takes each process group's median per collective, and compares it
     with `link_busbw_gbps` or, when that is not given, the best median of the groups with the
     same role and collective. A group below `min_ratio` of that reference is reported; the
-    impact is the replayed saving of its exposed transfers at the reference bandwidth.
+    impact is the replayed saving of its calls at the reference bandwidth: each call ends
+    earlier by the time it saves, so its exposed tail shrinks by at most that. Against the
+    link, where the group's large calls come in sizes 1.5x apart or more, a line through
+    their times (latency + bytes / bandwidth) gives the latency that a call at link speed
+    still pays (evidence `latency_ns`, `fitted_busbw_gbps`); with one size the latency
+    counts as slowness (an overestimate by the latency's share of a call).
 
     Why is this bad?
     Large messages should run at link speed. A group far below its peers points at a slow or
@@ -96,14 +101,37 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     if slow.height == 0:
         return []
 
+    # Against the link, a call at link speed still pays its fixed latency: where a group's
+    # calls come in several sizes, a line through their transfer times (time = latency +
+    # bus bytes / bandwidth) gives both, and only the bandwidth's part is saved.
+    fits = _latency_fits(tables, big, slow) if link > 0 else {}
+    latency = pl.DataFrame(
+        {
+            "process_group": list(fits),
+            "_latency": [float(f["latency_ns"]) for f in fits.values()],
+        },
+        schema={"process_group": pl.String, "_latency": pl.Float64},
+    )
+
     def slow_calls(view: Tables) -> pl.LazyFrame:
         rows = big_calls(view).join(
-            slow.lazy().select("process_group", "collective", "ratio"),
+            slow.lazy().select("process_group", "collective", "reference"),
             on=["process_group", "collective"],
             how="inner",
             build_side="force_right",
         )
-        return rows.with_columns(lost=pl.col("exposed_ns") * (1.0 - pl.col("ratio")))
+        # A call run at the reference ends earlier by the time it saves; only its exposed
+        # tail can shrink, by at most that.
+        size = pl.col("group_size").fill_null(pl.col("ranks_seen"))
+        at_ref = pl.col("_latency").fill_null(0.0) + pl.col("bytes") * busbw_factor(
+            pl.col("collective"), size
+        ) / pl.col("reference")
+        saved = (pl.col("transfer_ns") - at_ref).clip(lower_bound=0.0)
+        return (
+            rows.join(latency.lazy(), on="process_group", how="left")
+            .with_columns(lost=pl.min_horizontal(pl.col("exposed_ns").cast(pl.Float64), saved))
+            .drop("_latency")
+        )
 
     causes = impact_per_step(slow_calls, "lost", ["process_group"], tables=tables).join(
         slow.group_by("process_group").agg(
@@ -115,12 +143,34 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         on="process_group",
     )
     step_ns = mean_step_ns(tables)
+    # Per rank, step and collective of a slow group: the share of its exposed transfer the
+    # faster calls save (the blame's transfer rows are per rank, step and collective).
+    shares = tables.collect(
+        slow_calls(tables)
+        .group_by("process_group", "rank", "step", "collective")
+        .agg(_lost=pl.col("lost").sum(), _exposed=pl.col("exposed_ns").sum())
+        .with_columns(
+            _share=pl.when(pl.col("_exposed") > 0)
+            .then(pl.col("_lost") / pl.col("_exposed"))
+            .otherwise(0.0),
+            _key=pl.concat_str(
+                pl.col("rank").cast(pl.String),
+                pl.col("step").cast(pl.String),
+                "collective",
+                separator="/",
+            ),
+        )
+    )
+    row_key = pl.concat_str(
+        pl.col("rank").cast(pl.String), pl.col("step").cast(pl.String), "collective", separator="/"
+    )
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
-        mine = slow.filter(pl.col("process_group") == c["process_group"])
-        fraction: pl.Expr = pl.lit(0.0)
-        for coll, ratio in mine.select("collective", "ratio").iter_rows():
-            fraction = pl.when(pl.col("collective") == coll).then(1.0 - ratio).otherwise(fraction)
+        fit = fits.get(c["process_group"])
+        mine = shares.filter(pl.col("process_group") == c["process_group"])
+        fraction = row_key.replace_strict(
+            dict(mine.select("_key", "_share").iter_rows()), default=0.0, return_dtype=pl.Float64
+        )
         edit = Edit(
             f"run group {c['process_group']}'s {', '.join(c['collective'])} at "
             f"{c['reference']:.1f} GB/s bus bandwidth",
@@ -156,6 +206,8 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     "reference_busbw_gbps": round(c["reference"], 2),
                     "reference": "link_busbw_gbps" if link > 0 else "best group",
                     "exposed_lost_ns_per_step": int(c["impact_ns"]),
+                    "latency_ns": None if fit is None else int(fit["latency_ns"]),
+                    "fitted_busbw_gbps": None if fit is None else round(fit["busbw_gbps"], 2),
                     "step_ns": step_ns,
                     "saving_method": f"replay: {edit.name}",
                 },
@@ -169,4 +221,42 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 ),
             )
         )
+    return out
+
+
+# A latency fit needs message sizes this far apart (largest / smallest bus bytes).
+FIT_MIN_SPREAD = 1.5
+
+
+def _latency_fits(tables: Tables, big: pl.LazyFrame, slow: pl.DataFrame) -> dict[str, dict]:
+    """Per slow group whose large calls come in sizes at least FIT_MIN_SPREAD apart: the
+    least-squares line through (bus bytes, median transfer time) of each size, over its
+    slow collectives: `latency_ns` (the intercept, at least 0) and `busbw_gbps` (1 / slope).
+    Groups with one size (or a line that does not fit) are left out: their saving counts
+    the latency as bandwidth."""
+    size = pl.col("group_size").fill_null(pl.col("ranks_seen"))
+    points = tables.collect(
+        big.join(
+            slow.lazy().select("process_group", "collective"),
+            on=["process_group", "collective"],
+            how="inner",
+        )
+        .with_columns(_bus=pl.col("bytes") * busbw_factor(pl.col("collective"), size))
+        .group_by("process_group", "_bus")
+        .agg(_t=pl.col("transfer_ns").median())
+    )
+    out: dict[str, dict] = {}
+    for (group,), rows in points.group_by(["process_group"]):
+        x, y = rows["_bus"].cast(pl.Float64), rows["_t"].cast(pl.Float64)
+        if rows.height < 2 or x.min() <= 0 or x.max() < FIT_MIN_SPREAD * x.min():
+            continue
+        mx, my = x.mean(), y.mean()
+        var = float(((x - mx) ** 2).sum())
+        slope = float(((x - mx) * (y - my)).sum()) / var if var > 0 else 0.0
+        if slope <= 0:
+            continue
+        latency = max(0.0, float(my - slope * mx))
+        if latency >= float(y.min()):
+            continue
+        out[str(group)] = {"latency_ns": latency, "busbw_gbps": 1.0 / slope}
     return out
