@@ -41,6 +41,7 @@ from ._common import with_roles
         Option("min_ratio", 0.5, "Report a group below this fraction of the reference."),
         Option("warn_share", 0.03, "Warn when the slowness costs this share of step time."),
         Option("error_share", 0.10, "Error at this share of step time."),
+        Option("info_share", 0.01, "Report as info from this share (below: no finding)."),
     ),
 )
 def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -181,7 +182,12 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         )
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0
-        sev = severity_for(share, options["warn_share"], options["error_share"]) or Severity.info
+        sev = severity_for(share, options["warn_share"], options["error_share"])
+        if sev is None:
+            # A slow group whose faster calls would not shorten the step is no finding.
+            if share < options["info_share"]:
+                continue
+            sev = Severity.info
         out.append(
             make_finding(
                 low_bus_bandwidth,
