@@ -395,6 +395,8 @@ REPLAY_SCENARIOS = [
     ("straggler", "tp-dp", 4, "SYNC101", {}),
     ("straggler", "fsdp", 4, "SYNC101", {}),
     ("straggler", "fsdp", 8, "SYNC101", {}),
+    ("straggler", "pp-dp", 4, "SYNC101", {}),
+    ("straggler", "pp-dp", 8, "SYNC101", {}),
     ("small-messages", "dp", 4, "COMM201", {}),
     ("small-messages", "dp", 8, "COMM201", {}),
     ("small-messages", "tp-dp", 4, "COMM201", {}),
