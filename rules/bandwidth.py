@@ -67,6 +67,12 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     (transport: NVLS/P2P/NET-IB vs SOCKET), NCCL_IB_HCA / NCCL_SOCKET_IFNAME, GPU-NIC
     affinity and PCIe topology (nvidia-smi topo -m), link errors (ibstat, ethtool).
     """
+    out = _collective_findings(tables, options) + _p2p_findings(tables, options)
+    return sorted(out, key=lambda f: -f.impact_ns_per_step)
+
+
+def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """NET101 on the collectives (point-to-point calls are _p2p_findings')."""
     if not tables.has("collectives"):
         return []
     used = ("rank", "step", "process_group", "collective", "call_index", "bytes")
@@ -230,6 +236,133 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     return out
 
 
+def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """NET101 on point-to-point groups (a pipeline's sends and receives), from the matched
+    send/recv pairs of collective_instances (each pair's shortest call is its transfer).
+    Their messages (a micro-batch's activations) are latency-bound at link speed, so a
+    group is compared with the best group of its role only, never with `link_busbw_gbps`.
+    The saving is replayed as a fixed time per rank and step (its calls' time lives in
+    pipeline_bubble rows, with the waits for the neighbouring stage): per call, its exposed
+    time shrinks by at most what it saves at the reference (median transfer at its size
+    less bytes / reference), and the stages waiting for it gain as the replay propagates."""
+    if not tables.has("collective_instances", "transfer_ns", "key_kind"):
+        return []
+    pairs = with_roles(
+        tables,
+        tables["collective_instances"]
+        .filter(
+            pl.col("collective").is_in(P2P)
+            & (pl.col("ranks_seen") > 1)
+            & (pl.col("bytes") >= options["min_bytes"])
+            & (pl.col("transfer_ns") > 0)
+        )
+        .select(
+            pl.col("process_group").cast(pl.String),
+            "bytes",
+            "transfer_ns",
+            busbw=pl.col("bytes") / pl.col("transfer_ns"),
+        ),
+    )
+    if pairs.height == 0:
+        return []
+    groups = (
+        pairs.group_by("process_group", "role")
+        .agg(median_busbw=pl.col("busbw").median(), calls=pl.len())
+        .with_columns(reference=pl.col("median_busbw").max().over("role"))
+        .with_columns(ratio=pl.col("median_busbw") / pl.col("reference"))
+    )
+    slow = groups.filter((pl.col("ratio") < options["min_ratio"]) & (pl.col("calls") > 0))
+    if slow.height == 0:
+        return []
+    # Per group and message size, the time a call saves at the reference.
+    sizes = (
+        pairs.join(slow.select("process_group", "reference"), on="process_group")
+        .group_by("process_group", "bytes")
+        .agg(_t=pl.col("transfer_ns").median(), reference=pl.col("reference").first())
+        .with_columns(
+            _saved=(pl.col("_t") - pl.col("bytes") / pl.col("reference")).clip(lower_bound=0)
+        )
+        .select("process_group", "bytes", "_saved")
+    )
+    calls = tables.collect(
+        collective_exposure_lazy(tables, transfer_only=True)
+        .filter(pl.col("collective").is_in(P2P))
+        .select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            pl.col("process_group").cast(pl.String),
+            "bytes",
+            "exposed_ns",
+        )
+        .join(sizes.lazy(), on=["process_group", "bytes"], how="inner")
+        .with_columns(
+            lost=pl.min_horizontal(pl.col("exposed_ns").cast(pl.Float64), pl.col("_saved"))
+        )
+    )
+    step_ns = mean_step_ns(tables)
+    out = []
+    for g in slow.sort("ratio", "process_group").iter_rows(named=True):
+        mine = calls.filter(pl.col("process_group") == g["process_group"])
+        per = mine.group_by("rank", "step").agg(
+            remove_ns=pl.col("lost").sum().round().cast(pl.Int64)
+        )
+        if per.height == 0:
+            continue
+        edit = Edit(
+            f"run group {g['process_group']}'s point-to-point transfers at "
+            f"{g['reference']:.1f} GB/s (the best {g['role']} group's)",
+            rank_ns=per,
+        )
+        saving = replay_saving(tables, edit)
+        share = saving / step_ns if step_ns else 0.0
+        sev = severity_for(share, options["warn_share"], options["error_share"])
+        if sev is None:
+            if share < options["info_share"]:
+                continue
+            sev = Severity.info
+        ranks = sorted(per["rank"].unique().to_list())
+        numbered = per.filter(pl.col("step") >= 0)
+        lost = impact_per_step(mine.select("rank", "step", "lost"), "lost")
+        lost_ns = int(lost["impact_ns"][0]) if lost.height else 0
+        out.append(
+            make_finding(
+                low_bus_bandwidth,
+                sev,
+                f"Group {g['process_group']} reaches {g['median_busbw']:.1f} GB/s "
+                f"point-to-point of {g['reference']:.1f}",
+                f"Point-to-point transfers on group {g['process_group']} ({g['role']}) run "
+                f"at a median {g['median_busbw']:.1f} GB/s against {g['reference']:.1f} GB/s "
+                f"(the best {g['role']} group); the exposed part of the difference costs "
+                f"{lost_ns / 1e6:.2f} ms per step on the worst rank; at the reference the "
+                f"step would be {saving / 1e6:.2f} ms shorter.",
+                impact_ns_per_step=saving,
+                step_ns=step_ns,
+                ranks=ranks,
+                steps=sorted(numbered["step"].unique().to_list()),
+                process_group=g["process_group"],
+                evidence={
+                    "collectives": ["send_recv"],
+                    "median_busbw_gbps": round(g["median_busbw"], 2),
+                    "reference_busbw_gbps": round(g["reference"], 2),
+                    "reference": "best group",
+                    "exposed_lost_ns_per_step": lost_ns,
+                    "step_ns": step_ns,
+                    "saving_method": f"replay: {edit.name}",
+                },
+                edit=edit,
+                advice=(
+                    "Run nccl-tests (sendrecv_perf -b 1M -e 1G) between exactly these "
+                    "neighbouring stages' hosts and compare with a healthy pipeline.",
+                    "Check the transport with NCCL_DEBUG=INFO (NVLink/P2P/IB vs SOCKET), "
+                    "NCCL_IB_HCA and NCCL_SOCKET_IFNAME, GPU-NIC affinity (nvidia-smi topo -m) "
+                    "and link errors or down-trained links (ibstat, ethtool).",
+                ),
+            )
+        )
+    return out
+
+
+P2P = ("send", "recv", "send_recv")
 # A latency fit needs message sizes this far apart (largest / smallest bus bytes).
 FIT_MIN_SPREAD = 1.5
 
