@@ -639,11 +639,15 @@ def _named_by_instance(
     )
 
 
-def rank_lateness(tables: Tables) -> pl.DataFrame:
+def rank_lateness(tables: Tables, where: pl.Expr | None = None) -> pl.DataFrame:
     """rank, step, remove_ns: per step, the longest wait any rank had for this rank (the
     model of time's `late_rank` waits): the time its window loses when it does the mean
-    rank's work. For an Edit's `rank_ns`."""
-    return tables.collect(steptime.lateness(step_blame(tables)))
+    rank's work. For an Edit's `rank_ns`. `where`: only the wait rows it keeps (an
+    expression over the step_blame columns), e.g. the calls another rule owns left out."""
+    blame = step_blame(tables)
+    if where is not None:
+        blame = blame.filter(where)
+    return tables.collect(steptime.lateness(blame))
 
 
 def replay_saving(tables: Tables, *edits: Edit) -> int:

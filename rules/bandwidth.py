@@ -41,6 +41,7 @@ from ._common import with_roles
         Option("min_ratio", 0.5, "Report a group below this fraction of the reference."),
         Option("warn_share", 0.03, "Warn when the slowness costs this share of step time."),
         Option("error_share", 0.10, "Error at this share of step time."),
+        Option("info_share", 0.01, "Report as info from this share (below: no finding)."),
     ),
 )
 def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -49,7 +50,12 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     at least `min_bytes`, takes each process group's median per collective, and compares it
     with `link_busbw_gbps` or, when that is not given, the best median of the groups with the
     same role and collective. A group below `min_ratio` of that reference is reported; the
-    impact is the replayed saving of its exposed transfers at the reference bandwidth.
+    impact is the replayed saving of its calls at the reference bandwidth: each call ends
+    earlier by the time it saves, so its exposed tail shrinks by at most that. Against the
+    link, where the group's large calls come in sizes 1.5x apart or more, a line through
+    their times (latency + bytes / bandwidth) gives the latency that a call at link speed
+    still pays (evidence `latency_ns`, `fitted_busbw_gbps`); with one size the latency
+    counts as slowness (an overestimate by the latency's share of a call).
 
     Why is this bad?
     Large messages should run at link speed. A group far below its peers points at a slow or
@@ -61,6 +67,12 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     (transport: NVLS/P2P/NET-IB vs SOCKET), NCCL_IB_HCA / NCCL_SOCKET_IFNAME, GPU-NIC
     affinity and PCIe topology (nvidia-smi topo -m), link errors (ibstat, ethtool).
     """
+    out = _collective_findings(tables, options) + _p2p_findings(tables, options)
+    return sorted(out, key=lambda f: -f.impact_ns_per_step)
+
+
+def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """NET101 on the collectives (point-to-point calls are _p2p_findings')."""
     if not tables.has("collectives"):
         return []
     used = ("rank", "step", "process_group", "collective", "call_index", "bytes")
@@ -96,14 +108,37 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     if slow.height == 0:
         return []
 
+    # Against the link, a call at link speed still pays its fixed latency: where a group's
+    # calls come in several sizes, a line through their transfer times (time = latency +
+    # bus bytes / bandwidth) gives both, and only the bandwidth's part is saved.
+    fits = _latency_fits(tables, big, slow) if link > 0 else {}
+    latency = pl.DataFrame(
+        {
+            "process_group": list(fits),
+            "_latency": [float(f["latency_ns"]) for f in fits.values()],
+        },
+        schema={"process_group": pl.String, "_latency": pl.Float64},
+    )
+
     def slow_calls(view: Tables) -> pl.LazyFrame:
         rows = big_calls(view).join(
-            slow.lazy().select("process_group", "collective", "ratio"),
+            slow.lazy().select("process_group", "collective", "reference"),
             on=["process_group", "collective"],
             how="inner",
             build_side="force_right",
         )
-        return rows.with_columns(lost=pl.col("exposed_ns") * (1.0 - pl.col("ratio")))
+        # A call run at the reference ends earlier by the time it saves; only its exposed
+        # tail can shrink, by at most that.
+        size = pl.col("group_size").fill_null(pl.col("ranks_seen"))
+        at_ref = pl.col("_latency").fill_null(0.0) + pl.col("bytes") * busbw_factor(
+            pl.col("collective"), size
+        ) / pl.col("reference")
+        saved = (pl.col("transfer_ns") - at_ref).clip(lower_bound=0.0)
+        return (
+            rows.join(latency.lazy(), on="process_group", how="left")
+            .with_columns(lost=pl.min_horizontal(pl.col("exposed_ns").cast(pl.Float64), saved))
+            .drop("_latency")
+        )
 
     causes = impact_per_step(slow_calls, "lost", ["process_group"], tables=tables).join(
         slow.group_by("process_group").agg(
@@ -115,12 +150,34 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         on="process_group",
     )
     step_ns = mean_step_ns(tables)
+    # Per rank, step and collective of a slow group: the share of its exposed transfer the
+    # faster calls save (the blame's transfer rows are per rank, step and collective).
+    shares = tables.collect(
+        slow_calls(tables)
+        .group_by("process_group", "rank", "step", "collective")
+        .agg(_lost=pl.col("lost").sum(), _exposed=pl.col("exposed_ns").sum())
+        .with_columns(
+            _share=pl.when(pl.col("_exposed") > 0)
+            .then(pl.col("_lost") / pl.col("_exposed"))
+            .otherwise(0.0),
+            _key=pl.concat_str(
+                pl.col("rank").cast(pl.String),
+                pl.col("step").cast(pl.String),
+                "collective",
+                separator="/",
+            ),
+        )
+    )
+    row_key = pl.concat_str(
+        pl.col("rank").cast(pl.String), pl.col("step").cast(pl.String), "collective", separator="/"
+    )
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
-        mine = slow.filter(pl.col("process_group") == c["process_group"])
-        fraction: pl.Expr = pl.lit(0.0)
-        for coll, ratio in mine.select("collective", "ratio").iter_rows():
-            fraction = pl.when(pl.col("collective") == coll).then(1.0 - ratio).otherwise(fraction)
+        fit = fits.get(c["process_group"])
+        mine = shares.filter(pl.col("process_group") == c["process_group"])
+        fraction = row_key.replace_strict(
+            dict(mine.select("_key", "_share").iter_rows()), default=0.0, return_dtype=pl.Float64
+        )
         edit = Edit(
             f"run group {c['process_group']}'s {', '.join(c['collective'])} at "
             f"{c['reference']:.1f} GB/s bus bandwidth",
@@ -131,7 +188,12 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         )
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0
-        sev = severity_for(share, options["warn_share"], options["error_share"]) or Severity.info
+        sev = severity_for(share, options["warn_share"], options["error_share"])
+        if sev is None:
+            # A slow group whose faster calls would not shorten the step is no finding.
+            if share < options["info_share"]:
+                continue
+            sev = Severity.info
         out.append(
             make_finding(
                 low_bus_bandwidth,
@@ -156,6 +218,8 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     "reference_busbw_gbps": round(c["reference"], 2),
                     "reference": "link_busbw_gbps" if link > 0 else "best group",
                     "exposed_lost_ns_per_step": int(c["impact_ns"]),
+                    "latency_ns": None if fit is None else int(fit["latency_ns"]),
+                    "fitted_busbw_gbps": None if fit is None else round(fit["busbw_gbps"], 2),
                     "step_ns": step_ns,
                     "saving_method": f"replay: {edit.name}",
                 },
@@ -169,4 +233,169 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 ),
             )
         )
+    return out
+
+
+def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """NET101 on point-to-point groups (a pipeline's sends and receives), from the matched
+    send/recv pairs of collective_instances (each pair's shortest call is its transfer).
+    Their messages (a micro-batch's activations) are latency-bound at link speed, so a
+    group is compared with the best group of its role only, never with `link_busbw_gbps`.
+    The saving is replayed as a fixed time per rank and step (its calls' time lives in
+    pipeline_bubble rows, with the waits for the neighbouring stage): per call, its exposed
+    time shrinks by at most what it saves at the reference (median transfer at its size
+    less bytes / reference), and the stages waiting for it gain as the replay propagates."""
+    if not tables.has("collective_instances", "transfer_ns", "key_kind"):
+        return []
+    pairs = with_roles(
+        tables,
+        tables["collective_instances"]
+        .filter(
+            pl.col("collective").is_in(P2P)
+            & (pl.col("ranks_seen") > 1)
+            & (pl.col("bytes") >= options["min_bytes"])
+            & (pl.col("transfer_ns") > 0)
+        )
+        .select(
+            pl.col("process_group").cast(pl.String),
+            "bytes",
+            "transfer_ns",
+            busbw=pl.col("bytes") / pl.col("transfer_ns"),
+        ),
+    )
+    if pairs.height == 0:
+        return []
+    groups = (
+        pairs.group_by("process_group", "role")
+        .agg(median_busbw=pl.col("busbw").median(), calls=pl.len())
+        .with_columns(reference=pl.col("median_busbw").max().over("role"))
+        .with_columns(ratio=pl.col("median_busbw") / pl.col("reference"))
+    )
+    slow = groups.filter((pl.col("ratio") < options["min_ratio"]) & (pl.col("calls") > 0))
+    if slow.height == 0:
+        return []
+    # Per group and message size, the time a call saves at the reference.
+    sizes = (
+        pairs.join(slow.select("process_group", "reference"), on="process_group")
+        .group_by("process_group", "bytes")
+        .agg(_t=pl.col("transfer_ns").median(), reference=pl.col("reference").first())
+        .with_columns(
+            _saved=(pl.col("_t") - pl.col("bytes") / pl.col("reference")).clip(lower_bound=0)
+        )
+        .select("process_group", "bytes", "_saved")
+    )
+    calls = tables.collect(
+        collective_exposure_lazy(tables, transfer_only=True)
+        .filter(pl.col("collective").is_in(P2P))
+        .select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            pl.col("process_group").cast(pl.String),
+            "bytes",
+            "exposed_ns",
+        )
+        .join(sizes.lazy(), on=["process_group", "bytes"], how="inner")
+        .with_columns(
+            lost=pl.min_horizontal(pl.col("exposed_ns").cast(pl.Float64), pl.col("_saved"))
+        )
+    )
+    step_ns = mean_step_ns(tables)
+    out = []
+    for g in slow.sort("ratio", "process_group").iter_rows(named=True):
+        mine = calls.filter(pl.col("process_group") == g["process_group"])
+        per = mine.group_by("rank", "step").agg(
+            remove_ns=pl.col("lost").sum().round().cast(pl.Int64)
+        )
+        if per.height == 0:
+            continue
+        edit = Edit(
+            f"run group {g['process_group']}'s point-to-point transfers at "
+            f"{g['reference']:.1f} GB/s (the best {g['role']} group's)",
+            rank_ns=per,
+        )
+        saving = replay_saving(tables, edit)
+        share = saving / step_ns if step_ns else 0.0
+        sev = severity_for(share, options["warn_share"], options["error_share"])
+        if sev is None:
+            if share < options["info_share"]:
+                continue
+            sev = Severity.info
+        ranks = sorted(per["rank"].unique().to_list())
+        numbered = per.filter(pl.col("step") >= 0)
+        lost = impact_per_step(mine.select("rank", "step", "lost"), "lost")
+        lost_ns = int(lost["impact_ns"][0]) if lost.height else 0
+        out.append(
+            make_finding(
+                low_bus_bandwidth,
+                sev,
+                f"Group {g['process_group']} reaches {g['median_busbw']:.1f} GB/s "
+                f"point-to-point of {g['reference']:.1f}",
+                f"Point-to-point transfers on group {g['process_group']} ({g['role']}) run "
+                f"at a median {g['median_busbw']:.1f} GB/s against {g['reference']:.1f} GB/s "
+                f"(the best {g['role']} group); the exposed part of the difference costs "
+                f"{lost_ns / 1e6:.2f} ms per step on the worst rank; at the reference the "
+                f"step would be {saving / 1e6:.2f} ms shorter.",
+                impact_ns_per_step=saving,
+                step_ns=step_ns,
+                ranks=ranks,
+                steps=sorted(numbered["step"].unique().to_list()),
+                process_group=g["process_group"],
+                evidence={
+                    "collectives": ["send_recv"],
+                    "median_busbw_gbps": round(g["median_busbw"], 2),
+                    "reference_busbw_gbps": round(g["reference"], 2),
+                    "reference": "best group",
+                    "exposed_lost_ns_per_step": lost_ns,
+                    "step_ns": step_ns,
+                    "saving_method": f"replay: {edit.name}",
+                },
+                edit=edit,
+                advice=(
+                    "Run nccl-tests (sendrecv_perf -b 1M -e 1G) between exactly these "
+                    "neighbouring stages' hosts and compare with a healthy pipeline.",
+                    "Check the transport with NCCL_DEBUG=INFO (NVLink/P2P/IB vs SOCKET), "
+                    "NCCL_IB_HCA and NCCL_SOCKET_IFNAME, GPU-NIC affinity (nvidia-smi topo -m) "
+                    "and link errors or down-trained links (ibstat, ethtool).",
+                ),
+            )
+        )
+    return out
+
+
+P2P = ("send", "recv", "send_recv")
+# A latency fit needs message sizes this far apart (largest / smallest bus bytes).
+FIT_MIN_SPREAD = 1.5
+
+
+def _latency_fits(tables: Tables, big: pl.LazyFrame, slow: pl.DataFrame) -> dict[str, dict]:
+    """Per slow group whose large calls come in sizes at least FIT_MIN_SPREAD apart: the
+    least-squares line through (bus bytes, median transfer time) of each size, over its
+    slow collectives: `latency_ns` (the intercept, at least 0) and `busbw_gbps` (1 / slope).
+    Groups with one size (or a line that does not fit) are left out: their saving counts
+    the latency as bandwidth."""
+    size = pl.col("group_size").fill_null(pl.col("ranks_seen"))
+    points = tables.collect(
+        big.join(
+            slow.lazy().select("process_group", "collective"),
+            on=["process_group", "collective"],
+            how="inner",
+        )
+        .with_columns(_bus=pl.col("bytes") * busbw_factor(pl.col("collective"), size))
+        .group_by("process_group", "_bus")
+        .agg(_t=pl.col("transfer_ns").median())
+    )
+    out: dict[str, dict] = {}
+    for (group,), rows in points.group_by(["process_group"]):
+        x, y = rows["_bus"].cast(pl.Float64), rows["_t"].cast(pl.Float64)
+        if rows.height < 2 or x.min() <= 0 or x.max() < FIT_MIN_SPREAD * x.min():
+            continue
+        mx, my = x.mean(), y.mean()
+        var = float(((x - mx) ** 2).sum())
+        slope = float(((x - mx) * (y - my)).sum()) / var if var > 0 else 0.0
+        if slope <= 0:
+            continue
+        latency = max(0.0, float(my - slope * mx))
+        if latency >= float(y.min()):
+            continue
+        out[str(group)] = {"latency_ns": latency, "busbw_gbps": 1.0 / slope}
     return out

@@ -80,8 +80,17 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
         groups = c["groups"] or []
         what = f"{c['collective']} on {c['role'].replace('_', '-')} groups"
+        # Tensor-parallel all-reduces sit between dependent GEMMs: no reordering hides them,
+        # only splitting them to overlap with the GEMMs (sequence parallelism, TP comm
+        # overlap); the saving is what that would hide at best.
+        how = (
+            "overlap the {what} with the GEMMs (sequence parallelism and TP communication "
+            "overlap; at best: they sit between dependent GEMMs)"
+            if c["role"] == "tensor_parallel"
+            else "hide the {what} behind compute"
+        ).format(what=what)
         edit = Edit(
-            f"hide the {what} behind compute (each rank's last call of a step excepted)",
+            f"{how} (each rank's last call of a step excepted)",
             (pl.col("category") == "transfer")
             & ~pl.col("last_call")
             & (pl.col("collective") == c["collective"])

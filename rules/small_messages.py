@@ -52,7 +52,9 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
     """What it does:
     Finds process groups that issue many small collectives per step (median message at or
     below `max_bytes`, at least `min_calls` per rank and step; or the analysis' storms
-    table). The saving is replayed on the model of time: the calls merged into one of their
+    table). The storms of one role's groups (the DP groups of each TP rank or pipeline stage)
+    are one cause, one setting away from fixed; a group of unknown role is its own. The
+    saving is replayed on the model of time: the calls merged into one of their
     summed size at the group's large-message bandwidth (the storms table's
     latency-bound share of their transfer, wait and launch-gap time is removed); with no
     large-message bandwidth known, all of that time (a heuristic, said so in evidence).
@@ -86,39 +88,63 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
             )
         return with_roles(tables, exp)
 
-    causes = impact_per_step(
-        storm_calls, "exposed_ns", ["process_group", "collective"], tables=tables
+    # One cause per role and collective: the DP groups of a tp-dp or pp-dp job are peers
+    # that one setting buckets (bucket_cap_mb), and their calls couple the ranks (one group
+    # merged alone leaves its ranks waiting for the other groups'); a group of unknown role
+    # is a cause of its own.
+    cause = (
+        pl.when(pl.col("role") == "unknown")
+        .then(pl.lit("group ") + pl.col("process_group"))
+        .otherwise(pl.col("role"))
     )
-    exp = storm_calls(tables)
+    keys = ["_cause", "collective"]
+
+    def cause_calls(view: Tables) -> pl.LazyFrame:
+        return storm_calls(view).with_columns(_cause=cause)
+
+    causes = impact_per_step(cause_calls, "exposed_ns", keys, tables=tables)
+    exp = cause_calls(tables)
     # Message sizes repeat: the median comes from counts per size (exact, a few rows).
     counts = tables.collect(
-        exp.group_by("process_group", "collective", "role", "bytes").agg(_n=pl.len())
+        exp.group_by("_cause", "collective", "role", "process_group", "bytes").agg(_n=pl.len())
     )
-    keys = ["process_group", "collective"]
     sizes = median_of_counts(counts, keys, "bytes", "_n", "median_bytes").join(
-        counts.group_by(keys).agg(role=pl.col("role").first()), on=keys, nulls_equal=True
+        counts.group_by(keys).agg(
+            role=pl.col("role").first(),
+            groups=pl.col("process_group").drop_nulls().unique().sort(),
+        ),
+        on=keys,
+        nulls_equal=True,
     )
-    causes = causes.join(sizes, on=["process_group", "collective"], how="left")
+    causes = causes.join(sizes, on=keys, how="left")
     latency = _latency_shares(tables, exp, ref)
     step_ns = mean_step_ns(tables)
     out = []
-    for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
-        row = latency.filter(
-            (pl.col("process_group") == c["process_group"])
-            & (pl.col("collective") == c["collective"])
+    for c in causes.sort("impact_ns", "_cause", descending=[True, False]).iter_rows(named=True):
+        groups = list(c["groups"] or [])
+        rows = latency.filter(
+            pl.col("process_group").is_in(groups) & (pl.col("collective") == c["collective"])
+        ).filter(pl.col("share").is_not_null())
+        known = rows.height == len(groups) and rows.height > 0
+        # Per group its latency-bound share (the storms table's); 1 when unknown.
+        share_of = dict(rows.select("process_group", "share").iter_rows()) if known else {}
+        fraction = (
+            pl.col("process_group").replace_strict(share_of, default=1.0, return_dtype=pl.Float64)
+            if known
+            else 1.0
         )
-        fraction = float(row["share"][0]) if row.height and row["share"][0] is not None else 1.0
+        mean_share = sum(share_of.values()) / len(share_of) if known else 1.0
         method = (
             "replay: merge the run's calls into one call of their summed size at the group's "
             "large-message bandwidth"
-            if row.height and row["share"][0] is not None
+            if known
             else "replay: remove the run's exposed time (heuristic: no large-message "
             "bandwidth known to time the merged call)"
         )
         edit = Edit(
             method.removeprefix("replay: "),
             pl.col("category").is_in(["transfer", "wait", "launch"])
-            & (pl.col("process_group") == c["process_group"])
+            & pl.col("process_group").is_in(groups)
             & (pl.col("collective") == c["collective"]),
             fraction,
         )
@@ -130,28 +156,34 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
         if sev is None:
             continue
         med = int(c["median_bytes"] or 0)
+        where = (
+            f"group {groups[0]}"
+            if len(groups) == 1
+            else f"the {len(groups)} {c['role']} groups ({', '.join(groups)})"
+        )
         out.append(
             make_finding(
                 small_message_storm,
                 sev,
-                f"{c['calls']} small {c['collective']} calls per step on group "
-                f"{c['process_group']}",
-                f"Group {c['process_group']} ({c['role']}) issues {c['calls']} {c['collective']}"
-                f" calls per rank and step with a median of {med / 1024:.0f} KiB; they cost "
-                f"{c['impact_ns'] / 1e6:.2f} ms per step on the worst rank, mostly fixed "
-                f"latency; merged, the step would be {saving / 1e6:.2f} ms shorter ({share:.1%}).",
+                f"{c['calls']} small {c['collective']} calls per step on {where}",
+                f"{where[0].upper() + where[1:]} ({c['role']}) issue {c['calls']} "
+                f"{c['collective']} calls per rank and step with a median of "
+                f"{med / 1024:.0f} KiB; they cost {c['impact_ns'] / 1e6:.2f} ms per step on "
+                f"the worst rank, mostly fixed latency; merged, the step would be "
+                f"{saving / 1e6:.2f} ms shorter ({share:.1%}).",
                 impact_ns_per_step=saving,
                 step_ns=step_ns,
                 ranks=c["ranks"] or [],
                 steps=c["steps"] or [],
-                process_group=c["process_group"],
+                process_group=groups[0] if len(groups) == 1 else None,
                 evidence={
                     "collective": c["collective"],
                     "role": c["role"],
+                    "process_groups": groups,
                     "calls_per_step": c["calls"],
                     "median_bytes": med,
                     "exposed_ns_per_step": int(c["impact_ns"]),
-                    "latency_share": round(fraction, 4),
+                    "latency_share": round(mean_share, 4),
                     "step_ns": step_ns,
                     "saving_method": method,
                 },

@@ -209,8 +209,10 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     impact is what the step would lose if every rank did the mean rank's work, replayed on
     the model of time: each late rank sheds (n-1)/n of its lateness and the others' waits
     for it shrink as much. A straggler (the stragglers table's `is_straggler` ranks) is
-    SYNC101's and is left out; what remains are waits no one rank is to blame for: the
-    ranks take turns arriving last.
+    SYNC101's and is left out, and so is the time its fix saves (the saving is what the
+    edit adds to SYNC101's fixes: a straggler's delay passed on to the ranks waiting for
+    it is its own); what remains are waits no one rank is to blame for: the ranks take
+    turns arriving last.
     Point-to-point calls and message storms are left to PIPE101 and COMM201.
 
     Why is this bad?
@@ -247,17 +249,31 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     # sheds (n-1)/n of its lateness and the others' waits shrink as much.
     n = max(1, int(step_times(tables)["ranks"].max() or 1))
     keep = (n - 1) / n
+    # The waits it measures, and no others: message storms' waits are COMM201's (merging
+    # the calls removes them), point-to-point calls are the pipeline's.
+    storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
+    storm = pl.concat_str("process_group", "collective", separator="\x00").is_in(
+        storms.select(pl.concat_str("process_group", "collective", separator="\x00"))
+        .to_series()
+        .implode()
+    )
+    measured = ~pl.col("collective").is_in(P2P).fill_null(False) & ~storm.fill_null(False)
     edit = Edit(
         "the late ranks' extra work spread evenly over the ranks (their lateness and the "
         "others' waits for them shrink by (n-1)/n)"
         + (", the stragglers' excepted" if named.height else ""),
-        (pl.col("category") == "wait") & others,
+        (pl.col("category") == "wait") & others & measured,
         keep,
-        rank_lateness(tables)
+        rank_lateness(tables, measured)
         .filter(~pl.col("rank").is_in(named["rank"].cast(pl.Int64).implode()))
         .with_columns(remove_ns=(pl.col("remove_ns") * keep).round().cast(pl.Int64)),
     )
-    impact = replay_saving(tables, edit)
+    # What it saves beyond SYNC101's fixes: a straggler's delay reaches the ranks that wait
+    # for it, and theirs the next ones (a pipeline stage behind it arrives late at its own
+    # data-parallel calls); those waits are the straggler's time, not an imbalance.
+    fixed = [straggler_fixed(r, d) for r, d in named.select("rank", "delay_ns").iter_rows()]
+    before = replay_saving(tables, *fixed) if fixed else 0
+    impact = max(0, replay_saving(tables, *fixed, edit) - before)
     step_ns = mean_step_ns(tables)
     share = impact / step_ns if step_ns else 0.0
     sev = share_severity(share, options)

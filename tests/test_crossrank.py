@@ -430,11 +430,12 @@ def test_straggler_tie_in_a_step_goes_to_the_lowest_rank_whatever_the_row_order(
             "ranks_seen": [3, 3, 3],
             "last_rank": [2, 1, 1],
             "arrival_skew_ns": [50_000, 50_000, 50_000],
-            "last_start_ns": [150_000, 350_000, 550_000],
+            "last_start_ns": [150_000, 351_000, 550_000],
         }
     )
-    # Each last rank trails the second-latest by 40 us: rank 2 in call 0, rank 1 in 1 and 2.
-    starts = {0: [100_000, 110_000, 150_000], 1: [300_000, 350_000, 310_000]}
+    # Each last rank is 40 us late of its own: rank 2 in call 0, rank 1 in 1 and 2 (in call
+    # 1 it trails the second-latest by 41 us, 1 us of which its wait in call 0 held it up).
+    starts = {0: [100_000, 110_000, 150_000], 1: [300_000, 351_000, 310_000]}
     starts[2] = [500_000, 550_000, 510_000]
     rows = [
         (i, r, starts[i][r], 0 if r == inst["last_rank"][i] else 1_000)

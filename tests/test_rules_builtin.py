@@ -395,10 +395,19 @@ REPLAY_SCENARIOS = [
     ("straggler", "tp-dp", 4, "SYNC101", {}),
     ("straggler", "fsdp", 4, "SYNC101", {}),
     ("straggler", "fsdp", 8, "SYNC101", {}),
+    ("straggler", "pp-dp", 4, "SYNC101", {}),
+    ("straggler", "pp-dp", 8, "SYNC101", {}),
     ("small-messages", "dp", 4, "COMM201", {}),
     ("small-messages", "dp", 8, "COMM201", {}),
+    ("small-messages", "tp-dp", 4, "COMM201", {}),
+    ("small-messages", "tp-dp", 8, "COMM201", {}),
+    ("small-messages", "pp-dp", 4, "COMM201", {}),
+    ("small-messages", "pp-dp", 8, "COMM201", {}),
     ("slow-link", "dp", 4, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
     ("slow-link", "dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
+    # A pipeline group's point-to-point transfers: against the other pipeline's (the link
+    # speed is not their reference: latency-bound micro-batch messages).
+    ("slow-link", "pp-dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
     ("bubble", "pp-dp", 4, "PIPE101", {}),
     ("bubble", "pp-dp", 8, "PIPE101", {}),
     pytest.param(

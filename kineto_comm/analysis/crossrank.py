@@ -73,7 +73,7 @@ def cross_rank(
             offsets=offsets,
             collective_instances=table,
             collective_waits=per_rank_waits,
-            stragglers=stragglers(table, per_rank_waits),
+            stragglers=stragglers(table, per_rank_waits, out["kernels"]),
             message_sizes=message_sizes(collectives),
             message_size_summary=message_size_summary(collectives),
             storms=storms(collectives),

@@ -26,8 +26,8 @@ exactly to its length. Each instant of the window goes to the first of these tha
 the step can hide.)
     pipeline_bubble  a point-to-point call of a pipeline group (waiting for, or receiving
                      from, the neighbouring stage); it names that stage (`late_rank`, the
-                     call's peer), which the critical path follows (the replay of waits does
-                     not: a bubble is the schedule's, PIPE101 replays it)
+                     call's peer), which the critical path and the replay follow (PIPE101
+                     replays the schedule's share of it)
     launch           nothing runs and the next kernel was launched by the CPU after the
                      device went idle (a late launch delays its kernel); when that kernel
                      is a collective, the row names its collective and group
@@ -45,7 +45,8 @@ share of the pipeline bubble) and may shorten given ranks' windows by a fixed ti
 straggler's own lateness). Each rank's window shrinks by what is removed from it, each step
 lasts as long as its longest rank's new window, and the saving is the old job step time
 less the new one. A rank that gains d also shortens the others' remaining waits for it
-(`late_rank`) by up to d, and so on along chains of waits to a fixed point (at most
+(`late_rank` of their wait and pipeline_bubble rows: a stage that finishes earlier keeps
+its neighbours waiting less) by up to d, and so on along chains of waits to a fixed point (at most
 PROPAGATION_ROUNDS rounds); a rank gains the larger of its own removal and the most any of
 its waits gives it, not their sum (a delay shifts the rest of the step, it does not add up,
 and a gain coming back around a cycle of waits is not counted twice).
@@ -86,6 +87,9 @@ STEP_TIMES_SCHEMA: dict[str, pl.DataType] = {
 P2P = ("send", "recv", "send_recv")
 # Rounds of propagation through the waits at most (a chain of late ranks this long).
 PROPAGATION_ROUNDS = 16
+# The rows that wait for another rank (`late_rank`): a collective's late rank, or the
+# neighbouring pipeline stage; a rank that gains shortens them.
+WAITS = ("wait", "pipeline_bubble")
 _KEYS = ["category", "collective", "process_group", "role", "late_rank", "last_call"]
 
 
@@ -480,8 +484,9 @@ class Edit:
 def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
     """rank, step, wall_ns, removed_ns: per window, what the edits together remove (per row
     the largest share any edit removes, plus the largest fixed per-rank time), then one
-    round of propagation through the waits: a rank whose window shrinks by d makes the
-    others' remaining waits for it (`late_rank`) shorter by up to d. Capped at the window."""
+    propagation through the waits (WAITS rows) to a fixed point: a rank whose window shrinks
+    by d makes the others' remaining waits for it (`late_rank`) shorter by up to d. Capped
+    at the window."""
     share = pl.lit(0.0)
     for e in edits:
         f = e.fraction if isinstance(e.fraction, pl.Expr) else pl.lit(float(e.fraction))
@@ -521,7 +526,7 @@ def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
     # it does not add up; and a gain that comes back around a cycle of waits is not
     # counted twice).
     waits = (
-        rows.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
+        rows.filter(pl.col("category").is_in(WAITS) & pl.col("late_rank").is_not_null())
         .group_by("rank", "step", "late_rank")
         .agg(_left=(pl.col("ns") - pl.col("_rm")).sum())
         .collect()

@@ -1,11 +1,16 @@
 """Which rank makes the others wait, by how much, and how sure we are.
 
-For every matched call seen by two or more ranks, the last rank to arrive is charged with
-its lateness (its arrival minus the second-latest arrival: what the group would have
-gained had it been on time) and with the waits of all the others. A rank that is late at
-the start of a step holds everyone at the first collective after it; later calls of that
-step then start together, so a rank's delay per step is the largest lateness it caused in
-that step, averaged over all steps (`delay_ns`: the step time its lateness costs).
+For every matched collective call seen by two or more ranks, the last rank to arrive is
+charged with its own lateness (its arrival minus the second-latest arrival: what the group
+would have gained had it been on time, less how much longer than that rank it had been
+held up earlier in the step by its own calls, waiting or moving data with no compute
+running: a pipeline stage behind a late stage, or behind a slow link, arrives late
+without being late itself) and with the waits of all the others. Point-to-point calls
+name no one: which pipeline stage arrives last at a send/recv is the schedule's order.
+A rank that is late at the start of a step holds everyone at the first collective after
+it; later calls of that step then start together, so a rank's delay per step is the
+largest lateness it caused in that step, averaged over all steps (`delay_ns`: the step
+time its lateness costs).
 
 `late_share` is the rank's share of all lateness. `confidence` multiplies the share of
 steps in which the rank caused the most lateness by its share of all lateness: near 1 for
@@ -19,9 +24,11 @@ from __future__ import annotations
 
 import polars as pl
 
+from kineto_comm.analysis.steptime import _disjoint, _uncovered
 from kineto_comm.lazy import collect
 from kineto_comm.rank_store import RankStore, as_store
 
+P2P = ("send", "recv", "send_recv")
 # Calls whose arrival skew is below this name no one last (the report's "most often last"
 # counts the same calls).
 NOISE_NS = 5_000
@@ -42,6 +49,7 @@ STRAGGLER_COLUMNS = (
 def stragglers(
     instances: pl.DataFrame,
     waits: pl.DataFrame | RankStore,
+    kernels: pl.DataFrame | RankStore | None = None,
     *,
     noise_ns: int = NOISE_NS,
     min_delay_ns: int = 20_000,
@@ -49,19 +57,45 @@ def stragglers(
 ) -> pl.DataFrame:
     """One row per rank (docs/tables.md `stragglers`).
 
+    kernels (rank, kind, start_ns, end_ns; the waits' clock): a rank's earlier calls count
+    as holding it up only where no compute or memory kernel of it ran (a call on a side
+    stream overlapping the rank's compute holds up nothing); without them, their waits.
+
     Every pass over the waits (a row per call and rank) aggregates into few groups or joins
     with a table of calls: on a big job the streaming engine runs them in bounded memory."""
     waits = as_store(waits)
     if waits.height == 0:
         return pl.DataFrame(schema=_schema())
-    shared = instances.filter(pl.col("ranks_seen") > 1).select(
+    # Point-to-point calls are left out: which pipeline stage arrives last at a send/recv is
+    # the schedule's order (PIPE101's), not a rank's lateness. Their waits still count below.
+    is_p2p = (
+        pl.col("collective").is_in(P2P).fill_null(False)
+        if "collective" in instances.columns
+        else pl.lit(False)
+    )
+    shared = instances.filter((pl.col("ranks_seen") > 1) & ~is_p2p).select(
         "instance", "step", "last_rank", "arrival_skew_ns", "last_start_ns"
     )
     n_steps = max(shared["step"].n_unique(), 1)
-    calls = waits.lazy(["instance", "rank", "start_ns", "wait_ns"])
+    # Per call, how long its rank had waited for others earlier in the step (`_before`: its
+    # earlier calls' waits, point-to-point included): a rank held up by another arrives late
+    # without being late itself.
+    steps = instances.lazy().select("instance", "step")
+    calls = (
+        _held_up(waits, kernels)
+        .join(steps, on="instance", how="left")
+        .with_columns(
+            _before=(pl.col("_w").cum_sum() - pl.col("_w")).over(
+                ["rank", "step"], order_by=["start_ns", "instance"]
+            )
+        )
+        .drop("step", "_w")
+    )
     # The second-latest arrival: the latest again if two ranks share it, else the latest
-    # of the earlier ones. Each pass over the calls is collected on its own (lazy.py).
+    # of the earlier ones, with how long it had waited before. Each pass over the calls is
+    # collected on its own (lazy.py).
     start, latest = pl.col("start_ns"), pl.col("last_start_ns")
+    earlier = start < latest
     second = collect(
         calls.join(
             shared.lazy().select("instance", "last_start_ns"),
@@ -72,19 +106,25 @@ def stragglers(
         .agg(
             _ties=(start == latest).sum(),
             _latest=latest.first(),
-            _earlier=pl.when(start < latest).then(start).max(),
+            _earlier=pl.when(earlier).then(start).max(),
+            _earlier_before=pl.col("_before").filter(earlier).sort_by(start.filter(earlier)).last(),
         )
         .select(
             "instance",
             second_ns=pl.when(pl.col("_ties") > 1)
             .then(pl.col("_latest"))
             .otherwise(pl.col("_earlier")),
+            second_before_ns=pl.col("_earlier_before"),
         ),
         waits.height,
     )
-    # Per call, its last rank's lateness (the calls, the bigger side, stream through the join).
+    # Per call, its last rank's lateness (the calls, the bigger side, stream through the join):
+    # its arrival after the second-latest, less what it had waited for others beyond what
+    # that rank had (a delay it passed on, not its own).
+    arrived = pl.col("start_ns") - pl.col("second_ns")
+    passed_on = (pl.col("_before") - pl.col("second_before_ns").fill_null(0)).clip(lower_bound=0)
     late = collect(
-        calls.select("instance", "rank", "start_ns")
+        calls.select("instance", "rank", "start_ns", "_before")
         .join(
             shared.lazy().join(second.lazy(), on="instance"),
             left_on=["instance", "rank"],
@@ -92,9 +132,11 @@ def stragglers(
             build_side="force_right",
         )
         .with_columns(
-            last_rank=pl.col("rank"), lateness_ns=pl.col("start_ns") - pl.col("second_ns")
+            last_rank=pl.col("rank"),
+            lateness_ns=(arrived - pl.min_horizontal(passed_on, arrived)).clip(lower_bound=0),
         )
-        .filter(pl.col("arrival_skew_ns") >= noise_ns),
+        .filter(pl.col("arrival_skew_ns") >= noise_ns)
+        .drop("_before", "second_before_ns"),
         waits.height,
     ).lazy()
     caused = collect(
@@ -163,6 +205,36 @@ def stragglers(
         )
     )
     return collect(table.select(STRAGGLER_COLUMNS).sort("rank"), waits.height)
+
+
+def _held_up(waits: RankStore, kernels: pl.DataFrame | RankStore | None) -> pl.LazyFrame:
+    """instance, rank, start_ns, wait_ns and `_w`: how long the call held its rank up: the
+    part of it (waiting or moving data: a slow link holds a rank up as much as a late peer)
+    during which no compute or memory kernel of its rank ran, a batch of whole ranks at a
+    time; its wait without `kernels`."""
+    columns = ["instance", "rank", "start_ns", "wait_ns"]
+    if kernels is None:
+        return waits.lazy(columns).with_columns(_w=pl.col("wait_ns").clip(lower_bound=0))
+    columns.append("end_ns")
+    kernels = as_store(kernels)
+    parts = []
+    for batch in waits.batches(columns=columns):
+        ranks = batch["rank"].unique().to_list()
+        busy = [
+            k.filter(pl.col("kind") != "communication").select(
+                pl.col("rank").cast(pl.Int64), "start_ns", "end_ns"
+            )
+            for k in kernels.batches(ranks=ranks, columns=["kind", "start_ns", "end_ns"])
+        ]
+        cover = _disjoint(pl.concat(busy) if busy else pl.DataFrame(schema=_SPAN))
+        spans = batch.select(pl.col("rank").cast(pl.Int64), "start_ns", "end_ns")
+        parts.append(batch.with_columns(_w=_uncovered(spans, cover).cast(pl.Int64)))
+    if not parts:
+        return waits.lazy(columns).with_columns(_w=pl.lit(0, dtype=pl.Int64))
+    return pl.concat(parts, how="vertical_relaxed").lazy()
+
+
+_SPAN = {"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
 
 
 def _schema() -> dict[str, pl.DataType]:
