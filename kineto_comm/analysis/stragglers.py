@@ -226,7 +226,8 @@ def _held_up(waits: RankStore, kernels: pl.DataFrame | RankStore | None) -> pl.L
             )
             for k in kernels.batches(ranks=ranks, columns=["kind", "start_ns", "end_ns"])
         ]
-        cover = _disjoint(pl.concat(busy) if busy else pl.DataFrame(schema=_SPAN))
+        # Each rank's kernels come in start order (the kernels table's): no sort.
+        cover = _disjoint(pl.concat(busy) if busy else pl.DataFrame(schema=_SPAN), ordered=True)
         spans = batch.select(pl.col("rank").cast(pl.Int64), "start_ns", "end_ns")
         parts.append(batch.with_columns(_w=_uncovered(spans, cover).cast(pl.Int64)))
     if not parts:
