@@ -514,7 +514,7 @@ def _graph_loader(tables: Tables) -> Any:
     )
     has_kernels = tables.has("kernels", "rank", "start_ns", "end_ns")
 
-    def load(ranks: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    def load(ranks: list[int]) -> tuple[dict[int, Any], pl.DataFrame]:
         windows = pl.concat(
             [b for b in tables.rank_batches("steps", scols, ranks) if b.width == len(scols)]
             or [pl.DataFrame(schema={c: pl.Int64 for c in scols})],
@@ -526,15 +526,15 @@ def _graph_loader(tables: Tables) -> Any:
             else []
         )
         if not kernels:
-            return pl.DataFrame(schema=depgraph.GRAPH_SCHEMA), windows
+            return {}, windows
         waits = None
         if has_waits and instances is not None:
             waits = pl.concat(
                 list(tables.rank_batches("collective_waits", wcols, ranks)),
                 how="vertical_relaxed",
             )
-        graph = depgraph.rank_graph(pl.concat(kernels, how="vertical_relaxed"), waits, instances)
-        return graph, windows
+        nodes = depgraph.rank_nodes(pl.concat(kernels, how="vertical_relaxed"), waits, instances)
+        return nodes, windows
 
     return load
 

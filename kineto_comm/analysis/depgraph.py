@@ -51,9 +51,11 @@ the walk's last element holds down to that step start. Consecutive elements on o
 make a hop (CRITICAL_PATH_SCHEMA); hops are contiguous and the whole path lies inside the
 critical rank's window: never longer than the step.
 
-The graph is computed column-wise per rank (shifts over streams, as-of joins on end
-times); the walk is a Python loop over the path's elements only, loading a rank's graph
-when the path first reaches it (a big job's kernels stay in files per rank).
+The graph is computed per rank with vectorised numpy over the rank's kernel columns (a
+stable sort by stream for the stream order, binary searches in the kernels sorted by end
+for the waits and the launches; no loop over kernels: ~8 ms for a rank of 35k kernels);
+the walk is a Python loop over the path's elements only, building a rank's graph when the
+path first reaches it (a big job's kernels stay in files per rank).
 
 Pure functions of tables: Polars in, Polars out, no I/O.
 """
@@ -122,30 +124,213 @@ def _col(frame: pl.DataFrame, name: str, dtype: pl.DataType) -> pl.Expr:
     return pl.lit(None, dtype=dtype).alias(name)
 
 
-def _in_rank_order(frame: pl.DataFrame, key: str) -> bool:
-    """Each rank's rows of `frame` come in `key` order (ranks in any order)."""
-    return bool(frame.select((pl.col(key).diff().over("rank") >= 0).all()).item())
-
-
-def _asof(left: pl.DataFrame, key: str, right: pl.DataFrame, right_key: str) -> pl.DataFrame:
-    """`left` joined backward on `key` to `right`'s `right_key` by rank; left's order kept.
-    An as-of join by rank needs each rank's rows in key order, not the whole frame's: only
-    a side out of that order is sorted (a global sort of every kernel was most of the
-    graph's time)."""
-    if not _in_rank_order(right, right_key):
-        right = right.sort("rank", right_key)
-    ordered = _in_rank_order(left, key)
-    if not ordered:
-        left = left.with_row_index("_row").sort("rank", key)
-    out = left.join_asof(
-        right,
-        left_on=key,
-        right_on=right_key,
-        by="rank",
-        strategy="backward",
-        check_sortedness=False,
+def _late_edges(waits: pl.DataFrame | None, instances: pl.DataFrame | None) -> pl.DataFrame | None:
+    """rank, start_ns, _crank, _cstart, _p2p: per communication call that waited for a
+    later rank (collective_waits.wait_ns > 0), the instance's last rank and its arrival;
+    one per (rank, start), the longest wait first. None without waits or instances."""
+    if (
+        waits is None
+        or instances is None
+        or waits.height == 0
+        or instances.height == 0
+        or not {"instance", "rank", "start_ns", "wait_ns"} <= set(waits.columns)
+        or not {"instance", "last_rank", "last_start_ns"} <= set(instances.columns)
+    ):
+        return None
+    return (
+        waits.select(
+            pl.col("instance").cast(pl.Int64),
+            pl.col("rank").cast(pl.Int64),
+            pl.col("start_ns").cast(pl.Int64),
+            pl.col("wait_ns").cast(pl.Int64),
+        )
+        .filter(pl.col("wait_ns") > 0)
+        .join(
+            instances.select(
+                pl.col("instance").cast(pl.Int64),
+                _col(instances, "key_kind", pl.String()),
+                _crank=pl.col("last_rank").cast(pl.Int64),
+                _cstart=pl.col("last_start_ns").cast(pl.Int64),
+            ),
+            on="instance",
+        )
+        .filter(pl.col("_crank").is_not_null() & (pl.col("_crank") != pl.col("rank")))
+        .sort("rank", "start_ns", "wait_ns", "instance", descending=[False, False, True, False])
+        .unique(["rank", "start_ns"], keep="first", maintain_order=True)
+        .select("rank", "start_ns", "_crank", "_cstart", _p2p=pl.col("key_kind") == "p2p")
     )
-    return out if ordered else out.sort("_row").drop("_row")
+
+
+class _Rank:
+    """One rank's graph as arrays (module docstring), built with vectorised numpy over the
+    rank's kernels in (start, end, stream) order, `idx` their position; for the walk and,
+    as a table, rank_graph."""
+
+    def __init__(self, k: pl.DataFrame, late: pl.DataFrame | None, tolerance_ns: int) -> None:
+        if not _in_graph_order(k):
+            k = k.sort("start_ns", "end_ns", "stream")
+        n = k.height
+        s = k["start_ns"].to_numpy().astype(np.int64, copy=False)
+        e = k["end_ns"].to_numpy().astype(np.int64, copy=False)
+        st = k["stream"].to_numpy().astype(np.int64, copy=False)
+        has_launch = k["launch_ns"].is_not_null().to_numpy()
+        launch = k["launch_ns"].fill_null(_FAR).to_numpy().astype(np.int64, copy=False)
+        self.comm = (k["kind"] == "communication").fill_null(False).to_numpy()
+        self.labels = k.select("stream", "kind", "name")
+        self.start, self.end, self.stream, self.launch = s, e, st, launch
+        idx = np.arange(n, dtype=np.int64)
+        none = np.full(n, -1, dtype=np.int64)
+        # (a) stream order: the previous kernel on the same stream.
+        by_stream = np.argsort(st, kind="stable")
+        sp = none.copy()
+        if n > 1:
+            same = st[by_stream[1:]] == st[by_stream[:-1]]
+            sp[by_stream[1:][same]] = by_stream[:-1][same]
+        has_sp = sp >= 0
+        se = np.where(has_sp, e[np.maximum(sp, 0)], _FAR)
+        # The kernels in end order; per row the latest-ending kernel of another stream at or
+        # before it (the row before its run of one stream in end order).
+        eo = np.argsort(e, kind="stable")  # by end, then idx
+        e_sorted, st_sorted = e[eo], st[eo]
+        run_start = np.ones(n, dtype=bool)
+        run_start[1:] = st_sorted[1:] != st_sorted[:-1]
+        head = np.maximum.accumulate(np.where(run_start, idx, 0))
+        before = head - 1
+        a_idx = np.where(before >= 0, eo[np.maximum(before, 0)], -1)
+        a_end = np.where(before >= 0, e_sorted[np.maximum(before, 0)], _FAR)
+        # (c) another stream's latest end at or before the start (within the tolerance).
+        pos = np.searchsorted(e_sorted, s + tolerance_ns, side="right") - 1
+        found = pos >= 0
+        at = np.maximum(pos, 0)
+        own = found & (st_sorted[at] == st)
+        w_idx = np.where(own, a_idx[at], np.where(found, eo[at], -1))
+        w_end = np.where(own, a_end[at], np.where(found, e_sorted[at], _FAR))
+        has_w = found & (w_idx >= 0)
+        # (b) the launch: where the walk goes on, the rank's latest end at or before it.
+        lpos = np.searchsorted(e_sorted, launch, side="right") - 1
+        l_idx = np.where(has_launch & (lpos >= 0), eo[np.maximum(lpos, 0)], -1)
+        ready = np.maximum(np.where(has_sp, se, _FAR), np.where(has_launch, launch, _FAR))
+        waited = has_w & (s - ready > tolerance_ns) & (w_end > ready)
+        launched = has_launch & (~has_sp | (launch >= se))
+        via = np.full(n, _CODE["start"], dtype=np.int8)
+        via[has_sp] = _CODE["stream"]
+        via[launched] = _CODE["launch"]
+        via[waited] = _CODE["stream_wait"]
+        self.via = via
+        self.release = np.select([waited, launched, has_sp], [w_end, launch, se], _FAR)
+        self.pred_idx = np.select([waited, launched, has_sp], [w_idx, l_idx, sp], -1)
+        # (d, e) a communication kernel that waited: bound by the late rank's kernel.
+        self.late_rank = none.copy()
+        self.late_start = np.zeros(n, dtype=np.int64)
+        self.late_p2p = np.zeros(n, dtype=bool)
+        if late is not None and late.height and n:
+            ls = late["start_ns"].to_numpy().astype(np.int64, copy=False)
+            order = np.argsort(ls, kind="stable")
+            ls = ls[order]
+            hit = np.minimum(np.searchsorted(ls, s), len(ls) - 1)
+            matched = (ls[hit] == s) & self.comm
+            crank = late["_crank"].to_numpy()[order][hit]
+            cstart = late["_cstart"].to_numpy()[order][hit]
+            crossed = matched & (cstart > s)
+            self.late_rank = np.where(crossed, crank, -1).astype(np.int64)
+            self.late_start = np.where(crossed, cstart, 0).astype(np.int64)
+            self.late_p2p = crossed & late["_p2p"].fill_null(False).to_numpy()[order][hit]
+        # Running maximum of the end in start order, and where it was reached.
+        if n:
+            self.reach = np.maximum.accumulate(e)
+            self.reach_at = np.maximum.accumulate(np.where(e == self.reach, idx, 0))
+        else:
+            self.reach = e
+            self.reach_at = e
+
+    def frame(self, rank: int) -> pl.DataFrame:
+        """The rank's rows of rank_graph (GRAPH_SCHEMA)."""
+        n = len(self.start)
+        code = pl.Series(self.via, dtype=pl.Int8)
+        crossed = pl.Series(self.late_rank >= 0)
+        has_pred = pl.Series(self.pred_idx >= 0)
+        return pl.DataFrame(
+            {
+                "rank": pl.Series([rank] * n, dtype=pl.Int64),
+                "idx": np.arange(n, dtype=np.int64),
+                "stream": self.stream,
+                "kind": self.labels["kind"],
+                "name": self.labels["name"],
+                "start_ns": self.start,
+                "end_ns": self.end,
+                "launch_ns": pl.Series(self.launch).replace(_FAR, None),
+                "via": code.replace_strict(dict(enumerate(VIA)), return_dtype=pl.String),
+                "release_ns": pl.Series(self.release).replace(_FAR, None),
+                "pred_idx": pl.select(pl.when(has_pred).then(pl.Series(self.pred_idx))).to_series(),
+                "late_via": pl.select(
+                    pl.when(crossed).then(
+                        pl.when(pl.Series(self.late_p2p))
+                        .then(pl.lit("p2p"))
+                        .otherwise(pl.lit("collective"))
+                    )
+                ).to_series(),
+                "late_rank": pl.select(
+                    pl.when(crossed).then(pl.Series(self.late_rank))
+                ).to_series(),
+                "late_start_ns": pl.select(
+                    pl.when(crossed).then(pl.Series(self.late_start))
+                ).to_series(),
+            }
+        ).select(*[pl.col(c).cast(t) for c, t in GRAPH_SCHEMA.items()])
+
+    def last_before(self, t: int) -> int:
+        """The kernel starting before `t` that ends last (-1: none)."""
+        n = int(np.searchsorted(self.start, t, side="left"))
+        return int(self.reach_at[n - 1]) if n else -1
+
+    def starting_at(self, t: int) -> int:
+        """The communication kernel starting at `t` (else any kernel; -1: none)."""
+        lo = int(np.searchsorted(self.start, t, side="left"))
+        hi = int(np.searchsorted(self.start, t, side="right"))
+        for i in range(lo, hi):
+            if self.comm[i]:
+                return i
+        return lo if lo < hi else -1
+
+
+def _in_graph_order(k: pl.DataFrame) -> bool:
+    """One rank's `k` already in (start_ns, end_ns, stream) order (the kernels table comes
+    in start order; only ties on the start can be out of it): no sort needed."""
+    ds, de = pl.col("start_ns").diff(), pl.col("end_ns").diff()
+    ok = (ds > 0) | ((ds == 0) & ((de > 0) | ((de == 0) & (pl.col("stream").diff() >= 0))))
+    return bool(k.select(ok.fill_null(True).all()).item())
+
+
+def rank_nodes(
+    kernels: pl.DataFrame,
+    waits: pl.DataFrame | None = None,
+    instances: pl.DataFrame | None = None,
+    tolerance_ns: int = TOLERANCE_NS,
+) -> dict[int, _Rank]:
+    """The graph of each rank of `kernels` (rank_graph's inputs), as arrays."""
+    k = kernels.select(
+        pl.col("rank").cast(pl.Int64),
+        _col(kernels, "stream", pl.Int64()).fill_null(-1),
+        _col(kernels, "kind", pl.String()),
+        _col(kernels, "name", pl.String()),
+        pl.col("start_ns").cast(pl.Int64),
+        pl.col("end_ns").cast(pl.Int64),
+        _col(kernels, "launch_ns", pl.Int64()),
+    ).filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    if k.height == 0:
+        return {}
+    late = _late_edges(waits, instances)
+    lates = late.partition_by("rank", as_dict=True) if late is not None and late.height else {}
+    if not k["rank"].is_sorted():
+        k = k.sort("rank", maintain_order=True)
+    # Each rank's rows are one slice (no copy) of the rank-ordered kernels.
+    ranks = k["rank"].to_numpy()
+    cuts = np.flatnonzero(np.diff(ranks)) + 1
+    bounds = zip(np.r_[0, cuts], np.r_[cuts, len(ranks)], strict=True)
+    return {
+        int(ranks[a]): _Rank(k.slice(int(a), int(b - a)), lates.get((int(ranks[a]),)), tolerance_ns)
+        for a, b in bounds
+    }
 
 
 def rank_graph(
@@ -164,219 +349,16 @@ def rank_graph(
     (the predecessor's end, or the launch) and `pred_idx` the predecessor on the same rank
     (for a launch: the kernel the walk goes on at). What bound its end, for a communication
     kernel that waited for a later rank: `late_via` (collective | p2p), `late_rank` and
-    `late_start_ns` (that rank's communication kernel of the instance starts there)."""
-    if kernels.height == 0:
+    `late_start_ns` (that rank's communication kernel of the instance starts there).
+    Computed per rank with vectorised numpy (searches in the rank's kernels sorted by end),
+    no loop over kernels."""
+    nodes = rank_nodes(kernels, waits, instances, tolerance_ns)
+    if not nodes:
         return pl.DataFrame(schema=GRAPH_SCHEMA)
-    k = (
-        kernels.select(
-            pl.col("rank").cast(pl.Int64),
-            _col(kernels, "stream", pl.Int64()).fill_null(-1),
-            _col(kernels, "kind", pl.String()),
-            _col(kernels, "name", pl.String()),
-            pl.col("start_ns").cast(pl.Int64),
-            pl.col("end_ns").cast(pl.Int64),
-            _col(kernels, "launch_ns", pl.Int64()),
-        )
-        .filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
-        .sort("rank", "start_ns", "end_ns", "stream")
-        .with_columns(idx=pl.int_range(pl.len(), dtype=pl.Int64).over("rank"))
-    )
-    # The text columns are set aside (every step below keeps the rows' order) and put back
-    # at the end: carried through the joins, they were a third of the graph's time.
-    labels = k.select("kind", "name")
-    k = (
-        k.drop("kind", "name")
-        .with_columns(_comm=labels["kind"] == "communication")
-        # (a) stream order: the previous kernel on the same stream.
-        .with_columns(
-            _sp=pl.col("idx").shift(1).over("rank", "stream"),
-            _se=pl.col("end_ns").shift(1).over("rank", "stream"),
-        )
-    )
-    # The rank's kernels in end order; `_alt`: the latest-ending kernel of another stream
-    # at or before each one (the row before its run of one stream in end order).
-    # (Whole-frame shifts, ranks kept apart by hand: windows over many small runs cost
-    # more than the rest of the graph.)
-    same_rank = pl.col("rank") == pl.col("rank").shift(1)
-    run_start = ~same_rank.fill_null(False) | (pl.col("_estream") != pl.col("_estream").shift(1))
-    ends = (
-        k.select("rank", _eidx="idx", _estream="stream", _end="end_ns")
-        .sort("rank", "_end", "_eidx")
-        .with_columns(
-            # At each run's start the row before it (-1: the rank's first run), carried on.
-            _aidx=pl.when(run_start)
-            .then(pl.when(same_rank).then(pl.col("_eidx").shift(1)).otherwise(-1))
-            .forward_fill(),
-            _aend=pl.when(run_start)
-            .then(pl.when(same_rank).then(pl.col("_end").shift(1)).otherwise(_FAR))
-            .forward_fill(),
-        )
-        .with_columns(
-            _aidx=pl.when(pl.col("_aidx") >= 0).then("_aidx"),
-            _aend=pl.when(pl.col("_aend") > _FAR).then("_aend"),
-        )
-        .select("rank", "_end", "_eidx", "_estream", "_aidx", "_aend")
-    )
-    # (c) another stream's latest end at or before the start (within the tolerance).
-    k = _asof(
-        k.with_columns(_t=pl.col("start_ns") + tolerance_ns), "_t", ends, "_end"
-    ).with_columns(
-        _widx=pl.when(pl.col("_estream") == pl.col("stream"))
-        .then(pl.col("_aidx"))
-        .otherwise(pl.col("_eidx")),
-        _we=pl.when(pl.col("_estream") == pl.col("stream"))
-        .then(pl.col("_aend"))
-        .otherwise(pl.col("_end")),
-    )
-    k = k.drop("_t", "_end", "_eidx", "_estream", "_aidx", "_aend")
-    # (b) the launch: where the walk goes on, the rank's latest end at or before it.
-    k = _asof(
-        k.with_columns(_t=pl.col("launch_ns").fill_null(_FAR)),
-        "_t",
-        ends.select("rank", "_end", _lidx="_eidx"),
-        "_end",
-    ).drop("_t", "_end")
-    # (d, e) a communication kernel that waited: bound by the late rank's kernel.
-    late = None
-    if (
-        waits is not None
-        and instances is not None
-        and waits.height
-        and instances.height
-        and {"instance", "rank", "start_ns", "wait_ns"} <= set(waits.columns)
-        and {"instance", "last_rank", "last_start_ns"} <= set(instances.columns)
-    ):
-        late = (
-            waits.select(
-                pl.col("instance").cast(pl.Int64),
-                pl.col("rank").cast(pl.Int64),
-                pl.col("start_ns").cast(pl.Int64),
-                pl.col("wait_ns").cast(pl.Int64),
-            )
-            .filter(pl.col("wait_ns") > 0)
-            .join(
-                instances.select(
-                    pl.col("instance").cast(pl.Int64),
-                    _col(instances, "key_kind", pl.String()),
-                    _crank=pl.col("last_rank").cast(pl.Int64),
-                    _cstart=pl.col("last_start_ns").cast(pl.Int64),
-                ),
-                on="instance",
-            )
-            .filter(pl.col("_crank").is_not_null() & (pl.col("_crank") != pl.col("rank")))
-            .sort("rank", "start_ns", "wait_ns", "instance", descending=[False, False, True, False])
-            .unique(["rank", "start_ns"], keep="first", maintain_order=True)
-            .select(
-                "rank",
-                "start_ns",
-                "_crank",
-                "_cstart",
-                _p2p=pl.col("key_kind") == "p2p",
-            )
-        )
-    if late is not None and late.height:
-        k = k.join(late, on=["rank", "start_ns"], how="left", maintain_order="left")
-        k = k.with_columns(
-            _crank=pl.when(pl.col("_comm")).then(pl.col("_crank")),
-        )
-    else:
-        k = k.with_columns(
-            _crank=pl.lit(None, dtype=pl.Int64),
-            _cstart=pl.lit(None, dtype=pl.Int64),
-            _p2p=pl.lit(False),
-        )
-    ready = pl.max_horizontal("_se", "launch_ns").fill_null(_FAR)
-    crossed = pl.col("_crank").is_not_null() & (pl.col("_cstart") > pl.col("start_ns"))
-    waited = (
-        pl.col("_we").is_not_null()
-        & (pl.col("start_ns") - ready > tolerance_ns)
-        & (pl.col("_we") > ready)
-    )
-    launched = pl.col("launch_ns").is_not_null() & (
-        pl.col("_se").is_null() | (pl.col("launch_ns") >= pl.col("_se"))
-    )
-    via = (
-        pl.when(waited)
-        .then(pl.lit("stream_wait"))
-        .when(launched)
-        .then(pl.lit("launch"))
-        .when(pl.col("_sp").is_not_null())
-        .then(pl.lit("stream"))
-        .otherwise(pl.lit("start"))
-    )
-    k = k.with_columns(via=via).hstack(labels)
-    v = pl.col("via")
-    return k.select(
-        "rank",
-        "idx",
-        "stream",
-        "kind",
-        "name",
-        "start_ns",
-        "end_ns",
-        "launch_ns",
-        "via",
-        release_ns=pl.when(v == "stream_wait")
-        .then(pl.col("_we"))
-        .when(v == "launch")
-        .then(pl.col("launch_ns"))
-        .when(v == "stream")
-        .then(pl.col("_se")),
-        pred_idx=pl.when(v == "stream_wait")
-        .then(pl.col("_widx"))
-        .when(v == "launch")
-        .then(pl.col("_lidx"))
-        .when(v == "stream")
-        .then(pl.col("_sp")),
-        late_via=pl.when(crossed).then(
-            pl.when(pl.col("_p2p")).then(pl.lit("p2p")).otherwise(pl.lit("collective"))
-        ),
-        late_rank=pl.when(crossed).then(pl.col("_crank")),
-        late_start_ns=pl.when(crossed).then(pl.col("_cstart")),
-    ).select(*[pl.col(n).cast(t) for n, t in GRAPH_SCHEMA.items()])
+    return pl.concat([g.frame(r) for r, g in sorted(nodes.items())])
 
 
-class _Rank:
-    """One rank's graph as arrays, for the walk."""
-
-    def __init__(self, g: pl.DataFrame) -> None:
-        if not g["idx"].is_sorted():
-            g = g.sort("idx")
-        self.start = g["start_ns"].to_numpy()
-        self.end = g["end_ns"].to_numpy()
-        self.via = g["via"].replace_strict(_CODE, return_dtype=pl.Int8).to_numpy()
-        self.pred_idx = g["pred_idx"].fill_null(-1).to_numpy()
-        self.late_rank = g["late_rank"].fill_null(-1).to_numpy()
-        self.late_start = g["late_start_ns"].fill_null(0).to_numpy()
-        self.late_p2p = (g["late_via"] == "p2p").fill_null(False).to_numpy()
-        self.comm = (g["kind"] == "communication").fill_null(False).to_numpy()
-        # Read for the path's rows only, by a join at the end of the walk.
-        self.labels = g.select("rank", "idx", "stream", "kind", "name")
-        # Running maximum of the end in start order, and where it was reached.
-        if len(self.end):
-            self.reach = np.maximum.accumulate(self.end)
-            pos = np.where(self.end == self.reach, np.arange(len(self.end)), 0)
-            self.reach_at = np.maximum.accumulate(pos)
-        else:
-            self.reach = self.end
-            self.reach_at = self.end
-
-    def last_before(self, t: int) -> int:
-        """The kernel starting before `t` that ends last (-1: none)."""
-        n = int(np.searchsorted(self.start, t, side="left"))
-        return int(self.reach_at[n - 1]) if n else -1
-
-    def starting_at(self, t: int) -> int:
-        """The communication kernel starting at `t` (else any kernel; -1: none)."""
-        lo = int(np.searchsorted(self.start, t, side="left"))
-        hi = int(np.searchsorted(self.start, t, side="right"))
-        for i in range(lo, hi):
-            if self.comm[i]:
-                return i
-        return lo if lo < hi else -1
-
-
-Loader = Callable[[list[int]], tuple[pl.DataFrame, pl.DataFrame]]
+Loader = Callable[[list[int]], tuple[dict[int, _Rank], pl.DataFrame]]
 
 
 def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
@@ -384,8 +366,8 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
     step, critical_rank; CRITICAL_KERNELS_SCHEMA), walked back from the end of the critical
     rank's window along binding predecessors.
 
-    `load(ranks)` returns (graph, windows) for those ranks: rank_graph's rows and their
-    step windows (the steps table: rank, step, start_ns, end_ns). It is called once with
+    `load(ranks)` returns (graph, windows) for those ranks: their graphs (rank_nodes) and
+    their step windows (the steps table: rank, step, start_ns, end_ns). It is called once with
     the critical ranks, then once per further rank the path reaches. A row per element of
     the path, last first (`order` 0): its kernel, `via` the edge to the next row (its
     binding predecessor; `start` on the last row: none inside the step), `gap_ns` the time
@@ -401,13 +383,12 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
         todo = sorted({int(r) for r in wanted if r is not None and int(r) not in ranks})
         if not todo:
             return
-        graph, wins = load(todo)
+        nodes, wins = load(todo)
         for r, s, a, b in wins.select("rank", "step", "start_ns", "end_ns").iter_rows():
             window[(int(r), int(s))] = (int(a), int(b))
-        parts = graph.partition_by("rank", as_dict=True) if graph.height else {}
         for r in todo:
-            part = parts.get((r,))
-            ranks[r] = _Rank(part) if part is not None and part.height else None
+            node = nodes.get(r)
+            ranks[r] = node if node is not None and len(node.start) else None
 
     fetch(times["critical_rank"].drop_nulls().to_list())
     rows: list[tuple] = []
@@ -481,11 +462,19 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
         *[n for n in fields if n not in ("step", "order", "rank")],
     ]
     schema = {n: fields.get(n, pl.Int64()) for n in order}
-    found = pl.DataFrame(rows, schema=schema, orient="row")
-    on_path = found["rank"].unique().to_list()
-    labels = pl.concat([r.labels for k, r in ranks.items() if r is not None and k in on_path])
-    return found.join(labels, on=["rank", "idx"], how="left", maintain_order="left").select(
-        *[pl.col(n).cast(t) for n, t in CRITICAL_KERNELS_SCHEMA.items()]
+    found = pl.DataFrame(rows, schema=schema, orient="row").with_row_index("_row")
+    # The labels of the path's kernels only: a rank's `idx` is its row in the rank's graph.
+    parts = []
+    for (rank,), part in (
+        found.select("_row", "rank", "idx").partition_by("rank", as_dict=True).items()
+    ):
+        labels = ranks[rank].labels  # type: ignore[union-attr]
+        parts.append(labels[part["idx"].to_numpy()].hstack(part.select("_row")))
+    labels = pl.concat(parts, how="vertical_relaxed")
+    return (
+        found.join(labels, on="_row", how="left")
+        .sort("_row")
+        .select(*[pl.col(n).cast(t) for n, t in CRITICAL_KERNELS_SCHEMA.items()])
     )
 
 
@@ -565,10 +554,9 @@ def in_memory(
 ) -> Loader:
     """A Loader over tables held in memory (every rank's rows)."""
 
-    def load(ranks: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    def load(ranks: list[int]) -> tuple[dict[int, _Rank], pl.DataFrame]:
         pick = pl.col("rank").is_in(ranks)
         w = None if waits is None or waits.height == 0 else waits.filter(pick)
-        graph = rank_graph(kernels.filter(pick), w, instances, tolerance_ns)
-        return graph, windows.filter(pick)
+        return rank_nodes(kernels.filter(pick), w, instances, tolerance_ns), windows.filter(pick)
 
     return load
