@@ -454,6 +454,21 @@ def job_step_ns(times: pl.DataFrame) -> int:
     return int(use["step_ns"].sum() // use.height)
 
 
+def median_and_worst(times: pl.DataFrame) -> list[dict]:
+    """The steps the reports show (text, Markdown, HTML, JSON's kernel-level path): the
+    median and the worst of the complete steps by `step_ns` (the median of an even count
+    is the lower one; ties by step), as `times`' rows (dicts) with `which`: "median" then
+    "worst" (the same step twice when there is one). Empty without complete steps."""
+    if times.height == 0 or "complete" not in times.columns:
+        return []
+    done = times.filter(pl.col("complete")).sort("step_ns", "step")
+    if done.height == 0:
+        return []
+    median = done.row((done.height - 1) // 2, named=True)
+    worst = done.row(done.height - 1, named=True)
+    return [{**median, "which": "median"}, {**worst, "which": "worst"}]
+
+
 def critical_blame(blame: pl.DataFrame, times: pl.DataFrame) -> pl.DataFrame:
     """The blame rows of each step's critical rank: sums to the step's `step_ns`."""
     if times.height == 0:

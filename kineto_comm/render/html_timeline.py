@@ -21,6 +21,7 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm.analysis import steptime
 from kineto_comm.lazy import collect
 from kineto_comm.render.text import fmt_ns
 from kineto_comm.report import Report
@@ -49,18 +50,17 @@ def _esc(value: Any) -> str:
 
 def chosen_steps(report: Report) -> list[tuple[str, int, float]]:
     """(which, step, step time) of the median step and the worst one (the worst left out
-    when it is the median step): numbered steps only. The step time is the model of time's
-    (`step_times.step_ns`: the longest rank's window), as every table and finding uses; a
-    report without it (rules not run) falls back to the mean window over the ranks."""
-    if report.step_times.height and "step_ns" in report.step_times.columns:
-        times = report.step_times.filter(pl.col("step") >= 0).select("step", "step_ns")
-        rows = times.drop_nulls().sort("step_ns", "step").rows()
-        if rows:
-            mid, worst = rows[(len(rows) - 1) // 2], rows[-1]
-            out = [("median", int(mid[0]), float(mid[1]))]
-            if worst[0] != mid[0]:
-                out.append(("worst", int(worst[0]), float(worst[1])))
-            return out
+    when it is the median step): the steps the text report's blame shows
+    (steptime.median_and_worst: complete steps by the model of time's `step_ns`); a report
+    without them (rules not run) falls back to the numbered steps' mean window over the
+    ranks."""
+    shown = steptime.median_and_worst(report.step_times)
+    if shown:
+        median, worst = shown
+        out = [("median", int(median["step"]), float(median["step_ns"]))]
+        if worst["step"] != median["step"]:
+            out.append(("worst", int(worst["step"]), float(worst["step_ns"])))
+        return out
     steps = report.rank_steps
     if steps.height == 0:
         return []

@@ -20,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm.analysis import steptime
 from kineto_comm.render.json_doc import collective_totals
 from kineto_comm.render.text import fmt_bytes, fmt_ns
 from kineto_comm.report import Report
@@ -436,11 +437,10 @@ def step_blame(report: Report) -> Section | None:
     blame = report.step_blame
     if times.height == 0 or blame.height == 0 or "complete" not in times.columns:
         return None
-    done = times.filter(pl.col("complete")).sort("step_ns", "step")
-    if done.height == 0:
+    shown = steptime.median_and_worst(times)
+    if not shown:
         return None
-    median = done.row((done.height - 1) // 2, named=True)
-    worst = done.row(done.height - 1, named=True)
+    median, worst = shown
     picked = [("median", median), ("worst", worst)]
     rows_by: dict[str, dict[tuple[str, str], int]] = {}
     order: dict[tuple[str, str], int] = {}
