@@ -14,6 +14,7 @@ from kineto_comm.rules_api import (
     mean_step_ns,
     replay_saving,
     rule,
+    step_blame,
 )
 
 from ._common import SHARDED, SHARE_OPTIONS, exposure_by_cause, share_severity
@@ -68,6 +69,36 @@ GENERIC = (
 )
 
 
+def _hideable(tables: Tables, where: pl.Expr) -> pl.DataFrame | float:
+    """rank, step, fraction: per rank and step, the share of the blame rows `where` selects
+    (a cause's exposed transfers) that compute can hide: at most the step's compute time
+    that no communication overlaps yet (the steps table's compute_ns less overlap_ns). A
+    transfer hidden behind compute runs while compute runs: a rank whose step holds less
+    compute than the transfers to hide (a job bound by slow links) can hide only that much,
+    whatever the order of its kernels. Without the steps' compute: every row (1.0)."""
+    if not tables.has("steps", "rank", "step", "compute_ns", "overlap_ns"):
+        return 1.0
+    exposed = (
+        step_blame(tables).filter(where).group_by("rank", "step").agg(_exposed=pl.col("ns").sum())
+    )
+    free = tables.lazy("steps", ["rank", "step", "compute_ns", "overlap_ns"]).select(
+        pl.col("rank").cast(pl.Int64),
+        pl.col("step").cast(pl.Int64),
+        _free=(pl.col("compute_ns").fill_null(0) - pl.col("overlap_ns").fill_null(0)).clip(
+            lower_bound=0
+        ),
+    )
+    return tables.collect(
+        exposed.join(free, on=["rank", "step"], how="left").select(
+            "rank",
+            "step",
+            fraction=pl.when(pl.col("_exposed") > 0)
+            .then(pl.min_horizontal(pl.lit(1.0), pl.col("_free").fill_null(0) / pl.col("_exposed")))
+            .otherwise(0.0),
+        )
+    )
+
+
 def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool) -> list[Finding]:
     """Findings per (role, collective), for the sharded (FSDP/ZeRO) causes or the others."""
     causes = exposure_by_cause(tables)
@@ -89,12 +120,17 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
             if c["role"] == "tensor_parallel"
             else "hide the {what} behind compute"
         ).format(what=what)
-        edit = Edit(
-            f"{how} (each rank's last call of a step excepted)",
+        where = (
             (pl.col("category") == "transfer")
             & ~pl.col("last_call")
             & (pl.col("collective") == c["collective"])
-            & pl.col("process_group").is_in(groups),
+            & pl.col("process_group").is_in(groups)
+        )
+        edit = Edit(
+            f"{how} (each rank's last call of a step excepted, and at most the compute "
+            "time of the rank's step that no communication overlaps yet)",
+            where,
+            fraction=_hideable(tables, where),
         )
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0
@@ -148,7 +184,9 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     (nothing left to overlap it with) is not counted, FSDP/ZeRO gathers and scatters are
     COMM102's, storms of tiny messages COMM201's and pipeline send/recv PIPE101's. The
     impact is the replayed saving (the model of time) of those transfers hidden behind
-    compute, each rank's last call of a step excepted.
+    compute, each rank's last call of a step excepted, and on each rank and step at most
+    the compute time no communication overlaps yet (a transfer is hidden only while compute
+    runs: a job bound by slow links, with little compute per step, saves little by overlap).
 
     Why is this bad?
     Exposed communication adds straight to step time: the GPU sits idle until it finishes.
@@ -172,7 +210,9 @@ def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[
     """What it does:
     Measures the exposed time (no compute running, waits for late ranks excluded) of the
     parameter all-gathers and gradient reduce-scatters of fully sharded data parallelism
-    (PyTorch FSDP, DeepSpeed ZeRO-3, Megatron distributed optimizer), per collective.
+    (PyTorch FSDP, DeepSpeed ZeRO-3, Megatron distributed optimizer), per collective. The
+    impact is replayed as COMM101's: the transfers hidden behind compute, each rank's last
+    call of a step excepted, at most the step's compute that no communication overlaps yet.
 
     Why is this bad?
     Sharded training only pays off when the next unit's parameters are gathered while the

@@ -85,7 +85,7 @@ def test_blame_sums_and_savings_fit_the_step(path: Path) -> None:
 
 def test_the_known_overclaims_are_gone() -> None:
     """Issue 51: pp-4's PIPE101 claimed 46.8 ms of a 34.2 ms step; tp-dp-8's findings added
-    up to 280.5 ms of a 233.5 ms mean step. Savings now fit the step, the overlap is said,
+    up to 280.5 ms of a 233.5 ms mean step. Savings now fit the step, overlaps are said,
     PIPE101's title states the pipeline table's own fraction, and its advice no longer
     says that more micro-batches do not help while advising them."""
     h100 = REPO / "tests" / "data" / "h100-nccl"
@@ -101,11 +101,14 @@ def test_the_known_overclaims_are_gone() -> None:
     s = tpdp.savings
     assert all(f.impact_ns_per_step <= s["step_ns"] for f in tpdp.findings)
     assert s["joint_saving_ns"] <= s["step_ns"]
-    # The three fixes claim some of the same exposed all-reduces: said, not added.
-    assert s["joint_saving_ns"] < s["sum_of_savings_ns"] and s["overlapping"]
+    # Overlap hides an all-reduce only behind compute, and these steps hold ~0.5 ms of it
+    # (transfers over sockets take the rest): COMM101's fixes, which claimed 38% and 23%
+    # of the step, now save ~0.1% each, under its info floor.
+    assert not [f for f in tpdp.findings if f.code == "COMM101"]
+    assert s["overlapping"] == (s["joint_saving_ns"] < s["sum_of_savings_ns"])
     doc = tpdp.to_dict()
     assert doc["summary"]["estimated_savings_ns_per_step"] == s["joint_saving_ns"]
-    assert doc["summary"]["savings_overlap"] is True
+    assert doc["summary"]["savings_overlap"] is s["overlapping"]
     assert doc["step_blame"] and doc["step_times"]
 
 
@@ -163,6 +166,28 @@ def test_a_rank_s_gain_shortens_the_others_waits_for_it() -> None:
     assert steptime.saving(blame, times, [late]) == 30
     lat = steptime.lateness(blame).collect()
     assert lat.rows() == [(1, 0, 50)]
+
+
+def test_an_edit_s_fraction_per_rank_and_step() -> None:
+    """A fraction given as a frame (key columns and `fraction`) applies per key; rows it
+    does not match lose nothing, and a key given twice never doubles a row."""
+    blame = pl.DataFrame(
+        {
+            "rank": [0, 0, 1, 1],
+            "step": [0, 0, 0, 0],
+            "category": ["compute", "transfer", "compute", "transfer"],
+            "late_rank": [None, None, None, None],
+            "ns": [100, 60, 100, 40],
+        }
+    ).with_columns(pl.col("late_rank").cast(pl.Int64))
+    times = steptime.step_times(steptime.rank_walls(blame).collect())
+    assert steptime.job_step_ns(times) == 160
+    shares = pl.DataFrame({"rank": [0, 0], "step": [0, 0], "fraction": [0.5, 0.25]})
+    edit = Edit("half of rank 0's transfer", pl.col("category") == "transfer", shares)
+    # Rank 0 loses 30 of its 160 ns; rank 1 (140) is untouched.
+    assert steptime.saving(blame, times, [edit]) == 20
+    everything = Edit("all transfers", pl.col("category") == "transfer")
+    assert steptime.saving(blame, times, [edit, everything]) == 60
 
 
 def test_rules_read_the_model_of_time_as_tables(tmp_path: Path) -> None:

@@ -484,7 +484,9 @@ class Edit:
     """A change to the job, for replay: which time it removes.
 
     `where`: the blame rows it touches (a Polars expression over BLAME_SCHEMA's columns);
-    `fraction`: the share of each such row's ns removed (a number or an expression; clipped
+    `fraction`: the share of each such row's ns removed (a number, an expression, or a
+    frame of some of BLAME_SCHEMA's columns and `fraction`, joined to the rows on those
+    columns: a share per rank and step, say; a row it does not match loses nothing; clipped
     to 0..1); `rank_ns`: optional fixed time removed from given ranks' windows (columns
     rank, remove_ns, and step when it differs per step; without step, every window of the
     rank), e.g. a straggler's own lateness; `name`: what it models (named in a finding's
@@ -492,7 +494,7 @@ class Edit:
 
     name: str
     where: pl.Expr = field(default_factory=lambda: pl.lit(False))
-    fraction: float | pl.Expr = 1.0
+    fraction: float | pl.Expr | pl.DataFrame = 1.0
     rank_ns: pl.DataFrame | None = None
 
 
@@ -503,11 +505,36 @@ def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
     by d makes the others' remaining waits for it (`late_rank`) shorter by up to d. Capped
     at the window."""
     share = pl.lit(0.0)
-    for e in edits:
-        f = e.fraction if isinstance(e.fraction, pl.Expr) else pl.lit(float(e.fraction))
+    joined = []
+    for i, e in enumerate(edits):
+        if isinstance(e.fraction, pl.DataFrame):
+            # A share per key (rank and step, say): joined to the rows, none where unmatched.
+            keys = [c for c in e.fraction.columns if c != "fraction"]
+            name = f"_fraction{i}"
+            blame = blame.join(
+                # One row per key (the largest share): a row of the blame is never doubled.
+                e.fraction.lazy()
+                .select(
+                    *[pl.col(k).cast(BLAME_SCHEMA[k]) for k in keys],
+                    pl.col("fraction").cast(pl.Float64).alias(name),
+                )
+                .group_by(keys)
+                .agg(pl.col(name).max()),
+                on=keys,
+                how="left",
+                nulls_equal=True,
+            )
+            joined.append(name)
+            f = pl.col(name).fill_null(0.0)
+        elif isinstance(e.fraction, pl.Expr):
+            f = e.fraction
+        else:
+            f = pl.lit(float(e.fraction))
         this = pl.when(e.where).then(f.cast(pl.Float64).clip(0.0, 1.0)).otherwise(0.0)
         share = pl.max_horizontal(share, this.fill_null(0.0))
-    rows = blame.with_columns(_rm=(pl.col("ns").cast(pl.Float64) * share).round().cast(pl.Int64))
+    rows = blame.with_columns(
+        _rm=(pl.col("ns").cast(pl.Float64) * share).round().cast(pl.Int64)
+    ).drop(joined)
     per = rows.group_by("rank", "step").agg(
         removed_ns=pl.col("_rm").sum(), wall_ns=pl.col("ns").sum()
     )
