@@ -15,6 +15,7 @@ from kineto_comm.rules_api import (
     replay_saving,
     rule,
     step_blame,
+    step_times,
 )
 
 from ._common import SHARDED, SHARE_OPTIONS, exposure_by_cause, share_severity
@@ -99,6 +100,31 @@ def _hideable(tables: Tables, where: pl.Expr) -> pl.DataFrame | float:
     )
 
 
+def where_all(collective: str, groups: list[str]) -> pl.Expr:
+    """The blame rows of a cause's transfers (its collective on its groups)."""
+    return (
+        (pl.col("category") == "transfer")
+        & (pl.col("collective") == collective)
+        & pl.col("process_group").is_in(groups)
+    )
+
+
+def _critical_share(tables: Tables, where: pl.Expr) -> float:
+    """The share of the job's step time the blame rows `where` take on each complete step's
+    critical rank (what the step-time table of the reports shows for the cause)."""
+    times = step_times(tables).filter(pl.col("complete"))
+    total = int(times["step_ns"].sum()) if times.height else 0
+    if total <= 0:
+        return 0.0
+    rows = tables.collect(
+        step_blame(tables)
+        .filter(where)
+        .join(times.lazy().select("step", rank="critical_rank"), on=["step", "rank"], how="semi")
+        .select(pl.col("ns").sum())
+    )
+    return min(1.0, int(rows.item() or 0) / total)
+
+
 def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool) -> list[Finding]:
     """Findings per (role, collective), for the sharded (FSDP/ZeRO) causes or the others."""
     causes = exposure_by_cause(tables)
@@ -134,18 +160,49 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
         )
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0
+        exposed_share = _critical_share(tables, where_all(c["collective"], groups))
         sev = share_severity(share, options)
+        # Too little compute to hide it behind (the cap cuts the saving to under half of
+        # hiding it all): the cost stands, reported on its exposed share with what hiding
+        # can buy and the advice to make the communication cheaper instead.
+        unbound = replay_saving(tables, Edit("hide it all", where))
+        bound = unbound > 0 and saving < unbound / 2
+        if bound:
+            worse = share_severity(exposed_share, options)
+            if worse is not None and (sev is None or worse.level > sev.level):
+                sev = worse
         if sev is None:
             continue
+        detail = (
+            f"{c['collective']} ({c['role']}, groups {', '.join(groups)}) runs with no "
+            f"compute to hide it for {c['impact_ns'] / 1e6:.2f} ms per step on the worst "
+            f"rank, not counting waits for late ranks; "
+        )
+        if bound:
+            title = f"Exposed {what}: {exposed_share:.0%} of step time, too little compute to hide"
+            detail += (
+                f"the ranks' steps hold too little compute that no communication overlaps "
+                f"to hide it behind: hiding it would save only {saving / 1e6:.2f} ms per step "
+                f"({share:.1%} of {step_ns / 1e6:.2f} ms). Make it cheaper instead."
+            )
+            advice = (
+                GENERIC[1],
+                "Compare its bus bandwidth with the link's (NET101 with "
+                "link_busbw_gbps): a slow link or transport costs the time, not the order.",
+            )
+        else:
+            title = f"Exposed {what}: {share:.0%} of step time"
+            detail += (
+                f"hidden, it would save {saving / 1e6:.2f} ms per step ({share:.1%} of "
+                f"{step_ns / 1e6:.2f} ms)."
+            )
+            advice = ADVICE.get((c["role"], c["collective"]), GENERIC)
         out.append(
             make_finding(
                 rule_,
                 sev,
-                f"Exposed {what}: {share:.0%} of step time",
-                f"{c['collective']} ({c['role']}, groups {', '.join(groups)}) runs with no "
-                f"compute to hide it for {c['impact_ns'] / 1e6:.2f} ms per step on the worst "
-                f"rank, not counting waits for late ranks; hidden, it would save "
-                f"{saving / 1e6:.2f} ms per step ({share:.1%} of {step_ns / 1e6:.2f} ms).",
+                title,
+                detail,
                 impact_ns_per_step=saving,
                 step_ns=step_ns,
                 ranks=c["ranks"] or [],
@@ -159,9 +216,10 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                     "calls_per_step": c["calls"],
                     "mean_bytes": None if c["bytes_per_call"] is None else int(c["bytes_per_call"]),
                     "step_ns": step_ns,
+                    "compute_bound_saving": bound,
                     "saving_method": f"replay: {edit.name}",
                 },
-                advice=ADVICE.get((c["role"], c["collective"]), GENERIC),
+                advice=advice,
                 edit=edit,
             )
         )
@@ -187,6 +245,9 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     compute, each rank's last call of a step excepted, and on each rank and step at most
     the compute time no communication overlaps yet (a transfer is hidden only while compute
     runs: a job bound by slow links, with little compute per step, saves little by overlap).
+    When that bound cuts the saving to under half of hiding it all, the finding stands on
+    the cause's share of the step on the critical ranks (the step-time table's transfer
+    rows), says so (`compute_bound_saving`) and advises making the communication cheaper.
 
     Why is this bad?
     Exposed communication adds straight to step time: the GPU sits idle until it finishes.
