@@ -10,7 +10,6 @@ from kineto_comm.rules_api import (
     Edit,
     Finding,
     Option,
-    Severity,
     Tables,
     busbw_factor,
     collective_exposure_lazy,
@@ -19,10 +18,9 @@ from kineto_comm.rules_api import (
     mean_step_ns,
     replay_saving,
     rule,
-    severity_for,
 )
 
-from ._common import with_roles
+from ._common import share_severity, with_roles
 
 
 @rule(
@@ -188,12 +186,10 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
         )
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0
-        sev = severity_for(share, options["warn_share"], options["error_share"])
+        # A slow group whose faster calls would not shorten the step is no finding.
+        sev = share_severity(share, options)
         if sev is None:
-            # A slow group whose faster calls would not shorten the step is no finding.
-            if share < options["info_share"]:
-                continue
-            sev = Severity.info
+            continue
         out.append(
             make_finding(
                 low_bus_bandwidth,
@@ -315,11 +311,9 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         )
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0
-        sev = severity_for(share, options["warn_share"], options["error_share"])
+        sev = share_severity(share, options)
         if sev is None:
-            if share < options["info_share"]:
-                continue
-            sev = Severity.info
+            continue
         ranks = sorted(per["rank"].unique().to_list())
         numbered = per.filter(pl.col("step") >= 0)
         lost = impact_per_step(mine.select("rank", "step", "lost"), "lost")
