@@ -158,23 +158,17 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
             _share=pl.when(pl.col("_exposed") > 0)
             .then(pl.col("_lost") / pl.col("_exposed"))
             .otherwise(0.0),
-            _key=pl.concat_str(
-                pl.col("rank").cast(pl.String),
-                pl.col("step").cast(pl.String),
-                "collective",
-                separator="/",
-            ),
         )
-    )
-    row_key = pl.concat_str(
-        pl.col("rank").cast(pl.String), pl.col("step").cast(pl.String), "collective", separator="/"
     )
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
         fit = fits.get(c["process_group"])
-        mine = shares.filter(pl.col("process_group") == c["process_group"])
-        fraction = row_key.replace_strict(
-            dict(mine.select("_key", "_share").iter_rows()), default=0.0, return_dtype=pl.Float64
+        # A share per (rank, step, collective) of the group's transfer rows, joined on them.
+        fraction = shares.filter(pl.col("process_group") == c["process_group"]).select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            pl.col("collective").cast(pl.String),
+            fraction="_share",
         )
         edit = Edit(
             f"run group {c['process_group']}'s {', '.join(c['collective'])} at "
