@@ -162,15 +162,18 @@ def test_truncated_rank_is_reported_with_a_warning(tmp_path):
 
 def test_output_file_and_exit_codes(tmp_path):
     out = tmp_path / "r.json"
-    proc = run("report", SAMPLES / "tp-2", "-f", "json", "-o", out)
+    proc = run("report", SAMPLES / "tp-2", "-f", "json", "-o", out, "--fail-on", "warning")
     doc = json.loads(out.read_text())
     assert len(doc["ranks"]) == 2 and proc.stdout == ""
     # 1 exactly when a finding is at the fail level (the sample's blocked tensor-parallel
-    # all-reduces are exposed: an error), 0 with --exit-zero.
+    # all-reduces are exposed: a warning), 0 with --exit-zero or below the fail level.
     assert doc["summary"]["failing_findings"] > 0
     assert proc.returncode == 1
     again = run("report", SAMPLES / "tp-2", "-f", "json", "-o", out, "--exit-zero")
     assert again.returncode == 0
+    errors = run("report", SAMPLES / "tp-2", "-f", "json", "-o", out, "--fail-on", "error")
+    failing = json.loads(out.read_text())["summary"]["failing_findings"]
+    assert errors.returncode == (1 if failing else 0)
 
 
 def test_ranks_from_metadata_name_and_order_with_duplicates(tmp_path):
