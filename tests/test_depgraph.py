@@ -224,6 +224,33 @@ def test_a_pipeline_path_walks_back_through_its_stages() -> None:
     assert crossings.height >= 3
 
 
+@pytest.mark.parametrize("job", ["tp-dp-8", "pp-4"])
+def test_a_walk_that_lets_ranks_go_finds_the_same_path(job: str, monkeypatch) -> None:
+    """The walk holds at most HELD_KERNELS kernels' graphs (a big job's path reaches every
+    rank): with room for one rank at a time it builds ranks again as the path comes back
+    to them, and finds the same path, kernel by kernel, with the same labels."""
+    from kineto_comm.rules_api import Tables
+    from kineto_comm.rules_engine import _graph_loader
+
+    report = analyze(H100 / job, jobs=1)
+    tables = Tables(report)
+    loads: list[list[int]] = []
+    loader = _graph_loader(tables)
+
+    def counting(ranks: list[int]):
+        loads.append(ranks)
+        return loader(ranks)
+
+    whole = depgraph.critical_walk(report.step_times, counting)
+    first = len(loads)
+    monkeypatch.setattr(depgraph, "HELD_KERNELS", 1)
+    tight = depgraph.critical_walk(report.step_times, counting)
+    assert tight.equals(whole)
+    assert whole.equals(report.critical_path_kernels)
+    # Letting ranks go made the walk build some again.
+    assert len(loads) - first > first
+
+
 def _hta_path(path: Path, tmp_path: Path, annotation: str) -> tuple[set[int], set[int]]:
     """HTA's critical path of the first `annotation` instance on rank 0: the correlation
     ids of its GPU events (kernels, memcpy, memset), and of every GPU event inside the

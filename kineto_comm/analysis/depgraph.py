@@ -62,6 +62,7 @@ Pure functions of tables: Polars in, Polars out, no I/O.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -70,6 +71,8 @@ import polars as pl
 # Start more than this after the stream and the launch: the kernel waited for another
 # stream; and overlap allowed between that stream's kernel end and the start (rounding).
 TOLERANCE_NS = 2_000
+# The most kernels whose graphs the walk holds at once (about 100 bytes each).
+HELD_KERNELS = 4_000_000
 VIA = ("stream", "launch", "stream_wait", "collective", "p2p", "start")
 _CODE = {v: i for i, v in enumerate(VIA)}
 _FAR = -(2**62)
@@ -376,11 +379,20 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
     stretch of the path it holds (the rows tile the path)."""
     if times.height == 0 or "critical_rank" not in times.columns:
         return pl.DataFrame(schema=CRITICAL_KERNELS_SCHEMA)
-    ranks: dict[int, _Rank | None] = {}
+    # The ranks' graphs the walk holds, least recently used first: at most HELD_KERNELS
+    # kernels' worth (a big job's path reaches every rank; one reached again after it was
+    # let go is built again).
+    ranks: OrderedDict[int, _Rank | None] = OrderedDict()
     window: dict[tuple[int, int], tuple[int, int]] = {}
 
+    def held() -> int:
+        return sum(len(g.start) for g in ranks.values() if g is not None)
+
     def fetch(wanted: Iterable[int]) -> None:
-        todo = sorted({int(r) for r in wanted if r is not None and int(r) not in ranks})
+        want = {int(r) for r in wanted if r is not None}
+        for r in want & ranks.keys():
+            ranks.move_to_end(r)
+        todo = sorted(want - ranks.keys())
         if not todo:
             return
         nodes, wins = load(todo)
@@ -389,6 +401,9 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
         for r in todo:
             node = nodes.get(r)
             ranks[r] = node if node is not None and len(node.start) else None
+        while len(ranks) > len(want) and held() > HELD_KERNELS:
+            oldest = next(r for r in ranks if r not in want)
+            del ranks[oldest]
 
     fetch(times["critical_rank"].drop_nulls().to_list())
     rows: list[tuple] = []
@@ -396,6 +411,7 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
         if crit is None or (crit, step) not in window:
             continue
         low, high = window[(crit, step)]
+        fetch([crit])
         g = ranks.get(crit)
         i = g.last_before(high) if g is not None else -1
         if g is None or i < 0 or g.end[i] <= low:
@@ -449,6 +465,7 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
             if nxt is None:
                 break
             rank, i, cursor = nxt
+            fetch([rank])
             g = ranks[rank]
             order += 1
     if not rows:
@@ -463,11 +480,13 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
     ]
     schema = {n: fields.get(n, pl.Int64()) for n in order}
     found = pl.DataFrame(rows, schema=schema, orient="row").with_row_index("_row")
-    # The labels of the path's kernels only: a rank's `idx` is its row in the rank's graph.
+    # The labels of the path's kernels only (a rank's `idx` is its row in the rank's
+    # graph), a rank at a time: one let go during the walk is built again.
     parts = []
     for (rank,), part in (
         found.select("_row", "rank", "idx").partition_by("rank", as_dict=True).items()
     ):
+        fetch([rank])
         labels = ranks[rank].labels  # type: ignore[union-attr]
         parts.append(labels[part["idx"].to_numpy()].hstack(part.select("_row")))
     labels = pl.concat(parts, how="vertical_relaxed")
