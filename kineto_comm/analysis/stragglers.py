@@ -26,7 +26,7 @@ import polars as pl
 
 from kineto_comm.analysis.steptime import _disjoint, _uncovered
 from kineto_comm.lazy import collect
-from kineto_comm.rank_store import RankStore, as_store
+from kineto_comm.rank_store import RankStore, SpillFolder, as_store, keep
 
 P2P = ("send", "recv", "send_recv")
 # Calls whose arrival skew is below this name no one last (the report's "most often last"
@@ -81,9 +81,10 @@ def stragglers(
     # earlier calls' waits, point-to-point included): a rank held up by another arrives late
     # without being late itself.
     steps = instances.lazy().select("instance", "step")
+    # `_keep` holds the held-up rows' files (a big job's) while the queries below read them.
+    held, _keep = _held_up(waits, kernels)
     calls = (
-        _held_up(waits, kernels)
-        .join(steps, on="instance", how="left")
+        held.join(steps, on="instance", how="left")
         .with_columns(
             _before=(pl.col("_w").cum_sum() - pl.col("_w")).over(
                 ["rank", "step"], order_by=["start_ns", "instance"]
@@ -207,16 +208,21 @@ def stragglers(
     return collect(table.select(STRAGGLER_COLUMNS).sort("rank"), waits.height)
 
 
-def _held_up(waits: RankStore, kernels: pl.DataFrame | RankStore | None) -> pl.LazyFrame:
+def _held_up(
+    waits: RankStore, kernels: pl.DataFrame | RankStore | None
+) -> tuple[pl.LazyFrame, RankStore | None]:
     """instance, rank, start_ns, wait_ns and `_w`: how long the call held its rank up: the
     part of it (waiting or moving data: a slow link holds a rank up as much as a late peer)
     during which no compute or memory kernel of its rank ran, a batch of whole ranks at a
-    time; its wait without `kernels`."""
+    time; its wait without `kernels`. As a lazy query, with the store that holds its rows
+    (in files, like the waits, on a big job: the caller keeps it while it reads them)."""
     columns = ["instance", "rank", "start_ns", "wait_ns"]
     if kernels is None:
-        return waits.lazy(columns).with_columns(_w=pl.col("wait_ns").clip(lower_bound=0))
+        return waits.lazy(columns).with_columns(_w=pl.col("wait_ns").clip(lower_bound=0)), None
     columns.append("end_ns")
     kernels = as_store(kernels)
+    # Kept like the waits: in files on a big job (a row per call and rank).
+    folder = SpillFolder() if waits.spilled else None
     parts = []
     for batch in waits.batches(columns=columns):
         ranks = batch["rank"].unique().to_list()
@@ -229,10 +235,11 @@ def _held_up(waits: RankStore, kernels: pl.DataFrame | RankStore | None) -> pl.L
         # Each rank's kernels come in start order (the kernels table's): no sort.
         cover = _disjoint(pl.concat(busy) if busy else pl.DataFrame(schema=_SPAN), ordered=True)
         spans = batch.select(pl.col("rank").cast(pl.Int64), "start_ns", "end_ns")
-        parts.append(batch.with_columns(_w=_uncovered(spans, cover).cast(pl.Int64)))
+        parts.append(keep(batch.with_columns(_w=_uncovered(spans, cover).cast(pl.Int64)), folder))
     if not parts:
-        return waits.lazy(columns).with_columns(_w=pl.lit(0, dtype=pl.Int64))
-    return pl.concat(parts, how="vertical_relaxed").lazy()
+        return waits.lazy(columns).with_columns(_w=pl.lit(0, dtype=pl.Int64)), None
+    store = RankStore(parts, folder=folder)
+    return store.lazy(), store
 
 
 _SPAN = {"rank": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
