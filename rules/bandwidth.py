@@ -235,7 +235,7 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     pipeline_bubble rows, with the waits for the neighbouring stage): per call, its exposed
     time shrinks by at most what it saves at the reference (median transfer at its size
     less bytes / reference), and the stages waiting for it gain as the replay propagates."""
-    if not tables.has("collective_instances", "transfer_ns", "key_kind"):
+    if not tables.has("collective_instances", "transfer_ns", "key_kind", "busbw_gbps"):
         return []
     pairs = with_roles(
         tables,
@@ -250,7 +250,7 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             pl.col("process_group").cast(pl.String),
             "bytes",
             "transfer_ns",
-            busbw=pl.col("bytes") / pl.col("transfer_ns"),
+            busbw="busbw_gbps",  # the instances' own (nccl-tests: factor 1 for send/recv)
         ),
     )
     if pairs.height == 0:

@@ -111,18 +111,13 @@ def where_all(collective: str, groups: list[str]) -> pl.Expr:
 
 def _critical_share(tables: Tables, where: pl.Expr) -> float:
     """The share of the job's step time the blame rows `where` take on each complete step's
-    critical rank (what the step-time table of the reports shows for the cause)."""
+    critical rank: the `step_blame` table's rows, which the reports' step-time table shows."""
     times = step_times(tables).filter(pl.col("complete"))
     total = int(times["step_ns"].sum()) if times.height else 0
     if total <= 0:
         return 0.0
-    rows = tables.collect(
-        step_blame(tables)
-        .filter(where)
-        .join(times.lazy().select("step", rank="critical_rank"), on=["step", "rank"], how="semi")
-        .select(pl.col("ns").sum())
-    )
-    return min(1.0, int(rows.item() or 0) / total)
+    rows = tables["step_blame"].join(times.select("step"), on="step", how="semi").filter(where)
+    return min(1.0, int(rows["ns"].sum()) / total)
 
 
 def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool) -> list[Finding]:
