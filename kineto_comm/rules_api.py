@@ -32,6 +32,7 @@ import polars as pl
 
 from kineto_comm.analysis import steptime
 from kineto_comm.analysis.bandwidth import busbw_factor
+from kineto_comm.analysis.match import last_arrivals
 from kineto_comm.analysis.steptime import Edit
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect, in_rank_order, sample
@@ -523,7 +524,7 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
     last = _instance_last(tables) if has_calls else None
     kcols = ("rank", "kind", "start_ns", "end_ns", "launch_ns")
     ccols = (*CALL_KEY, "rank", "start_ns", "end_ns", "duration_ns", "launch_ns", "peer")
-    wcols = ("instance", "rank", "start_ns")
+    wcols = ("instance", "rank", "start_ns", "wait_ns")
 
     def build(windows: pl.DataFrame) -> pl.DataFrame:
         ranks = windows["rank"].unique().sort().to_list()
@@ -581,32 +582,29 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
 
 
 def _instance_last(tables: Tables) -> pl.DataFrame | None:
-    """instance, _last: the rank that arrived last at each collective instance
-    (collective_instances.last_rank: the latest start on the reference clock), the rank
-    the stragglers table and the critical path name; None without instances."""
-    cols = ["instance", "key_kind", "last_rank"]
+    """The collective_instances columns match.last_arrivals reads (instance, key_kind,
+    last_rank, last_start_ns), once per rules run; None without instances."""
+    cols = ["instance", "key_kind", "last_rank", "last_start_ns"]
     if not (tables.has("collective_instances", *cols) and tables.has("collective_waits")):
         return None
-    query = (
-        tables.lazy("collective_instances", cols)
-        .filter(pl.col("key_kind") != "p2p")
-        .select(pl.col("instance").cast(pl.Int64), _last=pl.col("last_rank").cast(pl.Int64))
+    return tables.once(
+        ("rules_api", "instance_last"),
+        lambda: tables.collect(tables.lazy("collective_instances", cols)),
     )
-    return tables.once(("rules_api", "instance_last"), lambda: tables.collect(query))
 
 
 def _named_by_instance(
     calls: pl.DataFrame,
     tables: Tables,
     ranks: list[int],
-    last: pl.DataFrame,
+    instances: pl.DataFrame,
     columns: Sequence[str],
 ) -> pl.DataFrame:
     """`calls` (a few ranks' collectives rows with `late_rank`) with `late_rank` the rank
-    that arrived last at the call's instance (one straggler named the same way in the
-    blame, the stragglers table and the critical path); none where the call's own rank
-    arrived last (what is left of its call is its own); a call in no instance keeps the
-    rank whose call was the shortest."""
+    that arrived last at the call's instance (match.last_arrivals: one straggler named the
+    same way in the blame, the stragglers table and the critical path); none where the
+    call's own rank arrived last (what is left of its call is its own); a call in no
+    instance keeps the rank whose call was the shortest."""
     waits = [
         b
         for b in tables.rank_batches("collective_waits", columns, ranks)
@@ -615,15 +613,9 @@ def _named_by_instance(
     if not waits:
         return calls
     named = (
-        pl.concat(waits, how="vertical_relaxed")
-        .select(
-            pl.col("instance").cast(pl.Int64),
-            pl.col("rank").cast(pl.Int64),
-            pl.col("start_ns").cast(pl.Int64),
-        )
-        .join(last, on="instance")
-        .unique(["rank", "start_ns"], keep="first", maintain_order=True)
-        .drop("instance")
+        last_arrivals(pl.concat(waits, how="vertical_relaxed"), instances)
+        .filter(~pl.col("p2p"))
+        .select("rank", "start_ns", _last="last_rank")
     )
     cast = {"rank": calls.schema["rank"], "start_ns": calls.schema["start_ns"]}
     named = named.with_columns(pl.col(c).cast(t) for c, t in cast.items())

@@ -68,6 +68,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import polars as pl
 
+from kineto_comm.analysis.match import last_arrivals
+
 # Start more than this after the stream and the launch: the kernel waited for another
 # stream; and overlap allowed between that stream's kernel end and the start (rounding).
 TOLERANCE_NS = 2_000
@@ -129,38 +131,14 @@ def _col(frame: pl.DataFrame, name: str, dtype: pl.DataType) -> pl.Expr:
 
 def _late_edges(waits: pl.DataFrame | None, instances: pl.DataFrame | None) -> pl.DataFrame | None:
     """rank, start_ns, _crank, _cstart, _p2p: per communication call that waited for a
-    later rank (collective_waits.wait_ns > 0), the instance's last rank and its arrival;
-    one per (rank, start), the longest wait first. None without waits or instances."""
-    if (
-        waits is None
-        or instances is None
-        or waits.height == 0
-        or instances.height == 0
-        or not {"instance", "rank", "start_ns", "wait_ns"} <= set(waits.columns)
-        or not {"instance", "last_rank", "last_start_ns"} <= set(instances.columns)
-    ):
+    later rank (collective_waits.wait_ns > 0), the instance's last rank and its arrival
+    (match.last_arrivals, as the blame names it). None without waits or instances."""
+    if waits is None or instances is None:
         return None
     return (
-        waits.select(
-            pl.col("instance").cast(pl.Int64),
-            pl.col("rank").cast(pl.Int64),
-            pl.col("start_ns").cast(pl.Int64),
-            pl.col("wait_ns").cast(pl.Int64),
-        )
-        .filter(pl.col("wait_ns") > 0)
-        .join(
-            instances.select(
-                pl.col("instance").cast(pl.Int64),
-                _col(instances, "key_kind", pl.String()),
-                _crank=pl.col("last_rank").cast(pl.Int64),
-                _cstart=pl.col("last_start_ns").cast(pl.Int64),
-            ),
-            on="instance",
-        )
-        .filter(pl.col("_crank").is_not_null() & (pl.col("_crank") != pl.col("rank")))
-        .sort("rank", "start_ns", "wait_ns", "instance", descending=[False, False, True, False])
-        .unique(["rank", "start_ns"], keep="first", maintain_order=True)
-        .select("rank", "start_ns", "_crank", "_cstart", _p2p=pl.col("key_kind") == "p2p")
+        last_arrivals(waits, instances)
+        .filter((pl.col("wait_ns") > 0) & (pl.col("last_rank") != pl.col("rank")))
+        .select("rank", "start_ns", _crank="last_rank", _cstart="last_start_ns", _p2p="p2p")
     )
 
 

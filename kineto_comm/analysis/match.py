@@ -341,3 +341,46 @@ def _instance_schema() -> dict[str, pl.DataType]:
     schema["algbw_gbps"] = pl.Float64()
     schema["busbw_gbps"] = pl.Float64()
     return schema
+
+
+def last_arrivals(waits: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
+    """rank, start_ns, wait_ns, last_rank, last_start_ns, p2p: per call of `waits` (the
+    collective_waits rows of some ranks) in a matched instance, the rank that arrived last
+    there and when (`collective_instances.last_rank`, `last_start_ns`), and whether it is a
+    send/recv pair. One row per (rank, start_ns), the longest wait first. The one reading of
+    "whom a call waited for" that the blame's `late_rank` and the critical path share."""
+    schema = {
+        "rank": pl.Int64,
+        "start_ns": pl.Int64,
+        "wait_ns": pl.Int64,
+        "last_rank": pl.Int64,
+        "last_start_ns": pl.Int64,
+        "p2p": pl.Boolean,
+    }
+    need_w = {"instance", "rank", "start_ns", "wait_ns"}
+    need_i = {"instance", "last_rank", "last_start_ns"}
+    if not (waits.height and instances.height):
+        return pl.DataFrame(schema=schema)
+    if not (need_w <= set(waits.columns) and need_i <= set(instances.columns)):
+        return pl.DataFrame(schema=schema)
+    kind = (
+        pl.col("key_kind").cast(pl.String) == "p2p"
+        if "key_kind" in instances.columns
+        else pl.lit(False)
+    )
+    return (
+        waits.select(pl.col("instance", "rank", "start_ns", "wait_ns").cast(pl.Int64))
+        .join(
+            instances.select(
+                pl.col("instance").cast(pl.Int64),
+                pl.col("last_rank").cast(pl.Int64),
+                pl.col("last_start_ns").cast(pl.Int64),
+                p2p=kind.fill_null(False),
+            ),
+            on="instance",
+        )
+        .filter(pl.col("last_rank").is_not_null())
+        .sort("rank", "start_ns", "wait_ns", "instance", descending=[False, False, True, False])
+        .unique(["rank", "start_ns"], keep="first", maintain_order=True)
+        .select(*schema)
+    )
