@@ -22,6 +22,11 @@ warm-up and cool-down edges of a pipeline stage's step (kineto_comm.analysis.pip
 
 This is HTA's definition of compute/communication overlap (`get_comm_comp_overlap`):
 overlap_ns / comm_ns equals its ratio when run over the same kernels.
+
+The interval arithmetic the model of time and the stragglers share lives here too:
+merge_intervals and subtract_intervals (unions and differences per group),
+disjoint_pieces (labelled pieces made disjoint, the earlier keeping shared time) and
+uncovered_ns (each piece's time outside a cover).
 """
 
 from __future__ import annotations
@@ -89,6 +94,57 @@ def subtract_intervals(keep: Frame, remove: Frame, by: list[str]) -> Frame:
         .filter((pl.col("state") == 1) & (pl.col("end_ns") > pl.col("t")))
         .select(*by, start_ns="t", end_ns="end_ns")
     )
+
+
+def disjoint_pieces(pieces: pl.DataFrame, ordered: bool = False) -> pl.DataFrame:
+    """`pieces` made disjoint per rank in start order: each starts no earlier than every
+    earlier piece's end (the earlier one keeps the shared time); empty ones dropped.
+    `ordered`: the rows already come in (rank, start) order, each rank's rows together (the
+    kernels table's order): no sort."""
+    reach = pl.col("end_ns").cum_max().shift(1).over("rank")
+    if not ordered:
+        # Ties broken by every column: the same pieces give the same result in any input
+        # order (a big job's ranks are built in batches of other sizes).
+        rest = sorted(c for c in pieces.columns if c not in ("rank", "start_ns", "end_ns"))
+        pieces = pieces.sort(["rank", "start_ns", "end_ns", *rest], nulls_last=True)
+    return pieces.with_columns(
+        start_ns=pl.max_horizontal("start_ns", reach.fill_null(pl.col("start_ns")))
+    ).filter(pl.col("end_ns") > pl.col("start_ns"))
+
+
+def uncovered_ns(pieces: pl.DataFrame, cover: pl.DataFrame) -> pl.Series:
+    """Per row of `pieces` (rank, start_ns, end_ns), its ns that `cover` does not cover;
+    `cover` is disjoint per rank and in (rank, start) order (from disjoint_pieces): a
+    cumulative "covered before t" read at both ends."""
+    length = (pieces["end_ns"] - pieces["start_ns"]).clip(lower_bound=0)
+    if cover.height == 0 or pieces.height == 0:
+        return length
+    union = (
+        cover.select("rank", "start_ns", "end_ns")
+        .with_columns(_len=pl.col("end_ns") - pl.col("start_ns"))
+        .with_columns(_acc=pl.col("_len").cum_sum().over("rank") - pl.col("_len"))
+        .select("rank", _us="start_ns", _ue="end_ns", _acc="_acc")
+    )
+
+    def before(column: str) -> pl.Series:
+        hit = (
+            pieces.select("rank", _t=pl.col(column))
+            .with_row_index("_row")
+            .sort("_t")
+            .join_asof(
+                union,
+                left_on="_t",
+                right_on="_us",
+                by="rank",
+                strategy="backward",
+                check_sortedness=False,
+            )
+            .sort("_row")
+        )
+        inside = (pl.min_horizontal("_t", "_ue") - pl.col("_us")).clip(lower_bound=0)
+        return hit.select((pl.col("_acc") + inside).fill_null(0)).to_series()
+
+    return (length - (before("end_ns") - before("start_ns"))).clip(lower_bound=0)
 
 
 def breakdown(kernels: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:

@@ -63,6 +63,8 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from kineto_comm.analysis.overlap import disjoint_pieces, uncovered_ns
+
 CATEGORIES = ("compute", "memory", "transfer", "wait", "pipeline_bubble", "launch", "idle")
 # The blame table's columns (docs/tables.md `step_blame`).
 BLAME_SCHEMA: dict[str, pl.DataType] = {
@@ -148,57 +150,6 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
     )
 
 
-def _disjoint(pieces: pl.DataFrame, ordered: bool = False) -> pl.DataFrame:
-    """`pieces` made disjoint per rank in start order: each starts no earlier than every
-    earlier piece's end (the earlier one keeps the shared time); empty ones dropped.
-    `ordered`: the rows already come in (rank, start) order, each rank's rows together (the
-    kernels table's order): no sort."""
-    reach = pl.col("end_ns").cum_max().shift(1).over("rank")
-    if not ordered:
-        # Ties broken by every column: the same pieces give the same result in any input
-        # order (a big job's ranks are built in batches of other sizes).
-        rest = sorted(c for c in pieces.columns if c not in ("rank", "start_ns", "end_ns"))
-        pieces = pieces.sort(["rank", "start_ns", "end_ns", *rest], nulls_last=True)
-    return pieces.with_columns(
-        start_ns=pl.max_horizontal("start_ns", reach.fill_null(pl.col("start_ns")))
-    ).filter(pl.col("end_ns") > pl.col("start_ns"))
-
-
-def _uncovered(pieces: pl.DataFrame, cover: pl.DataFrame) -> pl.Series:
-    """Per row of `pieces` (rank, start_ns, end_ns), its ns that `cover` does not cover;
-    `cover` is disjoint per rank and in (rank, start) order (from _disjoint): a cumulative
-    "covered before t" read at both ends."""
-    length = (pieces["end_ns"] - pieces["start_ns"]).clip(lower_bound=0)
-    if cover.height == 0 or pieces.height == 0:
-        return length
-    union = (
-        cover.select("rank", "start_ns", "end_ns")
-        .with_columns(_len=pl.col("end_ns") - pl.col("start_ns"))
-        .with_columns(_acc=pl.col("_len").cum_sum().over("rank") - pl.col("_len"))
-        .select("rank", _us="start_ns", _ue="end_ns", _acc="_acc")
-    )
-
-    def before(column: str) -> pl.Series:
-        hit = (
-            pieces.select("rank", _t=pl.col(column))
-            .with_row_index("_row")
-            .sort("_t")
-            .join_asof(
-                union,
-                left_on="_t",
-                right_on="_us",
-                by="rank",
-                strategy="backward",
-                check_sortedness=False,
-            )
-            .sort("_row")
-        )
-        inside = (pl.min_horizontal("_t", "_ue") - pl.col("_us")).clip(lower_bound=0)
-        return hit.select((pl.col("_acc") + inside).fill_null(0)).to_series()
-
-    return (length - (before("end_ns") - before("start_ns"))).clip(lower_bound=0)
-
-
 def rank_blame(
     kernels: pl.DataFrame,
     calls: pl.DataFrame,
@@ -252,10 +203,10 @@ def rank_time(
     busy = k.filter(pl.col("kind") != "communication").select(
         "rank", "start_ns", "end_ns", _compute=pl.col("kind") == "compute"
     )
-    compute = _disjoint(busy.filter("_compute").drop("_compute"), ordered=True)
+    compute = disjoint_pieces(busy.filter("_compute").drop("_compute"), ordered=True)
     # What covers a collective: compute or a memory copy, as one disjoint union.
-    cover = _disjoint(busy.drop("_compute"), ordered=True)
-    memory = _disjoint(busy.filter(~pl.col("_compute")).drop("_compute"), ordered=True)
+    cover = disjoint_pieces(busy.drop("_compute"), ordered=True)
+    memory = disjoint_pieces(busy.filter(~pl.col("_compute")).drop("_compute"), ordered=True)
     compute_in = _clip_to_windows(compute, windows)
     memory_in = _clip_to_windows(memory, windows)
     labels = {
@@ -308,7 +259,7 @@ def rank_time(
         _end="end_ns",
         _call_row="_call_row",
     )
-    comm = _disjoint(
+    comm = disjoint_pieces(
         _clip_to_windows(pl.concat([moved, waited]).sort("rank", "start_ns"), windows)
     ).with_columns(
         # The step's last call of a rank: nothing after it in the step to hide it behind.
@@ -351,14 +302,14 @@ def rank_time(
     )
     if memory_in.height:
         rows.append(
-            memory_in.with_columns(ns=_uncovered(memory_in, compute))
+            memory_in.with_columns(ns=uncovered_ns(memory_in, compute))
             .group_by("rank", "step")
             .agg(pl.col("ns").sum(), calls=pl.len())
             .with_columns(category=pl.lit("memory"))
         )
     exposure = pl.DataFrame(schema=CALL_EXPOSURE_SCHEMA)
     if comm.height:
-        comm = comm.with_columns(ns=_uncovered(comm, cover))
+        comm = comm.with_columns(ns=uncovered_ns(comm, cover))
         rows.append(
             comm.group_by("rank", "step", *_KEYS).agg(
                 pl.col("ns").sum(), calls=pl.col("_call").sum()

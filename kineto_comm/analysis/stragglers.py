@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from kineto_comm.analysis.steptime import _disjoint, _uncovered
+from kineto_comm.analysis.overlap import disjoint_pieces, uncovered_ns
 from kineto_comm.lazy import collect
 from kineto_comm.rank_store import RankStore, SpillFolder, as_store, keep
 
@@ -233,9 +233,10 @@ def _held_up(
             for k in kernels.batches(ranks=ranks, columns=["kind", "start_ns", "end_ns"])
         ]
         # Each rank's kernels come in start order (the kernels table's): no sort.
-        cover = _disjoint(pl.concat(busy) if busy else pl.DataFrame(schema=_SPAN), ordered=True)
+        busy_all = pl.concat(busy) if busy else pl.DataFrame(schema=_SPAN)
+        cover = disjoint_pieces(busy_all, ordered=True)
         spans = batch.select(pl.col("rank").cast(pl.Int64), "start_ns", "end_ns")
-        parts.append(keep(batch.with_columns(_w=_uncovered(spans, cover).cast(pl.Int64)), folder))
+        parts.append(keep(batch.with_columns(_w=uncovered_ns(spans, cover).cast(pl.Int64)), folder))
     if not parts:
         return waits.lazy(columns).with_columns(_w=pl.lit(0, dtype=pl.Int64)), None
     store = RankStore(parts, folder=folder)
