@@ -151,15 +151,17 @@ def test_shipped_pp_sends_match_receives() -> None:
     assert set(sends.values()) == {12}
 
 
-def test_shipped_uneven_all_to_all_bytes_are_what_each_rank_sent_and_received() -> None:
-    """ep-4: per call, the analyser's input and output sizes are what the capturing script
-    routed (ep_tokens x hidden x 4 bytes): the dispatch sends the rank's tokens and receives
-    its expert's, the combine the reverse, and backward repeats both. What the rank sends
-    differs from what it receives, and `bytes` (the nccl-tests size) is the larger."""
+@pytest.mark.parametrize("job", [SAMPLES / "ep-4", REPO / "tests" / "data" / "h100-nccl" / "ep-4"])
+def test_uneven_all_to_all_bytes_are_what_each_rank_sent_and_received(job: Path) -> None:
+    """ep-4, gloo (sizes from the c10d op) and NCCL (all_to_allv's split sizes in the
+    kernels' args): per call, the analyser's input and output sizes are what the capturing
+    script routed (ep_tokens x hidden x 4 bytes): the dispatch sends the rank's tokens and
+    receives its expert's, the combine the reverse, and backward repeats both. What the rank
+    sends differs from what it receives, and `bytes` (the nccl-tests size) is the larger."""
     from kineto_comm import analyze
     from kineto_comm.capture.workloads import HIDDEN, ep_tokens
 
-    report = analyze(SAMPLES / "ep-4", jobs=1, ignore=["ALL"])
+    report = analyze(job, jobs=1, ignore=["ALL"])
     assert report.errors == ()
     tokens = ep_tokens(4)
     calls = report.collectives.filter(pl.col("step") >= 0).sort("rank", "start_ns")
@@ -372,6 +374,7 @@ _NCCL_NAMES = {
     "_reduce_scatter_base": "reduce_scatter",
     "send": "send",
     "recv": "recv",
+    "all_to_allv": "all_to_all",
 }
 
 
@@ -379,9 +382,12 @@ _NCCL_NAMES = {
     ("folder", "role"),
     [
         ("ddp-4", "data_parallel"),
+        ("ddp-8", "data_parallel"),
         ("tp-2", "tensor_parallel"),
         ("fsdp-2", "fsdp"),
+        ("fsdp-4", "fsdp"),
         ("pp-4", "pipeline"),
+        ("ep-4", "unknown"),  # no annotation names the all-to-all's purpose
     ],
 )
 def test_h100_multi_rank_nccl_capture(folder: str, role: str) -> None:

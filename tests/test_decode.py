@@ -23,7 +23,8 @@ def test_every_real_trace_decodes_with_the_same_event_counts_as_json(path):
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rb") as fh:
         events = json.load(fh)["traceEvents"]
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in decode.GPU_CATS]
+    device = decode.GPU_CATS | {decode.SYNC_CAT}  # the CUDA sync events are kept with them
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in device]
     calls = {
         (e.get("args") or {}).get("correlation")
         for e in events

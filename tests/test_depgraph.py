@@ -14,7 +14,7 @@ from kineto_comm import Report, analyze
 from kineto_comm.analysis import depgraph
 from kineto_comm.synth import generate
 
-from .conftest import REPO, SAMPLES, all_shared_traces, shared
+from .conftest import REPO, SAMPLES, all_shared_traces, kernel, launch, shared, write_trace
 
 H100 = REPO / "tests" / "data" / "h100-nccl"
 US = 1_000
@@ -69,6 +69,111 @@ def test_a_stream_wait_names_the_other_stream() -> None:
     other = [r for r in g.values() if r["stream"] == 20][0]
     assert waited["pred_idx"] == other["idx"]
     assert g[(0, 40)]["via"] == "stream" and g[(0, 43)]["via"] == "stream"
+
+
+def _wait(ts: float, corr: int, stream: int, on_stream: int, record: int) -> dict:
+    """A cuda_sync Stream Wait Event: `stream` waits for the event recorded on `on_stream`
+    by the cudaEventRecord of correlation `record` (-1, -1: not resolved by the trace)."""
+    return kernel(
+        "Stream Wait Event",
+        ts,
+        1,
+        stream=stream,
+        corr=corr,
+        cat="cuda_sync",
+        cuda_sync_kind="Stream Wait Event",
+        wait_on_stream=on_stream,
+        wait_on_cuda_event_record_corr_id=record,
+    )
+
+
+def test_recorded_stream_waits_are_the_edges(tmp_path: Path) -> None:
+    """A trace with CUDA sync events (torch.profiler enable_cuda_sync_events) names the
+    stream waits: the wait holds back the next kernel enqueued on its stream (by
+    correlation, across host threads), for the last kernel enqueued on the recording stream
+    before the cudaEventRecord; a kernel no wait held back waited for nothing, however late
+    it started; one held by a wait the trace does not resolve (-1) is left to the rule."""
+    events = [
+        kernel("A", 0, 10, stream=7, corr=1),  # compute stream
+        kernel("B", 0, 30, stream=20, corr=2),  # side stream, launched by another thread
+        kernel("C", 30, 20, stream=20, corr=4),  # after the event's record: not waited for
+        kernel("D", 31, 5, stream=7, corr=6),  # held by the wait (corr 5) for B
+        kernel("E", 45, 5, stream=7, corr=7),  # starts late, no wait recorded before it
+        kernel("F", 60, 5, stream=20, corr=9),  # held by an unresolved wait (corr 8)
+        kernel("G", 56, 2, stream=7, corr=10),
+        _wait(3, 5, stream=7, on_stream=20, record=3),
+        _wait(4, 8, stream=20, on_stream=-1, record=-1),
+    ]
+    events += [launch(0, 1), launch(0, 2, tid=200), launch(1, 3, tid=200), launch(1, 4, tid=200)]
+    events += [launch(2, 6), launch(3, 7), launch(4, 9, tid=200), launch(5, 10)]
+    report = analyze(write_trace(tmp_path / "sync.json", events), jobs=1)
+    k = report.kernels
+    waits = dict(zip(k["name"].to_list(), k["waits_for"].to_list(), strict=True))
+    assert waits == {"A": None, "B": None, "C": None, "D": 2, "E": None, "F": -1, "G": None}
+    g = {r["name"]: r for r in depgraph.rank_graph(k).iter_rows(named=True)}
+    idx = {r["name"]: r["idx"] for r in g.values()}
+    assert g["D"]["via"] == "stream_wait" and g["D"]["pred_idx"] == idx["B"]
+    assert g["D"]["release_ns"] == g["B"]["end_ns"]
+    # E starts 9 us after D, its stream's last kernel: no wait recorded, the rule infers none
+    assert g["E"]["via"] == "stream" and g["E"]["release_ns"] == g["D"]["end_ns"]
+    assert g["F"]["via"] == "stream_wait" and g["F"]["pred_idx"] == idx["G"]  # the rule's
+
+
+def test_recorded_stream_waits_are_hta_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On HTA's critical-path sample with CUDA sync events (alexnet), the stream waits the
+    kernels table takes from the trace are HTA's synchronization edges between two GPU
+    events (its edges to CPU events are host waits, not in our graph): the same 6 pairs."""
+    monkeypatch.setenv("HTA_DISABLE_NS_ROUNDING", "1")
+    import logging
+    import shutil
+
+    trace_analysis = pytest.importorskip("hta.trace_analysis", reason="HTA is a test dependency")
+    cpa = pytest.importorskip("hta.analyzers.critical_path_analysis")
+    trace = shared("hta/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz")
+    shutil.copy(trace, tmp_path / trace.name)
+    logging.disable(logging.CRITICAL)
+    try:
+        analysis = trace_analysis.TraceAnalysis(trace_dir=str(tmp_path))
+        graph, ok = analysis.critical_path_analysis(
+            rank=0, annotation="[param|pytorch.model.alex_net|0|0|0]", instance_id=0
+        )
+    finally:
+        logging.disable(logging.NOTSET)
+    assert ok
+    df = analysis.t.get_trace(0).set_index("index")
+    hta = set()
+    for u, v, d in graph.edges(data=True):
+        if d["object"].type != cpa.CPEdgeType.SYNC_DEPENDENCY:
+            continue
+        a, b = df.loc[graph.node_list[u].ev_idx], df.loc[graph.node_list[v].ev_idx]
+        if a.stream >= 0 and b.stream >= 0:
+            hta.add((int(a.correlation), int(b.correlation)))
+    k = analyze(trace, jobs=1).kernels.filter(pl.col("waits_for").is_not_null())
+    ours = set(k.select("waits_for", "correlation").iter_rows())
+    assert len(hta) == 6 and ours == hta
+    g = depgraph.rank_graph(analyze(trace, jobs=1).kernels)
+    assert g.filter(pl.col("via") == "stream_wait").height >= 1
+
+
+def test_a_new_stack_s_unresolved_waits_bound_the_rule() -> None:
+    """A current CUDA stack's sync events name the waiting stream but not the event's
+    (wait_on_stream -1; tests/data/h100-nccl/pp-4-sync): the rule infers a wait only for a
+    kernel a recorded wait held back, never for one none did."""
+    report = analyze(H100 / "pp-4-sync", jobs=1)
+    k = report.kernels
+    assert (k["waits_for"].drop_nulls() == -1).all() and k["waits_for"].is_not_null().sum() > 0
+    g = depgraph.rank_graph(k, report.collective_waits, report.collective_instances)
+    keys = ["rank", "start_ns", "end_ns", "stream"]
+    rows = g.join(k.select(*keys, "waits_for"), on=keys, how="left")
+    waited = rows.filter(pl.col("via") == "stream_wait")
+    assert waited.height > 0 and (waited["waits_for"] == -1).all()
+    # Without the sync events the rule would also infer waits for kernels no wait held.
+    bare = depgraph.rank_graph(
+        k.with_columns(waits_for=pl.lit(None, dtype=pl.Int64)),
+        report.collective_waits,
+        report.collective_instances,
+    )
+    assert bare.filter(pl.col("via") == "stream_wait").height > waited.height
 
 
 def test_a_collective_that_waited_is_bound_by_the_last_arrival() -> None:

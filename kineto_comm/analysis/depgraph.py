@@ -12,7 +12,8 @@ explains when it could end (`late_via`: collective or p2p):
                  at the rank's kernel (any stream) that ended last at or before the launch:
                  the device work the CPU could have been waiting for; the gap between that
                  kernel's end and this kernel's start is the CPU's (launch) time
-    stream_wait  a wait on another stream of the rank (below)
+    stream_wait  a wait on another stream of the rank: recorded in the trace, or inferred
+                 (below)
     collective   a collective kernel that waited for its group (`collective_waits.wait_ns`
                  > 0): its transfer could only start when the last member arrived, so its
                  end is bound by the last-arriving rank's kernel of the same instance
@@ -24,8 +25,16 @@ explains when it could end (`late_via`: collective or p2p):
 A kernel with no start edge (the first on its stream, launch unknown) has `via` `start`:
 the walk ends there.
 
-**The conservative stream-wait rule.** The decoded traces keep no cudaEventRecord /
-cudaStreamWaitEvent calls, so cross-stream waits are inferred: a kernel that starts more
+**Recorded stream waits.** A trace with CUDA sync events names them: the kernels table's
+`waits_for` (model.kernels) is the kernel of another stream a recorded cudaStreamWaitEvent
+held a kernel back for. On a rank whose trace records them, those are the stream_wait
+edges (when the named kernel ended after the stream and the launch freed the kernel), a
+kernel no wait held back waited for none, and only a kernel held by a wait the trace does
+not resolve (`waits_for` -1: newer CUDA stacks name the event, not its stream) is left to
+the rule below.
+
+**The conservative stream-wait rule.** Without recorded waits, cross-stream waits are
+inferred: a kernel that starts more
 than TOLERANCE_NS after both its stream's previous kernel ended and its CPU launch waited
 for something else; it is taken to have waited for the kernel of another stream of the same
 rank whose end is the latest at or before its start (TOLERANCE_NS of overlap allowed for
@@ -192,6 +201,18 @@ class _Rank:
         l_idx = np.where(has_launch & (lpos >= 0), eo[np.maximum(lpos, 0)], -1)
         ready = np.maximum(np.where(has_sp, se, _FAR), np.where(has_launch, launch, _FAR))
         waited = has_w & (s - ready > tolerance_ns) & (w_end > ready)
+        if k["waits_for"].null_count() < n:
+            # The trace records the rank's stream waits: a kernel no wait held back waited
+            # for none, one held by a wait the trace resolves waited for the kernel it names
+            # (if that ended after the stream and the launch freed it), and only one held by
+            # a wait it does not resolve (waits_for -1) is left to the rule.
+            r_idx, r_end, recorded = _recorded_waits(k, e)
+            unresolved = (k["waits_for"] == -1).fill_null(False).to_numpy()
+            waited = (recorded & (r_end > ready) & (r_end <= s + tolerance_ns)) | (
+                unresolved & waited
+            )
+            w_idx = np.where(recorded, r_idx, w_idx)
+            w_end = np.where(recorded, r_end, w_end)
         launched = has_launch & (~has_sp | (launch >= se))
         via = np.full(n, _CODE["start"], dtype=np.int8)
         via[has_sp] = _CODE["stream"]
@@ -274,6 +295,20 @@ class _Rank:
         return lo if lo < hi else -1
 
 
+def _recorded_waits(k: pl.DataFrame, end: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per kernel of one rank's `k` (graph order), the kernel its recorded stream wait
+    names (`waits_for`, a correlation: the rank's kernel with that correlation): its
+    position (-1: none), its end, and whether there is one."""
+    n = k.height
+    corr = k["correlation"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
+    want = k["waits_for"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
+    order = np.argsort(corr, kind="stable")
+    at = np.minimum(np.searchsorted(corr[order], want), max(n - 1, 0))
+    found = (want >= 0) & (corr[order][at] == want) if n else np.zeros(0, dtype=bool)
+    idx = np.where(found, order[at], -1)
+    return idx, np.where(found, end[np.maximum(idx, 0)], _FAR), found
+
+
 def _in_graph_order(k: pl.DataFrame) -> bool:
     """One rank's `k` already in (start_ns, end_ns, stream) order (the kernels table comes
     in start order; only ties on the start can be out of it): no sort needed."""
@@ -297,6 +332,8 @@ def rank_nodes(
         pl.col("start_ns").cast(pl.Int64),
         pl.col("end_ns").cast(pl.Int64),
         _col(kernels, "launch_ns", pl.Int64()),
+        _col(kernels, "correlation", pl.Int64()),
+        _col(kernels, "waits_for", pl.Int64()),
     ).filter(pl.col("start_ns").is_not_null() & pl.col("end_ns").is_not_null())
     if k.height == 0:
         return {}

@@ -240,12 +240,20 @@ def run_worker(rank: int, cfg: CaptureConfig, *, init_method: str) -> Path:
         def on_trace_ready(prof: Any) -> None:
             prof.export_chrome_trace(str(path))
 
+        # On a GPU, the CUDA synchronization events too: the trace then records which
+        # stream waited for which (cudaStreamWaitEvent), read by the dependency graph.
+        experimental = None
+        if device.type == "cuda":
+            from torch._C._profiler import _ExperimentalConfig
+
+            experimental = _ExperimentalConfig(enable_cuda_sync_events=True)
         with profile(
             activities=activities,
             schedule=schedule(wait=_WAIT, warmup=_WARMUP, active=cfg.steps, repeat=1),
             record_shapes=True,
             with_stack=False,
             on_trace_ready=on_trace_ready,
+            experimental_config=experimental,
         ) as prof:
             for _ in range(_WAIT + _WARMUP + cfg.steps):
                 step_fn()

@@ -119,13 +119,14 @@ static const Col COLS[N_COLS] = {
  * every event the scanner takes, is still read from this row). */
 enum {
     D_COLL, D_IN, D_OUT, D_GSIZE, D_DTYPE, D_PGNAME, D_PGDESC, D_PGRANKS, D_SEQ, D_SRC, D_DST,
-    D_RAW, N_DCOLS
+    D_WSTREAM, D_WCORR, D_RAW, N_DCOLS
 };
 static const Col DCOLS[N_DCOLS] = {
     {"collective", "I", 4}, {"in_nelems", "l", 8}, {"out_nelems", "l", 8},
     {"group_size", "l", 8}, {"dtype", "I", 4},     {"pg_name", "I", 4},
     {"pg_desc", "I", 4},    {"pg_ranks", "I", 4},  {"seq", "l", 8},
-    {"src_rank", "l", 8},   {"dst_rank", "l", 8},  {"raw", "C", 1},
+    {"src_rank", "l", 8},   {"dst_rank", "l", 8},  {"wait_on_stream", "l", 8},
+    {"wait_on_corr", "l", 8}, {"raw", "C", 1},
 };
 #define MAX_COLS 17
 
@@ -786,7 +787,7 @@ static int skip_value(Cur *c, Value *v, int depth) {
 enum {
     A_EXT, A_EXT_OLD, A_CORR, A_STREAM, A_DEVICE, N_KEPT_ARGS,
     A_COLL = N_KEPT_ARGS, A_IN, A_OUT, A_GSIZE, A_DTYPE, A_PGNAME, A_PGDESC, A_PGRANKS, A_PGID,
-    A_SEQ, A_SRC, A_DST, A_LABEL
+    A_SEQ, A_SRC, A_DST, A_WSTREAM, A_WCORR, A_LABEL
 };
 static const struct {
     const char *key;
@@ -809,6 +810,8 @@ static const struct {
     {"Seq", INT_STR_OK},
     {"Src Rank", INT_OK},
     {"Dst Rank", INT_OK},
+    {"wait_on_stream", INT_OK},
+    {"wait_on_cuda_event_record_corr_id", INT_OK},
     {"name", INT_STR_OK},
 };
 #define N_ARG_KEYS ((int)(sizeof ARG_KEYS / sizeof ARG_KEYS[0]))
@@ -956,13 +959,14 @@ typedef struct {
 } Category;
 
 /* The Args fields of each details column, and which of them are text. */
-static const int DETAIL_ARG[D_RAW] = {A_COLL,   A_IN,     A_OUT,     A_GSIZE, A_DTYPE, A_PGNAME,
-                                      A_PGDESC, A_PGRANKS, A_SEQ,    A_SRC,   A_DST};
-static const int DETAIL_TEXT[D_RAW] = {1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0};
+static const int DETAIL_ARG[D_RAW] = {A_COLL,  A_IN,      A_OUT, A_GSIZE, A_DTYPE,
+                                      A_PGNAME, A_PGDESC, A_PGRANKS, A_SEQ, A_SRC,
+                                      A_DST,   A_WSTREAM, A_WCORR};
+static const int DETAIL_TEXT[D_RAW] = {1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0};
 #define DETAIL_MASK                                                                          \
     ((1u << A_COLL) | (1u << A_IN) | (1u << A_OUT) | (1u << A_GSIZE) | (1u << A_DTYPE) |     \
      (1u << A_PGNAME) | (1u << A_PGDESC) | (1u << A_PGRANKS) | (1u << A_SEQ) | (1u << A_SRC) | \
-     (1u << A_DST))
+     (1u << A_DST) | (1u << A_WSTREAM) | (1u << A_WCORR))
 
 /* A details row for the event when its args give any of the fields a value: its row, -1
  * when they give none, -2 when out of memory. Text goes into `names` (decode.py reads ids

@@ -69,9 +69,14 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 # Categories kept from the event stream. Everything else (flows, instant events, python
 # stacks, memory events, MTIA device events) is dropped before columns are built.
 GPU_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"})
+# CUDA synchronization events (torch.profiler's enable_cuda_sync_events): kept in `gpu` with
+# the device events; only their "Stream Wait Event" rows are read (a stream waiting on an
+# event another stream recorded), the others are dropped by the kernels model.
+SYNC_CAT = "cuda_sync"
+STREAM_WAIT = "Stream Wait Event"
 RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
 CPU_CATS = frozenset({"cpu_op", "Operator", "user_annotation"})
-_KEEP_CATS = GPU_CATS | RUNTIME_CATS | CPU_CATS
+_KEEP_CATS = GPU_CATS | {SYNC_CAT} | RUNTIME_CATS | CPU_CATS
 _DURATION_PH = frozenset({"X", "B", "E"})
 
 
@@ -95,6 +100,8 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     seq: int | str | None = msgspec.field(default=None, name="Seq")
     src_rank: int | None = msgspec.field(default=None, name="Src Rank")
     dst_rank: int | None = msgspec.field(default=None, name="Dst Rank")
+    wait_on_stream: int | None = None
+    wait_on_corr: int | None = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
     label: str | int | None = msgspec.field(default=None, name="name")
 
 
@@ -268,6 +275,11 @@ _COLL = {
     "src_rank": _I64,
     "dst_rank": _I64,
 }
+# A stream wait's fields (cuda_sync "Stream Wait Event"): the stream that recorded the event
+# waited on, and the correlation of that cudaEventRecord call.
+_SYNC = {"wait_on_stream": _I64, "wait_on_corr": _I64}
+# The fields read from a row's args only where its role's detail test holds.
+_DETAIL_FIELDS = (*_COLL, *_SYNC)
 GPU_SCHEMA = {
     **_COMMON,
     "cat": _STR,
@@ -280,6 +292,7 @@ GPU_SCHEMA = {
     "launch_ts_us": _F64,
     "launch_tid": _STR,
     **_COLL,
+    **_SYNC,
 }
 RUNTIME_SCHEMA = {"ph": _STR, "tid": _STR, "ts_us": _F64, "correlation": _I64}  # launches only
 _RUNTIME_READS = [*RUNTIME_SCHEMA, "_file"]  # a scanned runtime call's columns that are read
@@ -318,8 +331,9 @@ class RawTrace:
 
     - `gpu`: kernels, memcpy and memset on the device timeline (GPU_SCHEMA), each with
       launch_ns and launch_tid: when and on which thread the first runtime call with its
-      correlation started (null if none). The CUDA/HIP runtime calls serve only this link
-      and are not kept.
+      correlation started (null if none), and the CUDA sync events (cat SYNC_CAT; a stream
+      wait with wait_on_stream and wait_on_corr). The CUDA/HIP runtime calls serve only
+      this link and are not kept.
     - `ops`: communication ops (record_param_comms, nccl:*, gloo:*) and user annotations
       such as ProfilerStep#N (OPS_SCHEMA).
     - `host`: every other CPU op: name, where and when it ran (HOST_SCHEMA); only filled
@@ -969,9 +983,10 @@ def _frame(
 def _details(
     schema: dict[str, pl.DataType], idx: list[int], args_at: Callable[[list[int]], list[Args]]
 ) -> pl.DataFrame | None:
-    """The collective columns (those of `schema` in _COLL) of rows `idx` (communication
-    kernels or ops), a row each; `args_at(idx)` gives those rows' decoded args."""
-    rest = [k for k in _COLL if k in schema]
+    """The collective and stream-wait columns (those of `schema` in _DETAIL_FIELDS) of rows
+    `idx` (communication kernels, stream waits or ops), a row each; `args_at(idx)` gives
+    those rows' decoded args."""
+    rest = [k for k in _DETAIL_FIELDS if k in schema]
     if not rest or not idx:
         return None
     sub_args = args_at(idx)
@@ -1006,7 +1021,10 @@ COLLECTIVE_SPAN = "^(" + "|".join(re.escape(p[:-1]) for p in (*_NCCL_SPANS, *HOS
 _COMM_KERNEL_NAME = r"(?i)^(nccl|rccl)"
 _PARAM_COMMS = "record_param_comms"
 _STEP_MARK = "ProfilerStep#"
-_COMM_KERNEL = pl.col("name").str.contains(_COMM_KERNEL_NAME).fill_null(False)
+# Device rows whose args are read: communication kernels and stream waits.
+_DEVICE_DETAIL = (
+    pl.col("name").str.contains(_COMM_KERNEL_NAME) | (pl.col("name") == STREAM_WAIT)
+).fill_null(False)
 _COMM_OP = (
     pl.col("name").str.starts_with(_PARAM_COMMS) | pl.col("name").str.contains(COLLECTIVE_SPAN)
 ).fill_null(False)
@@ -1014,7 +1032,7 @@ _COMM_OP = (
 # 1 runtime calls, 2 CPU ops, 3 metadata. Roles and the `cat` column come from these codes,
 # so category strings are looked up once per event and never turned into columns one by one.
 _CODES = (
-    [(c, 0) for c in sorted(GPU_CATS)]
+    [(c, 0) for c in sorted(GPU_CATS | {SYNC_CAT})]
     + [(c, 1) for c in sorted(RUNTIME_CATS)]
     + [(c, 2) for c in sorted(CPU_CATS)]
     + [(META_CAT, 3)]
@@ -1028,14 +1046,14 @@ _SIZED_OP = pl.col("name").is_in(SIZED_C10D).fill_null(False)
 _OP_NAME = _COMM_OP | pl.col("name").str.starts_with(_STEP_MARK).fill_null(False) | _SIZED_OP
 _IS_OP = (pl.col("cat") == "user_annotation") | _OP_NAME
 # Tests of an event's name alone, evaluated per distinct name of a scanned piece (Scanned).
-_NAME_TESTS = {"_comm_kernel": _COMM_KERNEL, "_op_name": _OP_NAME, "_comm_op": _COMM_OP}
+_NAME_TESTS = {"_device_detail": _DEVICE_DETAIL, "_op_name": _OP_NAME, "_comm_op": _COMM_OP}
 
 
 # The roles tabulated alike (code // 16, table, schema, which rows carry collective details);
 # CPU ops (2) and metadata (3) need more and are handled on their own.
 _DEVICE_ROLES = (
     (1, "runtime", RUNTIME_SCHEMA, None),
-    (0, "gpu", GPU_SCHEMA, _COMM_KERNEL),
+    (0, "gpu", GPU_SCHEMA, _DEVICE_DETAIL),
 )
 
 
@@ -1254,7 +1272,7 @@ _COLLECTIVE_SPAN_RE = re.compile(COLLECTIVE_SPAN)
 
 def _names(names: list[str]) -> pl.DataFrame:
     """One row per distinct name of a piece: the name and its _NAME_TESTS."""
-    kernel = [_COMM_KERNEL_RE.match(n) is not None for n in names]
+    device = [_COMM_KERNEL_RE.match(n) is not None or n == STREAM_WAIT for n in names]
     comm_op = [
         n.startswith(_PARAM_COMMS) or _COLLECTIVE_SPAN_RE.match(n) is not None for n in names
     ]
@@ -1266,14 +1284,14 @@ def _names(names: list[str]) -> pl.DataFrame:
     return pl.DataFrame(
         {
             "name": names,
-            "_comm_kernel": kernel,
+            "_device_detail": device,
             "_op_name": op_name,
             "_comm_op": comm_op,
             "_span": span,
         },
         schema={
             "name": _STR,
-            "_comm_kernel": pl.Boolean,
+            "_device_detail": pl.Boolean,
             "_op_name": pl.Boolean,
             "_comm_op": pl.Boolean,
             "_span": pl.UInt8,
@@ -1453,7 +1471,7 @@ def _scanned_frame(
             # Only the rows that lack a device/stream carry their host coordinates (_frame).
             col = pl.when(pl.col(fallback_for).is_null()).then(col).alias(key)
         cols.append(col)
-    rest = [k for k in _COLL if k in schema] if detail is not None else []
+    rest = [k for k in _DETAIL_FIELDS if k in schema] if detail is not None else []
     held = piece_.by_name(rows, detail) if rest and detail is not None else None
     fields = _scanned_details(piece_, held, schema, rest) if held is not None and held.any() else []
     # The collective columns in the same query as the others (no join of them afterwards).

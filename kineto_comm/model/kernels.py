@@ -7,6 +7,9 @@ Columns (`KERNEL_SCHEMA`; times are integer nanoseconds):
     start_ns, end_ns           when it ran
     correlation, external_id   links to the launching runtime call and CPU op
     launch_ns, launch_tid      when and on which CPU thread it was launched (null if unknown)
+    waits_for                  the correlation of the kernel of another stream that a stream
+                               wait recorded in the trace makes it wait for; -1: a recorded
+                               wait whose event the trace does not resolve; null: none
     step                       ProfilerStep number whose CPU window holds the launch (-1: none)
 
 CPU-only traces (gloo) have no device: their `gloo:*` spans become communication rows and
@@ -20,7 +23,7 @@ import polars as pl
 
 from kineto_comm.analysis.overlap import subtract_intervals
 from kineto_comm.lazy import collect
-from kineto_comm.load.decode import HOST_SPANS, RawTrace, parse_int
+from kineto_comm.load.decode import HOST_SPANS, STREAM_WAIT, SYNC_CAT, RawTrace, parse_int
 from kineto_comm.model.names import comm_kernel_expr
 
 KERNEL_SCHEMA: dict[str, pl.DataType] = {
@@ -35,6 +38,7 @@ KERNEL_SCHEMA: dict[str, pl.DataType] = {
     "external_id": pl.Int64(),
     "launch_ns": pl.Int64(),
     "launch_tid": pl.String(),
+    "waits_for": pl.Int64(),
 }
 KERNEL_COLUMNS = tuple(KERNEL_SCHEMA) + ("step",)
 KINDS = ("compute", "communication", "memcpy", "memset")
@@ -64,7 +68,12 @@ def build_kernels(raw: RawTrace, comm_patterns: tuple[str, ...] = ()) -> pl.Data
     """
     if raw.gpu.height == 0:
         return host_timeline(raw)
-    gpu = raw.gpu  # launch_ns and launch_tid: decode.RawTrace
+    # launch_ns and launch_tid: decode.RawTrace; the CUDA sync events are no device work.
+    sync = (pl.col("cat") == SYNC_CAT).fill_null(False)
+    synced = raw.gpu.select(sync.any()).item()
+    gpu = raw.gpu.filter(~sync) if synced else raw.gpu
+    if gpu.height == 0:
+        return host_timeline(raw)
     kind = (
         pl.when(pl.col("cat").is_in(["gpu_memcpy", "Memcpy"]))
         .then(pl.lit("memcpy"))
@@ -90,7 +99,83 @@ def build_kernels(raw: RawTrace, comm_patterns: tuple[str, ...] = ()) -> pl.Data
         pl.lit(None, dtype=pl.String).alias("arg_input_dims"),
         pl.lit(None, dtype=pl.String).alias("arg_input_type"),
     )
+    if synced:
+        waits = raw.gpu.lazy().filter(sync & (pl.col("name") == STREAM_WAIT))
+        query = _with_waits(
+            query,
+            waits.select(
+                "rank",
+                pl.coalesce(pl.col("device"), parse_int(pl.col("pid"))).alias("device"),
+                "stream",
+                "correlation",
+                "wait_on_stream",
+                "wait_on_corr",
+            ),
+        )
+    else:
+        query = query.with_columns(waits_for=pl.lit(None, dtype=pl.Int64))
     return collect(query.sort("rank", "start_ns", maintain_order=True))
+
+
+def _with_waits(kernels: pl.LazyFrame, waits: pl.LazyFrame) -> pl.LazyFrame:
+    """`kernels` with `waits_for`, from the trace's stream waits (`waits`: rank, device,
+    stream, correlation of the cudaStreamWaitEvent, wait_on_stream and wait_on_corr, the
+    stream and the cudaEventRecord call of the event waited on). CUDA orders a stream's work
+    by enqueueing, which the correlation ids number across the process's threads: the event
+    holds the work enqueued on its stream before it was recorded, so its kernel is the last
+    one there with a smaller correlation than the record; the wait holds back the next work
+    enqueued on the waiting stream, the first kernel there with a larger correlation than
+    the wait. A kernel held by several waits waits for the one whose kernel ends last; one
+    held only by waits whose event the trace does not resolve (-1 in both fields, as newer
+    CUDA stacks write them) gets -1."""
+    keys = ["rank", "device", "stream"]
+    ids = kernels.filter(pl.col("correlation").is_not_null()).select(*keys, "correlation", "end_ns")
+    waits = waits.filter(pl.col("stream") != pl.col("wait_on_stream"))
+    # The kernel each wait holds back ...
+    consumer = (
+        waits.sort("correlation")
+        .join_asof(
+            ids.select(*keys, _consumer="correlation").sort("_consumer"),
+            left_on="correlation",
+            right_on="_consumer",
+            by=keys,
+            strategy="forward",
+            allow_exact_matches=False,
+            check_sortedness=False,  # sorted above, within each group too
+        )
+        .filter(pl.col("_consumer").is_not_null())
+    )
+    resolved = (pl.col("wait_on_stream") >= 0) & (pl.col("wait_on_corr") >= 0)
+    # ... and the kernel its event was recorded after.
+    producer = (
+        consumer.filter(resolved)
+        .sort("wait_on_corr")
+        .join_asof(
+            ids.select(
+                "rank", "device", wait_on_stream="stream", _producer="correlation", _end="end_ns"
+            ).sort("_producer"),
+            left_on="wait_on_corr",
+            right_on="_producer",
+            by=["rank", "device", "wait_on_stream"],
+            strategy="backward",
+            allow_exact_matches=False,
+            check_sortedness=False,
+        )
+        .filter(pl.col("_producer").is_not_null())
+    )
+    unresolved = consumer.filter(~resolved.fill_null(False)).with_columns(
+        _producer=pl.lit(-1, dtype=pl.Int64), _end=pl.lit(None, dtype=pl.Int64)
+    )
+    edges = (
+        pl.concat([producer, unresolved], how="diagonal_relaxed")
+        .sort("_end", nulls_last=False)
+        .group_by("rank", "device", "_consumer")
+        .agg(waits_for=pl.col("_producer").last())
+        .rename({"_consumer": "correlation"})
+    )
+    return kernels.join(
+        edges, on=["rank", "device", "correlation"], how="left", maintain_order="left"
+    )
 
 
 def _blocked(training: pl.LazyFrame, wrappers: pl.Expr, comm: pl.DataFrame) -> pl.LazyFrame:
@@ -194,6 +279,7 @@ def host_timeline(raw: RawTrace) -> pl.DataFrame:
         pl.lit(None, dtype=pl.Int64).alias("external_id"),
         pl.lit(None, dtype=pl.Int64).alias("launch_ns"),
         pl.col("tid").alias("launch_tid"),
+        pl.lit(None, dtype=pl.Int64).alias("waits_for"),
         *[pl.col(c).alias(f"arg_{c}") for c in args],
     )
     return collect(query.sort("rank", "start_ns", maintain_order=True))
