@@ -151,6 +151,30 @@ def test_shipped_pp_sends_match_receives() -> None:
     assert set(sends.values()) == {12}
 
 
+def test_gloo_point_to_point_calls_are_paired_through_their_ops() -> None:
+    """gloo's send/recv annotations name no peer: the analyser takes it from the c10d op
+    that made each call (the k-th gloo:send of a rank is its k-th c10d::send), so every
+    transfer of the shipped pipeline capture has the peer its op's Concrete Inputs name,
+    and each send meets its peer's recv in one point-to-point instance."""
+    from kineto_comm import analyze
+
+    report = analyze(SAMPLES / "pp-4", jobs=1)
+    calls = report.collectives.filter(pl.col("collective").is_in(["send", "recv"]))
+    assert calls.height == 144 and calls["peer"].null_count() == 0
+    sent = calls.filter(pl.col("collective") == "send").group_by("rank", "peer").len()
+    assert set(sent.select("rank", "peer").iter_rows()) == {
+        (0, 1),
+        (1, 2),
+        (2, 3),
+        (1, 0),
+        (2, 1),
+        (3, 2),
+    }
+    p2p = report.collective_instances.filter(pl.col("collective") == "send_recv")
+    assert p2p.height == 72 and (p2p["key_kind"] == "p2p").all()
+    assert (p2p["ranks_seen"] == 2).all()
+
+
 @pytest.mark.parametrize("job", [SAMPLES / "ep-4", REPO / "tests" / "data" / "h100-nccl" / "ep-4"])
 def test_uneven_all_to_all_bytes_are_what_each_rank_sent_and_received(job: Path) -> None:
     """ep-4, gloo (sizes from the c10d op) and NCCL (all_to_allv's split sizes in the

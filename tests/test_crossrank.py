@@ -347,7 +347,7 @@ def test_match_keys_agree_with_a_row_by_row_reference_in_any_row_order(jobs):
     coll = coll.with_columns(
         # One group without sequence numbers (matched by call order) ...
         seq=pl.when(pl.col("process_group") == first_group).then(None).otherwise("seq"),
-        # ... and rank 0's sends without a peer (gloo records none: unpaired).
+        # ... and rank 0's sends without a peer (a trace that records none: unpaired).
         peer=pl.when(lose_peer).then(None).otherwise("peer"),
     )
     cols = ["rank", "start_ns", "instance", "key_kind", "key"]

@@ -5,8 +5,9 @@ A call is identified on every rank by a key that does not depend on clocks:
   or kernel args), plus the kernel's position among kernels with the same number;
 - `order`: otherwise its position among the rank's calls of the same (group, collective);
 - point-to-point transfers are keyed by direction (sender -> receiver, from `peer`) and
-  their position among the transfers in that direction, so a send meets its recv; without
-  a peer (gloo traces record none) a transfer cannot be paired and stays alone (`unpaired`).
+  their position among the transfers in that direction, so a send meets its recv (gloo
+  traces record the peer only in the c10d op's Concrete Inputs, read by the collectives
+  model); without a peer a transfer cannot be paired and stays alone (`unpaired`).
 Unequal call counts simply leave some instances seen by fewer ranks (`ranks_seen`), which
 is reported, never an error.
 

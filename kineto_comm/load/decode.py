@@ -173,6 +173,7 @@ class ShapeArgs(msgspec.Struct, gc=False):
 
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Concrete Inputs")
 
 
 class ShapeEvent(msgspec.Struct, gc=False):
@@ -245,8 +246,16 @@ _NCCL_SPANS = ("nccl:", "xccl:")
 # The c10d ops whose Input Dims give the output and the input size of a call ([output,
 # input, ...]): the only record of the output (received) size in traces whose
 # record_param_comms carry no sizes, and in gloo traces (uneven all-to-all receives what
-# it does not send). Kept in the ops table (and in the host table, where one is kept).
-SIZED_C10D = ("c10d::alltoall_base_", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_")
+# it does not send). Kept in the ops table (and in the host table, where one is kept). The
+# point-to-point ops are kept for their Concrete Inputs, whose third entry is the peer (the
+# group rank sent to or received from): gloo traces record it nowhere else.
+SIZED_C10D = (
+    "c10d::alltoall_base_",
+    "c10d::_allgather_base_",
+    "c10d::_reduce_scatter_base_",
+    "c10d::send",
+    "c10d::recv_",
+)
 _ANNOTATION_PREFIXES = tuple(b'"' + p.encode() for p in (*_NCCL_SPANS, *HOST_SPANS, "c10d::"))
 # Of the c10d ops, only the sized ones (one pass over the bytes for all of them).
 _SIZED_NAMES = tuple(b'"' + p.encode() + b'"' for p in SIZED_C10D)
@@ -303,6 +312,7 @@ OPS_SCHEMA = {
     **_COLL,
     "input_dims": _STR,
     "input_type": _STR,
+    "concrete_inputs": _STR,  # the c10d ops' only (SIZED_C10D)
 }
 HOST_SCHEMA = {**_COMMON, "cat": _STR, "name": _STR}
 _INT_LIKE = frozenset({"pid", "tid", "pg_name"})
@@ -863,11 +873,12 @@ _ARG_ATTRS = {
 _FALLBACK = {"pid": "device", "tid": "stream"}
 
 
-_SHAPE_COLUMNS = ("input_dims", "input_type")
+_SHAPE_COLUMNS = ("input_dims", "input_type", "concrete_inputs")
 
 
 def _shapes(buf: bytearray | bytes, start: int, end: int) -> pl.DataFrame:
-    """`Input Dims` / `Input type` of the communication annotations in buf[start:end].
+    """`Input Dims` / `Input type` of the communication annotations in buf[start:end], and
+    the `Concrete Inputs` of the c10d ops among them.
 
     Each annotation is found by its name; its event runs from the last `{` before the name
     (Kineto writes `name` before `args`, and nothing before it nests) to the next event
@@ -888,10 +899,13 @@ def _shapes(buf: bytearray | bytes, start: int, end: int) -> pl.DataFrame:
             continue
         dims = bytes(ev.args.input_dims).decode("utf-8", "replace") or None
         kind = bytes(ev.args.input_type).decode("utf-8", "replace") or None
-        rows.append((ev.name, ev.tid, ev.ts, dims, kind))
+        values = None
+        if ev.name is not None and ev.name.startswith("c10d::"):
+            values = bytes(ev.args.concrete_inputs).decode("utf-8", "replace") or None
+        rows.append((ev.name, ev.tid, ev.ts, dims, kind, values))
     if not rows:
         return pl.DataFrame()
-    names, tids, tss, dims, kinds = map(list, zip(*rows, strict=True))
+    names, tids, tss, dims, kinds, values = map(list, zip(*rows, strict=True))
     return pl.DataFrame(
         [
             _series("name", names, _STR),
@@ -899,6 +913,7 @@ def _shapes(buf: bytearray | bytes, start: int, end: int) -> pl.DataFrame:
             _series("ts_us", tss, _F64),
             pl.Series("input_dims", dims, dtype=_STR),
             pl.Series("input_type", kinds, dtype=_STR),
+            pl.Series("concrete_inputs", values, dtype=_STR),
         ]
     ).unique(subset=["name", "tid", "ts_us"], keep="first")
 

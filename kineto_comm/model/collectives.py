@@ -162,6 +162,13 @@ _PEER = (
     .then(pl.col("_src"))
     .otherwise(pl.coalesce("_dst", "_src"))
 )
+# Else the c10d op's peer, a rank of the call's group (_with_c10d_sizes), as a global rank.
+_PEER_OF_OP = (
+    pl.col("pg_ranks")
+    .str.extract_all(r"-?\d+")
+    .list.get(pl.col("_group_peer"), null_on_oob=True)
+    .cast(pl.Int64, strict=False)
+)
 _SIZES = {
     "in_bytes": pl.col("in_nelems") * dtype_bytes(pl.col("dtype")),
     "out_bytes": pl.col("out_nelems") * dtype_bytes(pl.col("dtype")),
@@ -211,7 +218,8 @@ def build_collectives(
             group_size=pl.coalesce("group_size", "_pg_size"),
             pg_desc=pl.coalesce("pg_desc", "_pg_desc"),
         )
-    out = out.with_columns(peer=_PEER).with_columns(**_SIZES).with_columns(bytes=_BYTES)
+    out = out.with_columns(peer=pl.coalesce(_PEER, _PEER_OF_OP)).drop("_group_peer")
+    out = out.with_columns(**_SIZES).with_columns(bytes=_BYTES)
     # Calls that start together are ordered by launch, end and stream: the joins above keep
     # no order, and a file must get the same table alone or modelled with others.
     out = out.sort(
@@ -225,7 +233,16 @@ _C10D_COLLECTIVE = {
     "c10d::alltoall_base_": "all_to_all",
     "c10d::_allgather_base_": "all_gather",
     "c10d::_reduce_scatter_base_": "reduce_scatter",
+    "c10d::send": "send",
+    "c10d::recv_": "recv",
 }
+# The third of a point-to-point op's Concrete Inputs (tensors, group, peer, tag): the peer's
+# rank in the call's group.
+_GROUP_PEER = (
+    pl.col("concrete_inputs")
+    .str.extract(r'^\s*\[\s*"[^"]*"\s*,\s*"[^"]*"\s*,\s*"(\d+)"', 1)
+    .cast(pl.Int64, strict=False)
+)
 
 
 def _with_c10d_sizes(calls: pl.LazyFrame, c10d: pl.LazyFrame) -> pl.LazyFrame:
@@ -234,15 +251,19 @@ def _with_c10d_sizes(calls: pl.LazyFrame, c10d: pl.LazyFrame) -> pl.LazyFrame:
     what a rank receives, is recorded nowhere else in older and gloo traces). A kernel's op
     encloses its launch; a host backend (gloo) runs the call on its own thread after the op
     returned, in the order the ops were issued, so there the k-th call of a collective on a
-    rank is its k-th op of that collective. An op of another collective gives nothing."""
+    rank is its k-th op of that collective. An op of another collective gives nothing.
+    A point-to-point op gives no size (its annotation has it) but the peer's group rank
+    (`_group_peer`, its Concrete Inputs: gloo traces record the peer nowhere else)."""
+    p2p = pl.col("name").is_in(["c10d::send", "c10d::recv_"])
     ops = c10d.select(
         "rank",
         "tid",
         "start_ns",
         "end_ns",
         pl.col("name").replace_strict(_C10D_COLLECTIVE, default=None).alias("_coll"),
-        nth_tensor_numel(pl.col("input_dims"), 0).alias("_out"),
-        nth_tensor_numel(pl.col("input_dims"), 1).alias("_in"),
+        pl.when(~p2p).then(nth_tensor_numel(pl.col("input_dims"), 0)).alias("_out"),
+        pl.when(~p2p).then(nth_tensor_numel(pl.col("input_dims"), 1)).alias("_in"),
+        pl.when(p2p).then(_GROUP_PEER).alias("_peer"),
     )
     nth = pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "_coll", order_by="start_ns")
     key = ["rank", "start_ns", "end_ns", "launch_tid", "_coll"]
@@ -251,12 +272,12 @@ def _with_c10d_sizes(calls: pl.LazyFrame, c10d: pl.LazyFrame) -> pl.LazyFrame:
         .select("rank", "start_ns", "end_ns", "launch_tid", _coll="collective")
         .with_columns(_nth=nth)
         .join(ops.with_columns(_nth=nth), on=["rank", "_coll", "_nth"], how="inner")
-        .select(*key, h_out="_out", h_in="_in")
+        .select(*key, h_out="_out", h_in="_in", h_peer="_peer")
         .unique(key, keep="first")
     )
     same = pl.col("c10d_coll") == pl.col("collective")
     return (
-        _enclosing(calls, ops, ["_coll", "_out", "_in"], "c10d")
+        _enclosing(calls, ops, ["_coll", "_out", "_in", "_peer"], "c10d")
         .with_columns(_coll="collective")
         .join(host, on=key, how="left")
         .with_columns(
@@ -267,8 +288,9 @@ def _with_c10d_sizes(calls: pl.LazyFrame, c10d: pl.LazyFrame) -> pl.LazyFrame:
                 "in_nelems",
             ),
             out_nelems=pl.coalesce("out_nelems", pl.when(same).then("c10d_out").otherwise("h_out")),
+            _group_peer=pl.when(same).then("c10d_peer").otherwise("h_peer"),
         )
-        .drop("c10d_coll", "c10d_out", "c10d_in", "_coll", "h_out", "h_in")
+        .drop("c10d_coll", "c10d_out", "c10d_in", "c10d_peer", "_coll", "h_out", "h_in", "h_peer")
     )
 
 
