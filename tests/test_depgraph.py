@@ -91,25 +91,38 @@ def test_recorded_stream_waits_are_the_edges(tmp_path: Path) -> None:
     """A trace with CUDA sync events (torch.profiler enable_cuda_sync_events) names the
     stream waits: the wait holds back the next kernel enqueued on its stream (by
     correlation, across host threads), for the last kernel enqueued on the recording stream
-    before the cudaEventRecord; a kernel no wait held back waited for nothing, however late
-    it started; one held by a wait the trace does not resolve (-1) is left to the rule."""
+    before the cudaEventRecord (of several waits, the one whose kernel ends last); a kernel
+    no wait held back waited for nothing, however late it started; one held by a wait the
+    trace does not resolve (-1) is left to the rule."""
     events = [
-        kernel("A", 0, 10, stream=7, corr=1),  # compute stream
-        kernel("B", 0, 30, stream=20, corr=2),  # side stream, launched by another thread
-        kernel("C", 30, 20, stream=20, corr=4),  # after the event's record: not waited for
-        kernel("D", 31, 5, stream=7, corr=6),  # held by the wait (corr 5) for B
-        kernel("E", 45, 5, stream=7, corr=7),  # starts late, no wait recorded before it
-        kernel("F", 60, 5, stream=20, corr=9),  # held by an unresolved wait (corr 8)
-        kernel("G", 56, 2, stream=7, corr=10),
-        _wait(3, 5, stream=7, on_stream=20, record=3),
-        _wait(4, 8, stream=20, on_stream=-1, record=-1),
+        kernel("A", 0, 10, stream=7, corr=10),  # compute stream
+        kernel("B", 0, 30, stream=20, corr=20),  # side stream, launched by another thread
+        kernel("X", 0, 25, stream=21, corr=15),  # a third stream, ends before B
+        kernel("C", 30, 20, stream=20, corr=40),  # after the event's record: not waited for
+        kernel("D", 31, 5, stream=7, corr=60),  # held by two waits: for X and for B
+        kernel("E", 45, 5, stream=7, corr=70),  # starts late, no wait recorded before it
+        kernel("F", 60, 5, stream=20, corr=90),  # held by an unresolved wait (corr 80)
+        kernel("G", 56, 2, stream=7, corr=100),
+        _wait(3, 50, stream=7, on_stream=20, record=30),
+        _wait(3, 55, stream=7, on_stream=21, record=35),
+        _wait(4, 80, stream=20, on_stream=-1, record=-1),
     ]
-    events += [launch(0, 1), launch(0, 2, tid=200), launch(1, 3, tid=200), launch(1, 4, tid=200)]
-    events += [launch(2, 6), launch(3, 7), launch(4, 9, tid=200), launch(5, 10)]
+    events += [launch(0, 10), launch(0, 20, tid=200), launch(0, 15, tid=300)]
+    events += [launch(1, 40, tid=200), launch(2, 60), launch(3, 70), launch(4, 90, tid=200)]
+    events += [launch(5, 100)]
     report = analyze(write_trace(tmp_path / "sync.json", events), jobs=1)
     k = report.kernels
     waits = dict(zip(k["name"].to_list(), k["waits_for"].to_list(), strict=True))
-    assert waits == {"A": None, "B": None, "C": None, "D": 2, "E": None, "F": -1, "G": None}
+    assert waits == {
+        "A": None,
+        "B": None,
+        "X": None,
+        "C": None,
+        "D": 20,
+        "E": None,
+        "F": -1,
+        "G": None,
+    }
     g = {r["name"]: r for r in depgraph.rank_graph(k).iter_rows(named=True)}
     idx = {r["name"]: r["idx"] for r in g.values()}
     assert g["D"]["via"] == "stream_wait" and g["D"]["pred_idx"] == idx["B"]

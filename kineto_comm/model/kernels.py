@@ -168,9 +168,8 @@ def _with_waits(kernels: pl.LazyFrame, waits: pl.LazyFrame) -> pl.LazyFrame:
     )
     edges = (
         pl.concat([producer, unresolved], how="diagonal_relaxed")
-        .sort("_end", nulls_last=False)
         .group_by("rank", "device", "_consumer")
-        .agg(waits_for=pl.col("_producer").last())
+        .agg(waits_for=pl.col("_producer").sort_by("_end", nulls_last=False).last())
         .rename({"_consumer": "correlation"})
     )
     return kernels.join(
