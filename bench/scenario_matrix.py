@@ -1,0 +1,95 @@
+"""Every synth scenario with an injected cause, on every layout it applies to, at 4 and 8
+ranks: the cause's share of the step (truth.json), where the matching finding ranks, its
+severity, and its replayed saving against truth's impact (issue 51's acceptance: first, and
+within 10%). By hand, not in the tests (a few minutes); the tests hold the cases that pass.
+
+    python3 bench/scenario_matrix.py [--ranks 4 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from kineto_comm import analyze
+from kineto_comm.rules_engine import run_rules
+from kineto_comm.synth import Hardware, ModelConfig, generate
+
+# The tests' small model on a slow GPU (tests/test_rules_builtin.py): seconds per job.
+MODEL = ModelConfig(layers=4, hidden=512, seq=512, micro_batch=2, vocab=2048, bucket_mb=2.0)
+HARDWARE = Hardware(tflops=10.0)
+CODES = {
+    "exposed-allreduce": ("COMM101", "COMM102"),
+    "straggler": ("SYNC101",),
+    "small-messages": ("COMM201",),
+    "slow-link": ("NET101",),
+    "bubble": ("PIPE101",),
+}
+LAYOUTS = ("dp", "tp-dp", "fsdp", "pp-dp")
+CANONICAL = {"allreduce": "all_reduce", "_reduce_scatter_base": "reduce_scatter"}
+
+
+def is_the_cause(finding, problem: dict) -> bool:
+    """The finding about the injected cause (not a standing one of the same rule, such as
+    a tp-dp job's tensor-parallel all-reduces)."""
+    if "collective" in problem:
+        wanted = CANONICAL.get(problem["collective"], problem["collective"])
+        return (
+            finding.evidence.get("collective") == wanted
+            and finding.evidence.get("role") != "tensor_parallel"
+        )
+    if "pg_name" in problem:
+        return finding.process_group == problem["pg_name"]
+    return True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
+    args = ap.parse_args()
+    for scenario, codes in CODES.items():
+        for layout in LAYOUTS:
+            for ranks in args.ranks:
+                label = f"{scenario:18} {layout:6} {ranks:2}"
+                out = Path(tempfile.mkdtemp())
+                try:
+                    truth = generate(
+                        scenario,
+                        out,
+                        ranks=ranks,
+                        layout=layout,
+                        steps=3,
+                        model=MODEL,
+                        hardware=HARDWARE,
+                    )
+                except ValueError as exc:  # a scenario that does not apply to the layout
+                    print(f"{label}: -- {exc}")
+                    continue
+                if truth["layout"] != layout:
+                    print(f"{label}: -- generated as {truth['layout']}")
+                    continue
+                report = analyze(out, jobs=1)
+                options = (
+                    {"NET101": {"link_busbw_gbps": 100.0}} if scenario == "slow-link" else None
+                )
+                findings = run_rules(report, options=options)
+                expected = truth["problems"][0]["impact_ns_per_step"]
+                step = report.step_times.filter("complete")["step_ns"].mean()
+                share = f"truth {expected / step:6.1%} of the step"
+                problem = truth["problems"][0]
+                match = [f for f in findings if f.code in codes and is_the_cause(f, problem)]
+                if not match:
+                    print(f"{label}: {share}; no {'/'.join(codes)} finding")
+                    continue
+                f = match[0]
+                place = findings.index(f) + 1
+                error = (f.impact_ns_per_step - expected) / max(expected, 1)
+                above = "" if place == 1 else f" (first: {findings[0].code})"
+                print(
+                    f"{label}: {share}; {f.code} #{place} {f.severity.name:7} {error:+7.1%}{above}"
+                )
+
+
+if __name__ == "__main__":
+    main()
