@@ -382,6 +382,7 @@ CATS = [
     "Kernel",
     "Runtime",
     "gpu_memcpy",
+    "cuda_sync",
     "ac2g",
     "python_function",
     "Trace",
@@ -396,6 +397,8 @@ NAMES = [
     "cudaLaunchKernel",
     "gemm",
     "thread_name",
+    "Stream Wait Event",
+    "c10d::send",
 ]
 
 
@@ -408,6 +411,8 @@ def _random_event(rng: random.Random, odd: float = 0.0) -> dict[str, Any]:
     args = {"External id": rng.randrange(1, 50), "correlation": rng.randrange(1, 50)}
     if rng.random() < 0.5:
         args |= {"device": 0, "stream": rng.choice([7, 13])}
+    if rng.random() < 0.2:
+        args |= {"wait_on_stream": rng.choice([-1, 7, 13]), "wait_on_cuda_event_record_corr_id": 9}
     if rng.random() < 0.3:
         args |= {
             "Collective name": "allreduce",
