@@ -244,9 +244,12 @@ def run_worker(rank: int, cfg: CaptureConfig, *, init_method: str) -> Path:
         # stream waited for which (cudaStreamWaitEvent), read by the dependency graph.
         experimental = None
         if device.type == "cuda":
-            from torch._C._profiler import _ExperimentalConfig
+            try:  # a private API: a torch without it records the trace without them
+                from torch._C._profiler import _ExperimentalConfig
 
-            experimental = _ExperimentalConfig(enable_cuda_sync_events=True)
+                experimental = _ExperimentalConfig(enable_cuda_sync_events=True)
+            except (ImportError, TypeError):
+                experimental = None
         with profile(
             activities=activities,
             schedule=schedule(wait=_WAIT, warmup=_WARMUP, active=cfg.steps, repeat=1),
