@@ -56,6 +56,7 @@ __all__ = [
     "hosts_of",
     "impact_per_step",
     "in_rank_order",
+    "launch_floor",
     "make_finding",
     "mean_step_ns",
     "median_of_counts",
@@ -640,6 +641,33 @@ def rank_lateness(tables: Tables, where: pl.Expr | None = None) -> pl.DataFrame:
     if where is not None:
         blame = blame.filter(where)
     return tables.collect(steptime.lateness(blame))
+
+
+def launch_floor(tables: Tables, removals: pl.DataFrame) -> pl.DataFrame:
+    """rank, step, removed_ns, allowed_ns, share: per window, what a fix that leaves the
+    CPU's launches where they are can take out of it (steptime.launch_floor: no kernel
+    starts before its launch), from `removals` (rank, step, at_ns, remove_ns: time the fix
+    takes out at `at_ns`, such as a call's end); `share` = allowed / removed, to scale an
+    Edit's per-window fraction. Reads the kernels of those ranks only."""
+    schema = {
+        "rank": pl.Int64,
+        "step": pl.Int64,
+        "removed_ns": pl.Float64,
+        "allowed_ns": pl.Float64,
+        "share": pl.Float64,
+    }
+    if removals.height == 0 or not tables.has("kernels", "launch_ns"):
+        return pl.DataFrame(schema=schema)
+    ranks = removals["rank"].cast(pl.Int64).unique().implode()
+    kernels = tables.lazy("kernels", ["rank", "step", "start_ns", "launch_ns"]).filter(
+        pl.col("rank").cast(pl.Int64).is_in(ranks)
+    )
+    floor = tables.collect(steptime.launch_floor(kernels, removals))
+    return floor.with_columns(
+        share=pl.when(pl.col("removed_ns") > 0)
+        .then(pl.col("allowed_ns") / pl.col("removed_ns"))
+        .otherwise(1.0)
+    ).select(*[pl.col(c).cast(t) for c, t in schema.items()])
 
 
 def replay_saving(tables: Tables, *edits: Edit) -> int:

@@ -14,6 +14,7 @@ from kineto_comm.rules_api import (
     busbw_factor,
     collective_exposure_lazy,
     impact_per_step,
+    launch_floor,
     make_finding,
     mean_step_ns,
     replay_saving,
@@ -49,7 +50,10 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     with `link_busbw_gbps` or, when that is not given, the best median of the groups with the
     same role and collective. A group below `min_ratio` of that reference is reported; the
     impact is the replayed saving of its calls at the reference bandwidth: each call ends
-    earlier by the time it saves, so its exposed tail shrinks by at most that. Against the
+    earlier by the time it saves, so its exposed tail shrinks by at most that, and the
+    work after it starts earlier only as far as the CPU launched it (the CPU's launches
+    stay where they are: a job whose device waits for its CPU once links are fast saves
+    less; rules_api.launch_floor). Against the
     link, where the group's large calls come in sizes 1.5x apart or more, a line through
     their times (latency + bytes / bandwidth) gives the latency that a call at link speed
     still pays (evidence `latency_ns`, `fitted_busbw_gbps`); with one size the latency
@@ -73,7 +77,7 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
     """NET101 on the collectives (point-to-point calls are _p2p_findings')."""
     if not tables.has("collectives"):
         return []
-    used = ("rank", "step", "process_group", "collective", "call_index", "bytes")
+    used = ("rank", "step", "process_group", "collective", "call_index", "bytes", "end_ns")
 
     def big_calls(view: Tables) -> pl.LazyFrame:
         exp = collective_exposure_lazy(view, transfer_only=True).select(
@@ -150,6 +154,23 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
     step_ns = mean_step_ns(tables)
     # Per rank, step and collective of a slow group: the share of its exposed transfer the
     # faster calls save (the blame's transfer rows are per rank, step and collective).
+    # The CPU launches as before: a window shrinks only as far as its kernels' launches
+    # let them move (launch_floor), per group.
+    lost_at = tables.collect(
+        slow_calls(tables)
+        .filter(pl.col("lost") > 0)
+        .select("process_group", "rank", "step", at_ns="end_ns", remove_ns="lost")
+    )
+    floors = pl.concat(
+        [
+            launch_floor(tables, rows.drop("process_group")).with_columns(
+                process_group=pl.lit(group, dtype=pl.String)
+            )
+            for (group,), rows in lost_at.group_by(["process_group"])
+        ]
+        or [pl.DataFrame(schema={"process_group": pl.String, "rank": pl.Int64, "step": pl.Int64})],
+        how="diagonal_relaxed",
+    )
     shares = tables.collect(
         slow_calls(tables)
         .group_by("process_group", "rank", "step", "collective")
@@ -160,6 +181,17 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
             .otherwise(0.0),
         )
     )
+    if "share" in floors.columns:
+        shares = shares.join(
+            floors.select(
+                pl.col("process_group").cast(shares.schema["process_group"]),
+                pl.col("rank").cast(shares.schema["rank"]),
+                pl.col("step").cast(shares.schema["step"]),
+                "share",
+            ),
+            on=["process_group", "rank", "step"],
+            how="left",
+        ).with_columns(_share=pl.col("_share") * pl.col("share").fill_null(1.0))
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
         fit = fits.get(c["process_group"])
@@ -172,7 +204,7 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
         )
         edit = Edit(
             f"run group {c['process_group']}'s {', '.join(c['collective'])} at "
-            f"{c['reference']:.1f} GB/s bus bandwidth",
+            f"{c['reference']:.1f} GB/s bus bandwidth (the CPU's launches unchanged)",
             (pl.col("category") == "transfer")
             & (pl.col("process_group") == c["process_group"])
             & pl.col("collective").is_in(list(c["collective"])),

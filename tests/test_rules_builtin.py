@@ -405,6 +405,10 @@ REPLAY_SCENARIOS = [
     ("small-messages", "pp-dp", 8, "COMM201", {}),
     ("slow-link", "dp", 4, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
     ("slow-link", "dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
+    # FSDP's gathers and scatters at link speed: the device then waits for the CPU's
+    # launches (steptime.launch_floor), which the replay keeps.
+    ("slow-link", "fsdp", 4, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
+    ("slow-link", "fsdp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
     # A pipeline group's point-to-point transfers: against the other pipeline's (the link
     # speed is not their reference: latency-bound micro-batch messages).
     ("slow-link", "pp-dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),

@@ -272,3 +272,36 @@ def test_the_blame_names_the_late_rank_the_instances_name(job: str) -> None:
     keys = ["rank", "step", "process_group", "late_rank"]
     stray = blame.select(keys).unique().join(named, on=keys, how="anti")
     assert stray.height == 0, stray
+
+
+def test_a_fix_that_keeps_the_launches_moves_no_kernel_before_its_launch() -> None:
+    """launch_floor: time taken out of a window at a point lets the kernels after it start
+    earlier, none before its launch. One window: 100 us taken out at 10 us; the kernel
+    starting at 20 us was launched 30 us before it (slack 30), so the window loses 30 plus
+    the 5 us taken out after that kernel starts; a second window, whose kernels were
+    launched long before, loses all it is given."""
+    kernels = pl.DataFrame(
+        {
+            "rank": [0, 0, 0, 1],
+            "step": [0, 0, 0, 0],
+            "start_ns": [0, 20_000, 60_000, 20_000],
+            "launch_ns": [0, -10_000, 0, -1_000_000],
+        }
+    )
+    removals = pl.DataFrame(
+        {
+            "rank": [0, 0, 1],
+            "step": [0, 0, 0],
+            "at_ns": [10_000, 40_000, 10_000],
+            "remove_ns": [100_000, 5_000, 50_000],
+        }
+    )
+    floor = steptime.launch_floor(kernels.lazy(), removals).collect().sort("rank")
+    assert floor["removed_ns"].to_list() == [105_000.0, 50_000.0]
+    # rank 0: the kernel at 20 us passes on its 30 us slack and the 5 us after it starts;
+    # the kernel at 0 us starts before any removal (0 + 105 us does not bind), the one at
+    # 60 us has 60 us of slack and nothing after it (60 us: binds less than 35 us).
+    assert floor["allowed_ns"].to_list() == [35_000.0, 50_000.0]
+    # No removal: nothing to bound.
+    none = steptime.launch_floor(kernels.lazy(), removals.clear()).collect()
+    assert none.height == 0

@@ -53,6 +53,12 @@ and a gain coming back around a cycle of waits is not counted twice).
 Several edits replayed together remove, from each row, the largest share any of them
 removes (never more than the row), so the joint saving never exceeds the step.
 
+**Launches.** A fix that leaves the CPU's launches where they are (a faster link) cannot
+move a kernel before its launch: `launch_floor` bounds what such a fix takes out of a
+window, from where the time comes out (a call's end) and each kernel's slack (start less
+launch). A rule scales its edit's per-window share by it (NET101); a device that waited
+for its CPU only after the fix shows there, where the blame alone would claim the time.
+
 Pure functions of tables: Polars in, Polars out, no I/O.
 """
 
@@ -575,6 +581,69 @@ def saving(blame: pl.DataFrame | pl.LazyFrame, times: pl.DataFrame, edits: Seque
     if not edits:
         return 0
     return max(0, min(base, base - replay(blame, times, edits)))
+
+
+def launch_floor(kernels: pl.LazyFrame, removals: pl.DataFrame) -> pl.LazyFrame:
+    """rank, step, removed_ns, allowed_ns: per window, what a fix that leaves the CPU's
+    launches where they are can take out of it. `removals`: rank, step, at_ns, remove_ns,
+    time a fix takes out of the window at `at_ns` (a call that ends earlier: at its end);
+    `kernels`: rank, step, start_ns, launch_ns. What is taken out at p lets the kernels
+    that start at or after p start earlier, but none before its launch: a kernel k of slack
+    start_k - launch_k passes on at most its slack plus what is taken out after it starts,
+    so the window shrinks by min(all removals, min over k of slack_k + removals after
+    start_k)."""
+    keys = ["rank", "step"]
+    r = removals.lazy().select(
+        pl.col("rank").cast(pl.Int64),
+        pl.col("step").cast(pl.Int64),
+        pl.col("at_ns").cast(pl.Int64),
+        pl.col("remove_ns").cast(pl.Float64),
+    )
+    total = r.group_by(keys).agg(removed_ns=pl.col("remove_ns").sum())
+    # What is taken out at or after each point, per window, from the last point back.
+    after = (
+        r.sort(*keys, "at_ns", descending=[False, False, True])
+        .with_columns(_after=pl.col("remove_ns").cum_sum().over(keys))
+        .sort("at_ns")
+        .select(*keys, "at_ns", "_after")
+    )
+    # Only a kernel whose slack is below the window's removal can bind: the others are
+    # left out before the sort (most, where the CPU runs ahead of the device).
+    slack = (
+        kernels.filter(pl.col("launch_ns").is_not_null())
+        .select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            "start_ns",
+            _slack=(pl.col("start_ns") - pl.col("launch_ns")).clip(lower_bound=0).cast(pl.Float64),
+        )
+        .join(total, on=keys, how="inner")
+        .filter(pl.col("_slack") < pl.col("removed_ns"))
+        .drop("removed_ns")
+        .sort("start_ns")
+    )
+    # Per kernel, what is taken out strictly after it starts (the first point after it).
+    bound = (
+        slack.join_asof(
+            after,
+            left_on="start_ns",
+            right_on="at_ns",
+            by=keys,
+            strategy="forward",
+            allow_exact_matches=False,
+            check_sortedness=False,
+        )
+        .with_columns(_bound=pl.col("_slack") + pl.col("_after").fill_null(0.0))
+        .group_by(keys)
+        .agg(_floor=pl.col("_bound").min())
+    )
+    return (
+        total.join(bound, on=keys, how="left")
+        .with_columns(
+            allowed_ns=pl.min_horizontal("removed_ns", pl.col("_floor").fill_null(float("inf")))
+        )
+        .drop("_floor")
+    )
 
 
 def lateness(blame: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
