@@ -19,6 +19,7 @@ from kineto_comm.synth import Hardware, ModelConfig, generate
 # The tests' small model on a slow GPU (tests/test_rules_builtin.py): seconds per job.
 MODEL = ModelConfig(layers=4, hidden=512, seq=512, micro_batch=2, vocab=2048, bucket_mb=2.0)
 HARDWARE = Hardware(tflops=10.0)
+JOB = {"steps": 3, "model": MODEL, "hardware": HARDWARE}
 CODES = {
     "exposed-allreduce": ("COMM101", "COMM102"),
     "straggler": ("SYNC101",),
@@ -54,15 +55,7 @@ def main() -> None:
                 label = f"{scenario:18} {layout:6} {ranks:2}"
                 out = Path(tempfile.mkdtemp())
                 try:
-                    truth = generate(
-                        scenario,
-                        out,
-                        ranks=ranks,
-                        layout=layout,
-                        steps=3,
-                        model=MODEL,
-                        hardware=HARDWARE,
-                    )
+                    truth = generate(scenario, out, ranks=ranks, layout=layout, **JOB)
                 except ValueError as exc:  # a scenario that does not apply to the layout
                     print(f"{label}: -- {exc}")
                     continue
