@@ -152,28 +152,22 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
         on="process_group",
     )
     step_ns = mean_step_ns(tables)
-    # Per rank, step and collective of a slow group: the share of its exposed transfer the
-    # faster calls save (the blame's transfer rows are per rank, step and collective).
-    # The CPU launches as before: a window shrinks only as far as its kernels' launches
-    # let them move (launch_floor), per group.
-    lost_at = tables.collect(
-        slow_calls(tables)
-        .filter(pl.col("lost") > 0)
-        .select("process_group", "rank", "step", at_ns="end_ns", remove_ns="lost")
+    # The slow groups' calls, read once: per rank, step and collective, the share of the
+    # exposed transfer the faster calls save (the blame's transfer rows are per rank, step
+    # and collective), and where each saves it (a call's end), for the launch floor.
+    calls = tables.collect(
+        slow_calls(tables).select(
+            pl.col("process_group").cast(pl.String),
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            pl.col("collective").cast(pl.String),
+            "end_ns",
+            "lost",
+            "exposed_ns",
+        )
     )
-    floors = pl.concat(
-        [
-            launch_floor(tables, rows.drop("process_group")).with_columns(
-                process_group=pl.lit(group, dtype=pl.String)
-            )
-            for (group,), rows in lost_at.group_by(["process_group"])
-        ]
-        or [pl.DataFrame(schema={"process_group": pl.String, "rank": pl.Int64, "step": pl.Int64})],
-        how="diagonal_relaxed",
-    )
-    shares = tables.collect(
-        slow_calls(tables)
-        .group_by("process_group", "rank", "step", "collective")
+    shares = (
+        calls.group_by("process_group", "rank", "step", "collective")
         .agg(_lost=pl.col("lost").sum(), _exposed=pl.col("exposed_ns").sum())
         .with_columns(
             _share=pl.when(pl.col("_exposed") > 0)
@@ -181,26 +175,28 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
             .otherwise(0.0),
         )
     )
-    if "share" in floors.columns:
-        shares = shares.join(
-            floors.select(
-                pl.col("process_group").cast(shares.schema["process_group"]),
-                pl.col("rank").cast(shares.schema["rank"]),
-                pl.col("step").cast(shares.schema["step"]),
-                "share",
-            ),
-            on=["process_group", "rank", "step"],
-            how="left",
-        ).with_columns(_share=pl.col("_share") * pl.col("share").fill_null(1.0))
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
         fit = fits.get(c["process_group"])
+        mine = pl.col("process_group") == c["process_group"]
+        # The CPU launches as before: a window shrinks only as far as its kernels' launches
+        # let them move (launch_floor).
+        floor = launch_floor(
+            tables,
+            calls.filter(mine & (pl.col("lost") > 0)).select(
+                "rank", "step", at_ns="end_ns", remove_ns="lost"
+            ),
+        )
         # A share per (rank, step, collective) of the group's transfer rows, joined on them.
-        fraction = shares.filter(pl.col("process_group") == c["process_group"]).select(
-            pl.col("rank").cast(pl.Int64),
-            pl.col("step").cast(pl.Int64),
-            pl.col("collective").cast(pl.String),
-            fraction="_share",
+        fraction = (
+            shares.filter(mine)
+            .join(floor.select("rank", "step", "share"), on=["rank", "step"], how="left")
+            .select(
+                "rank",
+                "step",
+                "collective",
+                fraction=pl.col("_share") * pl.col("share").fill_null(1.0),
+            )
         )
         edit = Edit(
             f"run group {c['process_group']}'s {', '.join(c['collective'])} at "
