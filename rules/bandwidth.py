@@ -144,7 +144,7 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
 
     causes = impact_per_step(slow_calls, "lost", ["process_group"], tables=tables).join(
         slow.group_by("process_group").agg(
-            pl.col("collective"),
+            pl.col("collective").sort(),  # in one order, whatever the grouping's
             pl.col("median_busbw").min(),
             pl.col("reference").max(),
             pl.col("role").first(),
