@@ -503,6 +503,9 @@ def _graph_loader(tables: Tables) -> Any:
     from kineto_comm.analysis import depgraph
 
     kcols = ("rank", "stream", "kind", "name", "start_ns", "end_ns", "launch_ns")
+    # The stream waits the trace records (kernels.waits_for, named by correlation).
+    if tables.has("kernels", "correlation", "waits_for"):
+        kcols += ("correlation", "waits_for")
     wcols = ("instance", "rank", "start_ns", "wait_ns")
     icols = ["instance", "key_kind", "last_rank", "last_start_ns"]
     scols = ["rank", "step", "start_ns", "end_ns"]
