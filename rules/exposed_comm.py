@@ -141,12 +141,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
             if c["role"] == "tensor_parallel"
             else "hide the {what} behind compute"
         ).format(what=what)
-        where = (
-            (pl.col("category") == "transfer")
-            & ~pl.col("last_call")
-            & (pl.col("collective") == c["collective"])
-            & pl.col("process_group").is_in(groups)
-        )
+        where = where_all(c["collective"], groups) & ~pl.col("last_call")
         edit = Edit(
             f"{how} (each rank's last call of a step excepted, and at most the compute "
             "time of the rank's step that no communication overlaps yet)",
