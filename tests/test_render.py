@@ -96,9 +96,13 @@ def test_json_validates_against_documented_schema(ddp: Report, tmp_path: Path) -
     s = doc["summary"]
     assert s["ranks"] == 4 and s["findings"] == {"info": 1, "warning": 1, "error": 1, "total": 3}
     assert s["failed"] is True and s["failing_findings"] == 2
-    # the summary's mean step equals the mean over the rank step rows it documents
-    walls = [st["wall_ns"] for r in doc["ranks"] for st in r["steps"] if st["step"] >= 0]
-    assert s["mean_step_ns"] == round(sum(walls) / len(walls))
+    # the summary's mean step equals the mean over the rank step rows of the complete
+    # steps (the job's step time's), which leave out the last step, cut at its last kernel
+    complete = {t["step"] for t in doc["step_times"] if t["complete"]}
+    assert len(complete) >= 2 and max(complete) < max(t["step"] for t in doc["step_times"])
+    walls = [st["wall_ns"] for r in doc["ranks"] for st in r["steps"] if st["step"] in complete]
+    assert s["mean_step_ns"] == round(sum(walls) / len(walls)) <= s["step_ns"]
+    assert s["steps"] == s["step_windows"] == len(walls)
     total_calls = sum(c["count"] for c in doc["collectives"])
     assert sum(c["calls"] for c in doc["collective_totals"]) == total_calls
 
@@ -382,8 +386,8 @@ def test_write_gives_the_rendered_text_to_files_and_streams(ddp: Report, tmp_pat
 
 
 def test_summary_counts_distinct_rank_steps_a_window_of_ranks_at_a_time(monkeypatch):
-    """`steps` in the summary: distinct (rank, step) pairs of the numbered steps (all windows
-    when no rank has one), the same when counted one rank per window."""
+    """`steps` in the summary: distinct (rank, step) pairs of the complete steps (all windows
+    when no rank has a numbered one), the same when counted one rank per window."""
     import polars as pl
 
     from kineto_comm import rank_store
@@ -394,10 +398,16 @@ def test_summary_counts_distinct_rank_steps_a_window_of_ranks_at_a_time(monkeypa
         "numbered": steps,
         "none numbered": steps.with_columns(step=pl.lit(-1, pl.Int64)),
     }
+    complete = report.step_times.filter("complete")["step"]
     for name, table in cases.items():
-        kept = table.filter(pl.col("step") >= 0) if (table["step"] >= 0).any() else table
+        numbered = (table["step"] >= 0).any()
+        kept = table.filter(pl.col("step").is_in(complete.implode())) if numbered else table
         expect = kept.select("rank", "step").unique().height
-        whole = dataclasses.replace(report, rank_steps=RankStore.from_frame(table))
+        whole = dataclasses.replace(
+            report,
+            rank_steps=RankStore.from_frame(table),
+            step_times=report.step_times if numbered else report.step_times.clear(),
+        )
         assert json_doc.document(whole)["summary"]["steps"] == expect > 0, name
     # One window per rank: the counts per window add up to the same.
     monkeypatch.setattr(rank_store, "SLICE_ROWS", 1)
@@ -407,12 +417,13 @@ def test_summary_counts_distinct_rank_steps_a_window_of_ranks_at_a_time(monkeypa
     )
     assert len(split.windows(1)) == report.ranks.height > 1
     report = dataclasses.replace(report, rank_steps=split)
-    expect = steps.filter(pl.col("step") >= 0).select("rank", "step").unique().height
-    assert json_doc.document(report)["summary"]["steps"] == expect
+    expect = steps.filter(pl.col("step").is_in(complete.implode())).select("rank", "step")
+    assert json_doc.document(report)["summary"]["steps"] == expect.unique().height
 
 
 def test_rank_means_are_the_means_of_the_documents_steps():
-    """The Markdown and HTML rank tables: per rank, numbered steps only when it has any."""
+    """The Markdown, HTML and text rank tables: per rank, its windows of the complete steps
+    only when it has any (the last step, cut at its last kernel, is left out)."""
     import polars as pl
 
     report = kineto_comm.analyze(SAMPLES / "tp-2", jobs=1)
@@ -421,8 +432,10 @@ def test_rank_means_are_the_means_of_the_documents_steps():
     )
     report = dataclasses.replace(report, rank_steps=RankStore.from_frame(steps))
     means = json_doc.rank_means(report)
+    complete = set(report.step_times.filter("complete")["step"])
+    assert 0 < len(complete) < report.step_times.height
     for rank, got in zip(json_doc.document(report)["ranks"], means, strict=True):
-        rows = [s for s in rank["steps"] if s["step"] >= 0] or rank["steps"]
+        rows = [s for s in rank["steps"] if s["step"] in complete] or rank["steps"]
         assert got["rank"] == rank["rank"] and got["steps"] == len(rows) > 0
         for col in json_doc.MEANS:
             assert got[col] == sum(s[col] for s in rows) / len(rows), col

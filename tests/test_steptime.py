@@ -12,6 +12,8 @@ import pytest
 
 from kineto_comm import Report, analyze
 from kineto_comm.analysis import steptime
+from kineto_comm.findings import Severity
+from kineto_comm.render.json_doc import rank_means, summary
 from kineto_comm.rules_api import Edit, Tables, replay_saving, step_blame, step_times
 
 from .conftest import REPO, SAMPLES, all_shared_traces
@@ -76,6 +78,13 @@ def _check(report: Report) -> None:
     assert report.savings["sum_of_savings_ns"] == total
     assert report.savings["overlapping"] == (total > joint)
     assert joint >= max((f.impact_ns_per_step for f in report.findings if f.edit), default=0)
+    # (d) the per-rank step the reports show is the mean of the same complete steps'
+    # windows: no rank's is longer than the job's step, which takes the longest window.
+    complete = report.step_times.filter(pl.col("complete"))
+    if step and complete["ranks"].min() == report.ranks.height:
+        means = [r["wall_ns"] for r in rank_means(report)]
+        assert all(m is not None and int(m) <= step for m in means), (means, step)  # ns floor
+        assert summary(report, [], Severity.error)["mean_step_ns"] <= step + 1  # round vs floor
 
 
 @pytest.mark.parametrize("path", _jobs(), ids=lambda p: str(p.relative_to(p.parents[2])))

@@ -31,7 +31,7 @@ from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
 from kineto_comm.render.findings import all_fixes_line
 from kineto_comm.render.html_timeline import timelines_html
-from kineto_comm.render.json_doc import at_or_above, findings_of, overview, step_rows
+from kineto_comm.render.json_doc import at_or_above, findings_of, overview, rank_means
 from kineto_comm.render.sections import UNKNOWN_GROUP, Section, sections
 from kineto_comm.render.text import clock_sets_line, fmt_bytes, fmt_ns, hosts_line
 from kineto_comm.report import Report
@@ -112,14 +112,10 @@ def svg_step_time(report: Report) -> str:
     """Horizontal stacked bars: each rank's mean step split by what the device was doing."""
     if report.rank_steps.height == 0:
         return _empty("plot-step-time", "No step windows in the traces.")
-    m = collect(
-        step_rows(report)
-        .group_by("rank")
-        .agg(pl.col("wall_ns", "compute_ns", "overlap_ns", "exposed_comm_ns", "idle_ns").mean()),
-        report.rank_steps.height,
-    ).sort("rank")
     rows = []
-    for r in m.iter_rows(named=True):
+    for r in rank_means(report):
+        if r["wall_ns"] is None:
+            continue
         wall = r["wall_ns"] or 0.0
         compute = max(0.0, (r["compute_ns"] or 0) - (r["overlap_ns"] or 0))
         overlap = r["overlap_ns"] or 0.0

@@ -27,7 +27,6 @@ from kineto_comm import __version__
 from kineto_comm.analysis import steptime
 from kineto_comm.findings import Finding, Severity, rank_findings
 from kineto_comm.lazy import collect
-from kineto_comm.model.steps import steps_per_rank
 from kineto_comm.rank_store import RankStore
 from kineto_comm.report import SCHEMA_VERSION, Report
 
@@ -153,43 +152,51 @@ def clean(value: Any) -> Any:
     return value
 
 
-def step_rows(report: Report) -> pl.LazyFrame:
-    """Step windows used for per-step means: numbered steps, or all windows when none are.
-
-    A query over every rank's steps (kineto_comm.rank_store), filtered as it is aggregated:
-    a big job's steps table has a row per rank and step (0.44 GiB at 4096 ranks of 950
-    steps), which a filtered copy would double."""
-    return _step_rows(report.rank_steps, _numbered_only(report.rank_steps))
-
-
-def _numbered_only(store: RankStore) -> bool:
-    """Whether step_rows keeps only numbered steps (some rank has one)."""
-    if store.height == 0 or "step" not in store.columns:
-        return False
-    query = store.lazy(["step"]).select((pl.col("step") >= 0).any())
-    return bool(collect(query, store.height).item())
-
-
-def _step_rows(store: RankStore, numbered_only: bool) -> pl.LazyFrame:
-    return store.lazy().filter(pl.col("step") >= 0) if numbered_only else store.lazy()
+def counted(report: Report) -> pl.Expr:
+    """The step windows per-step means are over: every rank's windows of the job's complete
+    steps (`step_times.complete`: numbered, and not the last of several, whose window is cut
+    at its last kernel), the steps the job's step time is the mean of; without the model's
+    step times, the numbered windows, or all windows when no step is numbered."""
+    times = report.step_times
+    if times.height and {"step", "complete"} <= set(times.columns):
+        steps = times.filter(pl.col("complete"))["step"]
+        if steps.len():
+            return pl.col("step").is_in(steps.implode())
+    store = report.rank_steps
+    if store.height and "step" in store.columns:
+        query = store.lazy(["step"]).select((pl.col("step") >= 0).any())
+        if collect(query, store.height).item():
+            return pl.col("step") >= 0
+    return pl.lit(True)
 
 
-def _distinct_steps(store: RankStore, numbered_only: bool) -> int:
-    """How many distinct (rank, step) pairs step_rows holds."""
+def _distinct_steps(store: RankStore, kept: pl.Expr) -> int:
+    """How many distinct (rank, step) pairs the rows `kept` selects hold, counted a window
+    of ranks at a time: over every rank at once the count holds every pair."""
     if store.height == 0 or not {"rank", "step"} <= set(store.columns):
         return 0
-    return int(steps_per_rank(store, numbered_only)["n_steps"].sum())
+    per = store.per_window(
+        lambda view: (
+            view.lazy(["rank", "step"])
+            .filter(kept)
+            .group_by("rank")
+            .agg(n=pl.col("step").n_unique())
+        )
+    )
+    return int(per["n"].sum())
 
 
 def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[str, Any]:
-    """The headline numbers: per-step means over all ranks and steps, and the verdict."""
+    """The headline numbers: per-step means over every rank's windows of the complete steps
+    (`counted`), the job's step time and savings, and the verdict."""
     store = report.rank_steps
-    numbered_only = _numbered_only(store)
-    steps = _step_rows(store, numbered_only)
-    names = steps.collect_schema().names()
+    names = store.columns
+    kept = counted(report)
     stats = collect(
-        steps.select(*[pl.col(c).mean() for c in MEANS if c in names], _n=pl.len()),
-        report.rank_steps.height,
+        store.lazy()
+        .filter(kept)
+        .select(*[pl.col(c).mean() for c in MEANS if c in names], _n=pl.len()),
+        store.height,
     ).row(0, named=True)
     n = stats["_n"]
     mean: dict[str, float | None] = {
@@ -211,7 +218,7 @@ def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[
         "world_size": int(report.ranks["world_size"].max())  # type: ignore[arg-type]
         if report.ranks.height and report.ranks["world_size"].null_count() < report.ranks.height
         else None,
-        "steps": _distinct_steps(store, numbered_only) if n else 0,
+        "steps": _distinct_steps(store, kept) if n else 0,
         "step_windows": n,
         "mean_step_ns": as_int(wall),
         "mean_compute_ns": as_int(mean["compute_ns"]),
@@ -307,8 +314,9 @@ def _document(report: Report, fail_on: Severity, doc: dict[str, Any]) -> dict[st
 
 
 def rank_means(report: Report) -> list[dict[str, Any]]:
-    """Per rank (in rank order): rank, device, timeline, `steps` (how many numbered steps,
-    or windows when the rank has none) and the mean per step of MEANS (None without values).
+    """Per rank (in rank order): rank, device, timeline, `steps` (how many of the job's
+    complete steps it has a window in, `counted`; all its windows when it has none of them)
+    and the mean per step of MEANS (None without values).
 
     What the Markdown and HTML pages show per rank, from the steps table in one
     aggregation: the JSON document's per-step rows of every rank are not built for them."""
@@ -317,9 +325,9 @@ def rank_means(report: Report) -> list[dict[str, Any]]:
     store = report.rank_steps
     cols = [c for c in MEANS if c in store.columns]
     if store.height and {"rank", "step"} <= set(store.columns):
-        # Per rank the means over its numbered steps, or over all of its windows when it has
-        # none: one aggregation over every rank's steps, a state per rank.
-        numbered = pl.col("step") >= 0
+        # Per rank the means over its windows of the counted steps, or over all of its
+        # windows when it has none: one aggregation over every rank's steps, a state per rank.
+        numbered = counted(report)
         per = collect(
             store.lazy(["rank", "step", *cols])
             .group_by("rank")

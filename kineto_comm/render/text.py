@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.segment import Segment
 from rich.table import Table
 
-from kineto_comm.lazy import collect
+from kineto_comm.render.json_doc import rank_means
 from kineto_comm.report import Report
 
 # Control characters (C0, DEL, C1) and the bidirectional overrides: none of them belongs in
@@ -119,13 +119,12 @@ def render_text(
         _render_problems(report, console, problems)
         return
     ranks = report.ranks.join(report.totals, on="rank", how="left")
-    store = report.rank_steps
-    if store.height:
-        steps = collect(
-            store.lazy(["rank", "step", "wall_ns"])
-            .group_by("rank")
-            .agg(n_steps=(pl.col("step") >= 0).sum(), mean_step_ns=pl.col("wall_ns").mean()),
-            store.height,
+    if report.rank_steps.height:
+        # The complete steps' windows, as every per-step figure (json_doc.counted).
+        steps = pl.DataFrame(
+            [(r["rank"], r["steps"], r["wall_ns"]) for r in rank_means(report)],
+            schema={"rank": pl.Int64, "n_steps": pl.Int64, "mean_step_ns": pl.Float64},
+            orient="row",
         )
         ranks = ranks.join(steps, on="rank", how="left")
     ranks = ranks.sort("rank")
@@ -168,7 +167,9 @@ def render_text(
     console.print(table)
     console.print(
         "overlap = share of communication time hidden behind compute; exposed comm = "
-        "communication with no compute kernel running (it adds to step time)."
+        "communication with no compute kernel running (it adds to step time); steps, step "
+        "(mean) = the rank's windows of the job's complete steps (a last step, cut at its last "
+        "kernel, left out) and their mean."
     )
 
     from kineto_comm.render.sections import sections
