@@ -47,6 +47,7 @@ __all__ = [
     "RuleFunction",
     "Severity",
     "Tables",
+    "all_to_all_volume",
     "busbw_factor",
     "collective_exposure",
     "collective_exposure_lazy",
@@ -682,6 +683,42 @@ def replay_saving(tables: Tables, *edits: Edit) -> int:
         ("rules_api", "step_blame_frame"), lambda: tables.collect(step_blame(tables))
     )
     return steptime.saving(blame, step_times(tables), edits)
+
+
+def all_to_all_volume(tables: Tables) -> pl.DataFrame:
+    """What each rank of a group sends and receives in its all-to-alls: process_group,
+    rank, calls, sent_bytes and received_bytes over the trace (the calls' input and output
+    sizes: an uneven all-to-all, PyTorch's all_to_allv, moves what its split sizes say),
+    and peak_received_vs_mean: the most, over the group's calls, that the rank received
+    against the call's mean rank (1.0: every call even; a call is its `call_index` in the
+    group). In a mixture-of-experts layer what a rank receives at dispatch is the tokens
+    its experts compute: a rank that receives more works longer and reaches the group's
+    next call later. Groups whose all-to-alls carry no sizes are left out."""
+    schema = {
+        "process_group": pl.String,
+        "rank": pl.Int64,
+        "calls": pl.Int64,
+        "sent_bytes": pl.Int64,
+        "received_bytes": pl.Int64,
+        "peak_received_vs_mean": pl.Float64,
+    }
+    need = ("rank", "process_group", "collective", "call_index", "in_bytes", "out_bytes")
+    if not tables.has("collectives", *need):
+        return pl.DataFrame(schema=schema)
+    call = pl.col("out_bytes").mean().over("process_group", "call_index")
+    per = tables.collect(
+        tables.lazy("collectives", list(need))
+        .filter(pl.col("collective") == "all_to_all", pl.col("out_bytes").is_not_null())
+        .with_columns(_vs=pl.when(call > 0).then(pl.col("out_bytes") / call))
+        .group_by(pl.col("process_group").cast(pl.String), pl.col("rank").cast(pl.Int64))
+        .agg(
+            calls=pl.len().cast(pl.Int64),
+            sent_bytes=pl.col("in_bytes").sum().cast(pl.Int64),
+            received_bytes=pl.col("out_bytes").sum().cast(pl.Int64),
+            peak_received_vs_mean=pl.col("_vs").max(),
+        )
+    )
+    return per.sort("process_group", "rank").select(list(schema))
 
 
 def n_steps(tables: Tables) -> int:

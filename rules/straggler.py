@@ -12,6 +12,7 @@ from kineto_comm.rules_api import (
     Option,
     Severity,
     Tables,
+    all_to_all_volume,
     collective_exposure_lazy,
     group_roles,
     make_finding,
@@ -72,15 +73,21 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     How to fix:
     Find what delays that rank before the collective: data loader (more workers,
     pin_memory, prefetch), logging/checkpointing only on rank 0, thermal or clock
-    throttling (nvidia-smi -q -d PERFORMANCE), an unbalanced data or pipeline split.
+    throttling (nvidia-smi -q -d PERFORMANCE), an unbalanced data or pipeline split. When
+    the rank is among the busiest receivers of an uneven all-to-all (more tokens for its
+    experts), the advice says so first.
     """
     named = _stragglers(tables).filter(pl.col("is_straggler"))
     if named.height == 0:
         return []
     step_ns = mean_step_ns(tables)
+    uneven = uneven_all_to_all(tables)
     out = []
     for r in named.sort("delay_ns", "rank", descending=[True, False]).iter_rows(named=True):
         edit = straggler_fixed(r["rank"], r["delay_ns"])
+        # The straggler is among the busiest receivers of an uneven all-to-all: more work
+        # arrives at it, the likelier cause than its CPU side.
+        busiest = uneven.filter(pl.col("ranks").list.contains(r["rank"]))
         impact = replay_saving(tables, edit)
         share = impact / step_ns if step_ns else 0.0
         sev = severity_for(share, options["warn_share"], options["error_share"]) or Severity.info
@@ -96,9 +103,15 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 impact_ns_per_step=impact,
                 step_ns=step_ns,
                 ranks=[r["rank"]],
-                evidence={**r, "step_ns": step_ns, "saving_method": f"replay: {edit.name}"},
+                evidence={
+                    **r,
+                    "step_ns": step_ns,
+                    "uneven_all_to_all": _uneven_evidence(busiest),
+                    "saving_method": f"replay: {edit.name}",
+                },
                 edit=edit,
                 advice=(
+                    *(_uneven_line(g) for g in busiest.iter_rows(named=True)),
                     f"Profile rank {r['rank']}'s CPU side before its first collective of a step:"
                     " data loading (num_workers, pin_memory, prefetch_factor), rank-0-only "
                     "logging, evaluation or checkpointing.",
@@ -159,6 +172,9 @@ def _exposed_waits(tables: Tables) -> pl.DataFrame:
     return steps if steps.height else empty
 
 
+# An all-to-all call is uneven when its busiest receiver gets more than this share above
+# the call's mean rank.
+UNEVEN = 0.05
 # How to give every rank the same work, by what its groups do (process-group roles): the
 # first role present wins; a job whose groups' purpose is unknown gets the generic line.
 _BALANCE = (
@@ -185,13 +201,69 @@ _BALANCE_GENERIC = (
 )
 
 
-def _balance_advice(tables: Tables) -> tuple[str, ...]:
-    """The work-balancing advice that fits the job's process-group roles."""
+def uneven_all_to_all(tables: Tables) -> pl.DataFrame:
+    """Per group whose all-to-alls are uneven (some call's busiest receiver gets more than
+    UNEVEN above the call's mean rank; rules_api.all_to_all_volume): process_group, role,
+    `ranks` (the busiest receivers, busiest first) and `peak` (their largest share over the
+    call's mean)."""
+    volume = all_to_all_volume(tables).filter(pl.col("peak_received_vs_mean") > 1 + UNEVEN)
+    if volume.height == 0:
+        return pl.DataFrame(
+            schema={
+                "process_group": pl.String,
+                "role": pl.String,
+                "ranks": pl.List(pl.Int64),
+                "peak": pl.Float64,
+            }
+        )
+    roles = group_roles(tables).select("process_group", "role")
+    return (
+        volume.sort(["peak_received_vs_mean", "rank"], descending=[True, False])
+        .group_by("process_group", maintain_order=True)
+        .agg(ranks=pl.col("rank"), peak=pl.col("peak_received_vs_mean").first())
+        .join(roles, on="process_group", how="left")
+        .with_columns(pl.col("role").fill_null("unknown"))
+        .sort("process_group")
+        .select("process_group", "role", "ranks", "peak")
+    )
+
+
+def _uneven_line(group: dict[str, Any]) -> str:
+    """What an uneven all-to-all group's calls show, and how to even them by its role."""
+    how = {
+        "expert": "the tokens per expert (a load-balancing loss, a capacity factor, expert "
+        "placement that spreads hot experts)",
+        "embedding": "the rows per rank (shard the tables by measured lookups: torchrec's planner)",
+    }.get(
+        group["role"],
+        "in a mixture of experts the tokens per expert (load-balancing loss, capacity "
+        "factor), for embedding tables their sharding (torchrec's planner), else the batch "
+        "each rank sends",
+    )
+    ranks = ", ".join(map(str, group["ranks"]))
+    return (
+        f"The all-to-all on group {group['process_group']} is uneven: rank(s) {ranks} "
+        f"receive up to {group['peak'] - 1:.0%} more than the call's mean rank. Even out "
+        f"what each rank receives: {how}."
+    )
+
+
+def _balance_advice(tables: Tables, uneven: pl.DataFrame) -> tuple[str, ...]:
+    """The work-balancing advice that fits the job: what its uneven all-to-alls show, then
+    the line for its process-group roles."""
+    lines = tuple(_uneven_line(g) for g in uneven.iter_rows(named=True))
     roles = set(group_roles(tables)["role"].drop_nulls().to_list())
     for wanted, text in _BALANCE:
         if roles & ({wanted} if isinstance(wanted, str) else set(wanted)):
-            return (text,)
-    return (_BALANCE_GENERIC,)
+            return lines if wanted in ("expert", "embedding") and lines else (*lines, text)
+    return lines or (_BALANCE_GENERIC,)
+
+
+def _uneven_evidence(uneven: pl.DataFrame) -> list[dict[str, Any]]:
+    return [
+        {"process_group": g, "busiest_ranks": list(r), "peak_received_vs_mean": round(p, 3)}
+        for g, r, p in uneven.select("process_group", "ranks", "peak").iter_rows()
+    ]
 
 
 @rule(
@@ -223,7 +295,9 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     every call.
 
     How to fix:
-    Equal work per rank and step (sequence packing or length bucketing), a data loader that
+    Equal work per rank and step (sequence packing or length bucketing; where a group's
+    all-to-alls are uneven, the advice names its busiest receivers and how to even out the
+    tokens per expert or the embedding rows per rank), a data loader that
     never starts a step empty, garbage collection at the same step on every rank
     (gc.freeze(), manual gc; Megatron-LM --manual-gc), each rank pinned to its own CPU cores
     and NUMA node with cores to spare for NCCL's proxy threads.
@@ -280,6 +354,7 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     if sev is None:
         return []
     lasts = late.filter(pl.col("times_last") > 0)
+    uneven = uneven_all_to_all(tables)
     culprit = (
         f"rank(s) {', '.join(map(str, named['rank'].sort()))} are SYNC101's stragglers, and"
         f" their {blamed / 1e6:.2f} ms per step are not counted here."
@@ -310,11 +385,12 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "most_late_rank": top["rank"],
                 "most_late_share": round(top_share, 3),
                 "step_ns": step_ns,
+                "uneven_all_to_all": _uneven_evidence(uneven),
                 "saving_method": f"replay: {edit.name}",
             },
             edit=edit,
             advice=(
-                *_balance_advice(tables),
+                *_balance_advice(tables, uneven),
                 "Keep the data loader ahead of the step on every rank (num_workers, "
                 "pin_memory, prefetch_factor).",
                 "Collect garbage at the same step on every rank: gc.freeze() after start-up "

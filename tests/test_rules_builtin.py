@@ -498,3 +498,48 @@ def test_scenario_injected_cause_tops_the_new_findings(
     for f in findings[: findings.index(top)]:
         before = healthy[_identity(f)].impact_ns_per_step
         assert abs(f.impact_ns_per_step - before) <= 0.1 * before, (f, before)
+
+
+@pytest.mark.parametrize(
+    "job", ["sample_traces/ep-4", "tests/data/h100-nccl/ep-4"], ids=["gloo", "nccl"]
+)
+def test_an_uneven_all_to_all_is_named_in_the_imbalance_advice(job: str) -> None:
+    """ep-4 (gloo and NCCL captures) routes tokens unevenly (ep_tokens): all_to_all_volume
+    sums what each rank sent and received, and its peak share of a call's mean receiver is
+    the capture's routing (dispatch: its expert's tokens, combine: its own tokens back);
+    SYNC104's advice and evidence name the busiest receivers instead of saying the trace
+    does not show what the groups exchange. A DDP job has no uneven all-to-all to name."""
+    from kineto_comm.capture.workloads import HIDDEN, ep_tokens
+    from kineto_comm.rules_api import all_to_all_volume
+
+    root = Path(__file__).resolve().parents[1]
+    report = analyze(root / job, jobs=1)
+    tokens = ep_tokens(4)
+    sent = [sum(tokens[r]) for r in range(4)]
+    received = [sum(tokens[s][r] for s in range(4)) for r in range(4)]
+    peak = [max(received[r] / (sum(received) / 4), sent[r] / (sum(sent) / 4)) for r in range(4)]
+    volume = all_to_all_volume(Tables(report)).sort("rank")
+    assert volume["rank"].to_list() == [0, 1, 2, 3]
+    per_rank = 6 * HIDDEN * 4  # 6 calls of each direction, float32
+    assert volume["sent_bytes"].to_list() == [
+        per_rank * (s + r) for s, r in zip(sent, received, strict=True)
+    ]
+    assert volume["received_bytes"].to_list() == volume["sent_bytes"].to_list()
+    assert volume["peak_received_vs_mean"].to_list() == pytest.approx(peak)
+    busiest = sorted(r for r in range(4) if peak[r] == max(peak))
+    assert max(peak) > 1.05 and len(busiest) < 4
+    (sync104,) = [f for f in report.findings if f.code == "SYNC104"]
+    (group,) = sync104.evidence["uneven_all_to_all"]
+    assert sorted(group["busiest_ranks"]) == busiest
+    assert group["peak_received_vs_mean"] == pytest.approx(max(peak), abs=1e-3)
+    ranks = ", ".join(map(str, busiest))
+    assert sync104.advice[0].startswith(f"The all-to-all on group 0 is uneven: rank(s) {ranks} ")
+    assert not any("not known from the trace" in a for a in sync104.advice)
+
+    ddp = analyze(root / "sample_traces" / "ddp-4", jobs=1)
+    assert all_to_all_volume(Tables(ddp)).height == 0
+    late = [f for f in ddp.findings if f.code in ("SYNC101", "SYNC104")]
+    assert late
+    for f in late:
+        assert f.evidence["uneven_all_to_all"] == []
+        assert not any("all-to-all" in a for a in f.advice)
