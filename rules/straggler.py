@@ -172,8 +172,8 @@ def _exposed_waits(tables: Tables) -> pl.DataFrame:
     return steps if steps.height else empty
 
 
-# An all-to-all call is uneven when its busiest receiver gets more than this share above
-# the call's mean rank.
+# A group's all-to-alls are uneven when the mean call's busiest receiver, or some rank over
+# the trace, gets more than this share above the mean rank.
 UNEVEN = 0.05
 # How to give every rank the same work, by what its groups do (process-group roles): the
 # first role present wins; a job whose groups' purpose is unknown gets the generic line.
@@ -202,29 +202,30 @@ _BALANCE_GENERIC = (
 
 
 def uneven_all_to_all(tables: Tables) -> pl.DataFrame:
-    """Per group whose all-to-alls are uneven (some call's busiest receiver gets more than
-    UNEVEN above the call's mean rank; rules_api.all_to_all_volume): process_group, role,
-    `ranks` (the busiest receivers, busiest first) and `peak` (their largest share over the
-    call's mean)."""
-    volume = all_to_all_volume(tables).filter(pl.col("peak_received_vs_mean") > 1 + UNEVEN)
-    if volume.height == 0:
-        return pl.DataFrame(
-            schema={
-                "process_group": pl.String,
-                "role": pl.String,
-                "ranks": pl.List(pl.Int64),
-                "peak": pl.Float64,
-            }
+    """Per group whose all-to-alls are uneven (rules_api.all_to_all_volume: the mean call's
+    busiest receiver, or some rank over the trace, gets more than UNEVEN above the mean
+    rank): process_group, role, `imbalance` (the mean call's busiest receiver over the
+    call's mean), `ranks` (those that receive more than UNEVEN above the mean rank over
+    the trace, most first; none when the busiest rank changes from call to call) and
+    `excess` (the first of them over the mean rank)."""
+    volume = all_to_all_volume(tables)
+    heavy = pl.col("received_vs_mean") > 1 + UNEVEN
+    groups = (
+        volume.sort(["received_vs_mean", "rank"], descending=[True, False])
+        .group_by("process_group", maintain_order=True)
+        .agg(
+            imbalance=pl.col("call_imbalance").first(),
+            ranks=pl.col("rank").filter(heavy),
+            excess=pl.col("received_vs_mean").first(),
         )
+        .filter((pl.col("imbalance") > 1 + UNEVEN) | (pl.col("ranks").list.len() > 0))
+    )
     roles = group_roles(tables).select("process_group", "role")
     return (
-        volume.sort(["peak_received_vs_mean", "rank"], descending=[True, False])
-        .group_by("process_group", maintain_order=True)
-        .agg(ranks=pl.col("rank"), peak=pl.col("peak_received_vs_mean").first())
-        .join(roles, on="process_group", how="left")
+        groups.join(roles, on="process_group", how="left")
         .with_columns(pl.col("role").fill_null("unknown"))
         .sort("process_group")
-        .select("process_group", "role", "ranks", "peak")
+        .select("process_group", "role", "imbalance", "ranks", "excess")
     )
 
 
@@ -240,11 +241,17 @@ def _uneven_line(group: dict[str, Any]) -> str:
         "factor), for embedding tables their sharding (torchrec's planner), else the batch "
         "each rank sends",
     )
-    ranks = ", ".join(map(str, group["ranks"]))
+    ranks = group["ranks"]
+    who = (
+        f"; over the trace rank(s) {', '.join(map(str, ranks))} receive the most (up to "
+        f"{group['excess'] - 1:.0%} above the mean rank)"
+        if ranks
+        else "; the busiest rank changes from call to call"
+    )
     return (
-        f"The all-to-all on group {group['process_group']} is uneven: rank(s) {ranks} "
-        f"receive up to {group['peak'] - 1:.0%} more than the call's mean rank. Even out "
-        f"what each rank receives: {how}."
+        f"The all-to-all on group {group['process_group']} is uneven: in the mean call the "
+        f"busiest rank receives {group['imbalance'] - 1:.0%} more than the mean rank{who}. "
+        f"Even out what each rank receives: {how}."
     )
 
 
@@ -261,8 +268,13 @@ def _balance_advice(tables: Tables, uneven: pl.DataFrame) -> tuple[str, ...]:
 
 def _uneven_evidence(uneven: pl.DataFrame) -> list[dict[str, Any]]:
     return [
-        {"process_group": g, "busiest_ranks": list(r), "peak_received_vs_mean": round(p, 3)}
-        for g, r, p in uneven.select("process_group", "ranks", "peak").iter_rows()
+        {
+            "process_group": g,
+            "call_imbalance": round(i, 3),
+            "busiest_ranks": list(r),
+            "busiest_received_vs_mean": round(e, 3),
+        }
+        for g, i, r, e in uneven.select("process_group", "imbalance", "ranks", "excess").iter_rows()
     ]
 
 

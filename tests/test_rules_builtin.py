@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from kineto_comm import Report, analyze
@@ -15,7 +16,7 @@ from kineto_comm.findings import Finding, Severity
 from kineto_comm.rules_api import Tables
 from kineto_comm.rules_engine import builtin_rules, run_rules
 from kineto_comm.synth import Hardware, ModelConfig, generate
-from tests.conftest import cpu, kernel, launch, write_trace
+from tests.conftest import cpu, kernel, launch, shared, write_trace
 
 TINY = ModelConfig(layers=4, hidden=512, seq=512, micro_batch=2, vocab=2048, bucket_mb=2.0)
 HW = Hardware(tflops=10.0)
@@ -505,10 +506,12 @@ def test_scenario_injected_cause_tops_the_new_findings(
 )
 def test_an_uneven_all_to_all_is_named_in_the_imbalance_advice(job: str) -> None:
     """ep-4 (gloo and NCCL captures) routes tokens unevenly (ep_tokens): all_to_all_volume
-    sums what each rank sent and received, and its peak share of a call's mean receiver is
-    the capture's routing (dispatch: its expert's tokens, combine: its own tokens back);
-    SYNC104's advice and evidence name the busiest receivers instead of saying the trace
-    does not show what the groups exchange. A DDP job has no uneven all-to-all to name."""
+    sums what each rank sent and received, each rank's total against the mean rank's, and
+    the mean call's busiest receiver against the call's mean are the capture's routing
+    (dispatch: its expert's tokens, even here; combine: its own tokens back, uneven).
+    SYNC104's advice and evidence name them instead of saying the trace does not show what
+    the groups exchange. A DDP job has no all-to-all to name, and a sampled pair of a
+    128-rank job's ranks (group size unknown) is not taken for the whole group."""
     from kineto_comm.capture.workloads import HIDDEN, ep_tokens
     from kineto_comm.rules_api import all_to_all_volume
 
@@ -517,25 +520,33 @@ def test_an_uneven_all_to_all_is_named_in_the_imbalance_advice(job: str) -> None
     tokens = ep_tokens(4)
     sent = [sum(tokens[r]) for r in range(4)]
     received = [sum(tokens[s][r] for s in range(4)) for r in range(4)]
-    peak = [max(received[r] / (sum(received) / 4), sent[r] / (sum(sent) / 4)) for r in range(4)]
+    total = [s + r for s, r in zip(sent, received, strict=True)]
+    per_call = [max(x) / (sum(x) / 4) for x in (received, sent)]  # dispatch, combine
     volume = all_to_all_volume(Tables(report)).sort("rank")
     assert volume["rank"].to_list() == [0, 1, 2, 3]
     per_rank = 6 * HIDDEN * 4  # 6 calls of each direction, float32
-    assert volume["sent_bytes"].to_list() == [
-        per_rank * (s + r) for s, r in zip(sent, received, strict=True)
-    ]
+    assert volume["sent_bytes"].to_list() == [per_rank * t for t in total]
     assert volume["received_bytes"].to_list() == volume["sent_bytes"].to_list()
-    assert volume["peak_received_vs_mean"].to_list() == pytest.approx(peak)
-    busiest = sorted(r for r in range(4) if peak[r] == max(peak))
-    assert max(peak) > 1.05 and len(busiest) < 4
+    vs_mean = [t / (sum(total) / 4) for t in total]
+    assert volume["received_vs_mean"].to_list() == pytest.approx(vs_mean)
+    imbalance = sum(per_call) / 2
+    assert volume["call_imbalance"].to_list() == pytest.approx([imbalance] * 4)
+    busiest = sorted(r for r in range(4) if vs_mean[r] > 1.05)
+    assert imbalance > 1.05 and 0 < len(busiest) < 4
     (sync104,) = [f for f in report.findings if f.code == "SYNC104"]
     (group,) = sync104.evidence["uneven_all_to_all"]
     assert sorted(group["busiest_ranks"]) == busiest
-    assert group["peak_received_vs_mean"] == pytest.approx(max(peak), abs=1e-3)
+    assert group["call_imbalance"] == pytest.approx(imbalance, abs=1e-3)
+    assert group["busiest_received_vs_mean"] == pytest.approx(max(vs_mean), abs=1e-3)
     ranks = ", ".join(map(str, busiest))
-    assert sync104.advice[0].startswith(f"The all-to-all on group 0 is uneven: rank(s) {ranks} ")
+    line = sync104.advice[0]
+    assert line.startswith("The all-to-all on group 0 is uneven: in the mean call the busiest")
+    assert f"rank(s) {ranks} receive the most" in line
     assert not any("not known from the trace" in a for a in sync104.advice)
 
+    sampled = analyze(shared("hta/trace_filter"), jobs=1, ignore=["ALL"])
+    assert sampled.collectives.filter(pl.col("collective") == "all_to_all").height
+    assert all_to_all_volume(Tables(sampled)).height == 0
     ddp = analyze(root / "sample_traces" / "ddp-4", jobs=1)
     assert all_to_all_volume(Tables(ddp)).height == 0
     late = [f for f in ddp.findings if f.code in ("SYNC101", "SYNC104")]
