@@ -33,13 +33,14 @@ import polars as pl
 from kineto_comm.analysis import steptime
 from kineto_comm.analysis.bandwidth import busbw_factor
 from kineto_comm.analysis.match import last_arrivals
-from kineto_comm.analysis.steptime import Edit
+from kineto_comm.analysis.steptime import LAUNCH_LATENCY_NS, Edit
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect, in_rank_order, sample
 from kineto_comm.model.collectives import parse_ranks
 from kineto_comm.rank_store import RankStore, SpillFolder, keep
 
 __all__ = [
+    "LAUNCH_LATENCY_NS",
     "Edit",
     "Finding",
     "Option",
@@ -524,7 +525,9 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
     durations = _call_durations(tables) if has_calls else None
     late = _call_last(tables) if has_calls else None
     last = _instance_last(tables) if has_calls else None
-    kcols = ("rank", "kind", "start_ns", "end_ns", "launch_ns")
+    kcols: tuple[str, ...] = ("rank", "kind", "start_ns", "end_ns", "launch_ns")
+    if tables.has("kernels", "launch_end_ns"):
+        kcols += ("launch_end_ns",)
     ccols = (*CALL_KEY, "rank", "start_ns", "end_ns", "duration_ns", "launch_ns", "peer")
     wcols = ("instance", "rank", "start_ns", "wait_ns")
 

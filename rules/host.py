@@ -1,4 +1,5 @@
-"""SYNC102 host-bound-communication and SYNC103 blocking-synchronisation."""
+"""SYNC102 host-bound-communication, SYNC103 blocking-synchronisation and SYNC105
+device-contention: the device waits for the host, or for work the trace does not show."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.rules_api import (
+    LAUNCH_LATENCY_NS,
     Edit,
     Finding,
     Option,
@@ -23,7 +25,7 @@ from kineto_comm.rules_api import (
     step_blame,
 )
 
-from ._common import STORM_MAX_BYTES, STORM_MIN_CALLS, storm_keys
+from ._common import SHARE_OPTIONS, STORM_MAX_BYTES, STORM_MIN_CALLS, share_severity, storm_keys
 
 OPTIONS = (
     Option("min_gap_ns", 5_000, "Ignore device gaps shorter than this (launch latency)."),
@@ -33,7 +35,7 @@ OPTIONS = (
 
 
 # The kernels' columns the timeline reads, and the timeline's own columns.
-KERNEL_COLUMNS = ("rank", "step", "kind", "start_ns", "end_ns", "launch_ns")
+KERNEL_COLUMNS = ("rank", "step", "kind", "start_ns", "end_ns", "launch_ns", "launch_end_ns")
 TIMELINE_SCHEMA = {
     "rank": pl.Int64,
     "step": pl.Int64,
@@ -47,6 +49,7 @@ TIMELINE_SCHEMA = {
     "prev_step": pl.Int64,
     "next_start": pl.Int64,
     "next_launch": pl.Int64,
+    "next_launched": pl.Int64,
     "in_storm": pl.Boolean,
 }
 
@@ -66,6 +69,8 @@ def _timeline(tables: Tables) -> pl.LazyFrame:
 
 def _build_timeline(tables: Tables, k: pl.DataFrame, storms: pl.DataFrame) -> pl.DataFrame:
     """_timeline's rows for a batch of whole ranks' kernels."""
+    if "launch_end_ns" not in k.columns:  # not in a table built without it
+        k = k.with_columns(launch_end_ns=pl.lit(None, dtype=pl.Int64))
     if k.width < len(KERNEL_COLUMNS):  # kernels without the columns (an empty table)
         return pl.DataFrame(schema=TIMELINE_SCHEMA)
     # Kernels are stored in (rank, start) order: sorting them again was a third of this
@@ -82,6 +87,8 @@ def _build_timeline(tables: Tables, k: pl.DataFrame, storms: pl.DataFrame) -> pl
             prev_step=pl.when(prev).then(pl.col("step").shift(1)),
             next_start=pl.when(after).then(pl.col("start_ns").shift(-1)),
             next_launch=pl.when(after).then(pl.col("launch_ns").shift(-1)),
+            # When the CPU was done launching it (its launch call's end where known).
+            next_launched=pl.when(after).then(pl.coalesce("launch_end_ns", "launch_ns").shift(-1)),
         )
         .filter(pl.col("kind") == "communication")
     )
@@ -246,8 +253,11 @@ def blocking_synchronisation(tables: Tables, options: dict[str, Any]) -> list[Fi
     Finds collectives after which the GPU goes idle and the next kernel was launched by the
     CPU only after the collective had finished: the CPU waited for it (work.wait() on the
     host, torch.cuda.synchronize(), .item()/.cpu() on its result, a blocking barrier). The
-    idle time until the next kernel is counted per rank and step. The impact is the
-    replayed saving of the model of time's launch gaps without this rule's share of them.
+    idle time until the next kernel is counted per rank and step, up to the end of its
+    launch call and the launch's way to the device (rules_api.LAUNCH_LATENCY_NS; a longer
+    wait is SYNC105's).
+    The impact is the replayed saving of the model of time's launch gaps without this
+    rule's share of them.
 
     Why is this bad?
     A host-side wait empties the GPU's queue: after the collective the GPU idles for the
@@ -271,7 +281,10 @@ def blocking_synchronisation(tables: Tables, options: dict[str, Any]) -> list[Fi
                 & (pl.col("next_start") > pl.col("end_ns"))
                 & ~pl.col("in_storm")
             )
-            .with_columns(gap=pl.col("next_start") - pl.col("end_ns"))
+            .with_columns(
+                gap=pl.min_horizontal("next_start", pl.col("next_launched") + LAUNCH_LATENCY_NS)
+                - pl.col("end_ns")
+            )
         )
 
     return _report(
@@ -288,3 +301,90 @@ def blocking_synchronisation(tables: Tables, options: dict[str, Any]) -> list[Fi
             "TORCH_NCCL_BLOCKING_WAIT=1 from production runs.",
         ),
     )
+
+
+@rule(
+    code="SYNC105",
+    name="device-contention",
+    summary="Launched kernels wait on a device that runs nothing of this rank's.",
+    tables=("kernels", "steps", "offsets"),
+    options=SHARE_OPTIONS,
+)
+def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """What it does:
+    Measures the model of time's `queued` time: the device runs nothing of this rank's, the
+    next kernel's launch call returned more than rules_api.LAUNCH_LATENCY_NS before, and it
+    has not started. The device was running work the trace does not show. The impact is
+    the replayed saving of that time removed (the device given to this rank alone).
+
+    Why is this bad?
+    Another process on the same GPU (several ranks on one device, a second job, an
+    evaluation or data process using CUDA, MPS clients) time-slices the device with the
+    training step: each rank's kernels wait their turn, and every collective waits for the
+    slowest rank's turn.
+
+    How to fix:
+    One training process per GPU (torchrun --nproc-per-node equal to the GPUs, LOCAL_RANK
+    for torch.cuda.set_device); no other process on the training GPUs (nvidia-smi lists
+    them); if ranks must share a device, NVIDIA MPS. A sampled or filtered trace, with
+    events left out, shows such gaps too: profile again without sampling.
+    """
+    queued = pl.col("category") == "queued"
+    edit = Edit("the device's other work moved off it: each rank alone on its GPU", queued)
+    saving = replay_saving(tables, edit)
+    step_ns = mean_step_ns(tables)
+    share = saving / step_ns if step_ns else 0.0
+    sev = share_severity(share, options)
+    if sev is None:
+        return []
+    per = tables.collect(
+        step_blame(tables)
+        .filter(queued & (pl.col("step") >= 0))
+        .group_by("rank")
+        .agg(ns=pl.col("ns").sum(), steps=pl.col("step").n_unique(), kernels=pl.col("calls").sum())
+    ).sort("rank")
+    worst = per.sort("ns", descending=True).row(0, named=True) if per.height else None
+    shared = tables.has("offsets", "host_source") and bool(
+        (tables["offsets"]["host_source"] == "shared_device").any()
+    )
+    advice = (
+        (
+            "Every rank here runs on the same device id: if they share one GPU, give each "
+            "rank its own (one process per GPU: torchrun --nproc-per-node = GPUs, "
+            "torch.cuda.set_device(LOCAL_RANK)), or run them under NVIDIA MPS.",
+        )
+        if shared
+        else ()
+    ) + (
+        "Look for other processes on the training GPUs (nvidia-smi): another job, an "
+        "evaluation or data-loading process using CUDA.",
+        "A sampled or filtered trace leaves events out and shows such gaps: profile again "
+        "without sampling before acting on this.",
+    )
+    per_step = worst["ns"] / max(1, worst["steps"]) if worst else 0.0
+    return [
+        make_finding(
+            device_contention,
+            sev,
+            f"Kernels wait on a device that runs nothing of this rank's: {saving / 1e6:.2f} "
+            "ms per step",
+            f"Kernels whose launch returned more than {LAUNCH_LATENCY_NS / 1e3:.0f} us before "
+            f"wait to start on a device running none of this rank's work, "
+            f"{per_step / 1e6:.2f} ms per step "
+            f"on the worst rank (rank {worst['rank'] if worst else '-'}): the device runs work "
+            f"the trace does not show. Without it the step would be {saving / 1e6:.2f} ms "
+            f"shorter ({share:.1%} of {step_ns / 1e6:.2f} ms).",
+            impact_ns_per_step=saving,
+            step_ns=step_ns,
+            ranks=per["rank"].to_list(),
+            evidence={
+                "queued_ns_per_step_worst_rank": int(per_step),
+                "worst_rank": worst["rank"] if worst else None,
+                "shared_device_id": shared,
+                "step_ns": step_ns,
+                "saving_method": f"replay: {edit.name}",
+            },
+            edit=edit,
+            advice=advice,
+        )
+    ]

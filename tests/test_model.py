@@ -220,6 +220,7 @@ def test_kernels_get_the_first_runtime_call_with_their_file_and_correlation(base
             "_file": [0, 0, 1, 1, 0],
             "correlation": [base + 1, base + 2, base + 1, None, base + 1],
             "start_ns": [10, 20, 30, 40, 50],
+            "end_ns": [12, 25, 39, 41, 53],
             "tid": ["a", "b", "c", "d", "e"],
         }
     )
@@ -230,8 +231,9 @@ def test_kernels_get_the_first_runtime_call_with_their_file_and_correlation(base
             "correlation": [base + 1, base + 1, base + 3, None, base + 1 + (1 << 40)],
         }
     )
-    got = _join_launches(gpu, runtime).select("launch_ns", "launch_tid")
-    assert got.rows() == [(30, "c"), (10, "a"), (None, None), (None, None), (None, None)]
+    got = _join_launches(gpu, runtime).select("launch_ns", "launch_tid", "launch_end_ns")
+    nothing = (None, None, None)
+    assert got.rows() == [(30, "c", 39), (10, "a", 12), nothing, nothing, nothing]
 
 
 def test_extra_comm_patterns_mark_kernels_as_communication(tmp_path):

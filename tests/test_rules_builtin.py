@@ -554,3 +554,26 @@ def test_an_uneven_all_to_all_is_named_in_the_imbalance_advice(job: str) -> None
     for f in late:
         assert f.evidence["uneven_all_to_all"] == []
         assert not any("all-to-all" in a for a in f.advice)
+
+
+def test_device_contention_on_a_shared_gpu_and_not_alone() -> None:
+    """The H100 captures run four ranks on one GPU: kernels whose launch returned long ago
+    wait on a device running none of their rank's work (the `queued` blame); SYNC105 names
+    it, its saving is that time replayed away, and it says every rank reports one device
+    id. Single-process traces (A100, V100; alexnet's 3 s first launch is the CPU's, in its
+    launch call) have no such finding."""
+    from kineto_comm.rules_api import Edit, replay_saving
+
+    root = Path(__file__).resolve().parents[1]
+    report = analyze(root / "tests" / "data" / "h100-nccl" / "ep-4", jobs=1)
+    (f,) = [f for f in report.findings if f.code == "SYNC105"]
+    queued = report.step_blame.filter(pl.col("category") == "queued")["ns"].sum()
+    assert queued > 0.2 * report.step_times.filter("complete")["step_ns"].sum()
+    tables = Tables(report)
+    assert f.impact_ns_per_step == replay_saving(tables, Edit("x", pl.col("category") == "queued"))
+    assert f.evidence["shared_device_id"] is True
+    assert f.advice[0].startswith("Every rank here runs on the same device id")
+    for rel in ("hta/nccl_parser_config", "hta/df_index_resolver", "hta/critical_path/alexnet"):
+        alone = analyze(shared(rel), jobs=1)
+        assert not [g for g in alone.findings if g.code == "SYNC105"], rel
+        assert alone.step_blame.filter(pl.col("category") == "queued")["ns"].sum() < 1e5, rel

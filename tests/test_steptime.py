@@ -317,26 +317,35 @@ def test_a_fix_that_keeps_the_launches_moves_no_kernel_before_its_launch() -> No
 
 
 def test_a_launch_gap_ends_at_the_launch_s_way_to_the_device(tmp_path: Path) -> None:
-    """The device idles after a kernel ends at 100 us. A kernel launched at 200 us that
-    starts at 250 us was held by its launch: 150 us of launch. One launched at 400 us that
-    starts only at 5,400 us (another process on a shared GPU) was held by its launch until
-    LAUNCH_LATENCY_NS after it: the rest of that wait is idle, not the CPU's."""
+    """The device idles after a kernel ends at 100 us. A kernel whose launch call ran from
+    200 to 202 us and that starts at 215 us was held by its launch: 115 us of launch. One
+    whose call returned at 402 us and that starts only at 5,400 us (another process on a
+    shared GPU) was held by its launch until LAUNCH_LATENCY_NS after the call returned; the
+    rest of that wait is queued (the device ran something the trace does not show). One
+    whose launch call lasted 3 ms (a first launch loading its module) and that starts 8 us
+    after it returned was held by the CPU all along."""
     from .conftest import kernel, launch, write_trace
 
     lat = steptime.LAUNCH_LATENCY_NS // 1000
     events = [
         kernel("gemm_a", 0.0, 100.0, corr=1),
         launch(-10.0, 1),
-        kernel("gemm_b", 250.0, 50.0, corr=2),
+        kernel("gemm_b", 215.0, 50.0, corr=2),
         launch(200.0, 2),
         kernel("gemm_c", 5400.0, 100.0, corr=3),
         launch(400.0, 3),
+        kernel("gemm_d", 8610.0, 90.0, corr=4),
+        launch(5600.0, 4, dur=3002.0),
     ]
     write_trace(tmp_path / "rank0.json", events, world_size=1)
     report = analyze(tmp_path, jobs=1, ignore=["ALL"])
+    assert report.kernels["launch_end_ns"].to_list() == [
+        (t + d) * 1000 for t, d in ((-10, 2), (200, 2), (400, 2), (5600, 3002))
+    ]
     blame = report.step_blame.group_by("category").agg(pl.col("ns").sum())
     got = dict(blame.iter_rows())
-    assert got["launch"] == (250 - 100) * 1000 + (400 + lat - 300) * 1000
-    assert got["idle"] == (5400 - 400 - lat) * 1000
-    assert got["compute"] == 250_000
-    assert sum(got.values()) == report.step_times["step_ns"].sum() == 5_500_000
+    launch_us = (215 - 100) + (402 + lat - 265) + (8610 - 5500)
+    assert got["launch"] == launch_us * 1000
+    assert got["queued"] == (5400 - 402 - lat) * 1000 and got.get("idle", 0) == 0
+    assert got["compute"] == 340_000
+    assert sum(got.values()) == report.step_times["step_ns"].sum() == 8_700_000

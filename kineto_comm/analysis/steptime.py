@@ -28,12 +28,14 @@ the step can hide.)
                      from, the neighbouring stage); it names that stage (`late_rank`, the
                      call's peer), which the critical path and the replay follow (PIPE101
                      replays the schedule's share of it)
-    launch           nothing runs and the next kernel was launched by the CPU after the
+    launch           nothing runs and the CPU was still launching the next kernel when the
                      device went idle (a late launch delays its kernel), until its launch
-                     and at most LAUNCH_LATENCY_NS after it (then idle: the kernel waited
-                     for something the trace does not show, such as another process on a
-                     shared GPU); when that kernel is a collective, the row names its
-                     collective and group
+                     call returned and at most LAUNCH_LATENCY_NS after; when that kernel
+                     is a collective, the row names its collective and group
+    queued           the rest of such a gap: the kernel was launched and the device ran
+                     nothing of this rank's, yet it did not start (the device ran work the
+                     trace does not show: another process on a shared GPU, events left
+                     out of a sampled trace); named as launch rows are
     idle             nothing runs otherwise
 
 Calls overlapping each other on one rank (several streams) are made disjoint in start
@@ -74,7 +76,16 @@ import polars as pl
 
 from kineto_comm.analysis.overlap import disjoint_pieces, uncovered_ns
 
-CATEGORIES = ("compute", "memory", "transfer", "wait", "pipeline_bubble", "launch", "idle")
+CATEGORIES = (
+    "compute",
+    "memory",
+    "transfer",
+    "wait",
+    "pipeline_bubble",
+    "launch",
+    "queued",
+    "idle",
+)
 # The blame table's columns (docs/tables.md `step_blame`).
 BLAME_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),
@@ -96,12 +107,13 @@ STEP_TIMES_SCHEMA: dict[str, pl.DataType] = {
     "complete": pl.Boolean(),
 }
 P2P = ("send", "recv", "send_recv")
-# How long after its launch a kernel may start on an idle device and still be delayed by
-# its launch (the call and its way to the device): 5-50 us on the real single-process
-# traces here (A100, V100, H100: median 6-12 us, the most 38-53 us). A kernel that starts
-# later than this waited for something the trace does not show (another process on a
-# shared GPU, events left out of a sampled trace): from then on the gap is idle, not launch.
-LAUNCH_LATENCY_NS = 100_000
+# How long after its launch call returns (kernels.launch_end_ns; its start where the trace
+# has no end) a kernel may start on an idle device and still be delayed by its launch: 1-8
+# us on every real single-process trace here (A100, V100, H100, MI250: median 1-7 us, the
+# most 8.2 us), while the call itself may last seconds (a first launch loads its module).
+# A kernel that starts later than this waited for something the trace does not show
+# (another process on a shared GPU, events left out of a sampled trace): that is queued.
+LAUNCH_LATENCY_NS = 20_000
 # Rounds of propagation through the waits at most (a chain of late ranks this long).
 PROPAGATION_ROUNDS = 16
 # The rows that wait for another rank (`late_rank`): a collective's late rank, or the
@@ -196,7 +208,8 @@ def rank_time(
     earlier call on the rank already holds, so the calls' exposed time adds up to the
     blame's communication rows exactly; a call outside every window has none.
 
-    kernels: rank, kind, start_ns, end_ns, launch_ns, each rank's rows in start order (the
+    kernels: rank, kind, start_ns, end_ns, launch_ns (and launch_end_ns where known), each
+    rank's rows in start order (the
     kernels table's order; sorted here otherwise). Communication rows are read from `calls`
     instead: rank, start_ns, end_ns, transfer_ns, collective, process_group, role,
     late_rank (one row per communication kernel). windows: rank, step, start_ns, end_ns.
@@ -210,8 +223,12 @@ def rank_time(
     ).filter(pl.col("end_ns") >= pl.col("start_ns"))
     # The kernels table's order, (rank, start), is kept: the compute and its cover are made
     # disjoint before they are cut to the windows, without a sort.
+    # When the CPU was done launching each kernel: its launch call's end where known.
+    launched = pl.col("launch_ns")
+    if "launch_end_ns" in kernels.columns:
+        launched = pl.coalesce("launch_end_ns", "launch_ns")
     k = kernels.select(
-        pl.col("rank").cast(pl.Int64), "kind", "start_ns", "end_ns", "launch_ns"
+        pl.col("rank").cast(pl.Int64), "kind", "start_ns", "end_ns", _launched=launched
     ).filter(pl.col("end_ns") > pl.col("start_ns"))
     if not k.select((pl.col("start_ns").diff().over("rank") >= 0).all()).item():
         k = k.sort("rank", "start_ns", maintain_order=True)
@@ -280,17 +297,17 @@ def rank_time(
         # The step's last call of a rank: nothing after it in the step to hide it behind.
         last_call=pl.col("_end") == pl.col("_end").max().over("rank", "step")
     )
-    # Launch gaps: where nothing runs before a kernel the CPU launched after the device
-    # went idle (every kernel, communication included, covers the device), up to its launch
-    # and the launch's way to the device (LAUNCH_LATENCY_NS); the rest of a longer wait is
-    # idle. A launch gap is labelled with the kernel it delayed (a collective: its call).
+    # Launch gaps: where nothing runs before a kernel the CPU was still launching when the
+    # device went idle (every kernel, communication included, covers the device), up to the
+    # launch call's end and the launch's way to the device (LAUNCH_LATENCY_NS); the rest of
+    # a longer wait is queued. Both name the kernel they delayed (a collective: its call).
     reach = pl.col("end_ns").cum_max().shift(1).over("rank")
     gaps = (
         k.with_columns(_prev=reach)
         .filter(
             pl.col("_prev").is_not_null()
             & (pl.col("start_ns") > pl.col("_prev"))
-            & (pl.col("launch_ns") > pl.col("_prev"))
+            & (pl.col("_launched") > pl.col("_prev"))
         )
         .select(
             "rank",
@@ -298,23 +315,27 @@ def rank_time(
             "start_ns",
             "end_ns",
             _prev="_prev",
-            _cpu=pl.min_horizontal("start_ns", pl.col("launch_ns") + LAUNCH_LATENCY_NS),
+            _cpu=pl.min_horizontal("start_ns", pl.col("_launched") + LAUNCH_LATENCY_NS),
         )
     )
     named = c.select("rank", "start_ns", "end_ns", "collective", "process_group", "role").unique(
         ["rank", "start_ns", "end_ns"], keep="first", maintain_order=True
     )
-    gaps = (
-        gaps.join(named, on=["rank", "start_ns", "end_ns"], how="left")
-        .with_columns(
-            [
-                pl.when(pl.col("kind") == "communication").then(pl.col(n)).alias(n)
-                for n in ("collective", "process_group", "role")
-            ]
-        )
-        .select("rank", "collective", "process_group", "role", start_ns="_prev", end_ns="_cpu")
-        .sort("rank", "start_ns")
+    gaps = gaps.join(named, on=["rank", "start_ns", "end_ns"], how="left").with_columns(
+        [
+            pl.when(pl.col("kind") == "communication").then(pl.col(n)).alias(n)
+            for n in ("collective", "process_group", "role")
+        ]
     )
+    keys = ("rank", "collective", "process_group", "role")
+    gaps = pl.concat(
+        [
+            gaps.select(*keys, start_ns="_prev", end_ns="_cpu", _cat=pl.lit("launch")),
+            gaps.filter(pl.col("start_ns") > pl.col("_cpu")).select(
+                *keys, start_ns="_cpu", end_ns="start_ns", _cat=pl.lit("queued")
+            ),
+        ]
+    ).sort("rank", "start_ns")
     gaps = _clip_to_windows(gaps, windows)
     rows = []
     # Compute made disjoint: its pieces' lengths sum to the union's.
@@ -344,9 +365,9 @@ def rank_time(
         )
     if gaps.height:
         rows.append(
-            gaps.group_by("rank", "step", "collective", "process_group", "role")
+            gaps.group_by("rank", "step", "collective", "process_group", "role", "_cat")
             .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
-            .with_columns(category=pl.lit("launch"))
+            .rename({"_cat": "category"})
         )
     parts = [
         r.select(

@@ -94,13 +94,14 @@ typedef struct {
 } Col;
 
 /* The events' table: a row per kept event. `_detail` is the event's row in the details
- * table (null: its args hold none of the collective fields); `launch_ts_us` and
- * `launch_tid`, a device event's launch: the time and thread of the first runtime call
- * with its correlation, where scan() linked them (see link_launches). */
+ * table (null: its args hold none of the collective fields); `launch_ts_us`,
+ * `launch_tid` and `launch_dur_us`, a device event's launch: the time, thread and duration
+ * of the first runtime call with its correlation, where scan() linked them (see
+ * link_launches). */
 enum {
     COL_CODE, COL_PH, COL_NAME, COL_PID, COL_TID, COL_TS, COL_DUR, COL_EXT, COL_EXT_OLD,
     COL_CORR, COL_STREAM, COL_DEVICE, COL_START, COL_END, COL_DETAIL, COL_LAUNCH_TS,
-    COL_LAUNCH_TID, N_COLS
+    COL_LAUNCH_TID, COL_LAUNCH_DUR, N_COLS
 };
 static const Col COLS[N_COLS] = {
     {"code", "C", 1},        {"ph", "C", 1},          {"name", "I", 4},
@@ -108,7 +109,7 @@ static const Col COLS[N_COLS] = {
     {"dur_us", "g", 8},      {"external_id", "l", 8}, {"external_id_old", "l", 8},
     {"correlation", "l", 8}, {"stream", "l", 8},      {"device", "l", 8},
     {"span_start", "l", 8},  {"span_end", "l", 8},    {"_detail", "I", 4},
-    {"launch_ts_us", "g", 8}, {"launch_tid", "l", 8},
+    {"launch_ts_us", "g", 8}, {"launch_tid", "l", 8}, {"launch_dur_us", "g", 8},
 };
 
 /* The details table: a row per kept event whose args name a collective field, with the
@@ -128,7 +129,8 @@ static const Col DCOLS[N_DCOLS] = {
     {"src_rank", "l", 8},   {"dst_rank", "l", 8},  {"wait_on_stream", "l", 8},
     {"wait_on_corr", "l", 8}, {"raw", "C", 1},
 };
-#define MAX_COLS 17
+#define MAX_COLS 18
+_Static_assert(N_COLS <= MAX_COLS && N_DCOLS <= MAX_COLS, "a table has more columns than MAX_COLS");
 
 typedef struct {
     const Col *cols;
@@ -1002,8 +1004,8 @@ static int64_t put_details(Table *d, const Event *ev, Interner *names) {
     return d->n++;
 }
 
-/* Each device row's launch: the time and thread of the first runtime call, in file order,
- * with its correlation and a time (the join decode.py would make: runtime calls without a
+/* Each device row's launch: the time, thread and duration of the first runtime call, in
+ * file order, with its correlation and a time (the join decode.py would make: runtime calls without a
  * time are dropped, the first of the others kept); then the runtime rows are let go: they
  * serve no table but this link (a batch of rank files spent a third of its rows and
  * queries on them, bench/README.md, forty-first session). Roles are code / 16 (decode.py's
@@ -1042,8 +1044,10 @@ static int link_launches(Table *t) {
             rows[h] = i;
         }
         const double *ts = (const double *)t->data[COL_TS];
+        const double *dur = (const double *)t->data[COL_DUR];
         const int64_t *tid = (const int64_t *)t->data[COL_TID];
         double *launch_ts = (double *)t->data[COL_LAUNCH_TS];
+        double *launch_dur = (double *)t->data[COL_LAUNCH_DUR];
         int64_t *launch_tid = (int64_t *)t->data[COL_LAUNCH_TID];
         for (int64_t i = 0; i < t->n; i++) {
             if (code[i] >> 4 != 0 || !has_corr[i]) continue;
@@ -1058,6 +1062,11 @@ static int link_launches(Table *t) {
                 launch_tid[i] = tid[call];
                 t->valid[COL_LAUNCH_TID][i] = 1;
                 t->nulls[COL_LAUNCH_TID]--;
+            }
+            if (t->valid[COL_DUR][call]) {
+                launch_dur[i] = dur[call];
+                t->valid[COL_LAUNCH_DUR][i] = 1;
+                t->nulls[COL_LAUNCH_DUR]--;
             }
         }
 #undef SLOT
@@ -1258,6 +1267,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         put(&t, COL_END, &span1);
         put_null(&t, COL_LAUNCH_TS); /* link_launches sets them */
         put_null(&t, COL_LAUNCH_TID);
+        put_null(&t, COL_LAUNCH_DUR);
         if (ph == 'M') { /* decode.py reads metadata from the span */
             for (int k = COL_NAME; k < COL_START; k++) put_null(&t, k);
             put_null(&t, COL_DETAIL);

@@ -297,13 +297,15 @@ GPU_SCHEMA = {
     "correlation": _I64,
     "stream": _I64,
     "device": _I64,
-    # The launching runtime call's time and thread (see _join_launches).
+    # The launching runtime call's time, thread and duration (see _join_launches).
     "launch_ts_us": _F64,
     "launch_tid": _STR,
+    "launch_dur_us": _F64,
     **_COLL,
     **_SYNC,
 }
-RUNTIME_SCHEMA = {"ph": _STR, "tid": _STR, "ts_us": _F64, "correlation": _I64}  # launches only
+# Launches only: their time, thread and duration.
+RUNTIME_SCHEMA = {"ph": _STR, "tid": _STR, "ts_us": _F64, "dur_us": _F64, "correlation": _I64}
 _RUNTIME_READS = [*RUNTIME_SCHEMA, "_file"]  # a scanned runtime call's columns that are read
 OPS_SCHEMA = {
     **_COMMON,
@@ -337,11 +339,13 @@ class RawTrace:
     """One file's events split by role, with exact start_ns/end_ns, and its metadata.
 
     Each table has its schema's columns except ph, ts_us and dur_us, which become
-    start_ns and end_ns (and launch_ts_us, which becomes launch_ns).
+    start_ns and end_ns (and launch_ts_us and launch_dur_us, which become launch_ns and
+    launch_end_ns).
 
     - `gpu`: kernels, memcpy and memset on the device timeline (GPU_SCHEMA), each with
-      launch_ns and launch_tid: when and on which thread the first runtime call with its
-      correlation started (null if none), and the CUDA sync events (cat SYNC_CAT; a stream
+      launch_ns, launch_end_ns and launch_tid: when the first runtime call with its
+      correlation started and returned, and on which thread (null if none), and the CUDA
+      sync events (cat SYNC_CAT; a stream
       wait with wait_on_stream and wait_on_corr). The CUDA/HIP runtime calls serve only
       this link and are not kept.
     - `ops`: communication ops (record_param_comms, nccl:*, gloo:*) and user annotations
@@ -1453,7 +1457,11 @@ def _scanned_columns(
 
 
 # The device rows' launch columns as the scanner links them (null where it did not).
-_SCANNED_LAUNCH = [pl.col("launch_ts_us"), pl.col("launch_tid").cast(_STR)]
+_SCANNED_LAUNCH = [
+    pl.col("launch_ts_us"),
+    pl.col("launch_tid").cast(_STR),
+    pl.col("launch_dur_us"),
+]
 
 
 def _scanned_frame(
@@ -1990,27 +1998,31 @@ def _to_ns(events: pl.LazyFrame, base_ns: pl.Expr, clean: bool) -> pl.LazyFrame:
     """Exact integer-nanosecond start/end columns (absolute when the trace gives a base) in
     place of the microsecond ones and the phase (every row is a complete event by now);
     rows without a time, or with one out of range (_MAX_US), are dropped unless `clean`
-    says there are none. A launch time (launch_ts_us) becomes launch_ns exactly as its
-    runtime call's start does (null where it is out of range)."""
+    says there are none. A launch (launch_ts_us, launch_dur_us) becomes launch_ns and
+    launch_end_ns exactly as its runtime call's start and end do (null where it is out of
+    range)."""
     ts = pl.col("ts_us")
     start = _ns(ts, base_ns)
     if not clean:
         events = events.filter(_in_range(events.collect_schema().names()))
     schema = events.collect_schema()
-    if "dur_us" not in schema:  # launches: only their start matters
-        return events.with_columns(start_ns=start).drop("ph", "ts_us")
-    dur = pl.col("dur_us").fill_null(0.0).clip(lower_bound=0.0) * 1000
-    dur = dur.round().cast(pl.Int64, strict=False)
-    times = {"start_ns": start, "end_ns": start + dur}
+    times = {"start_ns": start, "end_ns": start + _dur_ns(pl.col("dur_us"))}
     dropped = ["ph", "ts_us", "dur_us"]
     if "launch_ts_us" in schema:
         # A launch out of range is no launch (as where its runtime call, dropped for it, is
         # joined after the scanner: _join_launches): neither time nor thread.
         launch = pl.col("launch_ts_us").abs() < _MAX_US
-        times["launch_ns"] = pl.when(launch).then(_ns(pl.col("launch_ts_us"), base_ns))
+        at = _ns(pl.col("launch_ts_us"), base_ns)
+        times["launch_ns"] = pl.when(launch).then(at)
+        times["launch_end_ns"] = pl.when(launch).then(at + _dur_ns(pl.col("launch_dur_us")))
         times["launch_tid"] = pl.when(launch).then(pl.col("launch_tid"))
-        dropped.append("launch_ts_us")
+        dropped += ["launch_ts_us", "launch_dur_us"]
     return events.with_columns(**times).drop(dropped)
+
+
+def _dur_ns(dur_us: pl.Expr) -> pl.Expr:
+    """A duration in microseconds as integer nanoseconds (none or negative: 0)."""
+    return (dur_us.fill_null(0.0).clip(lower_bound=0.0) * 1000).round().cast(pl.Int64, strict=False)
 
 
 def _ns(ts: pl.Expr, base_ns: pl.Expr) -> pl.Expr:
@@ -2027,12 +2039,12 @@ def _ns(ts: pl.Expr, base_ns: pl.Expr) -> pl.Expr:
 
 
 def _join_launches(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
-    """`gpu` with launch_ns and launch_tid from the first runtime call with each row's file
-    and correlation (`_file` where the tables hold several files), in the rows' order, where
-    the scanner has not linked them (kineto_comm/load/_scan.c, link_launches: a file linked
-    there has no runtime calls left here). Only the
-    key columns of the (wide) kernel table take part in the join. Where they fit, file and
-    correlation are one integer key (kineto_comm.keys): an order-keeping join on two keys
+    """`gpu` with launch_ns, launch_end_ns and launch_tid from the first runtime call with
+    each row's file and correlation (`_file` where the tables hold several files), in the
+    rows' order, where the scanner has not linked them (kineto_comm/load/_scan.c,
+    link_launches: a file linked there has no runtime calls left here). Only the key columns
+    of the (wide) kernel table take part in the join. Where they fit, file and correlation
+    are one integer key (kineto_comm.keys): an order-keeping join on two keys
     took twice as long."""
     by = ["_file"] if "_file" in gpu.columns and "_file" in runtime.columns else []
     pair = pair_key([runtime, gpu], "_file", "correlation") if by else None
@@ -2040,12 +2052,12 @@ def _join_launches(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
     key = [pl.col(c) for c in on] if pair is None else [pair.alias("_key")]
     calls = (
         runtime.lazy()
-        .select(*key, launch_ns="start_ns", launch_tid="tid")
+        .select(*key, launch_ns="start_ns", launch_end_ns="end_ns", launch_tid="tid")
         .drop_nulls(on)
         .unique(on, keep="first", maintain_order=True)
     )
     joined = gpu.lazy().select(*key).join(calls, on=on, how="left", maintain_order="left")
-    found = collect(joined.select("launch_ns", "launch_tid")).get_columns()
+    found = collect(joined.select("launch_ns", "launch_end_ns", "launch_tid")).get_columns()
     if "launch_ns" not in gpu.columns:
         return gpu.with_columns(found)
     return gpu.with_columns(pl.coalesce(gpu.get_column(f.name), f).alias(f.name) for f in found)

@@ -7,6 +7,8 @@ Columns (`KERNEL_SCHEMA`; times are integer nanoseconds):
     start_ns, end_ns           when it ran
     correlation, external_id   links to the launching runtime call and CPU op
     launch_ns, launch_tid      when and on which CPU thread it was launched (null if unknown)
+    launch_end_ns              when that launching runtime call returned (the CPU launches
+                               until then: a first launch may load its module for seconds)
     waits_for                  the correlation of the kernel of another stream that a stream
                                wait recorded in the trace makes it wait for; -1: a recorded
                                wait whose event the trace does not resolve; null: none
@@ -38,6 +40,7 @@ KERNEL_SCHEMA: dict[str, pl.DataType] = {
     "external_id": pl.Int64(),
     "launch_ns": pl.Int64(),
     "launch_tid": pl.String(),
+    "launch_end_ns": pl.Int64(),
     "waits_for": pl.Int64(),
 }
 KERNEL_COLUMNS = tuple(KERNEL_SCHEMA) + ("step",)
@@ -95,6 +98,9 @@ def build_kernels(raw: RawTrace, comm_patterns: tuple[str, ...] = ()) -> pl.Data
         "external_id",
         "launch_ns",
         "launch_tid",
+        pl.col("launch_end_ns")
+        if "launch_end_ns" in gpu.columns
+        else pl.lit(None, dtype=pl.Int64).alias("launch_end_ns"),
         *[pl.col(c).alias(f"arg_{c}") for c in ARG_COLUMNS],
         pl.lit(None, dtype=pl.String).alias("arg_input_dims"),
         pl.lit(None, dtype=pl.String).alias("arg_input_type"),
@@ -278,6 +284,7 @@ def host_timeline(raw: RawTrace) -> pl.DataFrame:
         pl.lit(None, dtype=pl.Int64).alias("external_id"),
         pl.lit(None, dtype=pl.Int64).alias("launch_ns"),
         pl.col("tid").alias("launch_tid"),
+        pl.lit(None, dtype=pl.Int64).alias("launch_end_ns"),
         pl.lit(None, dtype=pl.Int64).alias("waits_for"),
         *[pl.col(c).alias(f"arg_{c}") for c in args],
     )
