@@ -237,9 +237,8 @@ def _uneven_line(group: dict[str, Any]) -> str:
         "embedding": "the rows per rank (shard the tables by measured lookups: torchrec's planner)",
     }.get(
         group["role"],
-        "in a mixture of experts the tokens per expert (load-balancing loss, capacity "
-        "factor), for embedding tables their sharding (torchrec's planner), else the batch "
-        "each rank sends",
+        "whatever the group carries (the load of each expert, each rank's shard of the "
+        "embedding tables, or its batch), the same amount on every rank",
     )
     ranks = group["ranks"]
     who = (

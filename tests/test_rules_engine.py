@@ -38,6 +38,7 @@ BUILTIN = {
     "SYNC102",
     "SYNC103",
     "SYNC104",
+    "SYNC105",
 }
 DOC = "What it does: x.\nWhy is this bad? y.\nHow to fix: z."
 STEPS = pl.DataFrame(
@@ -98,7 +99,13 @@ def test_rule_metadata_is_validated() -> None:
 def test_selection_by_code_prefix_and_name() -> None:
     reg = registry()
     assert [r.code for r in reg.select(["COMM101"])] == ["COMM101"]
-    assert {r.code for r in reg.select(["SYNC"])} == {"SYNC101", "SYNC102", "SYNC103", "SYNC104"}
+    assert {r.code for r in reg.select(["SYNC"])} == {
+        "SYNC101",
+        "SYNC102",
+        "SYNC103",
+        "SYNC104",
+        "SYNC105",
+    }
     assert {r.code for r in reg.select(["COMM1"])} == {"COMM101", "COMM102"}
     assert [r.code for r in reg.select(["straggler"])] == ["SYNC101"]
     assert {r.code for r in reg.select([], ["COMM", "NET", "PIPE", "MODEL"])} == {
@@ -106,6 +113,7 @@ def test_selection_by_code_prefix_and_name() -> None:
         "SYNC102",
         "SYNC103",
         "SYNC104",
+        "SYNC105",
     }
     assert {r.code for r in reg.select(["ALL"], ["pipeline-bubble"])} == BUILTIN - {"PIPE101"}
     with pytest.raises(RuleError, match="unknown rule or prefix 'NOPE9'"):
