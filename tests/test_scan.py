@@ -468,3 +468,27 @@ def test_the_environment_can_turn_the_scanner_off(scanner):
         check=True,
     )
     assert run.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("dur", [2.0, 1e18, -5.0, None], ids=["plain", "huge", "negative", "none"])
+def test_a_launch_call_s_end_is_the_same_with_and_without_the_scanner(
+    scanner, monkeypatch, tmp_path, dur
+):
+    """The launch call's end (launch_end_ns) from either path: start plus its duration; a
+    negative or missing duration is 0, one beyond the time range leaves the end unknown and
+    keeps the launch (msgspec once dropped such a call, and its kernel's launch with it)."""
+    from tests.conftest import kernel, launch, write_trace
+
+    call = launch(100.0, 7)
+    if dur is None:
+        del call["dur"]
+    else:
+        call["dur"] = dur
+    path = write_trace(tmp_path / "t.json", [kernel("gemm", 200.0, 10.0, corr=7), call])
+    fast = _tables(path)
+    _assert_same(fast, _pure(monkeypatch, path))
+    gpu = fast["gpu"]
+    assert gpu["launch_ns"].to_list() == [gpu["start_ns"][0] - 100_000]
+    expected = {2.0: 2_000, -5.0: 0, None: 0}.get(dur)
+    end = gpu["launch_end_ns"][0]
+    assert end is None if expected is None else end == gpu["launch_ns"][0] + expected

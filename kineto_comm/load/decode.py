@@ -2003,26 +2003,32 @@ def _to_ns(events: pl.LazyFrame, base_ns: pl.Expr, clean: bool) -> pl.LazyFrame:
     range)."""
     ts = pl.col("ts_us")
     start = _ns(ts, base_ns)
+    names = events.collect_schema().names()
     if not clean:
-        events = events.filter(_in_range(events.collect_schema().names()))
-    schema = events.collect_schema()
-    times = {"start_ns": start, "end_ns": start + _dur_ns(pl.col("dur_us"))}
+        # The runtime calls (no name: launches only) are kept or dropped by their start:
+        # a duration out of range leaves the launch's end unknown, as the scanner does.
+        calls = "name" not in names
+        events = events.filter(_in_range([n for n in names if not (calls and n == "dur_us")]))
+    times = {"start_ns": start, "end_ns": _end_ns(start, pl.col("dur_us"))}
     dropped = ["ph", "ts_us", "dur_us"]
-    if "launch_ts_us" in schema:
+    if "launch_ts_us" in names:
         # A launch out of range is no launch (as where its runtime call, dropped for it, is
         # joined after the scanner: _join_launches): neither time nor thread.
         launch = pl.col("launch_ts_us").abs() < _MAX_US
         at = _ns(pl.col("launch_ts_us"), base_ns)
         times["launch_ns"] = pl.when(launch).then(at)
-        times["launch_end_ns"] = pl.when(launch).then(at + _dur_ns(pl.col("launch_dur_us")))
+        times["launch_end_ns"] = pl.when(launch).then(_end_ns(at, pl.col("launch_dur_us")))
         times["launch_tid"] = pl.when(launch).then(pl.col("launch_tid"))
         dropped += ["launch_ts_us", "launch_dur_us"]
     return events.with_columns(**times).drop(dropped)
 
 
-def _dur_ns(dur_us: pl.Expr) -> pl.Expr:
-    """A duration in microseconds as integer nanoseconds (none or negative: 0)."""
-    return (dur_us.fill_null(0.0).clip(lower_bound=0.0) * 1000).round().cast(pl.Int64, strict=False)
+def _end_ns(start_ns: pl.Expr, dur_us: pl.Expr) -> pl.Expr:
+    """The end of an event that starts at `start_ns` and lasts `dur_us` microseconds (none
+    or negative: 0; beyond _MAX_US, or not a number: unknown)."""
+    known = dur_us.is_null() | (dur_us.abs() < _MAX_US)
+    dur = (dur_us.fill_null(0.0).clip(lower_bound=0.0) * 1000).round().cast(pl.Int64, strict=False)
+    return pl.when(known).then(start_ns + dur)
 
 
 def _ns(ts: pl.Expr, base_ns: pl.Expr) -> pl.Expr:
