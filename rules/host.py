@@ -23,6 +23,7 @@ from kineto_comm.rules_api import (
     rule,
     severity_for,
     step_blame,
+    step_times,
 )
 
 from ._common import SHARE_OPTIONS, STORM_MAX_BYTES, STORM_MIN_CALLS, share_severity, storm_keys
@@ -337,9 +338,10 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     sev = share_severity(share, options)
     if sev is None:
         return []
+    complete = step_times(tables).filter(pl.col("complete"))["step"]
     per = tables.collect(
         step_blame(tables)
-        .filter(queued & (pl.col("step") >= 0))
+        .filter(queued & pl.col("step").is_in(complete.implode()))
         .group_by("rank")
         .agg(ns=pl.col("ns").sum(), steps=pl.col("step").n_unique(), kernels=pl.col("calls").sum())
     ).sort("rank")
