@@ -266,6 +266,7 @@ def _balance_advice(tables: Tables, uneven: pl.DataFrame) -> tuple[str, ...]:
 
 
 def _uneven_evidence(uneven: pl.DataFrame) -> list[dict[str, Any]]:
+    """uneven_all_to_all's groups as a finding's `evidence.uneven_all_to_all`."""
     return [
         {
             "process_group": g,

@@ -209,11 +209,11 @@ def rank_time(
     blame's communication rows exactly; a call outside every window has none.
 
     kernels: rank, kind, start_ns, end_ns, launch_ns (and launch_end_ns where known), each
-    rank's rows in start order (the
-    kernels table's order; sorted here otherwise). Communication rows are read from `calls`
-    instead: rank, start_ns, end_ns, transfer_ns, collective, process_group, role,
-    late_rank (one row per communication kernel). windows: rank, step, start_ns, end_ns.
-    Per window the blame rows' `ns` sum to end_ns - start_ns exactly.
+    rank's rows in start order (the kernels table's order; sorted here otherwise).
+    Communication rows are read from `calls` instead: rank, start_ns, end_ns, transfer_ns,
+    collective, process_group, role, late_rank (one row per communication kernel).
+    windows: rank, step, start_ns, end_ns. Per window the blame rows' `ns` sum to
+    end_ns - start_ns exactly.
     """
     calls = calls.with_row_index("_call_row")
     if windows.height == 0:

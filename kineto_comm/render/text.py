@@ -121,10 +121,10 @@ def render_text(
     ranks = report.ranks.join(report.totals, on="rank", how="left")
     if report.rank_steps.height:
         # The complete steps' windows, as every per-step figure (json_doc.counted).
-        steps = pl.DataFrame(
-            [(r["rank"], r["steps"], r["wall_ns"]) for r in rank_means(report)],
-            schema={"rank": pl.Int64, "n_steps": pl.Int64, "mean_step_ns": pl.Float64},
-            orient="row",
+        steps = pl.DataFrame(rank_means(report)).select(
+            pl.col("rank").cast(pl.Int64),
+            n_steps=pl.col("steps").cast(pl.Int64),
+            mean_step_ns=pl.col("wall_ns").cast(pl.Float64),
         )
         ranks = ranks.join(steps, on="rank", how="left")
     ranks = ranks.sort("rank")
