@@ -345,9 +345,8 @@ class RawTrace:
     - `gpu`: kernels, memcpy and memset on the device timeline (GPU_SCHEMA), each with
       launch_ns, launch_end_ns and launch_tid: when the first runtime call with its
       correlation started and returned, and on which thread (null if none), and the CUDA
-      sync events (cat SYNC_CAT; a stream
-      wait with wait_on_stream and wait_on_corr). The CUDA/HIP runtime calls serve only
-      this link and are not kept.
+      sync events (cat SYNC_CAT; a stream wait with wait_on_stream and wait_on_corr). The
+      CUDA/HIP runtime calls serve only this link and are not kept.
     - `ops`: communication ops (record_param_comms, nccl:*, gloo:*) and user annotations
       such as ProfilerStep#N (OPS_SCHEMA).
     - `host`: every other CPU op: name, where and when it ran (HOST_SCHEMA); only filled
