@@ -64,6 +64,7 @@ __all__ = [
     "median_of_counts",
     "n_steps",
     "parse_ranks",
+    "queue_shift",
     "rank_lateness",
     "replay_saving",
     "rule",
@@ -668,6 +669,41 @@ def launch_floor(tables: Tables, removals: pl.DataFrame) -> pl.DataFrame:
     )
     floor = tables.collect(steptime.launch_floor(kernels, removals))
     return floor.with_columns(
+        share=pl.when(pl.col("removed_ns") > 0)
+        .then(pl.col("allowed_ns") / pl.col("removed_ns"))
+        .otherwise(1.0)
+    ).select(*[pl.col(c).cast(t) for c, t in schema.items()])
+
+
+def queue_shift(tables: Tables) -> pl.DataFrame:
+    """rank, step, removed_ns, allowed_ns, share: per window that holds queued time (the
+    step_blame rows of category `queued`), what moving the device's other work off the
+    rank takes out of it (steptime.queue_shift: no kernel starts before its launch, and a
+    step's start moves with its first kernel's queue); `share` = allowed / removed, an
+    Edit's fraction of those rows. Reads the kernels of the ranks with queued time only."""
+    schema = {
+        "rank": pl.Int64,
+        "step": pl.Int64,
+        "removed_ns": pl.Float64,
+        "allowed_ns": pl.Float64,
+        "share": pl.Float64,
+    }
+    if not tables.has("kernels", "launch_ns") or not tables.has("steps", "start_ns", "end_ns"):
+        return pl.DataFrame(schema=schema)
+    ranks = tables.collect(
+        step_blame(tables).filter(pl.col("category") == "queued").select(pl.col("rank").unique())
+    )["rank"]
+    if ranks.len() == 0:
+        return pl.DataFrame(schema=schema)
+    cols = ["rank", "step", "start_ns", "end_ns", "launch_ns"]
+    if tables.has("kernels", "launch_end_ns"):
+        cols.append("launch_end_ns")
+    mine = pl.col("rank").cast(pl.Int64).is_in(ranks.implode())
+    windows = tables.collect(
+        tables.lazy("steps", ["rank", "step", "start_ns", "end_ns"]).filter(mine)
+    )
+    shift = steptime.queue_shift(tables.lazy("kernels", cols).filter(mine), windows)
+    return shift.with_columns(
         share=pl.when(pl.col("removed_ns") > 0)
         .then(pl.col("allowed_ns") / pl.col("removed_ns"))
         .otherwise(1.0)

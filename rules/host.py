@@ -19,6 +19,7 @@ from kineto_comm.rules_api import (
     in_rank_order,
     make_finding,
     mean_step_ns,
+    queue_shift,
     replay_saving,
     rule,
     severity_for,
@@ -331,7 +332,15 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     events left out, shows such gaps too: profile again without sampling.
     """
     queued = pl.col("category") == "queued"
-    edit = Edit("the device's other work moved off it: each rank alone on its GPU", queued)
+    # No kernel starts before its launch, and a queue before a step's first kernel moves
+    # the step's start with it (rules_api.queue_shift).
+    shift = queue_shift(tables)
+    edit = Edit(
+        "the device's other work moved off it: each rank alone on its GPU (kernels no "
+        "earlier than their launch; a step's start moves with its first kernel)",
+        queued,
+        shift.select("rank", "step", fraction="share"),
+    )
     saving = replay_saving(tables, edit)
     step_ns = mean_step_ns(tables)
     share = saving / step_ns if step_ns else 0.0

@@ -192,6 +192,28 @@ def test_a_rank_s_gain_shortens_the_others_waits_for_it() -> None:
     assert lat.rows() == [(1, 0, 50)]
 
 
+def test_an_edit_added_to_others_never_lowers_their_saving() -> None:
+    """Rank 0 waits 50 ns for rank 1, which lost 50 ns to a queue. Removing the queue saves
+    50; an edit that also shortens the waits by half (SYNC104's kind) must not take that
+    away: the late rank's gain still shortens the whole wait (on tests/data/h100-nccl/tp-2
+    the fixes together once replayed to 1.67 ms, less than SYNC105's 2.15 ms alone)."""
+    blame = pl.DataFrame(
+        {
+            "rank": [0, 0, 1, 1],
+            "step": [0, 0, 0, 0],
+            "category": ["compute", "wait", "compute", "queued"],
+            "late_rank": [None, 1, None, None],
+            "ns": [100, 50, 100, 50],
+        }
+    ).with_columns(pl.col("late_rank").cast(pl.Int64))
+    times = steptime.step_times(steptime.rank_walls(blame).collect())
+    queue = Edit("queue removed", pl.col("category") == "queued")
+    waits = Edit("waits halved", pl.col("category") == "wait", 0.5)
+    alone = [steptime.saving(blame, times, [e]) for e in (queue, waits)]
+    assert alone == [50, 0]
+    assert steptime.saving(blame, times, [queue, waits]) == 50
+
+
 def test_an_edit_s_fraction_per_rank_and_step() -> None:
     """A fraction given as a frame (key columns and `fraction`) applies per key; rows it
     does not match lose nothing, and a key given twice never doubles a row."""
@@ -314,6 +336,41 @@ def test_a_fix_that_keeps_the_launches_moves_no_kernel_before_its_launch() -> No
     # No removal: nothing to bound.
     none = steptime.launch_floor(kernels.lazy(), removals.clear()).collect()
     assert none.height == 0
+
+
+@pytest.mark.parametrize("b_launch_us, gain_us", [(160, 210), (-500, 275)])
+def test_a_queue_at_a_step_s_start_moves_the_step(b_launch_us: int, gain_us: int) -> None:
+    """queue_shift, one rank, windows [100, 1000) and [1000, 2000) us. Kernel A opens the
+    first (launched at 0-5 us, started at 100: 75 us queued past the 20 us launch latency,
+    before the window); B runs at 170-200; C opens the second window, launched at 700-705,
+    started at 1000: 275 us queued, in the first window's tail. With the other work gone,
+    A starts 75 us earlier, so the window's start moves by 75; its end moves with C by
+    C's 275 plus what the first step's device work gains (the CPU's next launches wait for
+    it). Launched at 160 us (10 us before it ran), B keeps the step's work where it was:
+    the end moves 10 + 275, the window gains 210 of its 275 queued. Launched long before,
+    B moves with A: the window gains 75 + 275 - 75, all of it."""
+    us = 1_000
+    kernels = pl.DataFrame(
+        {
+            "rank": [0] * 4,
+            "step": [1, 1, 2, 2],
+            "kind": ["compute"] * 4,
+            "start_ns": [100 * us, 170 * us, 1000 * us, 1100 * us],
+            "end_ns": [150 * us, 200 * us, 1050 * us, 1200 * us],
+            "launch_ns": [0, b_launch_us * us, 700 * us, 1090 * us],
+            "launch_end_ns": [5 * us, (b_launch_us + 5) * us, 705 * us, 1095 * us],
+        }
+    )
+    windows = pl.DataFrame(
+        {
+            "rank": [0, 0],
+            "step": [1, 2],
+            "start_ns": [100 * us, 1000 * us],
+            "end_ns": [1000 * us, 2000 * us],
+        }
+    )
+    shift = steptime.queue_shift(kernels.lazy(), windows)
+    assert shift.rows() == [(0, 1, 275.0 * us, float(gain_us * us))]
 
 
 def test_a_launch_gap_ends_at_the_launch_s_way_to_the_device(tmp_path: Path) -> None:

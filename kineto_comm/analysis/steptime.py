@@ -177,6 +177,24 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
     )
 
 
+def _launch_gaps(k: pl.DataFrame) -> pl.DataFrame:
+    """The kernels of `k` (rank, start_ns, end_ns, _launched: when the CPU was done launching
+    it; each rank's rows in start order) that start after the rank's device went idle (at
+    `_prev`, the end of all its earlier kernels) and were launched after that: the idle time
+    before each is a launch gap, launch time until `_cpu` (its launch call's end plus
+    LAUNCH_LATENCY_NS, at most its start), queued time after. The blame's `launch` and
+    `queued` rows, and the queue a replay removes (queue_shift)."""
+    return (
+        k.with_columns(_prev=pl.col("end_ns").cum_max().shift(1).over("rank"))
+        .filter(
+            pl.col("_prev").is_not_null()
+            & (pl.col("start_ns") > pl.col("_prev"))
+            & (pl.col("_launched") > pl.col("_prev"))
+        )
+        .with_columns(_cpu=pl.min_horizontal("start_ns", pl.col("_launched") + LAUNCH_LATENCY_NS))
+    )
+
+
 def rank_blame(
     kernels: pl.DataFrame,
     calls: pl.DataFrame,
@@ -301,23 +319,7 @@ def rank_time(
     # device went idle (every kernel, communication included, covers the device), up to the
     # launch call's end and the launch's way to the device (LAUNCH_LATENCY_NS); the rest of
     # a longer wait is queued. Both name the kernel they delayed (a collective: its call).
-    reach = pl.col("end_ns").cum_max().shift(1).over("rank")
-    gaps = (
-        k.with_columns(_prev=reach)
-        .filter(
-            pl.col("_prev").is_not_null()
-            & (pl.col("start_ns") > pl.col("_prev"))
-            & (pl.col("_launched") > pl.col("_prev"))
-        )
-        .select(
-            "rank",
-            "kind",
-            "start_ns",
-            "end_ns",
-            _prev="_prev",
-            _cpu=pl.min_horizontal("start_ns", pl.col("_launched") + LAUNCH_LATENCY_NS),
-        )
-    )
+    gaps = _launch_gaps(k).select("rank", "kind", "start_ns", "end_ns", "_prev", "_cpu")
     named = c.select("rank", "start_ns", "end_ns", "collective", "process_group", "role").unique(
         ["rank", "start_ns", "end_ns"], keep="first", maintain_order=True
     )
@@ -557,15 +559,17 @@ def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
             .drop("remove_ns")
         )
     per = per.with_columns(removed_ns=pl.min_horizontal("removed_ns", "wall_ns"))
-    # Propagation through the waits, to a fixed point: a rank's remaining waits for a late
-    # rank shrink by up to what that rank gained, and a rank gains the larger of its own
+    # Propagation through the waits, to a fixed point: a rank's waits for a late rank
+    # shrink by up to what that rank gained, and a rank gains the larger of its own
     # removal and the most any of its waits gives it (a delay shifts the rest of the step:
     # it does not add up; and a gain that comes back around a cycle of waits is not
-    # counted twice).
+    # counted twice). A wait an edit shortens directly (its rows' share) is in the rank's
+    # own removal; the late rank's gain may still shorten all of it, the larger of the two
+    # counting: so no edit added to others ever lowers the saving.
     waits = (
         rows.filter(pl.col("category").is_in(WAITS) & pl.col("late_rank").is_not_null())
         .group_by("rank", "step", "late_rank")
-        .agg(_left=(pl.col("ns") - pl.col("_rm")).sum())
+        .agg(_left=pl.col("ns").sum())
         .collect()
     )
     gains = per.collect()
@@ -681,6 +685,99 @@ def launch_floor(kernels: pl.LazyFrame, removals: pl.DataFrame) -> pl.LazyFrame:
             allowed_ns=pl.min_horizontal("removed_ns", pl.col("_floor").fill_null(float("inf")))
         )
         .drop("_floor")
+    )
+
+
+def queue_shift(kernels: pl.LazyFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """rank, step, removed_ns, allowed_ns: per window (`windows`: rank, step, start_ns,
+    end_ns), its queued time (the blame's `queued` rows) and what the device's other work
+    moved off it takes out of the window. Each queued kernel starts earlier by its queue
+    and passes that on only as far as the later kernels' launches let them move
+    (launch_floor). And a window starts with its first kernel: the queue before that
+    kernel (the window before holds it; before a rank's first kernel, its start less its
+    launch's end and LAUNCH_LATENCY_NS) moves the window's start with it, so it is taken
+    off what the window gains: a queue at every step's start moves the steps, it does not
+    shorten them. `kernels`: rank, step, start_ns, end_ns, launch_ns, and launch_end_ns
+    where the table has it."""
+    schema = {
+        "rank": pl.Int64,
+        "step": pl.Int64,
+        "removed_ns": pl.Float64,
+        "allowed_ns": pl.Float64,
+    }
+    names = kernels.collect_schema().names()
+    launched = pl.col("launch_ns")
+    if "launch_end_ns" in names:
+        launched = pl.coalesce("launch_end_ns", "launch_ns")
+    k = (
+        kernels.select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            "start_ns",
+            "end_ns",
+            "launch_ns",
+            _launched=launched,
+        )
+        .filter(pl.col("end_ns") > pl.col("start_ns"))
+        .sort("rank", "start_ns", maintain_order=True)
+        .collect()
+    )
+    gaps = _launch_gaps(k).filter(pl.col("start_ns") > pl.col("_cpu"))
+    if gaps.height == 0:
+        return pl.DataFrame(schema=schema)
+    win = windows.select(
+        pl.col("rank").cast(pl.Int64),
+        pl.col("step").cast(pl.Int64),
+        _ws=pl.col("start_ns"),
+        _we=pl.col("end_ns"),
+    ).sort("_ws")
+    # Each queue in the window that holds its last nanosecond (the blame's clipping: a
+    # queue before a window's first kernel is the window before's).
+    queued = (
+        gaps.select("rank", at_ns="start_ns", remove_ns=pl.col("start_ns") - pl.col("_cpu"))
+        .with_columns(_last=pl.col("at_ns") - 1)
+        .sort("_last")
+        .join_asof(win, left_on="_last", right_on="_ws", by="rank", check_sortedness=False)
+        .filter(pl.col("_last") < pl.col("_we"))
+        .select("rank", "step", "at_ns", "remove_ns")
+    )
+    # Each window's head: the queue before its first kernel (the window before holds it;
+    # before a rank's first kernel, that kernel's start less its launch's end and
+    # LAUNCH_LATENCY_NS).
+    first = k.group_by("rank").agg(pl.all().first())
+    before = pl.concat(
+        [
+            queued.select("rank", "at_ns", "remove_ns"),
+            first.select(
+                "rank",
+                at_ns="start_ns",
+                remove_ns=(pl.col("start_ns") - pl.col("_launched") - LAUNCH_LATENCY_NS).clip(
+                    lower_bound=0
+                ),
+            ).filter(pl.col("remove_ns") > 0),
+        ]
+    ).cast({"remove_ns": pl.Int64})
+    heads = win.join(before, left_on=["rank", "_ws"], right_on=["rank", "at_ns"]).select(
+        "rank", "step", at_ns="_ws", remove_ns="remove_ns"
+    )
+    # The step moves by its head and passes that on, with its own queues, as far as its
+    # kernels' launches let it (launch_floor; the launches after a host wait at the step's
+    # start move with it); what the window gains is how far its end moves, less its start.
+    floor = launch_floor(k.lazy(), pl.concat([queued, heads])).collect()
+    own = queued.group_by("rank", "step").agg(removed_ns=pl.col("remove_ns").sum())
+    head = heads.group_by("rank", "step").agg(_head=pl.col("remove_ns").sum())
+    return (
+        own.join(floor.select("rank", "step", "allowed_ns"), on=["rank", "step"], how="left")
+        .join(head, on=["rank", "step"], how="left")
+        .select(
+            "rank",
+            "step",
+            "removed_ns",
+            allowed_ns=(pl.col("allowed_ns").fill_null(0) - pl.col("_head").fill_null(0)).clip(
+                0, pl.col("removed_ns")
+            ),
+        )
+        .cast(schema)
     )
 
 
