@@ -1,5 +1,6 @@
-"""SYNC102 host-bound-communication, SYNC103 blocking-synchronisation and SYNC105
-device-contention: the device waits for the host, or for work the trace does not show."""
+"""SYNC102 host-bound-communication, SYNC103 blocking-synchronisation, SYNC105
+device-contention and SYNC106 launch-bound: the device waits for the host, or for work the
+trace does not show."""
 
 from __future__ import annotations
 
@@ -397,5 +398,95 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             },
             edit=edit,
             advice=advice,
+        )
+    ]
+
+
+@rule(
+    code="SYNC106",
+    name="launch-bound",
+    summary="The device idles while the CPU is still launching its next compute kernel.",
+    tables=("kernels", "steps"),
+    options=SHARE_OPTIONS,
+)
+def launch_bound(tables: Tables, options: dict[str, Any]) -> list[Finding]:
+    """What it does:
+    Measures the model of time's `launch` time before compute and memory kernels: every
+    kernel of the rank has finished, and the CPU returns from launching the next one only
+    later (kernels.launch_end_ns, plus rules_api.LAUNCH_LATENCY_NS for its way to the
+    device). Gaps before collectives are SYNC102's; the gap before a step's first kernel
+    is left out (step_blame's `step_start` rows): there the device waits for the host's
+    work between steps (the previous step's synchronisation, the data loader, the
+    optimizer), not for the launch path. The impact is the replayed saving of those gaps
+    removed: the step if the CPU always ran ahead of the device inside the step, an upper
+    bound on what a faster launch path buys.
+
+    Why is this bad?
+    A launch-bound step runs at the speed of Python and the CUDA launch path, not of the
+    GPU: small kernels (a small model, a small micro-batch), many kernels per layer, host
+    work between launches. Faster communication or compute cannot shorten it.
+
+    How to fix:
+    Launch the step as a CUDA graph (torch.compile mode="reduce-overhead",
+    torch.cuda.make_graphed_callables); fuse kernels (torch.compile, fused optimizers:
+    fused=True / foreach=True); give each kernel more work (a larger micro-batch); keep
+    host work off the launching thread (DataLoader workers, pin_memory, no per-step
+    .item() or logging).
+    """
+    launch = (
+        (pl.col("category") == "launch")
+        & pl.col("collective").is_null()
+        & ~pl.col("step_start").fill_null(False)
+    )
+    edit = Edit(
+        "the CPU always ahead of the device inside the step: no launch gaps before its "
+        "compute kernels",
+        launch,
+    )
+    saving = replay_saving(tables, edit)
+    step_ns = mean_step_ns(tables)
+    share = saving / step_ns if step_ns else 0.0
+    sev = share_severity(share, options)
+    if sev is None:
+        return []
+    complete = step_times(tables).filter(pl.col("complete"))["step"]
+    per = tables.collect(
+        step_blame(tables)
+        .filter(launch & pl.col("step").is_in(complete.implode()))
+        .group_by("rank")
+        .agg(ns=pl.col("ns").sum(), steps=pl.col("step").n_unique(), kernels=pl.col("calls").sum())
+    ).sort("rank")
+    worst = per.sort("ns", descending=True).row(0, named=True)
+    n = max(1, worst["steps"])
+    return [
+        make_finding(
+            launch_bound,
+            sev,
+            f"The device waits for kernel launches: {share:.0%} of step time",
+            f"On the worst rank (rank {worst['rank']}) the device sits idle "
+            f"{worst['ns'] / n / 1e6:.2f} ms per step before {worst['kernels'] / n:.0f} "
+            "kernels per step that the CPU had not yet launched; if the CPU always ran "
+            f"ahead, the step would be {saving / 1e6:.2f} ms shorter ({share:.1%} of "
+            f"{step_ns / 1e6:.2f} ms). Gaps before collectives are SYNC102's; the gap "
+            "before a step's first kernel (the host's work between steps) is left out.",
+            impact_ns_per_step=saving,
+            step_ns=step_ns,
+            ranks=per["rank"].to_list(),
+            evidence={
+                "launch_ns_per_step_worst_rank": int(worst["ns"] / n),
+                "late_kernels_per_step_worst_rank": round(worst["kernels"] / n, 1),
+                "worst_rank": worst["rank"],
+                "step_ns": step_ns,
+                "saving_method": f"replay: {edit.name}",
+            },
+            edit=edit,
+            advice=(
+                'Launch the step as a CUDA graph: torch.compile(mode="reduce-overhead") or '
+                "torch.cuda.make_graphed_callables.",
+                "Fewer, bigger kernels: torch.compile fusion, fused optimizers (fused=True, "
+                "foreach=True), a larger micro-batch.",
+                "Keep host work off the launching thread: DataLoader workers and "
+                "pin_memory, no per-step .item() / .cpu() / logging.",
+            ),
         )
     ]

@@ -53,7 +53,7 @@ def all_shared_traces() -> list[Path]:
 
 def all_real_traces() -> list[Path]:
     """The shared real traces and this project's own GPU captures."""
-    assert len(H100_TRACES) == 45, H100_TRACES
+    assert len(H100_TRACES) == 47, H100_TRACES
     return all_shared_traces() + H100_TRACES
 
 

@@ -39,6 +39,7 @@ BUILTIN = {
     "SYNC103",
     "SYNC104",
     "SYNC105",
+    "SYNC106",
 }
 DOC = "What it does: x.\nWhy is this bad? y.\nHow to fix: z."
 STEPS = pl.DataFrame(
@@ -105,6 +106,7 @@ def test_selection_by_code_prefix_and_name() -> None:
         "SYNC103",
         "SYNC104",
         "SYNC105",
+        "SYNC106",
     }
     assert {r.code for r in reg.select(["COMM1"])} == {"COMM101", "COMM102"}
     assert [r.code for r in reg.select(["straggler"])] == ["SYNC101"]
@@ -114,6 +116,7 @@ def test_selection_by_code_prefix_and_name() -> None:
         "SYNC103",
         "SYNC104",
         "SYNC105",
+        "SYNC106",
     }
     assert {r.code for r in reg.select(["ALL"], ["pipeline-bubble"])} == BUILTIN - {"PIPE101"}
     with pytest.raises(RuleError, match="unknown rule or prefix 'NOPE9'"):

@@ -23,7 +23,9 @@ exactly to its length. Each instant of the window goes to the first of these tha
                      shortest
 
 (`last_call`: the row is of the rank's last collective of the step, which nothing later in
-the step can hide.)
+the step can hide. `step_start`, of launch and queued rows: the gap delayed a step's first
+kernel, the host's work between steps (the previous step's synchronisation, the data
+loader, the optimizer) rather than the launch path inside a step.)
     pipeline_bubble  a point-to-point call of a pipeline group (waiting for, or receiving
                      from, the neighbouring stage); it names that stage (`late_rank`, the
                      call's peer), which the critical path and the replay follow (PIPE101
@@ -96,6 +98,7 @@ BLAME_SCHEMA: dict[str, pl.DataType] = {
     "role": pl.String(),
     "late_rank": pl.Int64(),
     "last_call": pl.Boolean(),
+    "step_start": pl.Boolean(),
     "calls": pl.Int64(),
     "ns": pl.Int64(),
 }
@@ -329,7 +332,12 @@ def rank_time(
             for n in ("collective", "process_group", "role")
         ]
     )
-    keys = ("rank", "collective", "process_group", "role")
+    # A gap before a step window's first kernel: the host's time between steps.
+    opens = windows.select("rank", "start_ns", step_start=pl.lit(True)).unique()
+    gaps = gaps.join(opens, on=["rank", "start_ns"], how="left").with_columns(
+        pl.col("step_start").fill_null(False)
+    )
+    keys = ("rank", "collective", "process_group", "role", "step_start")
     gaps = pl.concat(
         [
             gaps.select(*keys, start_ns="_prev", end_ns="_cpu", _cat=pl.lit("launch")),
@@ -367,7 +375,9 @@ def rank_time(
         )
     if gaps.height:
         rows.append(
-            gaps.group_by("rank", "step", "collective", "process_group", "role", "_cat")
+            gaps.group_by(
+                "rank", "step", "collective", "process_group", "role", "step_start", "_cat"
+            )
             .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
             .rename({"_cat": "category"})
         )

@@ -424,6 +424,8 @@ def _blame_detail() -> pl.Expr:
         .then(call)
         .when(cat.is_in(["launch", "queued"]) & pl.col("collective").is_not_null())
         .then(pl.concat_str(pl.lit("before "), call))
+        .when(cat.is_in(["launch", "queued"]) & pl.col("step_start").fill_null(False))
+        .then(pl.lit("before the step's first kernel"))
         .when(cat.is_in(["launch", "queued"]))
         .then(pl.lit("before other kernels"))
         .otherwise(pl.lit(""))
