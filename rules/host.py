@@ -487,6 +487,8 @@ def launch_bound(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "foreach=True), a larger micro-batch.",
                 "Keep host work off the launching thread: DataLoader workers and "
                 "pin_memory, no per-step .item() / .cpu() / logging.",
+                "A sampled or filtered trace that leaves kernels out shows such gaps too: "
+                "confirm on a trace without sampling.",
             ),
         )
     ]
