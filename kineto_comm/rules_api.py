@@ -654,25 +654,33 @@ def launch_floor(tables: Tables, removals: pl.DataFrame) -> pl.DataFrame:
     starts before its launch), from `removals` (rank, step, at_ns, remove_ns: time the fix
     takes out at `at_ns`, such as a call's end); `share` = allowed / removed, to scale an
     Edit's per-window fraction. Reads the kernels of those ranks only."""
-    schema = {
-        "rank": pl.Int64,
-        "step": pl.Int64,
-        "removed_ns": pl.Float64,
-        "allowed_ns": pl.Float64,
-        "share": pl.Float64,
-    }
     if removals.height == 0 or not tables.has("kernels", "launch_ns"):
-        return pl.DataFrame(schema=schema)
+        return pl.DataFrame(schema=_SHARE_SCHEMA)
     ranks = removals["rank"].cast(pl.Int64).unique().implode()
     kernels = tables.lazy("kernels", ["rank", "step", "start_ns", "launch_ns"]).filter(
         pl.col("rank").cast(pl.Int64).is_in(ranks)
     )
-    floor = tables.collect(steptime.launch_floor(kernels, removals))
-    return floor.with_columns(
+    return _with_share(tables.collect(steptime.launch_floor(kernels, removals)))
+
+
+# launch_floor's and queue_shift's columns.
+_SHARE_SCHEMA = {
+    "rank": pl.Int64,
+    "step": pl.Int64,
+    "removed_ns": pl.Float64,
+    "allowed_ns": pl.Float64,
+    "share": pl.Float64,
+}
+
+
+def _with_share(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` (rank, step, removed_ns, allowed_ns) with share = allowed / removed (1 where
+    nothing is removed), in _SHARE_SCHEMA."""
+    return frame.with_columns(
         share=pl.when(pl.col("removed_ns") > 0)
         .then(pl.col("allowed_ns") / pl.col("removed_ns"))
         .otherwise(1.0)
-    ).select(*[pl.col(c).cast(t) for c, t in schema.items()])
+    ).select(*[pl.col(c).cast(t) for c, t in _SHARE_SCHEMA.items()])
 
 
 def queue_shift(tables: Tables) -> pl.DataFrame:
@@ -681,20 +689,13 @@ def queue_shift(tables: Tables) -> pl.DataFrame:
     rank takes out of it (steptime.queue_shift: no kernel starts before its launch, and a
     step's start moves with its first kernel's queue); `share` = allowed / removed, an
     Edit's fraction of those rows. Reads the kernels of the ranks with queued time only."""
-    schema = {
-        "rank": pl.Int64,
-        "step": pl.Int64,
-        "removed_ns": pl.Float64,
-        "allowed_ns": pl.Float64,
-        "share": pl.Float64,
-    }
     if not tables.has("kernels", "launch_ns") or not tables.has("steps", "start_ns", "end_ns"):
-        return pl.DataFrame(schema=schema)
+        return pl.DataFrame(schema=_SHARE_SCHEMA)
     ranks = tables.collect(
         step_blame(tables).filter(pl.col("category") == "queued").select(pl.col("rank").unique())
     )["rank"]
     if ranks.len() == 0:
-        return pl.DataFrame(schema=schema)
+        return pl.DataFrame(schema=_SHARE_SCHEMA)
     cols = ["rank", "step", "start_ns", "end_ns", "launch_ns"]
     if tables.has("kernels", "launch_end_ns"):
         cols.append("launch_end_ns")
@@ -702,12 +703,7 @@ def queue_shift(tables: Tables) -> pl.DataFrame:
     windows = tables.collect(
         tables.lazy("steps", ["rank", "step", "start_ns", "end_ns"]).filter(mine)
     )
-    shift = steptime.queue_shift(tables.lazy("kernels", cols).filter(mine), windows)
-    return shift.with_columns(
-        share=pl.when(pl.col("removed_ns") > 0)
-        .then(pl.col("allowed_ns") / pl.col("removed_ns"))
-        .otherwise(1.0)
-    ).select(*[pl.col(c).cast(t) for c, t in schema.items()])
+    return _with_share(steptime.queue_shift(tables.lazy("kernels", cols).filter(mine), windows))
 
 
 def replay_saving(tables: Tables, *edits: Edit) -> int:

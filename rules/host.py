@@ -306,6 +306,29 @@ def blocking_synchronisation(tables: Tables, options: dict[str, Any]) -> list[Fi
     )
 
 
+def _replayed(
+    tables: Tables, edit: Edit, options: dict[str, Any]
+) -> tuple[int, int, float, Severity | None]:
+    """The edit's replayed saving, the job's mean step, the saving's share of it and the
+    severity that share earns (SHARE_OPTIONS)."""
+    saving = replay_saving(tables, edit)
+    step_ns = mean_step_ns(tables)
+    share = saving / step_ns if step_ns else 0.0
+    return saving, step_ns, share, share_severity(share, options)
+
+
+def _per_rank(tables: Tables, where: pl.Expr) -> pl.DataFrame:
+    """rank, ns, steps, kernels: per rank, the step_blame rows `where` selects over the
+    job's complete steps (their time, the steps that hold them, the kernels they delay)."""
+    complete = step_times(tables).filter(pl.col("complete"))["step"]
+    return tables.collect(
+        step_blame(tables)
+        .filter(where & pl.col("step").is_in(complete.implode()))
+        .group_by("rank")
+        .agg(ns=pl.col("ns").sum(), steps=pl.col("step").n_unique(), kernels=pl.col("calls").sum())
+    ).sort("rank")
+
+
 @rule(
     code="SYNC105",
     name="device-contention",
@@ -342,19 +365,10 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         queued,
         shift.select("rank", "step", fraction="share"),
     )
-    saving = replay_saving(tables, edit)
-    step_ns = mean_step_ns(tables)
-    share = saving / step_ns if step_ns else 0.0
-    sev = share_severity(share, options)
+    saving, step_ns, share, sev = _replayed(tables, edit, options)
     if sev is None:
         return []
-    complete = step_times(tables).filter(pl.col("complete"))["step"]
-    per = tables.collect(
-        step_blame(tables)
-        .filter(queued & pl.col("step").is_in(complete.implode()))
-        .group_by("rank")
-        .agg(ns=pl.col("ns").sum(), steps=pl.col("step").n_unique(), kernels=pl.col("calls").sum())
-    ).sort("rank")
+    per = _per_rank(tables, queued)
     worst = per.sort("ns", descending=True).row(0, named=True) if per.height else None
     shared = tables.has("offsets", "host_source") and bool(
         (tables["offsets"]["host_source"] == "shared_device").any()
@@ -443,19 +457,10 @@ def launch_bound(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         "compute kernels",
         launch,
     )
-    saving = replay_saving(tables, edit)
-    step_ns = mean_step_ns(tables)
-    share = saving / step_ns if step_ns else 0.0
-    sev = share_severity(share, options)
+    saving, step_ns, share, sev = _replayed(tables, edit, options)
     if sev is None:
         return []
-    complete = step_times(tables).filter(pl.col("complete"))["step"]
-    per = tables.collect(
-        step_blame(tables)
-        .filter(launch & pl.col("step").is_in(complete.implode()))
-        .group_by("rank")
-        .agg(ns=pl.col("ns").sum(), steps=pl.col("step").n_unique(), kernels=pl.col("calls").sum())
-    ).sort("rank")
+    per = _per_rank(tables, launch)
     worst = per.sort("ns", descending=True).row(0, named=True)
     n = max(1, worst["steps"])
     return [

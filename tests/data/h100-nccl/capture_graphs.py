@@ -13,24 +13,16 @@ Only torch is needed (the device image has no kineto-comm install).
 
 from __future__ import annotations
 
-import gzip
-import shutil
 import sys
 from pathlib import Path
+
+from capture_contention import _export  # this folder's other capture script
 
 LAYERS = 20
 WIDTH = 256
 BATCH = 32
 PASSES = 10  # forward passes per step
 STEPS = 3  # recorded steps (after one skipped and one warm-up step)
-
-
-def _export(prof, path: Path) -> None:
-    raw = path.with_suffix("")
-    prof.export_chrome_trace(str(raw))
-    with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
 
 
 def main(root: Path) -> None:
