@@ -461,6 +461,8 @@ def launch_bound(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     if sev is None:
         return []
     per = _per_rank(tables, launch)
+    if per.height == 0:  # no launch gap in a complete step (thresholds at zero)
+        return []
     worst = per.sort("ns", descending=True).row(0, named=True)
     n = max(1, worst["steps"])
     return [
