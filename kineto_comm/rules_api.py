@@ -688,22 +688,26 @@ def queue_shift(tables: Tables) -> pl.DataFrame:
     step_blame rows of category `queued`), what moving the device's other work off the
     rank takes out of it (steptime.queue_shift: no kernel starts before its launch, and a
     step's start moves with its first kernel's queue); `share` = allowed / removed, an
-    Edit's fraction of those rows. Reads the kernels of the ranks with queued time only."""
+    Edit's fraction of those rows. Reads the kernels of the ranks with queued time only, a
+    few ranks at a time."""
     if not tables.has("kernels", "launch_ns") or not tables.has("steps", "start_ns", "end_ns"):
         return pl.DataFrame(schema=_SHARE_SCHEMA)
     ranks = tables.collect(
         step_blame(tables).filter(pl.col("category") == "queued").select(pl.col("rank").unique())
-    )["rank"]
-    if ranks.len() == 0:
-        return pl.DataFrame(schema=_SHARE_SCHEMA)
-    cols = ["rank", "step", "start_ns", "end_ns", "launch_ns"]
-    if tables.has("kernels", "launch_end_ns"):
-        cols.append("launch_end_ns")
-    mine = pl.col("rank").cast(pl.Int64).is_in(ranks.implode())
-    windows = tables.collect(
-        tables.lazy("steps", ["rank", "step", "start_ns", "end_ns"]).filter(mine)
-    )
-    return _with_share(steptime.queue_shift(tables.lazy("kernels", cols).filter(mine), windows))
+    )["rank"].sort()
+    cols = ["rank", "step", "start_ns", "end_ns", "launch_ns", "launch_end_ns"]
+    parts = [pl.DataFrame(schema=_SHARE_SCHEMA)]
+    for kernels in tables.rank_batches("kernels", cols, ranks.to_list() if ranks.len() else []):
+        if kernels.height == 0:
+            continue
+        mine = (
+            pl.col("rank").cast(pl.Int64).is_in(kernels["rank"].cast(pl.Int64).unique().implode())
+        )
+        windows = tables.collect(
+            tables.lazy("steps", ["rank", "step", "start_ns", "end_ns"]).filter(mine)
+        )
+        parts.append(_with_share(steptime.queue_shift(kernels.lazy(), windows)))
+    return pl.concat(parts)
 
 
 def replay_saving(tables: Tables, *edits: Edit) -> int:
