@@ -338,6 +338,30 @@ def test_a_fix_that_keeps_the_launches_moves_no_kernel_before_its_launch() -> No
     assert none.height == 0
 
 
+def test_a_kernel_launched_early_that_starts_late_was_queued(tmp_path: Path) -> None:
+    """Kernels launched while the one before them still ran: the first starts 5 us after it
+    ends (the device's own pace: idle); the second 6,900 us after (the H100 pp-4 capture's
+    rank 0 has such a 6.9 ms wait, its launch 4 us before the device went idle): the first
+    LAUNCH_LATENCY_NS of that wait is idle, the rest queued, as after a late launch."""
+    from .conftest import kernel, launch, write_trace
+
+    lat = steptime.LAUNCH_LATENCY_NS // 1000
+    events = [
+        kernel("gemm_a", 0.0, 100.0, corr=1),
+        launch(-50.0, 1),
+        kernel("gemm_b", 105.0, 100.0, corr=2),
+        launch(-40.0, 2),
+        kernel("gemm_c", 7105.0, 100.0, corr=3),
+        launch(196.0, 3),
+    ]
+    write_trace(tmp_path / "rank0.json", events, world_size=1)
+    report = analyze(tmp_path, jobs=1, ignore=["ALL"])
+    got = dict(report.step_blame.group_by("category").agg(pl.col("ns").sum()).iter_rows())
+    assert got["queued"] == (7105 - 205 - lat) * 1000
+    assert got["idle"] == (5 + lat) * 1000 and "launch" not in got
+    assert sum(got.values()) == report.step_times["step_ns"].sum()
+
+
 @pytest.mark.parametrize("b_launch_us, gain_us", [(160, 210), (-500, 275)])
 def test_a_queue_at_a_step_s_start_moves_the_step(b_launch_us: int, gain_us: int) -> None:
     """queue_shift, one rank, windows [100, 1000) and [1000, 2000) us. Kernel A opens the

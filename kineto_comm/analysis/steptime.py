@@ -34,10 +34,12 @@ loader, the optimizer) rather than the launch path inside a step.)
                      device went idle (a late launch delays its kernel), until its launch
                      call returned and at most LAUNCH_LATENCY_NS after; when that kernel
                      is a collective, the row names its collective and group
-    queued           the rest of such a gap: the kernel was launched and the device ran
-                     nothing of this rank's, yet it did not start (the device ran work the
-                     trace does not show: another process on a shared GPU, events left
-                     out of a sampled trace); named as launch rows are
+    queued           the rest of such a gap, and of a gap before a kernel launched before
+                     the device went idle, from LAUNCH_LATENCY_NS after it did: the kernel
+                     was launched and the device ran nothing of this rank's, yet it did
+                     not start (the device ran work the trace does not show: another
+                     process on a shared GPU, events left out of a sampled trace); named
+                     as launch rows are
     idle             nothing runs otherwise
 
 Calls overlapping each other on one rank (several streams) are made disjoint in start
@@ -183,18 +185,27 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
 def _launch_gaps(k: pl.DataFrame) -> pl.DataFrame:
     """The kernels of `k` (rank, start_ns, end_ns, _launched: when the CPU was done launching
     it; each rank's rows in start order) that start after the rank's device went idle (at
-    `_prev`, the end of all its earlier kernels) and were launched after that: the idle time
-    before each is a launch gap, launch time until `_cpu` (its launch call's end plus
-    LAUNCH_LATENCY_NS, at most its start), queued time after. The blame's `launch` and
-    `queued` rows, and the queue a replay removes (queue_shift)."""
+    `_prev`, the end of all its earlier kernels) and were launched after that
+    (`_late_launch`), or were launched before and still started more than
+    LAUNCH_LATENCY_NS after it. Before a kernel launched late the idle time is launch time
+    until `_cpu` (its launch call's end plus LAUNCH_LATENCY_NS, at most its start); before
+    one launched early, `_cpu` is LAUNCH_LATENCY_NS after the device went idle (the time
+    before it is idle). After `_cpu` the time is queued. The blame's `launch` and `queued`
+    rows, and the queue a replay removes (queue_shift)."""
+    late = pl.col("_launched") > pl.col("_prev")
     return (
         k.with_columns(_prev=pl.col("end_ns").cum_max().shift(1).over("rank"))
         .filter(
             pl.col("_prev").is_not_null()
             & (pl.col("start_ns") > pl.col("_prev"))
-            & (pl.col("_launched") > pl.col("_prev"))
+            & (late | (pl.col("start_ns") > pl.col("_prev") + LAUNCH_LATENCY_NS))
         )
-        .with_columns(_cpu=pl.min_horizontal("start_ns", pl.col("_launched") + LAUNCH_LATENCY_NS))
+        .with_columns(
+            _late_launch=late,
+            _cpu=pl.when(late)
+            .then(pl.min_horizontal("start_ns", pl.col("_launched") + LAUNCH_LATENCY_NS))
+            .otherwise(pl.col("_prev") + LAUNCH_LATENCY_NS),
+        )
     )
 
 
@@ -322,7 +333,9 @@ def rank_time(
     # device went idle (every kernel, communication included, covers the device), up to the
     # launch call's end and the launch's way to the device (LAUNCH_LATENCY_NS); the rest of
     # a longer wait is queued. Both name the kernel they delayed (a collective: its call).
-    gaps = _launch_gaps(k).select("rank", "kind", "start_ns", "end_ns", "_prev", "_cpu")
+    gaps = _launch_gaps(k).select(
+        "rank", "kind", "start_ns", "end_ns", "_prev", "_cpu", "_late_launch"
+    )
     named = c.select("rank", "start_ns", "end_ns", "collective", "process_group", "role").unique(
         ["rank", "start_ns", "end_ns"], keep="first", maintain_order=True
     )
@@ -340,7 +353,9 @@ def rank_time(
     keys = ("rank", "collective", "process_group", "role", "step_start")
     gaps = pl.concat(
         [
-            gaps.select(*keys, start_ns="_prev", end_ns="_cpu", _cat=pl.lit("launch")),
+            gaps.filter("_late_launch").select(
+                *keys, start_ns="_prev", end_ns="_cpu", _cat=pl.lit("launch")
+            ),
             gaps.filter(pl.col("start_ns") > pl.col("_cpu")).select(
                 *keys, start_ns="_cpu", end_ns="start_ns", _cat=pl.lit("queued")
             ),
