@@ -362,6 +362,17 @@ def test_a_kernel_launched_early_that_starts_late_was_queued(tmp_path: Path) -> 
     assert sum(got.values()) == report.step_times["step_ns"].sum()
 
 
+@pytest.mark.parametrize("job", ["pp-4", "ddp-4"])
+def test_a_cpu_only_trace_has_no_launch_or_queue(job: str) -> None:
+    """The gloo captures' "kernels" are CPU ops, with no launch call: the time between
+    them is idle, never launch or queued time (nor SYNC105's or SYNC106's)."""
+    report = analyze(SAMPLES / job, jobs=1)
+    assert report.kernels["launch_ns"].null_count() == report.kernels.height
+    cats = set(report.step_blame["category"])
+    assert "idle" in cats and not cats & {"launch", "queued"}
+    assert not [f for f in report.findings if f.code in ("SYNC105", "SYNC106")]
+
+
 @pytest.mark.parametrize("b_launch_us, gain_us", [(160, 210), (-500, 275)])
 def test_a_queue_at_a_step_s_start_moves_the_step(b_launch_us: int, gain_us: int) -> None:
     """queue_shift, one rank, windows [100, 1000) and [1000, 2000) us. Kernel A opens the

@@ -197,6 +197,7 @@ def _launch_gaps(k: pl.DataFrame) -> pl.DataFrame:
         k.with_columns(_prev=pl.col("end_ns").cum_max().shift(1).over("rank"))
         .filter(
             pl.col("_prev").is_not_null()
+            & pl.col("_launched").is_not_null()  # a CPU op of a CPU-only trace: no launch
             & (pl.col("start_ns") > pl.col("_prev"))
             & (late | (pl.col("start_ns") > pl.col("_prev") + LAUNCH_LATENCY_NS))
         )
