@@ -404,12 +404,17 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
         return sum(len(g.start) for g in ranks.values() if g is not None)
 
     def fetch(wanted: Iterable[int]) -> None:
+        # Once per hop of the path: the ranks wanted only, not every rank held.
         want = {int(r) for r in wanted if r is not None}
-        for r in want & ranks.keys():
-            ranks.move_to_end(r)
-        todo = sorted(want - ranks.keys())
+        todo = []
+        for r in want:
+            if r in ranks:
+                ranks.move_to_end(r)
+            else:
+                todo.append(r)
         if not todo:
             return
+        todo.sort()
         nodes, wins = load(todo)
         for r, s, a, b in wins.select("rank", "step", "start_ns", "end_ns").iter_rows():
             window[(int(r), int(s))] = (int(a), int(b))
