@@ -4,7 +4,11 @@ severity, and its replayed saving against truth's impact (issue 51's acceptance:
 within 10%). By hand, not in the tests (a few minutes); the tests hold the cases that pass.
 
     python3 bench/scenario_matrix.py [--ranks 4 8] [--layers 4] [--scenario exposed-allreduce]
-        [--layout fsdp]
+        [--layout fsdp] [--default-model]
+
+--default-model runs the generator's default model (8 layers of 1024 unless --layers) on
+its default GPU instead of the tests' tiny model on a slow one: backward then hides the
+gradient all-reduces, which a late rank or a slow link pushes past the compute's end.
 
 --layers changes the model's depth (the tests' model has 4 layers): FSDP's exposed
 reduce-scatter is replayed within one call's time of truth, so its error falls as 1/layers
@@ -57,8 +61,11 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=MODEL.layers)
     ap.add_argument("--scenario", nargs="+", default=list(CODES))
     ap.add_argument("--layout", nargs="+", default=list(LAYOUTS))
+    ap.add_argument("--default-model", action="store_true")
     args = ap.parse_args()
     job = {**JOB, "model": dataclasses.replace(MODEL, layers=args.layers)}
+    if args.default_model:
+        job = {"steps": 3, "model": dataclasses.replace(ModelConfig(), layers=args.layers)}
     for scenario in args.scenario:
         codes = CODES[scenario]
         for layout in args.layout:

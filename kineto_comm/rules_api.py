@@ -72,6 +72,7 @@ __all__ = [
     "step_blame",
     "step_time_ns",
     "step_times",
+    "tail_chain",
 ]
 
 # The Report tables of the model of time (computed after the rules; read through it here).
@@ -493,7 +494,18 @@ def step_blame(tables: Tables) -> pl.LazyFrame:
     late_rank, last_call, calls, ns; per (rank, step) the ns sum to the window exactly. Built a few
     ranks at a time, once per rules run (kept in files on a big job), as a lazy query."""
     rows = _model_of_time(tables)
-    return rows.filter(pl.col("_call_row").is_null()).select(list(steptime.BLAME_SCHEMA))
+    return rows.filter(pl.col("_call_row").is_null() & pl.col("_chain").is_null()).select(
+        list(steptime.BLAME_SCHEMA)
+    )
+
+
+def tail_chain(tables: Tables) -> pl.LazyFrame:
+    """Per rank and step, the blame's rows (with `span_ns`, steptime.CHAIN_SCHEMA) of the
+    calls queued back to back up to the step's last call: a chain whose every call,
+    hidden parts included, delays the step's end once the chain runs past the compute.
+    From the same pass as the blame."""
+    rows = _model_of_time(tables)
+    return rows.filter(pl.col("_chain").fill_null(False)).select(list(steptime.CHAIN_SCHEMA))
 
 
 def _call_exposure(tables: Tables) -> pl.LazyFrame:
@@ -518,7 +530,12 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
     """One table per rules run, built a few ranks at a time from one read of their kernels
     and calls (steptime.rank_time): the blame rows (`_call_row` null) and, per call, its
     exposed time (`_call_row` set; rank and the call's key in the blame's columns)."""
-    schema = {**steptime.BLAME_SCHEMA, **_CALL_COLUMNS}
+    schema = {
+        **steptime.BLAME_SCHEMA,
+        **_CALL_COLUMNS,
+        "_chain": pl.Boolean(),
+        "span_ns": pl.Int64(),
+    }
     if not tables.has("steps", "step", "start_ns", "end_ns"):
         return pl.DataFrame(schema=schema).lazy()
     roles = group_roles(tables).select("process_group", "role")
@@ -568,7 +585,7 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
                 | {c: pl.String for c in CALL_KEY[:2]}
                 | {"call_index": pl.Int64}
             )
-        blame, exposure = steptime.rank_time(kernels, calls, windows)
+        blame, exposure, chain = steptime.rank_time(kernels, calls, windows)
         per_call = exposure.join(
             calls.with_row_index("_call_row").select(
                 "_call_row",
@@ -578,9 +595,9 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
             ),
             on="_call_row",
         )
-        return pl.concat([blame, per_call], how="diagonal_relaxed").select(
-            *[pl.col(n).cast(t) for n, t in schema.items()]
-        )
+        return pl.concat(
+            [blame, per_call, chain.with_columns(_chain=pl.lit(True))], how="diagonal_relaxed"
+        ).select(*[pl.col(n).cast(t) for n, t in schema.items()])
 
     return tables.derived(
         ("rules_api", "model_of_time"), "steps", build, ("rank", "step", "start_ns", "end_ns")
@@ -721,7 +738,8 @@ def replay_saving(tables: Tables, *edits: Edit) -> int:
     blame = tables.once(
         ("rules_api", "step_blame_frame"), lambda: tables.collect(step_blame(tables))
     )
-    return steptime.saving(blame, step_times(tables), edits)
+    chain = tables.once(("rules_api", "tail_chain"), lambda: tables.collect(tail_chain(tables)))
+    return steptime.saving(blame, step_times(tables), edits, chain)
 
 
 def all_to_all_volume(tables: Tables) -> pl.DataFrame:

@@ -553,7 +553,7 @@ def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     than the joint saving: the fixes claim some of the same time), and how many findings
     were `replayed` (carry an edit)."""
     from kineto_comm.analysis import depgraph, steptime
-    from kineto_comm.rules_api import step_blame, step_times
+    from kineto_comm.rules_api import replay_saving, step_blame, step_times
 
     tables = report if isinstance(report, Tables) else Tables(report)
     times = step_times(tables)
@@ -562,7 +562,7 @@ def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     )
     step_ns = steptime.job_step_ns(times)
     edits = [f.edit for f in findings if f.edit is not None]
-    joint = steptime.saving(blame, times, edits) if edits else 0
+    joint = replay_saving(tables, *edits)
     total = sum(int(f.impact_ns_per_step) for f in findings)
     kernels_path = depgraph.critical_walk(times, _graph_loader(tables))
     path = depgraph.segments(kernels_path)

@@ -205,6 +205,7 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
             & (pl.col("process_group") == c["process_group"])
             & pl.col("collective").is_in(list(c["collective"])),
             fraction,
+            shortens=True,
         )
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0

@@ -147,6 +147,7 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
             & pl.col("process_group").is_in(groups)
             & (pl.col("collective") == c["collective"]),
             fraction,
+            shortens=known,
         )
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0

@@ -18,6 +18,8 @@ from kineto_comm.rules_api import Edit, Tables, replay_saving, step_blame, step_
 
 from .conftest import REPO, SAMPLES, all_shared_traces
 
+US = 1_000
+
 
 def _jobs() -> list[Path]:
     """Every multi-rank job folder of the repository, and every shared trace file alone."""
@@ -441,3 +443,84 @@ def test_a_launch_gap_ends_at_the_launch_s_way_to_the_device(tmp_path: Path) -> 
     assert got["queued"] == (5400 - 402 - lat) * 1000 and got.get("idle", 0) == 0
     assert got["compute"] == 340_000
     assert sum(got.values()) == report.step_times["step_ns"].sum() == 8_700_000
+
+
+def _chained_rank() -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Rank 0, one window [0, 200) us: compute 0-100, the optimizer 180-200; on the
+    communication stream D at 5-10, then A at 20-80 (it waits for rank 1 until 60, moves
+    data 60-80), B at 80-130 and C at 130-180 (the last call), each queued behind the one
+    before. A and most of B run under compute; B's 100-130 and all of C are exposed."""
+    spans = {"D": (5, 10, 5), "A": (20, 80, 20), "B": (80, 130, 50), "C": (130, 180, 50)}
+    spans = {k: tuple(v * US for v in t) for k, t in spans.items()}
+    calls = pl.DataFrame(
+        {
+            "rank": [0] * 4,
+            "start_ns": [s for s, _, _ in spans.values()],
+            "end_ns": [e for _, e, _ in spans.values()],
+            "transfer_ns": [t for _, _, t in spans.values()],
+            "collective": ["all_reduce"] * 4,
+            "process_group": ["g"] * 4,
+            "role": ["data_parallel"] * 4,
+            "late_rank": [None, 1, None, None],
+        }
+    ).with_columns(pl.col("late_rank").cast(pl.Int64))
+    kernels = pl.DataFrame(
+        {
+            "rank": [0] * 6,
+            "kind": ["compute", "communication", "communication", "communication"]
+            + ["communication", "compute"],
+            "start_ns": [v * US for v in (0, 5, 20, 80, 130, 180)],
+            "end_ns": [v * US for v in (100, 10, 80, 130, 180, 200)],
+            "launch_ns": [None] * 6,
+        }
+    ).with_columns(pl.col("launch_ns").cast(pl.Int64))
+    windows = pl.DataFrame({"rank": [0], "step": [0], "start_ns": [0], "end_ns": [200 * US]})
+    blame, _, chain = steptime.rank_time(kernels, calls, windows)
+    return blame, chain, windows
+
+
+def test_the_tail_chain_holds_the_calls_queued_up_to_the_last() -> None:
+    """A, B and C ran back to back up to the step's last call: the tail chain, with their
+    whole time (hidden parts included) in `span_ns` and their exposed time in `ns`, as the
+    blame has it; D, 10 ns before A, is not in it."""
+    blame, chain, _ = _chained_rank()
+    assert blame.filter(pl.col("category") == "transfer")["ns"].sum() == 80 * US
+    got = {
+        (c, last): (ns // US, span // US)
+        for c, last, ns, span in chain.select("category", "last_call", "ns", "span_ns").rows()
+    }
+    assert got == {
+        ("wait", False): (0, 40),
+        ("transfer", False): (30, 70),
+        ("transfer", True): (50, 50),
+    }
+
+
+def test_a_shorter_call_on_the_tail_chain_moves_the_step_s_end() -> None:
+    """Halving the transfers (a link twice as fast) moves C, queued behind A and B, 55 us
+    earlier: A ends at 70, B at 95, and C, which follows the compute's end at 100, at 125.
+    The blame's exposed rows alone give 40; an edit that moves calls under compute instead
+    of shortening them gains nothing from the hidden parts."""
+    blame, chain, _ = _chained_rank()
+    times = steptime.step_times(steptime.rank_walls(blame).collect())
+    where = pl.col("category") == "transfer"
+    faster = Edit("transfers halved", where, 0.5, shortens=True)
+    assert steptime.saving(blame, times, [faster], chain) == 55 * US
+    assert steptime.saving(blame, times, [faster]) == 40 * US
+    assert steptime.saving(blame, times, [Edit("moved", where, 0.5)], chain) == 40 * US
+
+
+def test_a_hidden_wait_on_the_tail_chain_holds_the_step() -> None:
+    """A's wait for rank 1 runs under compute, yet B and C queue behind it: with rank 1
+    on time (its window 40 us shorter), A moves data at 20-40, B at 40-90 and C, after the
+    compute, at 100-150; rank 0's window gains 30 of the 40 us it waited, where the blame's
+    exposed waits (none) gave nothing."""
+    blame, chain, _ = _chained_rank()
+    other = pl.DataFrame(
+        {"rank": [1], "step": [0], "category": ["compute"], "ns": [200 * US]}
+    ).with_columns(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64))
+    both = pl.concat([blame, other], how="diagonal_relaxed")
+    times = steptime.step_times(steptime.rank_walls(both).collect())
+    fixed = Edit("rank 1 on time", rank_ns=pl.DataFrame({"rank": [1], "remove_ns": [40 * US]}))
+    assert steptime.saving(both, times, [fixed], chain) == 30 * US
+    assert steptime.saving(both, times, [fixed]) == 0

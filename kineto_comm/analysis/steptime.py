@@ -62,6 +62,19 @@ and a gain coming back around a cycle of waits is not counted twice).
 Several edits replayed together remove, from each row, the largest share any of them
 removes (never more than the row), so the joint saving never exceeds the step.
 
+**The tail chain.** The blame holds each call's exposed time only, but calls queued back to
+back on their group's stream up to the step's last call (each starting at most
+CHAIN_GAP_NS after the one before ended) form a chain whose end is the step's: a call of it
+made shorter, hidden parts included, moves every call after it and the step's end earlier.
+rank_time's third table holds those calls' rows with their whole time (`span_ns`). An edit
+that `shortens` calls (a faster link, merged calls) takes out of a window, besides its
+share of the exposed rows, its share of the chain's whole time, until the chain's exposed
+time is down to its last call's shortened transfer (that call's data is the last compute's:
+it cannot start earlier); and a late rank's gain shortens a waiting rank's window by the
+chain's waits for it, hidden parts included, down to the same floor (a DDP all-reduce that
+waits for a late rank under backward compute holds back the buckets queued behind it,
+which then run past the compute's end).
+
 **Launches.** A fix that leaves the CPU's launches where they are (a faster link) cannot
 move a kernel before its launch: `launch_floor` bounds what such a fix takes out of a
 window, from where the time comes out (a call's end) and each kernel's slack (start less
@@ -121,6 +134,9 @@ P2P = ("send", "recv", "send_recv")
 LAUNCH_LATENCY_NS = 20_000
 # Rounds of propagation through the waits at most (a chain of late ranks this long).
 PROPAGATION_ROUNDS = 16
+# A call that starts at most this long after the previous call of its group ended was queued
+# behind it (a stream's kernels run 1-5 us apart back to back): the two are one chain.
+CHAIN_GAP_NS = 5_000
 # The rows that wait for another rank (`late_rank`): a collective's late rank, or the
 # neighbouring pipeline stage; a rank that gains shortens them.
 WAITS = ("wait", "pipeline_bubble")
@@ -226,13 +242,20 @@ CALL_EXPOSURE_SCHEMA: dict[str, pl.DataType] = {
     "exposed_ns": pl.Int64(),
     "exposed_all_ns": pl.Int64(),
 }
+# The tail chain (rank_time's third table): the blame's rows of a window's calls queued back
+# to back up to its last call, `ns` exposed as in the blame, `span_ns` hidden parts included.
+CHAIN_SCHEMA: dict[str, pl.DataType] = {
+    **{n: t for n, t in BLAME_SCHEMA.items() if n not in ("ns",)},
+    "ns": pl.Int64(),
+    "span_ns": pl.Int64(),
+}
 
 
 def rank_time(
     kernels: pl.DataFrame,
     calls: pl.DataFrame,
     windows: pl.DataFrame,
-) -> tuple[pl.DataFrame, pl.DataFrame]:
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The blame rows (BLAME_SCHEMA) of every (rank, step) window of `windows`, and per row
     of `calls` (`_call_row`, its position) the time the blame charges to it: `exposed_ns`,
     of its transfer (its transfer or pipeline_bubble rows' time once it moved data),
@@ -250,7 +273,11 @@ def rank_time(
     """
     calls = calls.with_row_index("_call_row")
     if windows.height == 0:
-        return _empty_blame(), pl.DataFrame(schema=CALL_EXPOSURE_SCHEMA)
+        return (
+            _empty_blame(),
+            pl.DataFrame(schema=CALL_EXPOSURE_SCHEMA),
+            pl.DataFrame(schema=CHAIN_SCHEMA),
+        )
     windows = windows.select(
         pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64), "start_ns", "end_ns"
     ).filter(pl.col("end_ns") >= pl.col("start_ns"))
@@ -378,6 +405,7 @@ def rank_time(
             .with_columns(category=pl.lit("memory"))
         )
     exposure = pl.DataFrame(schema=CALL_EXPOSURE_SCHEMA)
+    chain = pl.DataFrame(schema=CHAIN_SCHEMA)
     if comm.height:
         comm = comm.with_columns(ns=uncovered_ns(comm, cover))
         rows.append(
@@ -389,6 +417,7 @@ def rank_time(
             exposed_ns=pl.col("ns").filter(pl.col("_call") == 1).sum(),
             exposed_all_ns=pl.col("ns").sum(),
         )
+        chain = _tail_chain(comm)
     if gaps.height:
         rows.append(
             gaps.group_by(
@@ -432,7 +461,52 @@ def rank_time(
     blame = pl.concat([found, idle], how="vertical").sort(
         "rank", "step", "category", "process_group", "collective", "late_rank", nulls_last=True
     )
-    return blame, exposure.select(*[pl.col(n).cast(t) for n, t in CALL_EXPOSURE_SCHEMA.items()])
+    return (
+        blame,
+        exposure.select(*[pl.col(n).cast(t) for n, t in CALL_EXPOSURE_SCHEMA.items()]),
+        chain,
+    )
+
+
+def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
+    """The tail chain's rows (CHAIN_SCHEMA) of every window of `comm` (the communication
+    pieces, cut to the windows, with their exposed `ns`): the calls of the group of the
+    window's last call that ran back to back up to it, each starting at most CHAIN_GAP_NS
+    after the one before it ended (queued behind it), grouped as the blame's rows, with
+    `span_ns` their whole time, hidden parts included."""
+    calls = (
+        comm.group_by("rank", "step", "_call_row", "process_group")
+        .agg(_s=pl.col("start_ns").min(), _e=pl.col("end_ns").max())
+        .sort("rank", "step", "process_group", "_e")
+        .with_columns(
+            _brk=(pl.col("_s") > pl.col("_e").shift(1) + CHAIN_GAP_NS)
+            .fill_null(True)
+            .over("rank", "step", "process_group"),
+            _i=pl.int_range(pl.len()).over("rank", "step", "process_group"),
+        )
+        .with_columns(
+            _from=pl.col("_i").filter("_brk").max().over("rank", "step", "process_group"),
+            _last=pl.col("_e").max().over("rank", "step", "process_group")
+            == pl.col("_e").max().over("rank", "step"),
+        )
+        .filter(pl.col("_last") & (pl.col("_i") >= pl.col("_from")))
+        .select("_call_row", "step")
+    )
+    return (
+        comm.join(calls, on=["_call_row", "step"], how="semi")
+        .group_by("rank", "step", *_KEYS)
+        .agg(
+            pl.col("ns").sum(),
+            span_ns=(pl.col("end_ns") - pl.col("start_ns")).sum(),
+            calls=pl.col("_call").sum(),
+        )
+        .select(
+            *[
+                pl.lit(None, dtype=t).alias(n) if n == "step_start" else pl.col(n).cast(t)
+                for n, t in CHAIN_SCHEMA.items()
+            ]
+        )
+    )
 
 
 def rank_walls(blame: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
@@ -512,21 +586,21 @@ class Edit:
     columns: a share per rank and step, say; a row it does not match loses nothing; clipped
     to 0..1); `rank_ns`: optional fixed time removed from given ranks' windows (columns
     rank, remove_ns, and step when it differs per step; without step, every window of the
-    rank), e.g. a straggler's own lateness; `name`: what it models (named in a finding's
-    evidence)."""
+    rank), e.g. a straggler's own lateness; `shortens`: the fix makes the calls shorter (a
+    faster link, fewer calls), rather than moving them under compute, so the share it
+    removes from the tail chain's calls counts hidden parts too (module doc); `name`: what
+    it models (named in a finding's evidence)."""
 
     name: str
     where: pl.Expr = field(default_factory=lambda: pl.lit(False))
     fraction: float | pl.Expr | pl.DataFrame = 1.0
     rank_ns: pl.DataFrame | None = None
+    shortens: bool = False
 
 
-def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
-    """rank, step, wall_ns, removed_ns: per window, what the edits together remove (per row
-    the largest share any edit removes, plus the largest fixed per-rank time), then one
-    propagation through the waits (WAITS rows) to a fixed point: a rank whose window shrinks
-    by d makes the others' remaining waits for it (`late_rank`) shorter by up to d. Capped
-    at the window."""
+def _shared(rows: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
+    """`rows` (blame or tail-chain rows) with `_share`: the largest share of the row any
+    of `edits` removes (0..1)."""
     share = pl.lit(0.0)
     joined = []
     for i, e in enumerate(edits):
@@ -534,7 +608,7 @@ def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
             # A share per key (rank and step, say): joined to the rows, none where unmatched.
             keys = [c for c in e.fraction.columns if c != "fraction"]
             name = f"_fraction{i}"
-            blame = blame.join(
+            rows = rows.join(
                 # One row per key (the largest share): a row of the blame is never doubled.
                 e.fraction.lazy()
                 .select(
@@ -555,12 +629,81 @@ def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
             f = pl.lit(float(e.fraction))
         this = pl.when(e.where).then(f.cast(pl.Float64).clip(0.0, 1.0)).otherwise(0.0)
         share = pl.max_horizontal(share, this.fill_null(0.0))
-    rows = blame.with_columns(
-        _rm=(pl.col("ns").cast(pl.Float64) * share).round().cast(pl.Int64)
-    ).drop(joined)
+    return rows.with_columns(_share=share).drop(joined)
+
+
+def _chain_gain(chain: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
+    """rank, step, _extra: per window, what the shortening edits take out of its tail
+    chain beyond the exposed share the blame rows give: the chain's calls ran back to back
+    to the step's end, so each call made shorter, hidden parts included, moves the end
+    earlier, until the chain's exposed time is down to its last call's (shortened)
+    transfer, which cannot start before the compute it follows ends."""
+    rows = _shared(chain, [e for e in edits if e.shortens])
+    last = pl.col("last_call").fill_null(False) & (pl.col("category") == "transfer")
+    return (
+        rows.group_by("rank", "step")
+        .agg(
+            _cut=(pl.col("span_ns") * pl.col("_share")).sum(),
+            _direct=(pl.col("ns") * pl.col("_share")).sum(),
+            _exposed=pl.col("ns").sum(),
+            _floor=(pl.col("ns") * (1.0 - pl.col("_share"))).filter(last).sum(),
+        )
+        .select(
+            "rank",
+            "step",
+            _extra=(
+                pl.min_horizontal("_cut", pl.col("_exposed") - pl.col("_floor")) - pl.col("_direct")
+            )
+            .clip(lower_bound=0)
+            .round()
+            .cast(pl.Int64),
+        )
+    )
+
+
+def _chain_waits(chain: pl.LazyFrame) -> pl.LazyFrame:
+    """rank, step, late_rank, _chained: per window and late rank, what its lateness holds
+    of the window through the tail chain: the chain's waits for it, hidden parts included
+    (the calls after them queued behind them), at most the chain's exposed time less its
+    last call's transfer."""
+    last = pl.col("last_call").fill_null(False) & (pl.col("category") == "transfer")
+    per = chain.group_by("rank", "step").agg(
+        _room=pl.col("ns").sum() - pl.col("ns").filter(last).sum()
+    )
+    return (
+        chain.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
+        .group_by("rank", "step", "late_rank")
+        .agg(_span=pl.col("span_ns").sum())
+        .join(per, on=["rank", "step"])
+        .select(
+            "rank",
+            "step",
+            "late_rank",
+            _chained=pl.min_horizontal("_span", "_room").clip(lower_bound=0),
+        )
+    )
+
+
+def _removed(
+    blame: pl.LazyFrame, edits: Sequence[Edit], chain: pl.LazyFrame | None = None
+) -> pl.LazyFrame:
+    """rank, step, wall_ns, removed_ns: per window, what the edits together remove (per row
+    the largest share any edit removes, plus the largest fixed per-rank time, plus what the
+    shortening ones take out of the tail chain), then one propagation through the waits
+    (WAITS rows) to a fixed point: a rank whose window shrinks by d makes the others'
+    remaining waits for it (`late_rank`) shorter by up to d. Capped at the window."""
+    rows = _shared(blame, edits).with_columns(
+        _rm=(pl.col("ns").cast(pl.Float64) * pl.col("_share")).round().cast(pl.Int64)
+    )
     per = rows.group_by("rank", "step").agg(
         removed_ns=pl.col("_rm").sum(), wall_ns=pl.col("ns").sum()
     )
+    if chain is not None and any(e.shortens for e in edits):
+        per = (
+            per.join(_chain_gain(chain, edits), on=["rank", "step"], how="left")
+            .with_columns(removed_ns=pl.col("removed_ns") + pl.col("_extra").fill_null(0))
+            .drop("_extra")
+        )
     fixed = [e.rank_ns for e in edits if e.rank_ns is not None and e.rank_ns.height]
     if fixed:
         # Per (rank, step): a frame without `step` applies to every step of its ranks.
@@ -591,13 +734,26 @@ def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
     # it does not add up; and a gain that comes back around a cycle of waits is not
     # counted twice). A wait an edit shortens directly (its rows' share) is in the rank's
     # own removal; the late rank's gain may still shorten all of it, the larger of the two
-    # counting: so no edit added to others ever lowers the saving.
+    # counting: so no edit added to others ever lowers the saving. On the tail chain a
+    # wait also holds the calls queued behind it, hidden parts included (_chain_waits).
     waits = (
         rows.filter(pl.col("category").is_in(WAITS) & pl.col("late_rank").is_not_null())
         .group_by("rank", "step", "late_rank")
         .agg(_left=pl.col("ns").sum())
-        .collect()
     )
+    if chain is not None:
+        waits = (
+            waits.join(
+                _chain_waits(chain), on=["rank", "step", "late_rank"], how="full", coalesce=True
+            )
+            .with_columns(
+                _left=pl.max_horizontal(
+                    pl.col("_left").fill_null(0), pl.col("_chained").fill_null(0)
+                )
+            )
+            .drop("_chained")
+        )
+    waits = waits.collect()
     gains = per.collect()
     if waits.height == 0:
         return gains.lazy().select("rank", "step", "wall_ns", "removed_ns")
@@ -631,24 +787,38 @@ def _removed(blame: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
     return gains.lazy().select("rank", "step", "wall_ns", "removed_ns")
 
 
-def replay(blame: pl.DataFrame | pl.LazyFrame, times: pl.DataFrame, edits: Sequence[Edit]) -> int:
+def replay(
+    blame: pl.DataFrame | pl.LazyFrame,
+    times: pl.DataFrame,
+    edits: Sequence[Edit],
+    chain: pl.DataFrame | pl.LazyFrame | None = None,
+) -> int:
     """The job's step time (ns) with `edits` applied (together), on the complete steps of
-    `times`: per step the longest rank's window less what the edits remove from it."""
+    `times`: per step the longest rank's window less what the edits remove from it.
+    `chain`: the tail chain's rows (rank_time's third table), which shortening edits and
+    the propagation through waits read; without it, the blame rows alone."""
     use = times.filter(pl.col("complete")).select("step")
     if use.height == 0:
         return 0
-    rows = _removed(blame.lazy(), edits).join(use.lazy(), on="step", how="semi")
+    rows = _removed(blame.lazy(), edits, None if chain is None else chain.lazy()).join(
+        use.lazy(), on="step", how="semi"
+    )
     new = rows.group_by("step").agg(new=(pl.col("wall_ns") - pl.col("removed_ns")).max()).collect()
     return int(new["new"].sum() // use.height)
 
 
-def saving(blame: pl.DataFrame | pl.LazyFrame, times: pl.DataFrame, edits: Sequence[Edit]) -> int:
+def saving(
+    blame: pl.DataFrame | pl.LazyFrame,
+    times: pl.DataFrame,
+    edits: Sequence[Edit],
+    chain: pl.DataFrame | pl.LazyFrame | None = None,
+) -> int:
     """Step time the edits save together: job_step_ns - replay (never negative, never more
     than the step)."""
     base = job_step_ns(times)
     if not edits:
         return 0
-    return max(0, min(base, base - replay(blame, times, edits)))
+    return max(0, min(base, base - replay(blame, times, edits, chain)))
 
 
 def launch_floor(kernels: pl.LazyFrame, removals: pl.DataFrame) -> pl.LazyFrame:
