@@ -656,13 +656,14 @@ def _named_by_instance(
 
 def rank_lateness(tables: Tables, where: pl.Expr | None = None) -> pl.DataFrame:
     """rank, step, remove_ns: per step, the longest wait any rank had for this rank (the
-    model of time's `late_rank` waits): the time its window loses when it does the mean
-    rank's work. For an Edit's `rank_ns`. `where`: only the wait rows it keeps (an
+    model of time's `late_rank` waits, and the tail chain's, hidden parts included, that
+    held back the calls queued behind them): the time its window loses when it does the
+    mean rank's work. For an Edit's `rank_ns`. `where`: only the wait rows it keeps (an
     expression over the step_blame columns), e.g. the calls another rule owns left out."""
-    blame = step_blame(tables)
+    blame, chain = step_blame(tables), tail_chain(tables)
     if where is not None:
-        blame = blame.filter(where)
-    return tables.collect(steptime.lateness(blame))
+        blame, chain = blame.filter(where), chain.filter(where)
+    return tables.collect(steptime.lateness(blame, chain))
 
 
 def launch_floor(tables: Tables, removals: pl.DataFrame) -> pl.DataFrame:

@@ -524,3 +524,13 @@ def test_a_hidden_wait_on_the_tail_chain_holds_the_step() -> None:
     fixed = Edit("rank 1 on time", rank_ns=pl.DataFrame({"rank": [1], "remove_ns": [40 * US]}))
     assert steptime.saving(both, times, [fixed], chain) == 30 * US
     assert steptime.saving(both, times, [fixed]) == 0
+
+
+def test_a_rank_s_lateness_counts_its_hidden_waits_on_the_tail_chain() -> None:
+    """Rank 1 held A back 40 us, under compute: no exposed wait, yet B and C queued
+    behind it ran past the compute's end. Its lateness (a `rank_ns` for "it does the mean
+    rank's work") is what that costs rank 0: 30 us, down to C's transfer."""
+    blame, chain, _ = _chained_rank()
+    assert steptime.lateness(blame).collect().height == 0
+    got = steptime.lateness(blame, chain).collect()
+    assert got.rows() == [(1, 0, 30 * US)]

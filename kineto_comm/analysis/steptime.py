@@ -800,9 +800,15 @@ def replay(
     use = times.filter(pl.col("complete")).select("step")
     if use.height == 0:
         return 0
-    rows = _removed(blame.lazy(), edits, None if chain is None else chain.lazy()).join(
-        use.lazy(), on="step", how="semi"
-    )
+    if chain is not None:
+        have = chain.collect_schema().names()
+        chain = chain.lazy().select(
+            *[
+                pl.col(n).cast(t) if n in have else pl.lit(None, dtype=t).alias(n)
+                for n, t in CHAIN_SCHEMA.items()
+            ]
+        )
+    rows = _removed(blame.lazy(), edits, chain).join(use.lazy(), on="step", how="semi")
     new = rows.group_by("step").agg(new=(pl.col("wall_ns") - pl.col("removed_ns")).max()).collect()
     return int(new["new"].sum() // use.height)
 
@@ -977,16 +983,26 @@ def queue_shift(kernels: pl.LazyFrame, windows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def lateness(blame: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
+def lateness(
+    blame: pl.DataFrame | pl.LazyFrame, chain: pl.DataFrame | pl.LazyFrame | None = None
+) -> pl.LazyFrame:
     """rank, step, remove_ns: per step, how late each rank made the others: the longest
-    wait (summed per waiting rank) any rank of the step had for it. What a rank's window
-    loses when it does the mean rank's work (an Edit's `rank_ns`)."""
-    return (
+    wait (summed per waiting rank) any rank of the step had for it; with `chain` (the tail
+    chain's rows), the waits it holds the chain back by, hidden parts included, where that
+    is longer. What a rank's window loses when it does the mean rank's work (an Edit's
+    `rank_ns`)."""
+    waits = (
         blame.lazy()
         .filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
         .group_by("rank", "step", "late_rank")
         .agg(w=pl.col("ns").sum())
-        .group_by("late_rank", "step")
+    )
+    if chain is not None:
+        waits = pl.concat(
+            [waits, _chain_waits(chain.lazy()).rename({"_chained": "w"})], how="vertical_relaxed"
+        )
+    return (
+        waits.group_by("late_rank", "step")
         .agg(remove_ns=pl.col("w").max())
         .select(rank="late_rank", step="step", remove_ns="remove_ns")
     )
