@@ -485,6 +485,32 @@ FULL_SCENARIOS = [
     ("small-messages", "tp-dp", 4, "COMM201", {}),
     ("bubble", "pp-dp", 4, "PIPE101", {}),
     ("bubble", "pp-dp", 8, "PIPE101", {}),
+    pytest.param(
+        "small-messages",
+        "pp-dp",
+        4,
+        "COMM201",
+        {},
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="a stage gains the larger of its own storm's time and its wait for the "
+            "other stage's, not both: the replay does not know whether the other stage's "
+            "gain came before the arrival it waited for (-31% of truth)",
+        ),
+    ),
+    pytest.param(
+        "exposed-allreduce",
+        "fsdp",
+        4,
+        "COMM102",
+        {},
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="COMM102 hides every reduce-scatter but the step's last; the per-unit "
+            "fix still exposes part of the one before it, behind only the embedding's "
+            "short backward (+11% of truth)",
+        ),
+    ),
 ]
 
 
