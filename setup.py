@@ -1,5 +1,6 @@
-"""The compiled scanner (kineto_comm/load/_scan.c) is optional: where it cannot be built,
-the same tables come from the pure-Python decoder, only slower."""
+"""The compiled scanner (kineto_comm/load/_scan.c) and the replay's sweep
+(kineto_comm/analysis/_sweep.c) are optional: where they cannot be built, the same tables
+and savings come from Python, only slower."""
 
 from setuptools import Extension, setup
 
@@ -9,6 +10,11 @@ setup(
             "kineto_comm.load._scan",
             ["kineto_comm/load/_scan.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "kineto_comm.analysis._sweep",
+            ["kineto_comm/analysis/_sweep.c"],
+            optional=True,
+        ),
     ]
 )

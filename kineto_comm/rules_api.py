@@ -72,7 +72,7 @@ __all__ = [
     "step_blame",
     "step_time_ns",
     "step_times",
-    "tail_chain",
+    "replay_timeline",
 ]
 
 # The Report tables of the model of time (computed after the rules; read through it here).
@@ -499,11 +499,13 @@ def step_blame(tables: Tables) -> pl.LazyFrame:
     )
 
 
-def tail_chain(tables: Tables) -> pl.LazyFrame:
-    """Per rank and step, the blame's rows (with `span_ns`, steptime.CHAIN_SCHEMA) of the
-    calls queued back to back up to the step's last call: a chain whose every call,
-    hidden parts included, delays the step's end once the chain runs past the compute.
-    From the same pass as the blame."""
+def replay_timeline(tables: Tables) -> pl.LazyFrame:
+    """What the replay re-times (steptime.CHAIN_SCHEMA, in the blame's columns; `part`):
+    per rank and step its window ("window": `at_ns`, `end_ns`), its communication, launch
+    and queued pieces at their times ("event"; `sync` marks the exposed waits for another
+    rank), and the tail chain ("chain": the calls queued back to back up to the step's
+    last call, `span_ns` their whole time, hidden parts included). From the same pass as
+    the blame."""
     rows = _model_of_time(tables)
     return rows.filter(pl.col("_chain").fill_null(False)).select(list(steptime.CHAIN_SCHEMA))
 
@@ -534,7 +536,11 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
         **steptime.BLAME_SCHEMA,
         **_CALL_COLUMNS,
         "_chain": pl.Boolean(),
+        "part": pl.String(),
         "span_ns": pl.Int64(),
+        "at_ns": pl.Int64(),
+        "end_ns": pl.Int64(),
+        "sync": pl.Boolean(),
     }
     if not tables.has("steps", "step", "start_ns", "end_ns"):
         return pl.DataFrame(schema=schema).lazy()
@@ -635,15 +641,23 @@ def _named_by_instance(
     ]
     if not waits:
         return calls
-    named = (
-        last_arrivals(pl.concat(waits, how="vertical_relaxed"), instances)
-        .filter(~pl.col("p2p"))
-        .select("rank", "start_ns", _last="last_rank")
-    )
+    arrivals = last_arrivals(pl.concat(waits, how="vertical_relaxed"), instances)
     cast = {"rank": calls.schema["rank"], "start_ns": calls.schema["start_ns"]}
-    named = named.with_columns(pl.col(c).cast(t) for c, t in cast.items())
+    named = (
+        arrivals.filter(~pl.col("p2p"))
+        .select("rank", "start_ns", _last="last_rank")
+        .with_columns(pl.col(c).cast(t) for c, t in cast.items())
+    )
+    # A point-to-point call whose peer arrived after it waited for that peer (`first`).
+    paired = (
+        arrivals.filter(pl.col("p2p"))
+        .select("rank", "start_ns", first=pl.col("last_rank") != pl.col("rank"))
+        .with_columns(pl.col(c).cast(t) for c, t in cast.items())
+        .unique(["rank", "start_ns"], keep="first")
+    )
     return (
         calls.join(named, on=["rank", "start_ns"], how="left", maintain_order="left")
+        .join(paired, on=["rank", "start_ns"], how="left", maintain_order="left")
         .with_columns(
             late_rank=pl.when(pl.col("collective").is_in(P2P) | pl.col("_last").is_null())
             .then(pl.col("late_rank"))
@@ -660,7 +674,7 @@ def rank_lateness(tables: Tables, where: pl.Expr | None = None) -> pl.DataFrame:
     held back the calls queued behind them): the time its window loses when it does the
     mean rank's work. For an Edit's `rank_ns`. `where`: only the wait rows it keeps (an
     expression over the step_blame columns), e.g. the calls another rule owns left out."""
-    blame, chain = step_blame(tables), tail_chain(tables)
+    blame, chain = step_blame(tables), replay_timeline(tables)
     if where is not None:
         blame, chain = blame.filter(where), chain.filter(where)
     return tables.collect(steptime.lateness(blame, chain))
@@ -739,8 +753,11 @@ def replay_saving(tables: Tables, *edits: Edit) -> int:
     blame = tables.once(
         ("rules_api", "step_blame_frame"), lambda: tables.collect(step_blame(tables))
     )
-    chain = tables.once(("rules_api", "tail_chain"), lambda: tables.collect(tail_chain(tables)))
-    return steptime.saving(blame, step_times(tables), edits, chain)
+    line = tables.once(
+        ("rules_api", "timeline"),
+        lambda: steptime.timeline(tables.collect(replay_timeline(tables))),
+    )
+    return steptime.saving(blame, step_times(tables), edits, line)
 
 
 def all_to_all_volume(tables: Tables) -> pl.DataFrame:

@@ -51,16 +51,26 @@ streams, kernel by kernel, is the dependency graph's (kineto_comm.analysis.depgr
 **Replay.** An edit removes a share (0..1) of some blame rows (a class of collectives
 hidden, or run at a reference bandwidth; waits for a rank removed; launch gaps removed; a
 share of the pipeline bubble) and may shorten given ranks' windows by a fixed time (a
-straggler's own lateness). Each rank's window shrinks by what is removed from it, each step
-lasts as long as its longest rank's new window, and the saving is the old job step time
-less the new one. A rank that gains d also shortens the others' remaining waits for it
-(`late_rank` of their wait and pipeline_bubble rows: a stage that finishes earlier keeps
-its neighbours waiting less) by up to d, and so on along chains of waits to a fixed point (at most
-PROPAGATION_ROUNDS rounds); a rank gains the larger of its own removal and the most any of
-its waits gives it, not their sum (a delay shifts the rest of the step, it does not add up,
-and a gain coming back around a cycle of waits is not counted twice).
-Several edits replayed together remove, from each row, the largest share any of them
-removes (never more than the row), so the joint saving never exceeds the step.
+straggler's own lateness). The replay re-times each rank's timeline (rank_time's third
+table: its windows, and its communication, launch and queued pieces at their times) by a
+*shift*, how much earlier the rank runs: it grows by what each row loses as the timeline
+passes it (a fixed time at the window's start; compute, memory and idle rows, which have
+no single time, at the window's end), and at an exposed wait for another rank (a
+collective's wait for its `late_rank`; a pipeline call that waited for its peer) the wait
+ends as early as that rank arrives: the waiting rank's shift becomes the larger of the
+awaited rank's shift at that moment and its own (plus what an edit takes out of the wait
+itself), but never more than its own plus the wait (it cannot leave before it arrived).
+The waits are taken in the order they ended, across ranks (one pass: each wait reads the
+awaited rank's shift as of its end; compiled in _sweep.c where it was built, the same loop
+in Python otherwise; `timeline` prepares the rows once for a run's many replays). A window loses what its rank's shift grew by across
+it; each step lasts as long as its longest rank's new window; the saving is the old job
+step time less the new one. So a stage of a pipeline gains both its own removals and, at
+each wait, what the stage it waits for gained before it sent: not the larger of the two.
+A rank's shift never drops at a wait (a rank that gained and then waits for one that did
+not keeps its gain: optimistic for that rank, but the step is its longest window, which
+is the other's). Several edits replayed together remove, from each row, the largest share
+any of them removes (never more than the row), so the joint saving never exceeds the
+step, and no edit added to others lowers their saving.
 
 **The tail chain.** The blame holds each call's exposed time only, but calls queued back to
 back on their group's stream up to the step's last call (each starting at most
@@ -89,9 +99,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
 from kineto_comm.analysis.overlap import disjoint_pieces, uncovered_ns
+
+try:  # the sweep over the waits, compiled (_sweep.c); optional: the Python loop is the same.
+    from kineto_comm.analysis import _sweep as _compiled
+except ImportError:  # pragma: no cover - where no compiler built it
+    _compiled = None  # type: ignore[assignment]
 
 CATEGORIES = (
     "compute",
@@ -132,14 +148,15 @@ P2P = ("send", "recv", "send_recv")
 # A kernel that starts later than this waited for something the trace does not show
 # (another process on a shared GPU, events left out of a sampled trace): that is queued.
 LAUNCH_LATENCY_NS = 20_000
-# Rounds of propagation through the waits at most (a chain of late ranks this long).
-PROPAGATION_ROUNDS = 16
 # A call that starts at most this long after the previous call of its group ended was queued
 # behind it (a stream's kernels run 1-5 us apart back to back): the two are one chain.
 CHAIN_GAP_NS = 5_000
 # The rows that wait for another rank (`late_rank`): a collective's late rank, or the
 # neighbouring pipeline stage; a rank that gains shortens them.
 WAITS = ("wait", "pipeline_bubble")
+# The rows the replay re-times at their times (rank_time's events); the others (compute,
+# memory, idle) come out at the window's end.
+TIMED = ("transfer", "wait", "pipeline_bubble", "launch", "queued")
 _KEYS = ["category", "collective", "process_group", "role", "late_rank", "last_call"]
 
 
@@ -245,9 +262,13 @@ CALL_EXPOSURE_SCHEMA: dict[str, pl.DataType] = {
 # The tail chain (rank_time's third table): the blame's rows of a window's calls queued back
 # to back up to its last call, `ns` exposed as in the blame, `span_ns` hidden parts included.
 CHAIN_SCHEMA: dict[str, pl.DataType] = {
+    "part": pl.String(),
     **{n: t for n, t in BLAME_SCHEMA.items() if n not in ("ns",)},
     "ns": pl.Int64(),
     "span_ns": pl.Int64(),
+    "at_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+    "sync": pl.Boolean(),
 }
 
 
@@ -320,6 +341,13 @@ def rank_time(
             pl.col(n).cast(t) if n in calls.columns else pl.lit(None, dtype=t).alias(n)
             for n, t in labels.items()
         ],
+        # A point-to-point call that waited for its peer (it arrived first); unknown
+        # without instances: a receive is taken to have waited for its send.
+        _first=(
+            pl.col("first").cast(pl.Boolean)
+            if "first" in calls.columns
+            else pl.lit(None, dtype=pl.Boolean)
+        ).fill_null(pl.col("collective") == "recv"),
     ).filter(pl.col("end_ns") > pl.col("start_ns"))
     split = pl.max_horizontal(pl.col("start_ns"), pl.col("end_ns") - pl.col("transfer_ns"))
     p2p = pl.col("collective").is_in(P2P)
@@ -337,6 +365,7 @@ def rank_time(
         _call=pl.lit(1, dtype=pl.Int64),
         _end="end_ns",
         _call_row="_call_row",
+        _first="_first",
     )
     waited = c.filter(split > pl.col("start_ns")).select(
         "rank",
@@ -350,6 +379,7 @@ def rank_time(
         _call=pl.lit(0, dtype=pl.Int64),
         _end="end_ns",
         _call_row="_call_row",
+        _first="_first",
     )
     comm = disjoint_pieces(
         _clip_to_windows(pl.concat([moved, waited]).sort("rank", "start_ns"), windows)
@@ -418,6 +448,7 @@ def rank_time(
             exposed_all_ns=pl.col("ns").sum(),
         )
         chain = _tail_chain(comm)
+    chain = pl.concat([chain, _events(comm, gaps, windows)], how="vertical")
     if gaps.height:
         rows.append(
             gaps.group_by(
@@ -500,12 +531,86 @@ def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
             span_ns=(pl.col("end_ns") - pl.col("start_ns")).sum(),
             calls=pl.col("_call").sum(),
         )
+        .with_columns(part=pl.lit("chain"))
         .select(
             *[
-                pl.lit(None, dtype=t).alias(n) if n == "step_start" else pl.col(n).cast(t)
+                pl.lit(None, dtype=t).alias(n)
+                if n in ("step_start", "at_ns", "end_ns", "sync")
+                else pl.col(n).cast(t)
                 for n, t in CHAIN_SCHEMA.items()
             ]
         )
+    )
+
+
+def _events(comm: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """The "event" rows (CHAIN_SCHEMA) of every window: its communication pieces (with
+    their exposed `ns`) and its launch and queued pieces, each at its time (`at_ns`,
+    `end_ns`); `sync` marks the exposed part of a wait for another rank (a collective's
+    wait, or a pipeline call that waited for its peer): where the rank stood still until
+    that rank arrived. And a "window" row per window, its span. What the replay re-times."""
+    parts = [
+        windows.select(
+            "rank",
+            "step",
+            at_ns="start_ns",
+            end_ns="end_ns",
+            part=pl.lit("window"),
+            ns=pl.lit(0, dtype=pl.Int64),
+            sync=pl.lit(False),
+        )
+    ]
+    if comm.height:
+        parts.append(
+            comm.filter(pl.col("ns") > 0).select(
+                "rank",
+                "step",
+                *_KEYS,
+                "ns",
+                at_ns="start_ns",
+                end_ns="end_ns",
+                calls="_call",
+                # A collective's wait; a pipeline call, all of it (its transfer too is
+                # the neighbouring stage's: its send).
+                sync=pl.col("category").is_in(WAITS)
+                & pl.col("late_rank").is_not_null()
+                & (
+                    (pl.col("_call") == 0)
+                    | ((pl.col("category") == "pipeline_bubble") & pl.col("_first"))
+                ),
+            )
+        )
+    if gaps.height:
+        parts.append(
+            gaps.select(
+                "rank",
+                "step",
+                "collective",
+                "process_group",
+                "role",
+                "step_start",
+                category="_cat",
+                ns=pl.col("end_ns") - pl.col("start_ns"),
+                at_ns="start_ns",
+                end_ns="end_ns",
+                calls=pl.lit(1, dtype=pl.Int64),
+                sync=pl.lit(False),
+            )
+        )
+    return (
+        pl.concat(
+            [
+                r.select(
+                    *[
+                        pl.col(n).cast(t) if n in r.columns else pl.lit(None, dtype=t).alias(n)
+                        for n, t in CHAIN_SCHEMA.items()
+                    ]
+                )
+                for r in parts
+            ]
+        )
+        .with_columns(part=pl.col("part").fill_null("event"), span_ns=pl.col("ns"))
+        .filter((pl.col("ns") > 0) | (pl.col("part") == "window"))
     )
 
 
@@ -620,6 +725,7 @@ def _shared(rows: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
                 on=keys,
                 how="left",
                 nulls_equal=True,
+                maintain_order="left",
             )
             joined.append(name)
             f = pl.col(name).fill_null(0.0)
@@ -684,132 +790,301 @@ def _chain_waits(chain: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
+def _fixed(edits: Sequence[Edit], steps: pl.LazyFrame) -> pl.LazyFrame | None:
+    """rank, step, _fixed: the largest fixed time any edit takes out of each window of a
+    rank (`rank_ns`; a frame without `step` applies to every step `steps` lists)."""
+    fixed = [e.rank_ns for e in edits if e.rank_ns is not None and e.rank_ns.height]
+    if not fixed:
+        return None
+    return (
+        pl.concat(
+            [
+                (f.lazy() if "step" in f.columns else f.lazy().join(steps, how="cross")).select(
+                    pl.col("rank").cast(pl.Int64),
+                    pl.col("step").cast(pl.Int64),
+                    pl.col("remove_ns").cast(pl.Int64),
+                )
+                for f in fixed
+            ]
+        )
+        .group_by("rank", "step")
+        .agg(_fixed=pl.col("remove_ns").max())
+    )
+
+
+def _sweep_waits(
+    rank: np.ndarray,
+    late: np.ndarray,
+    wait: np.ndarray,
+    direct: np.ndarray,
+    own: np.ndarray,
+    theirs: np.ndarray,
+    n: int,
+) -> np.ndarray:
+    """_sweep, compiled where _sweep.c was built (a storm of small collectives holds
+    hundreds of thousands of waits), else the Python loop."""
+    if _compiled is None:
+        return _sweep(rank, late, wait, direct, own, theirs, n)
+    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (rank, late)]
+    arrays += [np.ascontiguousarray(a, dtype=np.float64) for a in (wait, direct, own, theirs)]
+    return np.frombuffer(_compiled.sweep(*arrays, n), dtype=np.float64)
+
+
+def _sweep(
+    rank: np.ndarray,
+    late: np.ndarray,
+    wait: np.ndarray,
+    direct: np.ndarray,
+    own: np.ndarray,
+    theirs: np.ndarray,
+    n: int,
+) -> np.ndarray:
+    """The rank's shift (how much earlier it runs) right after each of its exposed waits for
+    another rank, the waits in the order they ended. A wait ends when the awaited rank
+    arrives: as much earlier as that rank's shift then; or, what an edit takes out of the
+    wait itself taken out on top of the rank's own shift, whichever is more; but no
+    earlier than the waiting rank arrives (its shift before the wait plus the wait).
+    `own`/`theirs`: the waiting and the awaited rank's removals so far (cumulative, their
+    other rows) at the wait's end."""
+    base = np.zeros(n)
+    seen = np.zeros(n)
+    out = np.empty(len(rank))
+    for i in range(len(rank)):
+        y, x = rank[i], late[i]
+        before = base[y] + own[i] - seen[y]
+        now = base[x] + theirs[i] - seen[x] if x >= 0 else 0.0
+        base[y] = out[i] = min(max(now, before + direct[i]), before + wait[i])
+        seen[y] = own[i]
+    return out
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What the replay re-times (rank_time's third table), prepared once for many replays:
+    `rows`, each rank's events and, per window, a row at its start (its fixed time) and at
+    its end (its rows without times), in time order per rank (`_o` 0, 1, 2); `windows`
+    (rank, step, _first, _last: those two rows' positions); per row `_start`, its rank's
+    first row; the exposed waits in the order they ended (`sync_at`, their rows; `late`,
+    the awaited rank; `theirs_at`, the awaited rank's last row ending by then, -1 for
+    none); `tail`, the tail chain's rows; `ranks`, one more than the largest rank."""
+
+    rows: pl.DataFrame
+    windows: pl.DataFrame
+    start: np.ndarray
+    sync_at: np.ndarray
+    late: np.ndarray
+    theirs_at: np.ndarray
+    tail: pl.DataFrame
+    ranks: int
+
+
+def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
+    """The Timeline of a replay_timeline frame (CHAIN_SCHEMA rows; missing columns null)."""
+    have = frame.collect_schema().names()
+    frame = (
+        frame.lazy()
+        .select(
+            *[
+                pl.col(n).cast(t) if n in have else pl.lit(None, dtype=t).alias(n)
+                for n, t in CHAIN_SCHEMA.items()
+            ]
+        )
+        .collect()
+    )
+    events = frame.filter(pl.col("part") == "event").with_columns(
+        pl.col("sync").fill_null(False), _o=pl.lit(1, dtype=pl.Int8)
+    )
+    # A window's span: its "window" row, or its events'.
+    bounds = (
+        pl.concat(
+            [
+                frame.filter(pl.col("part") == "window").select(
+                    "rank", "step", _a="at_ns", _z="end_ns"
+                ),
+                events.group_by("rank", "step").agg(
+                    _a=pl.col("at_ns").min(), _z=pl.col("end_ns").max()
+                ),
+            ]
+        )
+        .group_by("rank", "step")
+        .agg(pl.col("_a").min(), pl.col("_z").max())
+    )
+    edge = {"part": pl.lit("edge"), "sync": pl.lit(False), "ns": pl.lit(0, dtype=pl.Int64)}
+    rows = (
+        pl.concat(
+            [
+                events,
+                bounds.select(
+                    "rank", "step", at_ns="_a", end_ns="_a", _o=pl.lit(0, dtype=pl.Int8), **edge
+                ),
+                bounds.select(
+                    "rank", "step", at_ns="_z", end_ns="_z", _o=pl.lit(2, dtype=pl.Int8), **edge
+                ),
+            ],
+            how="diagonal_relaxed",
+        )
+        .sort("rank", "step", "at_ns", "_o")
+        .with_row_index("_row")
+        .with_columns(_start=pl.col("_row").min().over("rank"))
+    )
+    windows = rows.group_by("rank", "step").agg(
+        _first=pl.col("_row").min(), _last=pl.col("_row").max()
+    )
+    syncs = rows.filter("sync").select("_row", "end_ns", "late_rank")
+    theirs = (
+        syncs.sort("end_ns")
+        .join_asof(
+            rows.select(late_rank="rank", _at="end_ns", _their="_row").sort("_at"),
+            left_on="end_ns",
+            right_on="_at",
+            by="late_rank",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .sort("end_ns", "_row")
+    )
+    top = max(
+        int(rows["rank"].max() or 0) if rows.height else 0,
+        int(syncs["late_rank"].max() or 0) if syncs.height else 0,
+    )
+    return Timeline(
+        rows=rows.drop("_row"),
+        windows=windows,
+        start=rows["_start"].to_numpy().astype(np.int64),
+        sync_at=theirs["_row"].to_numpy().astype(np.int64),
+        late=theirs["late_rank"].fill_null(-1).to_numpy().astype(np.int64),
+        theirs_at=theirs["_their"].fill_null(-1).to_numpy().astype(np.int64),
+        tail=frame.filter(pl.col("part") == "chain"),
+        ranks=top + 1,
+    )
+
+
 def _removed(
-    blame: pl.LazyFrame, edits: Sequence[Edit], chain: pl.LazyFrame | None = None
-) -> pl.LazyFrame:
-    """rank, step, wall_ns, removed_ns: per window, what the edits together remove (per row
-    the largest share any edit removes, plus the largest fixed per-rank time, plus what the
-    shortening ones take out of the tail chain), then one propagation through the waits
-    (WAITS rows) to a fixed point: a rank whose window shrinks by d makes the others'
-    remaining waits for it (`late_rank`) shorter by up to d. Capped at the window."""
+    blame: pl.LazyFrame, edits: Sequence[Edit], line: Timeline | None = None
+) -> pl.DataFrame:
+    """rank, step, wall_ns, removed_ns: per window, what the edits together take out of it
+    (module doc, "Replay"): per row the largest share any edit removes, the largest fixed
+    per-rank time at the window's start, what the shortening ones take out of the tail
+    chain; re-timed along each rank's timeline, where a wait for another rank ends as much
+    earlier as that rank runs earlier when it arrives. Capped at the window."""
     rows = _shared(blame, edits).with_columns(
         _rm=(pl.col("ns").cast(pl.Float64) * pl.col("_share")).round().cast(pl.Int64)
     )
+    timed = pl.col("category").is_in(TIMED)
     per = rows.group_by("rank", "step").agg(
-        removed_ns=pl.col("_rm").sum(), wall_ns=pl.col("ns").sum()
+        wall_ns=pl.col("ns").sum(),
+        # Rows without times (compute, memory, idle) come out at the window's end.
+        _untimed=pl.col("_rm").filter(~timed).sum(),
+        _timed=pl.col("_rm").filter(timed).sum(),
     )
-    if chain is not None and any(e.shortens for e in edits):
+    fixed = _fixed(edits, per.select("step").unique())
+    per = (
+        per.join(fixed, on=["rank", "step"], how="left")
+        if fixed is not None
+        else per.with_columns(_fixed=pl.lit(0, dtype=pl.Int64))
+    ).with_columns(pl.col("_fixed").fill_null(0))
+    if line is not None and line.tail.height and any(e.shortens for e in edits):
         per = (
-            per.join(_chain_gain(chain, edits), on=["rank", "step"], how="left")
-            .with_columns(removed_ns=pl.col("removed_ns") + pl.col("_extra").fill_null(0))
+            per.join(_chain_gain(line.tail.lazy(), edits), on=["rank", "step"], how="left")
+            .with_columns(_untimed=pl.col("_untimed") + pl.col("_extra").fill_null(0))
             .drop("_extra")
         )
-    fixed = [e.rank_ns for e in edits if e.rank_ns is not None and e.rank_ns.height]
-    if fixed:
-        # Per (rank, step): a frame without `step` applies to every step of its ranks.
-        steps = per.select("step").unique()
-        per_rank = (
-            pl.concat(
-                [
-                    (f.lazy() if "step" in f.columns else f.lazy().join(steps, how="cross")).select(
-                        pl.col("rank").cast(pl.Int64),
-                        pl.col("step").cast(pl.Int64),
-                        pl.col("remove_ns").cast(pl.Int64),
-                    )
-                    for f in fixed
-                ]
-            )
-            .group_by("rank", "step")
-            .agg(pl.col("remove_ns").max())
+    per = per.collect().sort("rank", "step")
+    flat = (pl.col("_fixed") + pl.col("_untimed") + pl.col("_timed")).cast(pl.Float64)
+    if line is None or line.rows.height == 0:
+        # No times: every row's share and the fixed time come out, no wait moves.
+        return per.select(
+            "rank", "step", "wall_ns", removed_ns=pl.min_horizontal(flat, pl.col("wall_ns"))
         )
-        per = (
-            per.join(per_rank, on=["rank", "step"], how="left")
-            .with_columns(removed_ns=pl.col("removed_ns") + pl.col("remove_ns").fill_null(0))
-            .drop("remove_ns")
-        )
-    per = per.with_columns(removed_ns=pl.min_horizontal("removed_ns", "wall_ns"))
-    # Propagation through the waits, to a fixed point: a rank's waits for a late rank
-    # shrink by up to what that rank gained, and a rank gains the larger of its own
-    # removal and the most any of its waits gives it (a delay shifts the rest of the step:
-    # it does not add up; and a gain that comes back around a cycle of waits is not
-    # counted twice). A wait an edit shortens directly (its rows' share) is in the rank's
-    # own removal; the late rank's gain may still shorten all of it, the larger of the two
-    # counting: so no edit added to others ever lowers the saving. On the tail chain a
-    # wait also holds the calls queued behind it, hidden parts included (_chain_waits).
-    waits = (
-        rows.filter(pl.col("category").is_in(WAITS) & pl.col("late_rank").is_not_null())
-        .group_by("rank", "step", "late_rank")
-        .agg(_left=pl.col("ns").sum())
+    # Per row what it loses: its share; a window's first and last rows, its fixed time and
+    # its rows without times.
+    r = (
+        _shared(line.rows.lazy(), edits)
+        .select(pl.col("ns").cast(pl.Float64) * pl.col("_share"))
+        .collect()
+        .to_series()
+        .to_numpy()
+        .copy()
     )
-    if chain is not None:
-        waits = (
-            waits.join(
-                _chain_waits(chain), on=["rank", "step", "late_rank"], how="full", coalesce=True
-            )
-            .with_columns(
-                _left=pl.max_horizontal(
-                    pl.col("_left").fill_null(0), pl.col("_chained").fill_null(0)
-                )
-            )
-            .drop("_chained")
+    ends = line.windows.join(per, on=["rank", "step"], how="left")
+    r[ends["_first"].to_numpy()] = ends["_fixed"].fill_null(0).to_numpy()
+    r[ends["_last"].to_numpy()] = ends["_untimed"].fill_null(0).to_numpy()
+    sync = line.rows["sync"].to_numpy()
+    ns = line.rows["ns"].to_numpy().astype(np.float64)
+    # The rank's removals so far, its waits left out (the sweep re-times them).
+    moved = np.where(sync, 0.0, r)
+    total = np.cumsum(moved)
+    so_far = total - (total[line.start] - moved[line.start])
+    shift = so_far
+    if len(line.sync_at):
+        at, their = line.sync_at, line.theirs_at
+        after = _sweep_waits(
+            line.rows["rank"].to_numpy()[at],
+            line.late,
+            ns[at],
+            r[at],
+            so_far[at],
+            np.where(their >= 0, so_far[np.maximum(their, 0)], 0.0),
+            line.ranks,
         )
-    waits = waits.collect()
-    gains = per.collect()
-    if waits.height == 0:
-        return gains.lazy().select("rank", "step", "wall_ns", "removed_ns")
-    direct = gains.select("rank", "step", "wall_ns", _direct="removed_ns")
-    for _ in range(PROPAGATION_ROUNDS):
+        # The shift after each row: its removals so far, plus what its last wait set it to.
+        offset = np.zeros(len(r))
+        last = np.full(len(r), -1, dtype=np.int64)
+        offset[at] = after - so_far[at]
+        last[at] = at
+        last = np.maximum.accumulate(last)
+        valid = last >= line.start
+        shift = so_far + np.where(valid, offset[np.maximum(last, 0)], 0.0)
+    first, final = ends["_first"].to_numpy(), ends["_last"].to_numpy()
+    # A window loses what its rank's shift grew by from its first row (the fixed time,
+    # counted) to its last.
+    gained = per.join(
+        ends.select("rank", "step", _e=pl.Series(shift[final] - (shift[first] - r[first]))),
+        on=["rank", "step"],
+        how="left",
+    ).select(
+        "rank",
+        "step",
+        "wall_ns",
+        _t=pl.col("_e").fill_null(flat).clip(0.0, pl.col("wall_ns")),
+    )
+    if line.tail.height:
+        # The tail chain's waits, hidden parts included: the awaited rank's whole gain.
         more = (
-            waits.join(
-                gains.select(late_rank="rank", step="step", _gain="removed_ns"),
+            _chain_waits(line.tail.lazy())
+            .collect()
+            .join(
+                gained.select(late_rank="rank", step="step", _gain="_t"),
                 on=["late_rank", "step"],
                 how="inner",
             )
             .group_by("rank", "step")
-            .agg(_more=pl.min_horizontal("_left", "_gain").clip(lower_bound=0).max())
+            .agg(_more=pl.min_horizontal("_chained", "_gain").clip(lower_bound=0).max())
         )
-        new = (
-            direct.join(more, on=["rank", "step"], how="left")
-            .select(
-                "rank",
-                "step",
-                "wall_ns",
-                removed_ns=pl.min_horizontal(
-                    pl.max_horizontal(pl.col("_direct"), pl.col("_more").fill_null(0)),
-                    pl.col("wall_ns"),
-                ),
+        gained = gained.join(more, on=["rank", "step"], how="left").with_columns(
+            _t=pl.max_horizontal("_t", pl.col("_more").fill_null(0)).clip(
+                upper_bound=pl.col("wall_ns")
             )
-            .sort("rank", "step")
         )
-        if new.equals(gains.sort("rank", "step")):
-            break
-        gains = new
-    return gains.lazy().select("rank", "step", "wall_ns", "removed_ns")
+    return gained.select("rank", "step", "wall_ns", removed_ns=pl.col("_t").round().cast(pl.Int64))
 
 
 def replay(
     blame: pl.DataFrame | pl.LazyFrame,
     times: pl.DataFrame,
     edits: Sequence[Edit],
-    chain: pl.DataFrame | pl.LazyFrame | None = None,
+    chain: Timeline | pl.DataFrame | pl.LazyFrame | None = None,
 ) -> int:
     """The job's step time (ns) with `edits` applied (together), on the complete steps of
     `times`: per step the longest rank's window less what the edits remove from it.
-    `chain`: the tail chain's rows (rank_time's third table), which shortening edits and
-    the propagation through waits read; without it, the blame rows alone."""
+    `chain`: what the replay re-times (rank_time's third table, or its Timeline); without
+    it, every row's share comes out and no wait moves."""
     use = times.filter(pl.col("complete")).select("step")
     if use.height == 0:
         return 0
-    if chain is not None:
-        have = chain.collect_schema().names()
-        chain = chain.lazy().select(
-            *[
-                pl.col(n).cast(t) if n in have else pl.lit(None, dtype=t).alias(n)
-                for n, t in CHAIN_SCHEMA.items()
-            ]
-        )
-    rows = _removed(blame.lazy(), edits, chain).join(use.lazy(), on="step", how="semi")
-    new = rows.group_by("step").agg(new=(pl.col("wall_ns") - pl.col("removed_ns")).max()).collect()
+    line = chain if isinstance(chain, Timeline) or chain is None else timeline(chain)
+    rows = _removed(blame.lazy(), edits, line).join(use, on="step", how="semi")
+    new = rows.group_by("step").agg(new=(pl.col("wall_ns") - pl.col("removed_ns")).max())
     return int(new["new"].sum() // use.height)
 
 
@@ -817,7 +1092,7 @@ def saving(
     blame: pl.DataFrame | pl.LazyFrame,
     times: pl.DataFrame,
     edits: Sequence[Edit],
-    chain: pl.DataFrame | pl.LazyFrame | None = None,
+    chain: Timeline | pl.DataFrame | pl.LazyFrame | None = None,
 ) -> int:
     """Step time the edits save together: job_step_ns - replay (never negative, never more
     than the step)."""
@@ -999,7 +1274,13 @@ def lateness(
     )
     if chain is not None:
         waits = pl.concat(
-            [waits, _chain_waits(chain.lazy()).rename({"_chained": "w"})], how="vertical_relaxed"
+            [
+                waits,
+                _chain_waits(chain.lazy().filter(pl.col("part") == "chain")).rename(
+                    {"_chained": "w"}
+                ),
+            ],
+            how="vertical_relaxed",
         )
     return (
         waits.group_by("late_rank", "step")
