@@ -62,15 +62,16 @@ awaited rank's shift at that moment and its own (plus what an edit takes out of 
 itself), but never more than its own plus the wait (it cannot leave before it arrived).
 The waits are taken in the order they ended, across ranks (one pass: each wait reads the
 awaited rank's shift as of its end; compiled in _sweep.c where it was built, the same loop
-in Python otherwise; `timeline` prepares the rows once for a run's many replays). A window loses what its rank's shift grew by across
-it; each step lasts as long as its longest rank's new window; the saving is the old job
-step time less the new one. So a stage of a pipeline gains both its own removals and, at
-each wait, what the stage it waits for gained before it sent: not the larger of the two.
-A rank's shift never drops at a wait (a rank that gained and then waits for one that did
-not keeps its gain: optimistic for that rank, but the step is its longest window, which
-is the other's). Several edits replayed together remove, from each row, the largest share
-any of them removes (never more than the row), so the joint saving never exceeds the
-step, and no edit added to others lowers their saving.
+in Python otherwise; `timeline` prepares the rows once for a run's many replays). A
+window loses what its rank's shift grew by across it; each step lasts as long as its
+longest rank's new window; the saving is the old job step time less the new one. So a
+stage of a pipeline gains both its own removals and, at each wait, what the stage it
+waits for gained before it sent: not the larger of the two. A rank's shift never drops at
+a wait (a rank that gained and then waits for one that did not keeps its gain: optimistic
+for that rank, but the step is its longest window, which is the other's). Several edits
+replayed together remove, from each row, the largest share any of them removes (never
+more than the row), so the joint saving never exceeds the step, and no edit added to
+others lowers their saving.
 
 **The tail chain.** The blame holds each call's exposed time only, but calls queued back to
 back on their group's stream up to the step's last call (each starting at most
