@@ -70,8 +70,9 @@ waits for gained before it sent: not the larger of the two. A rank's shift never
 a wait (a rank that gained and then waits for one that did not keeps its gain: optimistic
 for that rank, but the step is its longest window, which is the other's). Several edits
 replayed together remove, from each row, the largest share any of them removes (never
-more than the row), so the joint saving never exceeds the step, and no edit added to
-others lowers their saving.
+more than the row), so the joint saving never exceeds the step; a rank's shift only
+grows with more removals (the tests check on every real trace here that all fixes
+together save at least as much as any one of them).
 
 **The tail chain.** The blame holds each call's exposed time only, but calls queued back to
 back on their group's stream up to the step's last call (each starting at most
