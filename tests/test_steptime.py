@@ -609,3 +609,22 @@ def test_the_compiled_sweep_is_the_python_one() -> None:
     c = np.frombuffer(compiled.sweep(*(np.ascontiguousarray(a) for a in args), n))
     assert np.array_equal(py, c)
     assert np.array_equal(steptime._sweep_waits(*args, n), py)
+
+
+def test_the_replay_takes_any_rank_ids() -> None:
+    """Rank ids are whatever the traces say (a damaged file may say 2**40): the replay
+    numbers them itself. Rank 2**40 waits 50 ns for rank 7, whose fix saves 30."""
+    big = 2**40
+    blame = pl.DataFrame(
+        {
+            "rank": [big, big, 7],
+            "step": [0, 0, 0],
+            "category": ["compute", "wait", "compute"],
+            "late_rank": [None, 7, None],
+            "ns": [100, 50, 150],
+        }
+    ).with_columns(pl.col("late_rank").cast(pl.Int64))
+    timeline = _timeline({big: 150, 7: 150}, [(big, "wait", 7, 100, 150, True)])
+    times = steptime.step_times(steptime.rank_walls(blame).collect())
+    late = Edit("rank 7 fixed", rank_ns=pl.DataFrame({"rank": [7], "remove_ns": [30]}))
+    assert steptime.saving(blame, times, [late], timeline) == 30

@@ -945,19 +945,25 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
         )
         .sort("end_ns", "_row")
     )
-    top = max(
-        int(rows["rank"].max() or 0) if rows.height else 0,
-        int(syncs["late_rank"].max() or 0) if syncs.height else 0,
-    )
+    # The sweep keeps a state per rank: ranks numbered 0..n-1 in the order they appear (a
+    # rank id is any integer a trace gives); an awaited rank without rows is -1 (no shift).
+    ids = rows["rank"].unique(maintain_order=True)
+    dense = dict(zip(ids.to_list(), range(ids.len()), strict=True))
     return Timeline(
-        rows=rows.drop("_row"),
+        rows=rows.drop("_row").with_columns(
+            _rank=pl.col("rank").replace_strict(dense, return_dtype=pl.Int64)
+        ),
         windows=windows,
         start=rows["_start"].to_numpy().astype(np.int64),
         sync_at=theirs["_row"].to_numpy().astype(np.int64),
-        late=theirs["late_rank"].fill_null(-1).to_numpy().astype(np.int64),
+        late=theirs["late_rank"]
+        .replace_strict(dense, default=-1, return_dtype=pl.Int64)
+        .fill_null(-1)
+        .to_numpy()
+        .astype(np.int64),
         theirs_at=theirs["_their"].fill_null(-1).to_numpy().astype(np.int64),
         tail=frame.filter(pl.col("part") == "chain"),
-        ranks=top + 1,
+        ranks=ids.len(),
     )
 
 
@@ -1021,7 +1027,7 @@ def _removed(
     if len(line.sync_at):
         at, their = line.sync_at, line.theirs_at
         after = _sweep_waits(
-            line.rows["rank"].to_numpy()[at],
+            line.rows["_rank"].to_numpy()[at],
             line.late,
             ns[at],
             r[at],
