@@ -388,6 +388,11 @@ def test_a_straggler_is_the_same_rank_everywhere(path: Path) -> None:
             assert f.evidence["straggler_lateness_ns_per_step"] == sum(delay.values())
 
 
+def _gap(case: tuple[str, str, int, str], reason: str) -> Any:
+    """A known gap of the replay: a strict xfail, so that it fails once it passes."""
+    return pytest.param(*case, {}, marks=pytest.mark.xfail(strict=True, reason=reason))
+
+
 # Issue 51: the replayed saving of the matching finding is within 10% of truth.json's impact,
 # at several rank counts and layouts. Known gaps are strict xfails: they fail the test when
 # they start passing, so that the list stays honest.
@@ -419,32 +424,18 @@ REPLAY_SCENARIOS = [
     ("slow-link", "pp-dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
     ("bubble", "pp-dp", 4, "PIPE101", {}),
     ("bubble", "pp-dp", 8, "PIPE101", {}),
-    pytest.param(
-        "exposed-allreduce",
-        "tp-dp",
-        8,
-        "COMM101",
-        {},
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="a larger standing cause ranks first: the TP all-reduces, exposed in the "
-            "healthy job too (their COMM101 saving there, 341842 ns, is within 1.3% of the "
-            "simulator's job with the TP waits removed); the injected DP cause's COMM101 "
-            "ranks second, +5.8% of truth (test_scenario_injected_cause_tops_the_new_findings)",
-        ),
+    _gap(
+        ("exposed-allreduce", "tp-dp", 8, "COMM101"),
+        "a larger standing cause ranks first: the TP all-reduces, exposed in the healthy job "
+        "too (their COMM101 saving there, 341842 ns, is within 1.3% of the simulator's job "
+        "with the TP waits removed); the injected DP cause's COMM101 ranks second, +5.8% of "
+        "truth (test_scenario_injected_cause_tops_the_new_findings)",
     ),
-    pytest.param(
-        "exposed-allreduce",
-        "fsdp",
-        4,
-        "COMM102",
-        {},
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="COMM102 hides every reduce-scatter but the step's last; the per-unit "
-            "fix still exposes the one before it (layer 0's, behind only the embedding's "
-            "short backward): +31% of truth",
-        ),
+    _gap(
+        ("exposed-allreduce", "fsdp", 4, "COMM102"),
+        "COMM102 hides every reduce-scatter but the step's last; the per-unit fix still "
+        "exposes the one before it (layer 0's, behind only the embedding's short "
+        "backward): +31% of truth",
     ),
     ("slow-link", "tp-dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
 ]
@@ -454,16 +445,7 @@ REPLAY_SCENARIOS = [
 def test_scenario_replayed_saving_is_within_10_percent(
     job, scenario: str, layout: str, ranks: int, code: str, options: dict
 ) -> None:
-    report, truth = job(scenario, layout, ranks)
-    findings = run_rules(report, options=options)
-    top = findings[0]
-    assert top.code == code, [(f.code, f.impact_ns_per_step) for f in findings]
-    assert top.evidence["saving_method"].startswith("replay:")
-    expected = truth["problems"][0]["impact_ns_per_step"]
-    assert abs(top.impact_ns_per_step - expected) <= 0.1 * expected, (
-        top.impact_ns_per_step,
-        expected,
-    )
+    _tops_within_10_percent(*job(scenario, layout, ranks), code, options)
 
 
 # The same on the generator's default model, where backward holds enough compute to hide
@@ -489,18 +471,11 @@ FULL_SCENARIOS = [
     # (steptime's re-timed shifts; the larger of the two alone was -31% of truth).
     ("small-messages", "pp-dp", 4, "COMM201", {}),
     ("small-messages", "pp-dp", 8, "COMM201", {}),
-    pytest.param(
-        "exposed-allreduce",
-        "fsdp",
-        4,
-        "COMM102",
-        {},
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="COMM102 hides every reduce-scatter but the step's last; the per-unit "
-            "fix still exposes part of the one before it, behind only the embedding's "
-            "short backward (+11% of truth)",
-        ),
+    _gap(
+        ("exposed-allreduce", "fsdp", 4, "COMM102"),
+        "COMM102 hides every reduce-scatter but the step's last; the per-unit fix still "
+        "exposes part of the one before it, behind only the embedding's short backward "
+        "(+11% of truth)",
     ),
 ]
 
@@ -509,7 +484,11 @@ FULL_SCENARIOS = [
 def test_scenario_replayed_saving_on_the_default_model(
     job, scenario: str, layout: str, ranks: int, code: str, options: dict
 ) -> None:
-    report, truth = job(scenario, layout, ranks, full=True)
+    _tops_within_10_percent(*job(scenario, layout, ranks, full=True), code, options)
+
+
+def _tops_within_10_percent(report: Report, truth: dict, code: str, options: dict) -> None:
+    """The top finding is `code`'s, replayed, within 10% of truth's impact."""
     findings = run_rules(report, options=options)
     top = findings[0]
     assert top.code == code, [(f.code, f.impact_ns_per_step) for f in findings]

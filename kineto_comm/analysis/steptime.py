@@ -814,24 +814,6 @@ def _fixed(edits: Sequence[Edit], steps: pl.LazyFrame) -> pl.LazyFrame | None:
     )
 
 
-def _sweep_waits(
-    rank: np.ndarray,
-    late: np.ndarray,
-    wait: np.ndarray,
-    direct: np.ndarray,
-    own: np.ndarray,
-    theirs: np.ndarray,
-    n: int,
-) -> np.ndarray:
-    """_sweep, compiled where _sweep.c was built (a storm of small collectives holds
-    hundreds of thousands of waits), else the Python loop."""
-    if _compiled is None:
-        return _sweep(rank, late, wait, direct, own, theirs, n)
-    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (rank, late)]
-    arrays += [np.ascontiguousarray(a, dtype=np.float64) for a in (wait, direct, own, theirs)]
-    return np.frombuffer(_compiled.sweep(*arrays, n), dtype=np.float64)
-
-
 def _sweep(
     rank: np.ndarray,
     late: np.ndarray,
@@ -840,6 +822,7 @@ def _sweep(
     own: np.ndarray,
     theirs: np.ndarray,
     n: int,
+    compiled: object = _compiled,
 ) -> np.ndarray:
     """The rank's shift (how much earlier it runs) right after each of its exposed waits for
     another rank, the waits in the order they ended. A wait ends when the awaited rank
@@ -847,7 +830,12 @@ def _sweep(
     wait itself taken out on top of the rank's own shift, whichever is more; but no
     earlier than the waiting rank arrives (its shift before the wait plus the wait).
     `own`/`theirs`: the waiting and the awaited rank's removals so far (cumulative, their
-    other rows) at the wait's end."""
+    other rows) at the wait's end. Compiled where _sweep.c was built (a storm of small
+    collectives holds hundreds of thousands of waits), else this loop."""
+    if compiled is not None:
+        ints = [np.ascontiguousarray(a, dtype=np.int64) for a in (rank, late)]
+        floats = [np.ascontiguousarray(a, dtype=np.float64) for a in (wait, direct, own, theirs)]
+        return np.frombuffer(compiled.sweep(*ints, *floats, n), dtype=np.float64)  # type: ignore[attr-defined]
     base = np.zeros(n)
     seen = np.zeros(n)
     out = np.empty(len(rank))
@@ -1026,7 +1014,7 @@ def _removed(
     shift = so_far
     if len(line.sync_at):
         at, their = line.sync_at, line.theirs_at
-        after = _sweep_waits(
+        after = _sweep(
             line.rows["_rank"].to_numpy()[at],
             line.late,
             ns[at],
