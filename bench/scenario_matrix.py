@@ -58,14 +58,14 @@ def is_the_cause(finding, problem: dict) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--layers", type=int, default=MODEL.layers)
+    ap.add_argument("--layers", type=int, help="the model's depth (its own by default)")
     ap.add_argument("--scenario", nargs="+", default=list(CODES))
     ap.add_argument("--layout", nargs="+", default=list(LAYOUTS))
     ap.add_argument("--default-model", action="store_true")
     args = ap.parse_args()
-    job = {**JOB, "model": dataclasses.replace(MODEL, layers=args.layers)}
-    if args.default_model:
-        job = {"steps": 3, "model": dataclasses.replace(ModelConfig(), layers=args.layers)}
+    model = ModelConfig() if args.default_model else MODEL
+    model = dataclasses.replace(model, layers=args.layers or model.layers)
+    job = {"steps": 3, "model": model} if args.default_model else {**JOB, "model": model}
     for scenario in args.scenario:
         codes = CODES[scenario]
         for layout in args.layout:

@@ -19,6 +19,7 @@ from kineto_comm.rules_api import (
     mean_step_ns,
     replay_saving,
     rule,
+    step_blame,
 )
 
 from ._common import share_severity, with_roles
@@ -260,10 +261,11 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     send/recv pairs of collective_instances (each pair's shortest call is its transfer).
     Their messages (a micro-batch's activations) are latency-bound at link speed, so a
     group is compared with the best group of its role only, never with `link_busbw_gbps`.
-    The saving is replayed as a fixed time per rank and step (its calls' time lives in
-    pipeline_bubble rows, with the waits for the neighbouring stage): per call, its exposed
-    time shrinks by at most what it saves at the reference (median transfer at its size
-    less bytes / reference), and the stages waiting for it gain as the replay propagates."""
+    The saving is replayed on the group's pipeline_bubble rows (its calls' time lives
+    there, with the waits for the neighbouring stage): per rank and step they lose what
+    the calls save, each call's exposed time less at most what it saves at the reference
+    (median transfer at its size less bytes / reference), where the calls are on the
+    rank's timeline, and the stages waiting for them gain as the replay re-times them."""
     if not tables.has("collective_instances", "transfer_ns", "key_kind", "busbw_gbps"):
         return []
     pairs = with_roles(
@@ -327,10 +329,30 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         )
         if per.height == 0:
             continue
+        # Taken out where the transfers are: a share of the group's pipeline rows per
+        # rank and step (the replay moves what follows them), the time they lose.
+        held = tables.collect(
+            step_blame(tables)
+            .filter(
+                (pl.col("category") == "pipeline_bubble")
+                & (pl.col("process_group") == g["process_group"])
+            )
+            .group_by("rank", "step", "process_group")
+            .agg(_held=pl.col("ns").sum())
+        )
+        fraction = held.join(per, on=["rank", "step"], how="inner").select(
+            "rank",
+            "step",
+            "process_group",
+            fraction=(pl.col("remove_ns") / pl.col("_held")).clip(0.0, 1.0),
+        )
         edit = Edit(
             f"run group {g['process_group']}'s point-to-point transfers at "
             f"{g['reference']:.1f} GB/s (the best {g['role']} group's)",
-            rank_ns=per,
+            (pl.col("category") == "pipeline_bubble")
+            & (pl.col("process_group") == g["process_group"]),
+            fraction,
+            shortens=True,
         )
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0
