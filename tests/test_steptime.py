@@ -594,10 +594,15 @@ def test_gains_add_up_along_a_rank_s_timeline() -> None:
 def test_the_compiled_sweep_is_the_python_one() -> None:
     """The replay's sweep over the waits, compiled (_sweep.c) and in Python, on random
     waits of 6 ranks: the same shifts."""
+    import os
+
     import numpy as np
 
-    from kineto_comm.analysis import _sweep as compiled
-
+    compiled = steptime._compiled
+    if compiled is None:
+        if os.environ.get("CI"):
+            pytest.fail("the compiled sweep was not built (pip install -e . builds it)")
+        pytest.skip("the compiled sweep is not built on this machine")
     rng = np.random.default_rng(0)
     m, n = 5_000, 6
     rank = rng.integers(0, n, m)
