@@ -67,12 +67,12 @@ __all__ = [
     "queue_shift",
     "rank_lateness",
     "replay_saving",
+    "replay_timeline",
     "rule",
     "severity_for",
     "step_blame",
     "step_time_ns",
     "step_times",
-    "replay_timeline",
 ]
 
 # The Report tables of the model of time (computed after the rules; read through it here).

@@ -162,6 +162,21 @@ TIMED = ("transfer", "wait", "pipeline_bubble", "launch", "queued")
 _KEYS = ["category", "collective", "process_group", "role", "late_rank", "last_call"]
 
 
+def _as(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """`frame`'s columns of `schema` in its order and types, those it lacks null."""
+    have = frame.collect_schema().names()
+    return (
+        frame.lazy()
+        .select(
+            *[
+                pl.col(n).cast(t) if n in have else pl.lit(None, dtype=t).alias(n)
+                for n, t in schema.items()
+            ]
+        )
+        .collect()
+    )
+
+
 def _empty_blame() -> pl.DataFrame:
     return pl.DataFrame(schema=BLAME_SCHEMA)
 
@@ -261,8 +276,10 @@ CALL_EXPOSURE_SCHEMA: dict[str, pl.DataType] = {
     "exposed_ns": pl.Int64(),
     "exposed_all_ns": pl.Int64(),
 }
-# The tail chain (rank_time's third table): the blame's rows of a window's calls queued back
-# to back up to its last call, `ns` exposed as in the blame, `span_ns` hidden parts included.
+# What the replay re-times (rank_time's third table), in the blame's columns, by `part`:
+# "window", each window's span (`at_ns`, `end_ns`); "event", its communication, launch and
+# queued pieces at their times (`sync`: an exposed wait for another rank); "chain", the
+# tail chain's rows (`ns` exposed as in the blame, `span_ns` hidden parts included).
 CHAIN_SCHEMA: dict[str, pl.DataType] = {
     "part": pl.String(),
     **{n: t for n, t in BLAME_SCHEMA.items() if n not in ("ns",)},
@@ -459,15 +476,7 @@ def rank_time(
             .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
             .rename({"_cat": "category"})
         )
-    parts = [
-        r.select(
-            *[
-                pl.col(n).cast(t) if n in r.columns else pl.lit(None, dtype=t).alias(n)
-                for n, t in BLAME_SCHEMA.items()
-            ]
-        )
-        for r in rows
-    ]
+    parts = [_as(r, BLAME_SCHEMA) for r in rows]
     found = pl.concat(parts, how="vertical") if parts else _empty_blame()
     found = found.filter(pl.col("ns") > 0)
     used = found.group_by("rank", "step").agg(_used=pl.col("ns").sum())
@@ -481,14 +490,7 @@ def rank_time(
                 pl.Int64
             ),
         )
-        .select(
-            *[
-                pl.col(n).cast(t)
-                if n in ("rank", "step", "category", "ns")
-                else pl.lit(None, dtype=t).alias(n)
-                for n, t in BLAME_SCHEMA.items()
-            ]
-        )
+        .pipe(_as, BLAME_SCHEMA)
         .with_columns(calls=pl.lit(0, dtype=pl.Int64))
     )
     blame = pl.concat([found, idle], how="vertical").sort(
@@ -525,7 +527,7 @@ def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("_last") & (pl.col("_i") >= pl.col("_from")))
         .select("_call_row", "step")
     )
-    return (
+    return _as(
         comm.join(calls, on=["_call_row", "step"], how="semi")
         .group_by("rank", "step", *_KEYS)
         .agg(
@@ -533,15 +535,8 @@ def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
             span_ns=(pl.col("end_ns") - pl.col("start_ns")).sum(),
             calls=pl.col("_call").sum(),
         )
-        .with_columns(part=pl.lit("chain"))
-        .select(
-            *[
-                pl.lit(None, dtype=t).alias(n)
-                if n in ("step_start", "at_ns", "end_ns", "sync")
-                else pl.col(n).cast(t)
-                for n, t in CHAIN_SCHEMA.items()
-            ]
-        )
+        .with_columns(part=pl.lit("chain")),
+        CHAIN_SCHEMA,
     )
 
 
@@ -572,8 +567,8 @@ def _events(comm: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl
                 at_ns="start_ns",
                 end_ns="end_ns",
                 calls="_call",
-                # A collective's wait; a pipeline call, all of it (its transfer too is
-                # the neighbouring stage's: its send).
+                # A collective's wait; a pipeline call that waited for its peer (it came
+                # first), all of it (its transfer too is the peer's: its send).
                 sync=pl.col("category").is_in(WAITS)
                 & pl.col("late_rank").is_not_null()
                 & (
@@ -600,17 +595,7 @@ def _events(comm: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl
             )
         )
     return (
-        pl.concat(
-            [
-                r.select(
-                    *[
-                        pl.col(n).cast(t) if n in r.columns else pl.lit(None, dtype=t).alias(n)
-                        for n, t in CHAIN_SCHEMA.items()
-                    ]
-                )
-                for r in parts
-            ]
-        )
+        pl.concat([_as(r, CHAIN_SCHEMA) for r in parts])
         .with_columns(part=pl.col("part").fill_null("event"), span_ns=pl.col("ns"))
         .filter((pl.col("ns") > 0) | (pl.col("part") == "window"))
     )
@@ -856,7 +841,8 @@ class Timeline:
     (rank, step, _first, _last: those two rows' positions); per row `_start`, its rank's
     first row; the exposed waits in the order they ended (`sync_at`, their rows; `late`,
     the awaited rank; `theirs_at`, the awaited rank's last row ending by then, -1 for
-    none); `tail`, the tail chain's rows; `ranks`, one more than the largest rank."""
+    none; the ranks in `_rank`, numbered 0..`ranks`-1); `tail`, the tail chain's rows and
+    `chained`, what their waits hold for each late rank (_chain_waits)."""
 
     rows: pl.DataFrame
     windows: pl.DataFrame
@@ -865,22 +851,13 @@ class Timeline:
     late: np.ndarray
     theirs_at: np.ndarray
     tail: pl.DataFrame
+    chained: pl.DataFrame
     ranks: int
 
 
 def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
     """The Timeline of a replay_timeline frame (CHAIN_SCHEMA rows; missing columns null)."""
-    have = frame.collect_schema().names()
-    frame = (
-        frame.lazy()
-        .select(
-            *[
-                pl.col(n).cast(t) if n in have else pl.lit(None, dtype=t).alias(n)
-                for n, t in CHAIN_SCHEMA.items()
-            ]
-        )
-        .collect()
-    )
+    frame = _as(frame, CHAIN_SCHEMA)
     events = frame.filter(pl.col("part") == "event").with_columns(
         pl.col("sync").fill_null(False), _o=pl.lit(1, dtype=pl.Int8)
     )
@@ -950,7 +927,8 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
         .to_numpy()
         .astype(np.int64),
         theirs_at=theirs["_their"].fill_null(-1).to_numpy().astype(np.int64),
-        tail=frame.filter(pl.col("part") == "chain"),
+        tail=(tail := frame.filter(pl.col("part") == "chain")),
+        chained=_chain_waits(tail.lazy()).collect(),
         ranks=ids.len(),
     )
 
@@ -1047,9 +1025,7 @@ def _removed(
     if line.tail.height:
         # The tail chain's waits, hidden parts included: the awaited rank's whole gain.
         more = (
-            _chain_waits(line.tail.lazy())
-            .collect()
-            .join(
+            line.chained.join(
                 gained.select(late_rank="rank", step="step", _gain="_t"),
                 on=["late_rank", "step"],
                 how="inner",
