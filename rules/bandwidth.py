@@ -19,7 +19,6 @@ from kineto_comm.rules_api import (
     mean_step_ns,
     replay_saving,
     rule,
-    step_blame,
 )
 
 from ._common import share_severity, with_roles
@@ -262,10 +261,11 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     Their messages (a micro-batch's activations) are latency-bound at link speed, so a
     group is compared with the best group of its role only, never with `link_busbw_gbps`.
     The saving is replayed on the group's pipeline_bubble rows (its calls' time lives
-    there, with the waits for the neighbouring stage): per rank and step they lose what
-    the calls save, each call's exposed time less at most what it saves at the reference
-    (median transfer at its size less bytes / reference), where the calls are on the
-    rank's timeline, and the stages waiting for them gain as the replay re-times them."""
+    there, with the waits for the neighbouring stage): each row loses what its calls save
+    at the reference (median transfer at its size less bytes / reference), at most its
+    time, where it is on the rank's timeline; a row that waited for the other stage loses
+    its transfer's saving, and the replay re-times the wait itself, so the stages waiting
+    for these calls gain as much as the other stage runs earlier."""
     if not tables.has("collective_instances", "transfer_ns", "key_kind", "busbw_gbps"):
         return []
     pairs = with_roles(
@@ -329,29 +329,20 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         )
         if per.height == 0:
             continue
-        # Taken out where the transfers are: a share of the group's pipeline rows per
-        # rank and step (the replay moves what follows them), the time they lose.
-        held = tables.collect(
-            step_blame(tables)
-            .filter(
-                (pl.col("category") == "pipeline_bubble")
-                & (pl.col("process_group") == g["process_group"])
-            )
-            .group_by("rank", "step", "process_group")
-            .agg(_held=pl.col("ns").sum())
-        )
-        fraction = held.join(per, on=["rank", "step"], how="inner").select(
-            "rank",
-            "step",
-            "process_group",
-            fraction=(pl.col("remove_ns") / pl.col("_held")).clip(0.0, 1.0),
-        )
+        # Taken out where the transfers are: each of the group's pipeline rows loses what
+        # its calls save (the group's mean over its sizes), at most its time; a row holds
+        # one call on the timeline, several in the blame's sums. The replay moves what
+        # follows them: where a row is a wait for the neighbouring stage, the sweep decides
+        # whether the wait or the transfer gives the rank more.
+        saved = float(mine["_saved"].mean() or 0.0)
         edit = Edit(
             f"run group {g['process_group']}'s point-to-point transfers at "
             f"{g['reference']:.1f} GB/s (the best {g['role']} group's)",
             (pl.col("category") == "pipeline_bubble")
             & (pl.col("process_group") == g["process_group"]),
-            fraction,
+            pl.when(pl.col("ns") > 0)
+            .then(pl.col("calls").cast(pl.Float64) * saved / pl.col("ns"))
+            .otherwise(0.0),
             shortens=True,
         )
         saving = replay_saving(tables, edit)

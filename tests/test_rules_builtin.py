@@ -13,7 +13,7 @@ import pytest
 
 from kineto_comm import Report, analyze
 from kineto_comm.findings import Finding, Severity
-from kineto_comm.rules_api import Tables
+from kineto_comm.rules_api import Tables, replay_timeline
 from kineto_comm.rules_engine import builtin_rules, run_rules
 from kineto_comm.synth import Hardware, ModelConfig, generate
 from tests.conftest import cpu, kernel, launch, shared, write_trace
@@ -462,6 +462,9 @@ FULL_SCENARIOS = [
     ("slow-link", "fsdp", 4, "NET101", NET),
     ("slow-link", "tp-dp", 8, "NET101", NET),
     ("slow-link", "pp-dp", 8, "NET101", NET),
+    # The slow pipeline's calls each lose their saving where they are on the timeline (a
+    # share of the group's rows put most of it on the warm-up waits: -10% of truth).
+    ("slow-link", "pp-dp", 4, "NET101", NET),
     ("exposed-allreduce", "dp", 4, "COMM101", {}),
     ("small-messages", "dp", 8, "COMM201", {}),
     ("small-messages", "tp-dp", 4, "COMM201", {}),
@@ -485,6 +488,32 @@ def test_scenario_replayed_saving_on_the_default_model(
     job, scenario: str, layout: str, ranks: int, code: str, options: dict
 ) -> None:
     _tops_within_10_percent(*job(scenario, layout, ranks, full=True), code, options)
+
+
+def test_slow_pipeline_rows_lose_what_their_calls_save(job) -> None:
+    """NET101's edit on a slow pipeline link takes from each of the group's timeline rows
+    what its calls save at the reference, never more: a stage's long wait for the other
+    stage (the warm-up) holds one transfer, and its wait is the replay's to re-time."""
+    report, truth = job("slow-link", "pp-dp", 4, full=True)
+    (f,) = only(report, "NET101")
+    pg = truth["problems"][0]["pg_name"]
+    assert f.process_group == pg and f.evidence["collectives"] == ["send_recv"]
+    nbytes = truth["expected"]["pp_p2p"]["bytes_per_call"]
+    bound = nbytes / f.evidence["median_busbw_gbps"] - nbytes / f.evidence["reference_busbw_gbps"]
+    tables = Tables(report)
+    rows = tables.collect(replay_timeline(tables)).filter(pl.col("part") == "event")
+    share = f.edit.fraction
+    mine = rows.filter(f.edit.where)
+    if isinstance(share, pl.DataFrame):  # a share per key (Edit's documented forms)
+        keys = [c for c in share.columns if c != "fraction"]
+        mine = mine.join(share, on=keys, how="left")
+        share = pl.col("fraction").fill_null(0.0)
+    elif not isinstance(share, pl.Expr):
+        share = pl.lit(float(share))
+    lost = mine.select("ns", "calls", lost=pl.col("ns") * share.clip(0.0, 1.0))
+    assert lost.height and lost["ns"].max() > 10 * bound  # the warm-up waits are there
+    assert (lost["lost"] <= lost["calls"] * bound * 1.02 + 1).all(), lost.sort("lost").tail()
+    assert (lost["lost"] >= lost["calls"] * bound * 0.98).all(), lost.sort("lost").head()
 
 
 def _tops_within_10_percent(report: Report, truth: dict, code: str, options: dict) -> None:
