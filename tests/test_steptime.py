@@ -591,6 +591,83 @@ def test_gains_add_up_along_a_rank_s_timeline() -> None:
     assert steptime.saving(blame, times, fixes[:1], timeline) == 50
 
 
+def test_a_rank_s_gains_before_its_tail_chain_add_to_the_chain_s() -> None:
+    """Rank 0 loses a 40 ns launch gap, computes until 200, and its tail chain is A (a
+    wait for rank 1 at 150-210, under compute until 200), B (210-250) and C (250-300, the
+    last call). Rank 1 loses a 100 ns launch gap, so it arrives 100 earlier. Rank 0 then
+    arrives at A 40 earlier, A's wait ends when rank 1 arrives (60 more), and the chain
+    shrinks down to C's transfer after the compute: 90 of its 300 ns, the step 300 -> 210.
+    Taken as the larger of the two gains, the chain's counted alone, it saved 50."""
+    blame = pl.DataFrame(
+        {
+            "rank": [0, 0, 0, 0, 0, 1, 1],
+            "step": [0] * 7,
+            "category": ["launch", "compute", "wait", "transfer", "transfer", "launch", "compute"],
+            "late_rank": [None, None, 1, None, None, None, None],
+            "last_call": [None, None, False, False, True, None, None],
+            "ns": [40, 160, 10, 40, 50, 100, 200],
+        }
+    ).with_columns(pl.col("late_rank").cast(pl.Int64))
+    events = _timeline(
+        {0: 300, 1: 300},
+        [
+            (0, "launch", None, 0, 40, False),
+            (0, "wait", 1, 200, 210, True),
+            (0, "transfer", None, 210, 250, False),
+            (0, "transfer", None, 250, 300, False),
+            (1, "launch", None, 0, 100, False),
+        ],
+    )
+    chain = pl.DataFrame(
+        {
+            "part": ["chain"] * 3,
+            "rank": [0] * 3,
+            "step": [0] * 3,
+            "category": ["wait", "transfer", "transfer"],
+            "late_rank": [1, None, None],
+            "last_call": [False, False, True],
+            "ns": [10, 40, 50],
+            "span_ns": [60, 40, 50],
+            "at_ns": [150, 210, 250],
+            "end_ns": [210, 250, 300],
+        }
+    ).with_columns(pl.col("late_rank").cast(pl.Int64))
+    timeline = pl.concat([events, chain], how="diagonal_relaxed")
+    times = steptime.step_times(steptime.rank_walls(blame).collect())
+    launches = Edit("launches removed", pl.col("category") == "launch")
+    assert steptime.saving(blame, times, [launches], timeline) == 90
+
+
+def test_a_shorter_transfer_after_a_wait_ends_after_the_peer_s_arrival() -> None:
+    """Rank 0's receive (one pipeline row) waits for rank 1 until 100 ns and then moves
+    data until 150; rank 1 sends under its compute, after a 20 ns launch gap. With the
+    gap gone and every transfer 30 ns shorter, rank 1 arrives 20 earlier and the transfer
+    after it ends 30 earlier still: rank 0's receive ends at 100, its window 200 -> 150.
+    Counting the peer's arrival or the transfer's saving, whichever is more, saved 30."""
+    blame = pl.DataFrame(
+        {
+            "rank": [0, 0, 1, 1],
+            "step": [0] * 4,
+            "category": ["pipeline_bubble", "compute", "launch", "compute"],
+            "late_rank": [1, None, None, None],
+            "calls": [1, 0, 1, 0],
+            "ns": [150, 50, 20, 130],
+        }
+    ).with_columns(pl.col("late_rank").cast(pl.Int64))
+    timeline = _timeline(
+        {0: 200, 1: 150},
+        [(0, "pipeline_bubble", 1, 0, 150, True), (1, "launch", None, 0, 20, False)],
+    ).with_columns(calls=pl.lit(1, dtype=pl.Int64))
+    times = steptime.step_times(steptime.rank_walls(blame).collect())
+    faster = Edit(
+        "launch gaps gone, transfers 30 ns shorter",
+        pl.col("category").is_in(["launch", "pipeline_bubble"]),
+        pl.when(pl.col("category") == "launch").then(1.0).otherwise(30 / pl.col("ns")),
+        shortens=True,
+    )
+    assert steptime.saving(blame, times, [faster], timeline) == 50
+
+
 def test_the_compiled_sweep_is_the_python_one() -> None:
     """The replay's sweep over the waits, compiled (_sweep.c) and in Python, on random
     waits of 6 ranks: the same shifts."""

@@ -59,7 +59,11 @@ no single time, at the window's end), and at an exposed wait for another rank (a
 collective's wait for its `late_rank`; a pipeline call that waited for its peer) the wait
 ends as early as that rank arrives: the waiting rank's shift becomes the larger of the
 awaited rank's shift at that moment and its own (plus what an edit takes out of the wait
-itself), but never more than its own plus the wait (it cannot leave before it arrived).
+itself), but never more than its own plus the wait (it cannot leave before it arrived). A
+pipeline call that waited for its peer is one row, the wait and then the transfer: what an
+edit that `shortens` transfers takes out of it comes after the peer's arrival, so the row
+ends that much earlier than the awaited rank's shift (a stage whose send runs under its
+compute, hidden, still moves the receiving stage's transfer).
 The waits are taken in the order they ended, across ranks (one pass: each wait reads the
 awaited rank's shift as of its end; compiled in _sweep.c where it was built, the same loop
 in Python otherwise; `timeline` prepares the rows once for a run's many replays). A
@@ -85,7 +89,11 @@ time is down to its last call's shortened transfer (that call's data is the last
 it cannot start earlier); and a late rank's gain shortens a waiting rank's window by the
 chain's waits for it, hidden parts included, down to the same floor (a DDP all-reduce that
 waits for a late rank under backward compute holds back the buckets queued behind it,
-which then run past the compute's end).
+which then run past the compute's end). On the timeline, the chain ends as much earlier as
+the awaited rank's shift when it ends, at most the rank's shift before the chain plus
+what the chain's waits hold: what the rank gained before the chain adds to it (a stage
+of a pipeline that waits less for its own neighbour and then less at its data-parallel
+all-reduce gains both).
 
 **Launches.** A fix that leaves the CPU's launches where they are (a faster link) cannot
 move a kernel before its launch: `launch_floor` bounds what such a fix takes out of a
@@ -534,6 +542,8 @@ def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
             pl.col("ns").sum(),
             span_ns=(pl.col("end_ns") - pl.col("start_ns")).sum(),
             calls=pl.col("_call").sum(),
+            at_ns=pl.col("start_ns").min(),
+            end_ns=pl.col("end_ns").max(),
         )
         .with_columns(part=pl.lit("chain")),
         CHAIN_SCHEMA,
@@ -763,15 +773,21 @@ def _chain_waits(chain: pl.LazyFrame) -> pl.LazyFrame:
     per = chain.group_by("rank", "step").agg(
         _room=pl.col("ns").sum() - pl.col("ns").filter(last).sum()
     )
+    bounds = chain.group_by("rank", "step").agg(
+        _cs=pl.col("at_ns").min(), _ce=pl.col("end_ns").max()
+    )
     return (
         chain.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
         .group_by("rank", "step", "late_rank")
         .agg(_span=pl.col("span_ns").sum())
         .join(per, on=["rank", "step"])
+        .join(bounds, on=["rank", "step"], how="left")
         .select(
             "rank",
             "step",
             "late_rank",
+            "_cs",
+            "_ce",
             _chained=pl.min_horizontal("_span", "_room").clip(lower_bound=0),
         )
     )
@@ -914,6 +930,7 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
     # rank id is any integer a trace gives); an awaited rank without rows is -1 (no shift).
     ids = rows["rank"].unique(maintain_order=True)
     dense = dict(zip(ids.to_list(), range(ids.len()), strict=True))
+    tail = frame.filter(pl.col("part") == "chain")
     return Timeline(
         rows=rows.drop("_row").with_columns(
             _rank=pl.col("rank").replace_strict(dense, return_dtype=pl.Int64)
@@ -927,10 +944,84 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
         .to_numpy()
         .astype(np.int64),
         theirs_at=theirs["_their"].fill_null(-1).to_numpy().astype(np.int64),
-        tail=(tail := frame.filter(pl.col("part") == "chain")),
-        chained=_chain_waits(tail.lazy()).collect(),
+        tail=tail,
+        chained=_chained_rows(_chain_waits(tail.lazy()).collect(), rows, windows),
         ranks=ids.len(),
     )
+
+
+def _chained_rows(chained: pl.DataFrame, rows: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """`chained` (_chain_waits) with the rows the replay reads shifts at: `_b`, the rank's
+    last row starting before the chain; `_c`, its last event ending by the chain's end;
+    `_l`, the awaited rank's last row ending by then (-1: none, or a chain without times:
+    the replay then takes that rank's window gain); `_first`/`_final`, the window's first
+    and last rows."""
+    windows = windows.rename({"_last": "_final"})
+    timed = chained.filter(pl.col("_cs").is_not_null() & pl.col("_ce").is_not_null())
+    untimed = chained.join(timed, on=chained.columns, how="anti", nulls_equal=True).join(
+        windows, on=["rank", "step"], how="inner"
+    )
+    parts = [untimed.with_columns(_b=pl.col("_first"), _c=pl.col("_first"), _l=pl.lit(-1))]
+    if timed.height:
+        starts = rows.select("rank", _at="at_ns", _b="_row").sort("_at")
+        ends = rows.select("rank", _at="end_ns", _c="_row", _event=pl.col("_o") == 1).sort("_at")
+        asof = {"strategy": "backward", "check_sortedness": False}
+        parts.append(
+            timed.sort("_cs")
+            .join_asof(
+                starts, left_on="_cs", right_on="_at", by="rank", allow_exact_matches=False, **asof
+            )
+            .drop("_at")
+            .sort("_ce")
+            .join_asof(
+                ends.filter("_event").drop("_event"),
+                left_on="_ce",
+                right_on="_at",
+                by="rank",
+                **asof,
+            )
+            .drop("_at")
+            .join_asof(
+                ends.drop("_event").rename({"rank": "late_rank", "_c": "_l"}),
+                left_on="_ce",
+                right_on="_at",
+                by="late_rank",
+                **asof,
+            )
+            .drop("_at")
+            .join(windows, on=["rank", "step"], how="inner")
+        )
+    cols = [*chained.columns, "_b", "_c", "_l", "_first", "_final"]
+    return pl.concat([p.select(cols) for p in parts], how="vertical_relaxed").with_columns(
+        pl.col("_b").fill_null(pl.col("_first")).cast(pl.Int64),
+        pl.col("_c").fill_null(pl.col("_first")).cast(pl.Int64),
+        pl.col("_l").fill_null(-1).cast(pl.Int64),
+        pl.col("_first").cast(pl.Int64),
+        pl.col("_final").cast(pl.Int64),
+    )
+
+
+def _after_wait(line: Timeline, edits: Sequence[Edit], r: np.ndarray) -> np.ndarray:
+    """Per exposed wait (`line.sync_at`), the part of its row's removal `r` that comes
+    after the wait: what a shortening edit takes out of a pipeline call that waited for its
+    peer (one row: the wait, then the transfer, which starts when the peer arrives and so
+    ends that much earlier than the peer's arrival). The sweep adds it to the awaited
+    rank's shift at that wait."""
+    short = [e for e in edits if e.shortens]
+    if not short:
+        return np.zeros(len(line.sync_at))
+    rows = line.rows[line.sync_at]
+    lumped = (pl.col("category") == "pipeline_bubble") & (pl.col("calls") > 0)
+    part = (
+        _shared(rows.lazy(), short)
+        .select(
+            pl.when(lumped).then(pl.col("ns").cast(pl.Float64) * pl.col("_share")).otherwise(0.0)
+        )
+        .collect()
+        .to_series()
+        .to_numpy()
+    )
+    return np.minimum(part, r[line.sync_at])
 
 
 def _removed(
@@ -998,7 +1089,7 @@ def _removed(
             ns[at],
             r[at],
             so_far[at],
-            np.where(their >= 0, so_far[np.maximum(their, 0)], 0.0),
+            np.where(their >= 0, so_far[np.maximum(their, 0)], 0.0) + _after_wait(line, edits, r),
             line.ranks,
         )
         # The shift after each row: its removals so far, plus what its last wait set it to.
@@ -1022,16 +1113,37 @@ def _removed(
         "wall_ns",
         _t=pl.col("_e").fill_null(flat).clip(0.0, pl.col("wall_ns")),
     )
-    if line.tail.height:
-        # The tail chain's waits, hidden parts included: the awaited rank's whole gain.
+    if line.chained.height:
+        # The tail chain's waits, hidden parts included: the chain ends as much earlier as
+        # the awaited rank runs earlier when it ends (at most what its waits hold), after
+        # what the rank gained before the chain; then what it gains after it.
+        c = line.chained
+        b, e, late = (c[n].to_numpy() for n in ("_b", "_c", "_l"))
+        s_b, s_e = shift[b], shift[e]
+        s_late = np.where(late >= 0, shift[np.maximum(late, 0)], 0.0)
+        start = shift[c["_first"].to_numpy()] - r[c["_first"].to_numpy()]
+        after = np.maximum(s_e, np.minimum(s_late, s_b + c["_chained"].to_numpy()))
         more = (
-            line.chained.join(
+            c.select("rank", "step", "late_rank", "_chained")
+            .with_columns(
+                _abs=pl.Series(after - start + (shift[c["_final"].to_numpy()] - s_e)),
+                _timed=pl.Series(late >= 0),
+            )
+            # An awaited rank without times on the timeline: its window's gain.
+            .join(
                 gained.select(late_rank="rank", step="step", _gain="_t"),
                 on=["late_rank", "step"],
-                how="inner",
+                how="left",
+            )
+            .select(
+                "rank",
+                "step",
+                _more=pl.when("_timed")
+                .then("_abs")
+                .otherwise(pl.min_horizontal("_chained", pl.col("_gain").fill_null(0.0))),
             )
             .group_by("rank", "step")
-            .agg(_more=pl.min_horizontal("_chained", "_gain").clip(lower_bound=0).max())
+            .agg(pl.col("_more").max())
         )
         gained = gained.join(more, on=["rank", "step"], how="left").with_columns(
             _t=pl.max_horizontal("_t", pl.col("_more").fill_null(0)).clip(
@@ -1248,8 +1360,8 @@ def lateness(
         waits = pl.concat(
             [
                 waits,
-                _chain_waits(chain.lazy().filter(pl.col("part") == "chain")).rename(
-                    {"_chained": "w"}
+                _chain_waits(chain.lazy().filter(pl.col("part") == "chain")).select(
+                    "rank", "step", "late_rank", w="_chained"
                 ),
             ],
             how="vertical_relaxed",
