@@ -332,8 +332,8 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         # Taken out where the transfers are: each of the group's pipeline rows loses what
         # its calls save (the group's mean over its sizes), at most its time; a row holds
         # one call on the timeline, several in the blame's sums. The replay moves what
-        # follows them: where a row is a wait for the neighbouring stage, the sweep decides
-        # whether the wait or the transfer gives the rank more.
+        # follows them; where a row waited for the neighbouring stage, its transfer's
+        # saving counts after that stage's arrival (the edit shortens).
         saved = float(mine["_saved"].mean() or 0.0)
         edit = Edit(
             f"run group {g['process_group']}'s point-to-point transfers at "

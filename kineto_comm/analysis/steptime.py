@@ -957,10 +957,9 @@ def _chained_rows(chained: pl.DataFrame, rows: pl.DataFrame, windows: pl.DataFra
     the replay then takes that rank's window gain); `_first`/`_final`, the window's first
     and last rows."""
     windows = windows.rename({"_last": "_final"})
-    timed = chained.filter(pl.col("_cs").is_not_null() & pl.col("_ce").is_not_null())
-    untimed = chained.join(timed, on=chained.columns, how="anti", nulls_equal=True).join(
-        windows, on=["rank", "step"], how="inner"
-    )
+    has_times = pl.col("_cs").is_not_null() & pl.col("_ce").is_not_null()
+    timed = chained.filter(has_times)
+    untimed = chained.filter(~has_times).join(windows, on=["rank", "step"], how="inner")
     parts = [untimed.with_columns(_b=pl.col("_first"), _c=pl.col("_first"), _l=pl.lit(-1))]
     if timed.height:
         starts = rows.select("rank", _at="at_ns", _b="_row").sort("_at")
