@@ -914,10 +914,12 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
         _first=pl.col("_row").min(), _last=pl.col("_row").max()
     )
     syncs = rows.filter("sync").select("_row", "end_ns", "late_rank")
+    # Each row by its end, for the as-of joins that find a rank's last row ending by then.
+    ends = rows.select("rank", "_row", _at="end_ns", _event=pl.col("_o") == 1).sort("_at")
     theirs = (
         syncs.sort("end_ns")
         .join_asof(
-            rows.select(late_rank="rank", _at="end_ns", _their="_row").sort("_at"),
+            ends.select(late_rank="rank", _at="_at", _their="_row"),
             left_on="end_ns",
             right_on="_at",
             by="late_rank",
@@ -945,13 +947,16 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
         .astype(np.int64),
         theirs_at=theirs["_their"].fill_null(-1).to_numpy().astype(np.int64),
         tail=tail,
-        chained=_chained_rows(_chain_waits(tail.lazy()).collect(), rows, windows),
+        chained=_chained_rows(_chain_waits(tail.lazy()).collect(), rows, ends, windows),
         ranks=ids.len(),
     )
 
 
-def _chained_rows(chained: pl.DataFrame, rows: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """`chained` (_chain_waits) with the rows the replay reads shifts at: `_b`, the rank's
+def _chained_rows(
+    chained: pl.DataFrame, rows: pl.DataFrame, ends: pl.DataFrame, windows: pl.DataFrame
+) -> pl.DataFrame:
+    """`chained` (_chain_waits) with the rows the replay reads shifts at (`ends`: the
+    timeline's rows sorted by their end, as `timeline` has them): `_b`, the rank's
     last row starting before the chain; `_c`, its last event ending by the chain's end;
     `_l`, the awaited rank's last row ending by then (-1: none, or a chain without times:
     the replay then takes that rank's window gain); `_first`/`_final`, the window's first
@@ -963,7 +968,6 @@ def _chained_rows(chained: pl.DataFrame, rows: pl.DataFrame, windows: pl.DataFra
     parts = [untimed.with_columns(_b=pl.col("_first"), _c=pl.col("_first"), _l=pl.lit(-1))]
     if timed.height:
         starts = rows.select("rank", _at="at_ns", _b="_row").sort("_at")
-        ends = rows.select("rank", _at="end_ns", _c="_row", _event=pl.col("_o") == 1).sort("_at")
         asof = {"strategy": "backward", "check_sortedness": False}
         parts.append(
             timed.sort("_cs")
@@ -973,7 +977,7 @@ def _chained_rows(chained: pl.DataFrame, rows: pl.DataFrame, windows: pl.DataFra
             .drop("_at")
             .sort("_ce")
             .join_asof(
-                ends.filter("_event").drop("_event"),
+                ends.filter("_event").select("rank", "_at", _c="_row"),
                 left_on="_ce",
                 right_on="_at",
                 by="rank",
@@ -981,7 +985,7 @@ def _chained_rows(chained: pl.DataFrame, rows: pl.DataFrame, windows: pl.DataFra
             )
             .drop("_at")
             .join_asof(
-                ends.drop("_event").rename({"rank": "late_rank", "_c": "_l"}),
+                ends.select(late_rank="rank", _at="_at", _l="_row"),
                 left_on="_ce",
                 right_on="_at",
                 by="late_rank",
