@@ -7,6 +7,8 @@ captures in sample_traces/ and HTA's control trace (all_to_all + all_reduce, no 
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ from kineto_comm.report import Report
 from kineto_comm.synth import generate
 
 from .conftest import SAMPLES, shared
+
+CPU_ONLY = "hta/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
 
 LAYOUTS = ("dp", "fsdp", "tp-dp", "pp-dp")
 # Generator role -> ours. The generator calls the single group of the fsdp layout "dp" (it is
@@ -266,10 +270,32 @@ def test_an_all_to_all_of_unknown_purpose_is_not_called_expert() -> None:
 def test_calls_stay_unnamed_where_the_config_lists_several_groups() -> None:
     """The real 300-rank gloo trace lists eleven groups of 300 ranks in its pg_config and its
     calls give no size: which one a call is on cannot be told, so none is named."""
-    rep = kineto_comm.analyze(shared("hta/cpu_only"), jobs=1)
+    rep = kineto_comm.analyze(shared(CPU_ONLY), jobs=1)
     assert rep.collectives.height > 0
     assert rep.collectives["process_group"].null_count() == rep.collectives.height
     assert _roles(rep)["process_group"].to_list() == ["?"]
+    # Every group it could be on spans the 300 ranks: the size, and so the bus bandwidth
+    # (nccl-tests: all_reduce moves 2(n-1)/n of its bytes per rank), is known all the same.
+    assert rep.collectives["group_size"].to_list() == [300] * rep.collectives.height
+    inst = rep.collective_instances
+    assert inst.height and (inst["busbw_gbps"] > 0).all()
+    assert inst["busbw_gbps"].to_list() == pytest.approx(
+        (inst["algbw_gbps"] * 2 * 299 / 300).to_list(), rel=1e-12
+    )
+
+
+def test_one_rank_of_a_group_of_unknown_size_gives_no_bus_bandwidth(tmp_path: Path) -> None:
+    """The same real trace without its distributedInfo: the group's size is nowhere, and the
+    one rank traced is no measure of it, so the bus bandwidth is unknown (null), never the
+    zero a group of one would move."""
+    raw = json.loads(gzip.decompress(shared(CPU_ONLY).read_bytes()))
+    del raw["distributedInfo"]
+    path = tmp_path / "rank-34.json"
+    path.write_text(json.dumps(raw))
+    inst = kineto_comm.analyze(path, jobs=1).collective_instances
+    assert inst.height and inst["group_size"].null_count() == inst.height
+    assert inst["busbw_gbps"].null_count() == inst.height
+    assert inst["algbw_gbps"].null_count() == 0
 
 
 def test_roles_on_hta_control_trace() -> None:

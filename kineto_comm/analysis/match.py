@@ -288,7 +288,8 @@ def instances(keyed: pl.DataFrame | RankStore) -> pl.DataFrame:
     n = (
         pl.when(pl.col("collective") == "send_recv")
         .then(2)
-        .otherwise(pl.coalesce("group_size", "ranks_seen"))
+        # Without the group's size, the ranks seen in it: one rank alone says nothing.
+        .otherwise(pl.coalesce("group_size", pl.when(pl.col("ranks_seen") > 1).then("ranks_seen")))
     )
     # A conditional inside the aggregation would hold every row on the streaming engine.
     table = table.with_columns(

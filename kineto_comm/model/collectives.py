@@ -298,23 +298,33 @@ def _named_from_config(calls: pl.LazyFrame, groups: pl.LazyFrame) -> pl.LazyFram
     """Calls whose trace names no group (gloo's annotations carry none) get the one group of
     the rank's `distributedInfo.pg_config` they can be on: the only group of the call's
     size, or, with the size unknown, the rank's only group. Where several could be, the
-    call stays unnamed rather than guessed."""
+    call stays unnamed rather than guessed; its size is still known where all the rank's
+    groups have one size (a job whose groups all span the world: the bus bandwidth needs
+    the size, not the group)."""
     key = pl.col("rank"), pl.col("pg_size")
     sole = pl.len().over(key) == 1
     by_size = groups.filter(sole).select("rank", "pg_size", _by_size="pg_name")
     only = groups.filter(pl.len().over("rank") == 1).select("rank", _only="pg_name")
+    one_size = (
+        groups.group_by("rank")
+        .agg(_sizes=pl.col("pg_size").n_unique(), _size=pl.col("pg_size").first())
+        .filter((pl.col("_sizes") == 1) & pl.col("_size").is_not_null())
+        .select("rank", "_size")
+    )
     return (
         calls.join(
             by_size, left_on=["rank", "group_size"], right_on=["rank", "pg_size"], how="left"
         )
         .join(only, on="rank", how="left")
+        .join(one_size, on="rank", how="left")
         .with_columns(
             process_group=pl.coalesce(
                 "process_group",
                 pl.when(pl.col("group_size").is_null()).then("_only").otherwise("_by_size"),
-            )
+            ),
+            group_size=pl.coalesce("group_size", "_size"),
         )
-        .drop("_by_size", "_only")
+        .drop("_by_size", "_only", "_size")
     )
 
 
