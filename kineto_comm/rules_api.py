@@ -877,7 +877,10 @@ def collective_waits(tables: Tables) -> pl.DataFrame:
 
     Adds `transfer_ns` (the shortest duration of the same call over the group's ranks: the
     rank that did not wait), `wait_ns = duration_ns - transfer_ns`, `ranks_seen` and
-    `arrived_last` (this rank's wait is the group's minimum). Calls are matched by
+    `arrived_last` (this rank's wait is the group's minimum). Where every rank of the group
+    ran the call, the rank that started it last waited for no one: its whole call is its
+    transfer (wait 0), however long it ran after an earlier member's ended (a host backend's
+    ring ends rank by rank), as the report's collective_waits has it. Calls are matched by
     (process_group, collective, call_index), which needs no clock alignment; point-to-point
     calls are their own match (wait 0). Every rank's rows in one DataFrame: rules that must
     stay within memory on big jobs use `collective_waits_lazy`.
@@ -895,14 +898,29 @@ def collective_waits_lazy(tables: Tables) -> pl.LazyFrame:
 
 def _call_durations(tables: Tables) -> pl.DataFrame:
     """Per call matched across its group (CALL_KEY, no point-to-point): the shortest
-    duration over its ranks (`_min`) and how many ranks ran it (`_n`)."""
+    duration over its ranks (`_min`), how many ranks ran it (`_n`) and, where that is the
+    whole group, the rank that started it last (`_last`; ties: the lowest rank)."""
 
     def compute() -> pl.DataFrame:
         query = (
-            tables.lazy("collectives", [*CALL_KEY, "duration_ns"])
+            tables.lazy("collectives", [*CALL_KEY, "rank", "start_ns", "duration_ns", "group_size"])
             .filter(~pl.col("collective").is_in(P2P))
             .group_by(CALL_KEY)
-            .agg(_min=pl.col("duration_ns").min(), _n=pl.len())
+            .agg(
+                _min=pl.col("duration_ns").min(),
+                _n=pl.len(),
+                _last=pl.col("rank")
+                .sort_by(pl.col("start_ns"), pl.col("rank"), descending=[True, False])
+                .first()
+                .cast(pl.Int64),
+                _size=pl.col("group_size").max(),
+            )
+            .with_columns(
+                _last=pl.when((pl.col("_n") >= pl.col("_size")) & (pl.col("_n") > 1)).then(
+                    "_last"
+                )
+            )
+            .drop("_size")
         )
         return tables.collect(query)
 
@@ -914,7 +932,8 @@ def _with_waits(calls: pl.LazyFrame, durations: pl.DataFrame) -> pl.LazyFrame:
     from the calls' matched durations.
 
     The group's smallest wait is 0 (the rank whose duration is the shortest), so a rank
-    arrived last when it did not wait."""
+    arrived last when it did not wait; where the whole group ran the call, the rank that
+    started it last arrived last, and waited for no one."""
     grouped = pl.col("collective").is_in(P2P).not_()
     return (
         calls.join(
@@ -925,13 +944,16 @@ def _with_waits(calls: pl.LazyFrame, durations: pl.DataFrame) -> pl.LazyFrame:
             maintain_order="left",
             build_side="force_right",
         )
+        .with_columns(_own=pl.col("_last") == pl.col("rank").cast(pl.Int64))
         .with_columns(
-            transfer_ns=pl.when(grouped).then(pl.col("_min")).otherwise(pl.col("duration_ns")),
+            transfer_ns=pl.when(grouped & ~pl.col("_own").fill_null(False))
+            .then(pl.col("_min"))
+            .otherwise(pl.col("duration_ns")),
             ranks_seen=pl.when(grouped).then(pl.col("_n")).otherwise(1).cast(pl.Int64),
         )
-        .drop("_min", "_n")
         .with_columns(wait_ns=pl.col("duration_ns") - pl.col("transfer_ns"))
-        .with_columns(arrived_last=pl.col("wait_ns") == 0)
+        .with_columns(arrived_last=pl.coalesce("_own", pl.col("wait_ns") == 0))
+        .drop("_min", "_n", "_last", "_own")
     )
 
 

@@ -52,15 +52,22 @@ def _waits_by_definition(coll: pl.DataFrame) -> pl.DataFrame:
     """collective_waits as documented, over the whole table with window functions."""
     key = ["process_group", "collective", "call_index"]
     grouped = ~pl.col("collective").is_in(["send", "recv", "send_recv"])
+    # Where the whole group ran the call, the rank that started it last waited for no one.
+    whole = (pl.len().over(key) >= pl.col("group_size").max().over(key)) & (pl.len().over(key) > 1)
+    latest = pl.col("start_ns") == pl.col("start_ns").max().over(key)
+    first_latest = pl.col("rank") == pl.col("rank").filter(latest).min().over(key)
+    last = grouped & whole & latest & first_latest
     return (
         coll.with_columns(
-            transfer_ns=pl.when(grouped)
+            transfer_ns=pl.when(grouped & ~last)
             .then(pl.col("duration_ns").min().over(key))
             .otherwise(pl.col("duration_ns")),
             ranks_seen=pl.when(grouped).then(pl.len().over(key)).otherwise(1).cast(pl.Int64),
+            _last=pl.when(grouped & whole).then(last),
         )
         .with_columns(wait_ns=pl.col("duration_ns") - pl.col("transfer_ns"))
-        .with_columns(arrived_last=pl.col("wait_ns") == pl.col("wait_ns").min().over(key))
+        .with_columns(arrived_last=pl.coalesce("_last", pl.col("wait_ns") == 0))
+        .drop("_last")
     )
 
 

@@ -14,7 +14,14 @@ from kineto_comm import Report, analyze
 from kineto_comm.analysis import steptime
 from kineto_comm.findings import Severity
 from kineto_comm.render.json_doc import rank_means, summary
-from kineto_comm.rules_api import Edit, Tables, replay_saving, step_blame, step_times
+from kineto_comm.rules_api import (
+    Edit,
+    Tables,
+    collective_exposure,
+    replay_saving,
+    step_blame,
+    step_times,
+)
 
 from .conftest import REPO, SAMPLES, all_shared_traces
 
@@ -325,6 +332,32 @@ def test_the_blame_names_the_late_rank_the_instances_name(job: str) -> None:
     keys = ["rank", "step", "process_group", "late_rank"]
     stray = blame.select(keys).unique().join(named, on=keys, how="anti")
     assert stray.height == 0, stray
+
+
+@pytest.mark.parametrize("job", ["ddp-4", "ep-4", "fsdp-2"])
+def test_a_rank_that_arrived_last_waited_for_no_one(job: str) -> None:
+    """On these gloo captures every rank of each group is traced: a wait row always names
+    the rank it waited for, and a call whose rank arrived last is charged no wait, as the
+    report's collective_waits has it, only its transfer, however long it ran after an
+    earlier member's call ended (a host ring ends rank by rank: 6.2 ms of rank 2's call in
+    ddp-4's step 2 was a wait "for rank ?")."""
+    report = analyze(SAMPLES / job)
+    tables = Tables(report)
+    waits = tables.collect(step_blame(tables)).filter(pl.col("category") == "wait")
+    assert waits.height and waits["late_rank"].null_count() == 0
+    assert (waits["late_rank"] != waits["rank"]).all()
+    calls = collective_exposure(tables, transfer_only=True).join(
+        collective_exposure(tables, transfer_only=False).select(
+            "rank", "process_group", "collective", "call_index", _all="exposed_ns"
+        ),
+        on=["rank", "process_group", "collective", "call_index"],
+    )
+    last = calls.filter(pl.col("arrived_last") & (pl.col("ranks_seen") > 1))
+    assert last.height and (last["wait_ns"] == 0).all()
+    assert (last["exposed_ns"] == last["_all"]).all()
+    # The rank the report's collective_waits has arriving last at the same call.
+    arrived = report.collective_waits.filter(pl.col("arrived_last")).select("rank", "start_ns")
+    assert last.join(arrived, on=["rank", "start_ns"], how="anti").height == 0
 
 
 def test_a_fix_that_keeps_the_launches_moves_no_kernel_before_its_launch() -> None:
