@@ -916,9 +916,7 @@ def _call_durations(tables: Tables) -> pl.DataFrame:
                 _size=pl.col("group_size").max(),
             )
             .with_columns(
-                _last=pl.when((pl.col("_n") >= pl.col("_size")) & (pl.col("_n") > 1)).then(
-                    "_last"
-                )
+                _last=pl.when((pl.col("_n") >= pl.col("_size")) & (pl.col("_n") > 1)).then("_last")
             )
             .drop("_size")
         )
