@@ -190,7 +190,8 @@ class Report:
             .agg(
                 ranks=pl.col("rank").n_unique().cast(pl.Int64),
                 calls=pl.len().cast(pl.Int64),
-                bytes=pl.col("bytes").sum().cast(pl.Int64),
+                # No call with a size: unknown, not 0 B.
+                bytes=pl.when(sized.any()).then(pl.col("bytes").sum()).cast(pl.Int64),
                 mean_bytes=pl.col("bytes").mean(),
                 time_ns=pl.col("duration_ns").sum().cast(pl.Int64),
                 algbw_gbps=pl.when(timed > 0).then(pl.col("bytes").sum() / timed),

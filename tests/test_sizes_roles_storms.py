@@ -298,6 +298,23 @@ def test_one_rank_of_a_group_of_unknown_size_gives_no_bus_bandwidth(tmp_path: Pa
     assert inst["algbw_gbps"].null_count() == 0
 
 
+def test_a_group_with_no_call_sizes_has_unknown_volumes_not_zero() -> None:
+    """The real V100 trace's 2020 all-reduces carry no size (no record_param_comms args, no
+    Input Dims): every table that sums or shares bytes says unknown (null, "-"), never the
+    0 B and 0% a sum over nothing gives; the time is still counted."""
+    rep = kineto_comm.analyze(shared("hta/df_index_resolver"), jobs=1)
+    assert rep.collectives.height == 2020 and rep.collectives["bytes"].null_count() == 2020
+    totals = rep.collective_totals()
+    assert totals["bytes"].to_list() == [None] and totals["time_ns"].item() > 0
+    summary = rep.message_size_summary
+    shares = [c for c in summary.columns if c.endswith("_share")]
+    assert summary.select("bytes", *shares).null_count().row(0) == (1,) * (1 + len(shares))
+    assert summary["time_ns"].item() == rep.collectives["duration_ns"].sum()
+    groups = _roles(rep)
+    assert groups["bytes_per_step"].to_list() == [None]
+    assert "sizes unknown" in groups["evidence"].item() and " 0 B" not in groups["evidence"].item()
+
+
 def test_roles_on_hta_control_trace() -> None:
     rep = kineto_comm.analyze(shared("hta/trace_diff/control/control.json.gz"), jobs=1)
     pgs = _roles(rep)

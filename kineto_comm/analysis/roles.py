@@ -308,7 +308,10 @@ def _features(calls: pl.LazyFrame, firsts: pl.DataFrame, world: int, rows: int) 
             # so the means do not depend on the order the engine adds the calls in.
             calls.group_by("process_group", "rank").agg(
                 _counted=(pl.col("_w") > 0).sum(),
-                _counted_bytes=pl.when(pl.col("_w") > 0).then(size.fill_null(0)).sum(),
+                # Unknown sizes count as none; a rank none of whose calls has a size: null.
+                _counted_bytes=pl.when(size.is_not_null().any()).then(
+                    pl.when(pl.col("_w") > 0).then(size.fill_null(0)).sum()
+                ),
                 _weight=pl.col("_w").max(),
             ),
             calls.group_by("process_group", "collective").agg(_n=pl.len(), _cw=pl.col("_w").sum()),
@@ -329,7 +332,9 @@ def _features(calls: pl.LazyFrame, firsts: pl.DataFrame, world: int, rows: int) 
                 _seen=pl.col("rank"),
                 _nranks=pl.len(),
                 calls_per_step=(pl.col("_counted") * pl.col("_weight")).sum(),
-                bytes_per_step=(pl.col("_counted_bytes") * pl.col("_weight")).sum(),
+                bytes_per_step=pl.when(pl.col("_counted_bytes").is_not_null().any()).then(
+                    (pl.col("_counted_bytes") * pl.col("_weight")).sum()
+                ),
             ),
             on="process_group",
             how="left",
@@ -517,11 +522,21 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
         .then(pl.lit("; no process-group names in the trace: the calls of all groups are pooled"))
         .otherwise(pl.lit(""))
     )
+    sized = (
+        pl.when(c("_mean_bytes").is_null())
+        .then(pl.lit("sizes unknown"))
+        .otherwise(
+            pl.format(
+                "mean {}, {} of calls one size",
+                _human_bytes(c("_mean_bytes")),
+                _pct(c("_top_size").fill_null(0.0)),
+            )
+        )
+    )
     evidence = pl.format(
-        "{} per step, mean {}, {} of calls one size; {}; {}; {}{}",
+        "{} per step, {}; {}; {}; {}{}",
         c("_mix"),
-        _human_bytes(c("_mean_bytes").fill_null(0.0)),
-        _pct(c("_top_size").fill_null(0.0)),
+        sized,
         placement,
         ranks_text,
         why,

@@ -10,7 +10,8 @@ buckets or fused calls rather than faster links. These tables show where calls a
 `bytes`) go in a bucket with null `log2_bucket` and `bucket_min_bytes`, so that every call and
 all of its time is counted somewhere. `message_size_summary` gives, per (process_group,
 collective), the share of calls and of time below 64 KiB and below 1 MiB; calls of unknown size
-count in the denominators only. A null process group (traces without `pg_name`) is "?".
+count in the denominators only, and where no call has a size, `bytes` and the shares are null
+(unknown, not zero). A null process group (traces without `pg_name`) is "?".
 """
 
 from __future__ import annotations
@@ -115,11 +116,13 @@ def message_size_summary(collectives: pl.DataFrame | RankStore) -> pl.DataFrame:
     dur = pl.col("duration_ns")
     total_time = dur.sum()
 
+    sized = size.is_not_null().any()
+
     def shares(limit: int, tag: str) -> list[pl.Expr]:
         below = (size < limit).fill_null(False)
         return [
-            below.mean().alias(f"calls_lt_{tag}_share"),
-            pl.when(total_time > 0)
+            pl.when(sized).then(below.mean()).alias(f"calls_lt_{tag}_share"),
+            pl.when(sized & (total_time > 0))
             .then(pl.when(below).then(dur).sum() / total_time)
             .otherwise(None)
             .alias(f"time_lt_{tag}_share"),
@@ -132,7 +135,7 @@ def message_size_summary(collectives: pl.DataFrame | RankStore) -> pl.DataFrame:
         .group_by("process_group", "collective")
         .agg(
             pl.len().cast(pl.Int64).alias("calls"),
-            size.sum().cast(pl.Int64).alias("bytes"),
+            pl.when(sized).then(size.sum()).cast(pl.Int64).alias("bytes"),
             total_time.cast(pl.Int64).alias("time_ns"),
             *shares(SMALL_BYTES, "64k"),
             *shares(MEDIUM_BYTES, "1m"),
