@@ -71,22 +71,25 @@ def main() -> None:
     args = ap.parse_args()
     folder = args.folder or job(args.ranks, args.size_mb)
     this = HERE.parent
-    base_t, this_t, model_t = [], [], []
+    base_t, this_t, model_t, base_m = [], [], [], []
     for i in range(args.runs):
         b = run(args.base, folder, args.jobs)
         n = run(this, folder, args.jobs)
         base_t.append(b[0])
         this_t.append(n[0])
         model_t.append(n[1])
+        base_m.append(b[1])
         print(
-            f"run {i + 1}: base {b[0]:.2f} s ({b[2]} findings), this {n[0]:.2f} s "
-            f"({n[2]} findings; model of time alone {n[1]:.2f} s)",
+            f"run {i + 1}: base {b[0]:.2f} s ({b[2]} findings; model of time alone "
+            f"{b[1]:.2f} s), this {n[0]:.2f} s ({n[2]} findings; model of time alone "
+            f"{n[1]:.2f} s)",
             flush=True,
         )
     mb, mt = median(base_t), median(this_t)
     print(
         f"median of {args.runs}: base {mb:.2f} s, this {mt:.2f} s ({(mt / mb - 1):+.1%}); "
-        f"the model of time alone {median(model_t):.2f} s ({median(model_t) / mt:.1%} of report)"
+        f"the model of time alone: base {median(base_m):.2f} s, this {median(model_t):.2f} s "
+        f"({median(model_t) / mt:.1%} of report)"
     )
 
 
