@@ -153,3 +153,19 @@ def test_sections_need_no_file(tmp_path: Path) -> None:
     report = kineto_comm.analyze(tmp_path, jobs=1)
     for fmt in ("text", "markdown", "html"):
         assert "No communication kernels found." in render(report, fmt), fmt
+
+
+def test_a_wait_for_no_traced_rank_says_so() -> None:
+    """Two ranks of a 128-rank job: rank 1 arrived last of the two at every call it waited
+    at, so no traced rank held it; the step-time table says so, never "rank ?"."""
+    report = kineto_comm.analyze(shared("hta/trace_filter"), jobs=1)
+    table = next(s for s in sections(report) if s.key == "step_blame")
+    what = [row[table.header.index("what")] for row in table.rows]
+    waits = [w for w in what if ", for " in w]
+    assert waits and all(w.endswith(", for no traced rank") for w in waits), what
+    assert not any("rank ?" in w for w in what)
+    # Where a traced rank held the wait, the table names it.
+    named = kineto_comm.analyze(SAMPLES / "ddp-4", jobs=1)
+    table = next(s for s in sections(named) if s.key == "step_blame")
+    what = [row[table.header.index("what")] for row in table.rows]
+    assert any(", for rank " in w for w in what) and not any("no traced" in w for w in what)

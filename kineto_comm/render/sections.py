@@ -417,7 +417,11 @@ def _blame_detail() -> pl.Expr:
         pl.when(cat == "wait")
         .then(
             pl.concat_str(
-                call, pl.lit(", for rank "), pl.col("late_rank").cast(pl.String).fill_null("?")
+                call,
+                # No late rank among the traced ones (a rank not traced, or its own longer call).
+                pl.format(", for rank {}", pl.col("late_rank")).fill_null(
+                    pl.lit(", for no traced rank")
+                ),
             )
         )
         .when(cat.is_in(["transfer", "pipeline_bubble"]))
