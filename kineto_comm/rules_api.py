@@ -553,7 +553,7 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
     if tables.has("kernels", "launch_end_ns"):
         kcols += ("launch_end_ns",)
     ccols = (*CALL_KEY, "rank", "start_ns", "end_ns", "duration_ns", "launch_ns", "peer")
-    wcols = ("instance", "rank", "start_ns", "wait_ns")
+    whole = _whole_instances(tables) if has_calls else None
 
     def build(windows: pl.DataFrame) -> pl.DataFrame:
         ranks = windows["rank"].unique().sort().to_list()
@@ -566,8 +566,12 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
             calls = pl.concat(
                 list(tables.rank_batches("collectives", ccols, ranks)), how="vertical_relaxed"
             )
+            waits = _rank_waits(tables, ranks) if last is not None else None
+            arrivals = (
+                None if waits is None or whole is None else _arrival_waits(waits.lazy(), whole)
+            )
             calls = collect(
-                _with_waits(calls.lazy(), durations)
+                _with_waits(calls.lazy(), durations, arrivals)
                 .join(late.lazy(), on=CALL_KEY, how="left", nulls_equal=True)
                 # A point-to-point call waits for, or receives from, its peer.
                 .with_columns(
@@ -578,8 +582,8 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
                 .with_columns(pl.col("process_group").cast(pl.String))
                 .join(roles.lazy(), on="process_group", how="left")
             )
-            if last is not None:
-                calls = _named_by_instance(calls, tables, ranks, last, wcols)
+            if last is not None and waits is not None:
+                calls = _named_by_instance(calls, waits, last)
         else:
             calls = pl.DataFrame(
                 schema={
@@ -622,26 +626,29 @@ def _instance_last(tables: Tables) -> pl.DataFrame | None:
     )
 
 
-def _named_by_instance(
-    calls: pl.DataFrame,
-    tables: Tables,
-    ranks: list[int],
-    instances: pl.DataFrame,
-    columns: Sequence[str],
-) -> pl.DataFrame:
-    """`calls` (a few ranks' collectives rows with `late_rank`) with `late_rank` the rank
-    that arrived last at the call's instance (match.last_arrivals: one straggler named the
-    same way in the blame, the stragglers table and the critical path); none where the
-    call's own rank arrived last (what is left of its call is its own); a call in no
-    instance keeps the rank whose call was the shortest."""
+def _rank_waits(tables: Tables, ranks: list[int]) -> pl.DataFrame | None:
+    """The report's collective_waits rows (_WAIT_COLUMNS) of a few ranks; None without."""
+    if not tables.has("collective_waits", *_WAIT_COLUMNS):
+        return None
     waits = [
         b
-        for b in tables.rank_batches("collective_waits", columns, ranks)
-        if b.width == len(columns)
+        for b in tables.rank_batches("collective_waits", _WAIT_COLUMNS, ranks)
+        if b.width == len(_WAIT_COLUMNS)
     ]
-    if not waits:
-        return calls
-    arrivals = last_arrivals(pl.concat(waits, how="vertical_relaxed"), instances)
+    return pl.concat(waits, how="vertical_relaxed") if waits else None
+
+
+def _named_by_instance(
+    calls: pl.DataFrame, waits: pl.DataFrame, instances: pl.DataFrame
+) -> pl.DataFrame:
+    """`calls` (a few ranks' collectives rows with `late_rank`) with `late_rank` the rank
+    that arrived last at the call's instance (match.last_arrivals over `waits`, those
+    ranks' collective_waits rows: one straggler named the same way in the blame, the
+    stragglers table and the critical path); none where the call's own rank arrived last
+    (what is left of its call, at an instance some ranks of whose group were not traced, is
+    a wait for no traced rank); a call in no instance keeps the rank whose call was the
+    shortest."""
+    arrivals = last_arrivals(waits, instances)
     cast = {"rank": calls.schema["rank"], "start_ns": calls.schema["start_ns"]}
     named = (
         arrivals.filter(~pl.col("p2p"))
@@ -875,15 +882,17 @@ CALL_KEY = ["process_group", "collective", "call_index"]
 def collective_waits(tables: Tables) -> pl.DataFrame:
     """Every collectives row with how long it waited for its group and how long it moved data.
 
-    Adds `transfer_ns` (the shortest duration of the same call over the group's ranks: the
-    rank that did not wait), `wait_ns = duration_ns - transfer_ns`, `ranks_seen` and
-    `arrived_last` (this rank's wait is the group's minimum). Where every rank of the group
-    ran the call, the rank that started it last waited for no one: its whole call is its
-    transfer (wait 0), however long it ran after an earlier member's ended (a host backend's
-    ring ends rank by rank), as the report's collective_waits has it. Calls are matched by
-    (process_group, collective, call_index), which needs no clock alignment; point-to-point
-    calls are their own match (wait 0). Every rank's rows in one DataFrame: rules that must
-    stay within memory on big jobs use `collective_waits_lazy`.
+    Adds `wait_ns`, `transfer_ns = duration_ns - wait_ns`, `ranks_seen` and `arrived_last`
+    (wait_ns is 0). A call of a matched instance that every rank of its group ran in the
+    traces waited from its arrival to the last member's (the report's collective_waits,
+    at most its duration): the same wait the stragglers table, the critical path and the
+    step blame count. Any other collective (an instance some members of which were not
+    traced, or files without the cross-rank tables) waited for its duration less the
+    shortest duration of the same call over the ranks that ran it, matched by
+    (process_group, collective, call_index): that counts waits for untraced members and
+    needs no clock. Point-to-point calls wait 0 here (their waits are the pipeline's).
+    Every rank's rows in one DataFrame: rules that must stay within memory on big jobs use
+    `collective_waits_lazy`.
     """
     if not tables.has("collectives"):
         return tables["collectives"]
@@ -893,65 +902,118 @@ def collective_waits(tables: Tables) -> pl.DataFrame:
 def collective_waits_lazy(tables: Tables) -> pl.LazyFrame:
     """collective_waits() as a lazy query (see Tables.lazy): the calls stream through a join
     with one row per matched call."""
-    return _with_waits(tables.lazy("collectives"), _call_durations(tables))
+    whole = _whole_instances(tables)
+    arrivals = (
+        None
+        if whole is None
+        else _arrival_waits(tables.lazy("collective_waits", list(_WAIT_COLUMNS)), whole)
+    )
+    return _with_waits(tables.lazy("collectives"), _call_durations(tables), arrivals)
 
 
 def _call_durations(tables: Tables) -> pl.DataFrame:
     """Per call matched across its group (CALL_KEY, no point-to-point): the shortest
-    duration over its ranks (`_min`), how many ranks ran it (`_n`) and, where that is the
-    whole group, the rank that started it last (`_last`; ties: the lowest rank)."""
+    duration over its ranks (`_min`) and how many ranks ran it (`_n`)."""
 
     def compute() -> pl.DataFrame:
         query = (
-            tables.lazy("collectives", [*CALL_KEY, "rank", "start_ns", "duration_ns", "group_size"])
+            tables.lazy("collectives", [*CALL_KEY, "duration_ns"])
             .filter(~pl.col("collective").is_in(P2P))
             .group_by(CALL_KEY)
-            .agg(
-                _min=pl.col("duration_ns").min(),
-                _n=pl.len(),
-                _last=pl.col("rank")
-                .sort_by(pl.col("start_ns"), pl.col("rank"), descending=[True, False])
-                .first()
-                .cast(pl.Int64),
-                _size=pl.col("group_size").max(),
-            )
-            .with_columns(
-                _last=pl.when((pl.col("_n") >= pl.col("_size")) & (pl.col("_n") > 1)).then("_last")
-            )
-            .drop("_size")
+            .agg(_min=pl.col("duration_ns").min(), _n=pl.len())
         )
         return tables.collect(query)
 
     return tables.once(("rules_api", "call_durations"), compute)
 
 
-def _with_waits(calls: pl.LazyFrame, durations: pl.DataFrame) -> pl.LazyFrame:
-    """`calls` (collectives rows) plus transfer_ns, ranks_seen, wait_ns and arrived_last,
-    from the calls' matched durations.
+# The report's collective_waits columns the waits read.
+_WAIT_COLUMNS = ("instance", "rank", "start_ns", "wait_ns")
 
-    The group's smallest wait is 0 (the rank whose duration is the shortest), so a rank
-    arrived last when it did not wait; where the whole group ran the call, the rank that
-    started it last arrived last, and waited for no one."""
-    grouped = pl.col("collective").is_in(P2P).not_()
-    return (
-        calls.join(
-            durations.lazy(),
-            on=CALL_KEY,
-            how="left",
-            nulls_equal=True,
-            maintain_order="left",
-            build_side="force_right",
+
+def _whole_instances(tables: Tables) -> pl.DataFrame | None:
+    """instance: the matched collective instances (no point-to-point) that every rank of
+    the group ran in the traces (ranks_seen = group_size > 1): there a call waited from its
+    arrival to the last member's (the report's collective_waits.wait_ns). None without the
+    cross-rank tables."""
+    cols = ["instance", "key_kind", "ranks_seen", "group_size"]
+    if not (
+        tables.has("collective_instances", *cols) and tables.has("collective_waits", *_WAIT_COLUMNS)
+    ):
+        return None
+
+    def compute() -> pl.DataFrame:
+        query = (
+            tables.lazy("collective_instances", cols)
+            .filter(
+                (pl.col("key_kind").cast(pl.String) != "p2p")
+                & (pl.col("ranks_seen") >= pl.col("group_size"))
+                & (pl.col("ranks_seen") > 1)
+            )
+            .select(pl.col("instance").cast(pl.Int64))
         )
-        .with_columns(_own=pl.col("_last") == pl.col("rank").cast(pl.Int64))
-        .with_columns(
-            transfer_ns=pl.when(grouped & ~pl.col("_own").fill_null(False))
-            .then(pl.col("_min"))
-            .otherwise(pl.col("duration_ns")),
+        return tables.collect(query)
+
+    return tables.once(("rules_api", "whole_instances"), compute)
+
+
+def _arrival_waits(waits: pl.LazyFrame, whole: pl.DataFrame) -> pl.LazyFrame:
+    """rank, start_ns, _arr: per call of `waits` (collective_waits rows) in a whole
+    instance, its wait for the group's last arrival."""
+    return (
+        waits.select(pl.col(c).cast(pl.Int64) for c in _WAIT_COLUMNS)
+        .join(whole.lazy(), on="instance", how="semi")
+        .group_by("rank", "start_ns")
+        .agg(_arr=pl.col("wait_ns").max())
+    )
+
+
+def _with_waits(
+    calls: pl.LazyFrame, durations: pl.DataFrame, arrivals: pl.LazyFrame | None = None
+) -> pl.LazyFrame:
+    """`calls` (collectives rows) plus transfer_ns, ranks_seen, wait_ns and arrived_last.
+
+    A call of an instance every member of its group ran (`arrivals`, _arrival_waits)
+    waited from its arrival to the last member's (at most its duration); any other waited
+    for its duration less the shortest of its group's (the rank that did not wait), which
+    counts the waits for members that were not traced. A point-to-point call waits 0 here
+    (its peer's time is the pipeline's). transfer_ns is the rest of the call; a rank
+    arrived last when it did not wait."""
+    grouped = pl.col("collective").is_in(P2P).not_()
+    out = calls.join(
+        durations.lazy(),
+        on=CALL_KEY,
+        how="left",
+        nulls_equal=True,
+        maintain_order="left",
+        build_side="force_right",
+    )
+    if arrivals is None:
+        out = out.with_columns(_arr=pl.lit(None, dtype=pl.Int64))
+    else:
+        schema = out.collect_schema()
+        out = out.join(
+            arrivals.with_columns(pl.col(c).cast(schema[c]) for c in ("rank", "start_ns")),
+            on=["rank", "start_ns"],
+            how="left",
+            maintain_order="left",
+        )
+    duration = pl.col("duration_ns")
+    waited = (
+        pl.when(grouped & pl.col("_arr").is_not_null())
+        .then(pl.min_horizontal(pl.max_horizontal(pl.col("_arr"), 0), duration))
+        .when(grouped)
+        .then(duration - pl.col("_min"))
+        .otherwise(0)
+    )
+    return (
+        out.with_columns(
+            transfer_ns=(duration - waited).cast(pl.Int64),
             ranks_seen=pl.when(grouped).then(pl.col("_n")).otherwise(1).cast(pl.Int64),
         )
-        .with_columns(wait_ns=pl.col("duration_ns") - pl.col("transfer_ns"))
-        .with_columns(arrived_last=pl.coalesce("_own", pl.col("wait_ns") == 0))
-        .drop("_min", "_n", "_last", "_own")
+        .drop("_min", "_n", "_arr")
+        .with_columns(wait_ns=duration - pl.col("transfer_ns"))
+        .with_columns(arrived_last=pl.col("wait_ns") == 0)
     )
 
 
