@@ -288,8 +288,9 @@ def _uneven_evidence(uneven: pl.DataFrame) -> list[dict[str, Any]]:
 def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
     Measures the time ranks spend inside collectives waiting for the group's late ranks
-    with no compute running (each call's duration less the shortest duration of the same
-    call on the group's ranks, clock-independent), per step, averaged over ranks. The
+    with no compute running (each call's wait in the rule API's collective_waits: from its
+    arrival to the last member's where the whole group was traced), per step, averaged
+    over ranks. The
     impact is what the step would lose if every rank did the mean rank's work, replayed on
     the model of time: each late rank sheds (n-1)/n of its lateness and the others' waits
     for it shrink as much. A straggler (the stragglers table's `is_straggler` ranks) is

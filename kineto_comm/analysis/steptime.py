@@ -13,14 +13,15 @@ exactly to its length. Each instant of the window goes to the first of these tha
 
     compute          a compute kernel runs
     memory           a memcpy or memset runs (no compute)
-    transfer         a collective moves data (the call's last `transfer_ns`: the shortest
-                     duration of the same call over its group's ranks), no compute running
+    transfer         a collective moves data (the call's last `transfer_ns`: the rule
+                     API's collective_waits, its time after the last member's arrival
+                     where the whole group was traced), no compute running
     wait             a collective waits for its group's late rank (the rest of the call);
                      `late_rank` is the rank that arrived last at the call's instance
                      (collective_instances.last_rank, as the stragglers table and the
-                     critical path name it); none where the rank itself arrived last;
-                     for a call in no instance, the rank of the group whose call was the
-                     shortest
+                     critical path name it); none where the rank itself arrived last (a
+                     wait for an untraced rank); for a call in no instance, the rank of the
+                     group whose call was the shortest
 
 (`last_call`: the row is of the rank's last collective of the step, which nothing later in
 the step can hide. `step_start`, of launch and queued rows: the gap delayed a step's first
