@@ -289,15 +289,14 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
     Measures the time ranks spend inside collectives waiting for the group's late ranks
     with no compute running (each call's wait in the rule API's collective_waits: from its
-    arrival to the last member's where the whole group was traced), per step, averaged
-    over ranks. The
-    impact is what the step would lose if every rank did the mean rank's work, replayed on
-    the model of time: each late rank sheds (n-1)/n of its lateness and the others' waits
-    for it shrink as much. A straggler (the stragglers table's `is_straggler` ranks) is
-    SYNC101's and is left out, and so is the time its fix saves (the saving is what the
-    edit adds to SYNC101's fixes: a straggler's delay passed on to the ranks waiting for
-    it is its own); what remains are waits no one rank is to blame for: the ranks take
-    turns arriving last.
+    arrival to the last member's where the whole group was traced), per step, averaged over
+    ranks. The impact is what the step would lose if every rank did the mean rank's work,
+    replayed on the model of time: each late rank sheds (n-1)/n of its lateness and the
+    others' waits for it shrink as much. A straggler (the stragglers table's `is_straggler`
+    ranks) is SYNC101's and is left out, and so is the time its fix saves (the saving is
+    what the edit adds to SYNC101's fixes: a straggler's delay passed on to the ranks
+    waiting for it is its own); what remains are waits no one rank is to blame for: the
+    ranks take turns arriving last.
     Point-to-point calls and message storms are left to PIPE101 and COMM201.
 
     Why is this bad?
