@@ -71,6 +71,12 @@ STORES = {
 }
 
 
+def _known_sum(column: str) -> pl.Expr:
+    """The column's sum, null (unknown, not 0) where no row has a value: calls whose trace
+    gives no size."""
+    return pl.when(pl.col(column).is_not_null().any()).then(pl.col(column).sum())
+
+
 @dataclass(frozen=True)
 class Report:
     """Everything `analyze()` found. Treat the tables as read-only."""
@@ -156,9 +162,10 @@ class Report:
             .group_by(keys)
             .agg(
                 count=pl.len().cast(pl.Int64),
-                bytes=pl.col("bytes").sum(),
-                in_bytes=pl.col("in_bytes").sum(),
-                out_bytes=pl.col("out_bytes").sum(),
+                # No call with a size: unknown (null), not 0 bytes.
+                bytes=_known_sum("bytes"),
+                in_bytes=_known_sum("in_bytes"),
+                out_bytes=_known_sum("out_bytes"),
                 total_ns=pl.col("duration_ns").sum(),
             )
             .sort(["rank", "total_ns"], descending=[False, True]),
@@ -190,8 +197,7 @@ class Report:
             .agg(
                 ranks=pl.col("rank").n_unique().cast(pl.Int64),
                 calls=pl.len().cast(pl.Int64),
-                # No call with a size: unknown, not 0 B.
-                bytes=pl.when(sized.any()).then(pl.col("bytes").sum()).cast(pl.Int64),
+                bytes=_known_sum("bytes").cast(pl.Int64),
                 mean_bytes=pl.col("bytes").mean(),
                 time_ns=pl.col("duration_ns").sum().cast(pl.Int64),
                 algbw_gbps=pl.when(timed > 0).then(pl.col("bytes").sum() / timed),

@@ -306,6 +306,9 @@ def test_a_group_with_no_call_sizes_has_unknown_volumes_not_zero() -> None:
     assert rep.collectives.height == 2020 and rep.collectives["bytes"].null_count() == 2020
     totals = rep.collective_totals()
     assert totals["bytes"].to_list() == [None] and totals["time_ns"].item() > 0
+    per_rank = rep.collective_summary()
+    assert per_rank.select("bytes", "in_bytes", "out_bytes").row(0) == (None, None, None)
+    assert per_rank["count"].item() == 2020
     summary = rep.message_size_summary
     shares = [c for c in summary.columns if c.endswith("_share")]
     assert summary.select("bytes", *shares).null_count().row(0) == (1,) * (1 + len(shares))
