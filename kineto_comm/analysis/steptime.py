@@ -771,18 +771,17 @@ def _chain_waits(chain: pl.LazyFrame) -> pl.LazyFrame:
     (the calls after them queued behind them), at most the chain's exposed time less its
     last call's transfer."""
     last = pl.col("last_call").fill_null(False) & (pl.col("category") == "transfer")
+    # Per window: the chain's room and its start and end on the timeline.
     per = chain.group_by("rank", "step").agg(
-        _room=pl.col("ns").sum() - pl.col("ns").filter(last).sum()
-    )
-    bounds = chain.group_by("rank", "step").agg(
-        _cs=pl.col("at_ns").min(), _ce=pl.col("end_ns").max()
+        _room=pl.col("ns").sum() - pl.col("ns").filter(last).sum(),
+        _cs=pl.col("at_ns").min(),
+        _ce=pl.col("end_ns").max(),
     )
     return (
         chain.filter((pl.col("category") == "wait") & pl.col("late_rank").is_not_null())
         .group_by("rank", "step", "late_rank")
         .agg(_span=pl.col("span_ns").sum())
         .join(per, on=["rank", "step"])
-        .join(bounds, on=["rank", "step"], how="left")
         .select(
             "rank",
             "step",
@@ -1122,10 +1121,10 @@ def _removed(
         # the awaited rank runs earlier when it ends (at most what its waits hold), after
         # what the rank gained before the chain; then what it gains after it.
         c = line.chained
-        b, e, late = (c[n].to_numpy() for n in ("_b", "_c", "_l"))
+        b, e, late, first = (c[n].to_numpy() for n in ("_b", "_c", "_l", "_first"))
         s_b, s_e = shift[b], shift[e]
         s_late = np.where(late >= 0, shift[np.maximum(late, 0)], 0.0)
-        start = shift[c["_first"].to_numpy()] - r[c["_first"].to_numpy()]
+        start = shift[first] - r[first]
         after = np.maximum(s_e, np.minimum(s_late, s_b + c["_chained"].to_numpy()))
         more = (
             c.select("rank", "step", "late_rank", "_chained")
