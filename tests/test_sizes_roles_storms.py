@@ -284,6 +284,22 @@ def test_calls_stay_unnamed_where_the_config_lists_several_groups() -> None:
     )
 
 
+def test_a_step_without_compute_places_no_call() -> None:
+    """The real 300-rank gloo trace holds its collectives and no CPU work: its step has no
+    compute to tell forward from backward by, so the calls' place in the step is no
+    evidence (it read the first call, 18 ms into a step that communication fills, as a
+    tensor-parallel all-reduce inside the first layer). The same rank's fuller capture in
+    HTA's history, with the CPU work, reads as data-parallel from its compute."""
+    for path in (shared(CPU_ONLY), shared("hta/_history/cpu_only")):
+        rep = kineto_comm.analyze(path, jobs=1)
+        (group,) = _roles(rep).iter_rows(named=True)
+        assert group["role"] == "data_parallel", group["evidence"]
+        compute = rep.kernels.filter(pl.col("kind") == "compute", pl.col("step") >= 0)
+        placed = rep.collectives["compute_before"].is_not_null().any()
+        assert placed == (compute.height > 0)
+        assert ("no step with compute" in group["evidence"]) == (not placed)
+
+
 def test_one_rank_of_a_group_of_unknown_size_gives_no_bus_bandwidth(tmp_path: Path) -> None:
     """The same real trace without its distributedInfo: the group's size is nowhere, and the
     one rank traced is no measure of it, so the bus bandwidth is unknown (null), never the
@@ -368,7 +384,7 @@ def test_roles_without_steps_count_the_whole_trace(baselines: dict[str, Job]) ->
     pgs = process_groups(unplaced, rep.steps.clear(), rep.ranks)
     pipe = pgs.filter(pl.col("role") == "pipeline")
     assert set(pipe["process_group"]) == {"5", "6"}
-    assert "no step windows" in pipe["evidence"][0]
+    assert "no step with compute to place the calls by" in pipe["evidence"][0]
     # Every call counts once per rank: all of the group's calls over its ranks.
     n = rep.collectives.filter(pl.col("process_group") == "5").height
     assert pipe["calls_per_step"][0] == pytest.approx(n / 4)

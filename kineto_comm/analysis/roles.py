@@ -13,8 +13,9 @@ collectives like any other). Features, over all ranks that report the group:
 * the mix of collectives (share of calls) and the volume of all_gather, reduce_scatter and
   all_reduce;
 * where in the step's work the calls start: each call's `compute_before` (the share of its
-  step's compute time that started before it; where a step has no compute, its position in
-  the rank's step window, steps.start_ns..end_ns, as a fraction). A call before a third of
+  step's compute time that started before it). A step without compute places no call: its
+  wall clock tells forward from backward no better than a step that communication fills
+  (a trace of the collectives alone, hta/cpu_only). A call before a third of
   the step's compute runs in the forward pass (backward takes about twice the forward's
   compute); `forward` is the share of calls there, and `first call` the median over (rank,
   step) of the position of the group's first call (of its first all_reduce for the
@@ -54,8 +55,6 @@ averaged over the ranks that report the group.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 import polars as pl
 
@@ -139,31 +138,16 @@ _ALL_TO_ALL_PURPOSES = (
 )
 
 
-# What the calls' positions read of the steps table, and a store of no such rows.
-_WINDOW = ["rank", "step", "start_ns", "end_ns"]
-_NO_WINDOWS = RankStore.from_frame(pl.DataFrame(schema=dict.fromkeys(_WINDOW, pl.Int64)))
+# A store of no step rows, for jobs without steps.
+_NO_STEPS = RankStore.from_frame(
+    pl.DataFrame(schema=dict.fromkeys(["rank", "step", "start_ns", "end_ns"], pl.Int64))
+)
 
 
 def _calls(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.LazyFrame:
-    """Calls with their position in the step window and their per-step weight."""
+    """Calls with their position in the step's compute and their per-step weight."""
     store = as_store(collectives)
-    windows = (
-        steps.lazy(_WINDOW)
-        .filter(pl.col("step") >= 0)
-        .select("rank", "step", _s0=pl.col("start_ns"), _s1=pl.col("end_ns"))
-    )
     per_rank = steps_per_rank(steps).rename({"n_steps": "_nsteps"}).lazy()
-    # Only the steps without compute (a call there has no compute_before) need their window:
-    # joining every (rank, step) would hold a hash table of them all (0.3 GB at 2048 ranks
-    # of 950 steps), most steps have compute.
-    bare = collect(
-        store.lazy(["rank", "step"], where=pl.col("compute_before").is_null())
-        .filter(pl.col("step") >= 0)
-        .unique(),
-        store.height,
-    )
-    windows = windows.join(bare.lazy(), on=["rank", "step"], how="semi")
-    span = pl.col("_s1") - pl.col("_s0")
     # 1 / (rank's steps) for a call inside a step; 0 outside the steps of a rank that has
     # steps; 1 (the whole trace as one step) on a rank without steps.
     weight = (
@@ -178,29 +162,14 @@ def _calls(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.LazyFr
     return (
         store.lazy(["process_group", *_USED], categorical=_GROUP_TEXT)
         .select(group_key(), *_USED)
-        .join(windows, on=["rank", "step"], how="left", build_side="force_right")
         .join(per_rank, on="rank", how="left", build_side="force_right")
-        .with_columns(
-            _pos=pl.coalesce(
-                "compute_before",
-                pl.when(span > 0).then(
-                    ((pl.col("start_ns") - pl.col("_s0")) / span).clip(0.0, 1.0)
-                ),
-            ),
-            _w=weight,
-        )
+        .with_columns(_pos=pl.col("compute_before"), _w=weight)
     )
-
-
-def _windows_of(steps: RankStore, ranks: Iterable[int]) -> RankStore:
-    """The step windows of `ranks` (all of the steps' columns the calls read), in memory."""
-    rows = steps.frame(ranks, _WINDOW)
-    return RankStore.from_frame(rows) if rows.width else _NO_WINDOWS  # no part holds them
 
 
 def _first_positions(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.DataFrame:
     """Per group, the median over ranks and steps of where the group's first call of a step
-    falls in it (`_first`) and where its first all_reduce does (`_ar_first`).
+    falls in the step's compute (`_first`) and where its first all_reduce does (`_ar_first`).
 
     A batch of whole ranks at a time: one aggregation over every call would hold a state per
     (group, rank, step), 0.5 GB at 2048 ranks of 950 steps. The positions per (group, rank,
@@ -209,20 +178,19 @@ def _first_positions(collectives: pl.DataFrame | RankStore, steps: RankStore) ->
     GiB (0.90 now). Above lazy.SAMPLE_ROWS steps of all ranks, the medians are those of an
     evenly spread sample of steps, the same ones on every rank (docs/scale.md): the
     positions of every (group, rank, step) would be 0.3 GiB at 8192 ranks of 950 steps."""
-    pos, coll = pl.col("_pos"), pl.col("collective")
-    # Each batch joins only its own ranks' steps, not every rank's.
+    pos, coll = pl.col("compute_before"), pl.col("collective")
     found = [
         collect(
-            _calls(
-                collect(sample(batch.lazy(), steps.height, "step")),
-                _windows_of(steps, batch["rank"].unique()),
-            )
+            sample(batch.lazy(), steps.height, "step")
+            .select(group_key(), "rank", "step", "collective", "compute_before")
             .filter(pos.is_not_null())
             .group_by("process_group", "rank", "step")
             .agg(_f=pos.min(), _fa=pos.filter(coll == "all_reduce").min())
             .select(pl.col("process_group").cast(pl.Categorical), "_f", "_fa")
         )
-        for batch in as_store(collectives).batches(columns=["process_group", *_USED])
+        for batch in as_store(collectives).batches(
+            columns=["process_group", "rank", "step", "collective", "compute_before"]
+        )
     ]
     firsts = pl.concat(found)
     found.clear()
@@ -504,7 +472,7 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
                 _pct(c("_first")),
             )
         )
-        .otherwise(pl.lit("no step windows"))
+        .otherwise(pl.lit("no step with compute to place the calls by"))
     )
     n_ranks = c("ranks").list.len()
     ranks_text = pl.when(c("_layout") == "strided").then(
@@ -553,7 +521,7 @@ def process_groups(
     """One row per process group with its inferred role and the evidence (docs/tables.md)."""
     if collectives.height == 0:
         return pl.DataFrame(schema=PROCESS_GROUP_SCHEMA)
-    steps = as_store(steps) if steps.height else _NO_WINDOWS
+    steps = as_store(steps) if steps.height else _NO_STEPS
     world = collect(
         as_store(collectives).lazy(["rank"]).select(pl.col("rank").n_unique()), collectives.height
     ).item()
