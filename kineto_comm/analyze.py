@@ -20,6 +20,7 @@ import polars as pl
 from kineto_comm import budget, cache
 from kineto_comm.analysis.crossrank import cross_rank
 from kineto_comm.analysis.jobs import conflicting_groups, separate_jobs
+from kineto_comm.analysis.match import ranks_in_several_groups, ungrouped_warning
 from kineto_comm.errors import UsageError
 from kineto_comm.load.decode import empty_trace
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
@@ -262,6 +263,7 @@ def analyze(
                 "backend": r.meta.get("backend"),
                 "timeline": r.meta.get("timeline"),
                 "bytes": r.meta.get("bytes"),
+                "pg_rank_sets": r.meta.get("pg_rank_sets"),
             }
             for r in kept
         ],
@@ -275,6 +277,7 @@ def analyze(
             "backend": pl.String,
             "timeline": pl.String,
             "bytes": pl.Int64,
+            "pg_rank_sets": pl.Int64,
         },
     )
     # The per-rank tables become merged ones: only `merged` refers to them from here on.
@@ -301,6 +304,7 @@ def analyze(
     apart = separate_jobs(merged["totals"])
     groups = conflicting_groups({r.rank: r.meta.get("groups") or {} for r in kept})
     warnings += apart + groups + one_step_warning(merged["steps"])
+    several = ranks_in_several_groups(ranks)
     merged.update(
         cross_rank(
             merged,
@@ -308,8 +312,10 @@ def analyze(
             folder=spilled,
             ranks_per_host=ranks_per_host,
             one_job=not apart,
+            ungrouped=several,
         )
     )
+    warnings += ungrouped_warning(merged["collective_instances"])
     merged["rank_kernels"] = merged.pop("kernels")
     merged["rank_collectives"] = merged.pop("collectives")
     merged["rank_steps"] = merged.pop("steps")

@@ -1,10 +1,11 @@
 """On-disk cache of per-rank tables, so a second report (other rules, other format) skips parsing.
 
 An entry is keyed by the trace file's content hash, the tool version, the columns of the
-kernels and collectives tables, and the options that change per-rank tables (communication
-kernel patterns): a changed file, a new version or a new column is a miss, never a stale
-hit. Each entry is a folder of Parquet tables plus the metadata as JSON; it is written to a
-temporary name and renamed, so a crash never leaves half an entry.
+kernels and collectives tables, the fields of the rank's metadata, and the options that
+change per-rank tables (communication kernel patterns): a changed file, a new version or a
+new column or field is a miss, never a stale hit. Each entry is a folder of Parquet tables
+plus the metadata as JSON; it is written to a temporary name and renamed, so a crash never
+leaves half an entry.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import polars as pl
 from kineto_comm import __version__
 from kineto_comm.model.collectives import COLLECTIVE_COLUMNS
 from kineto_comm.model.kernels import KERNEL_COLUMNS
-from kineto_comm.per_rank import TABLES, RankTables
+from kineto_comm.per_rank import META_FIELDS, TABLES, RankTables
 
 _BLOCK = 16 * 1024 * 1024
 
@@ -33,7 +34,7 @@ def cache_key(path: str | Path, comm_patterns: tuple[str, ...]) -> str:
         while block := fh.read(_BLOCK):
             digest.update(block)
     digest.update(f"|{__version__}|{json.dumps(list(comm_patterns))}".encode())
-    digest.update(json.dumps([KERNEL_COLUMNS, COLLECTIVE_COLUMNS]).encode())
+    digest.update(json.dumps([KERNEL_COLUMNS, COLLECTIVE_COLUMNS, META_FIELDS]).encode())
     return digest.hexdigest()
 
 

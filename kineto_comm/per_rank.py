@@ -29,6 +29,19 @@ from kineto_comm.model.steps import assign_steps, cpu_steps, device_windows
 from kineto_comm.rank_store import layout
 
 TABLES = ("kernels", "collectives", "steps", "totals")
+# What a rank's `meta` holds (RankTables.meta): part of the cache's key, so that an entry
+# written before a field was added is a miss, not a hit without it.
+META_FIELDS = (
+    "backend",
+    "devices",
+    "timeline",
+    "base_time_ns",
+    "host_name",
+    "bytes",
+    "has_step_markers",
+    "groups",
+    "pg_rank_sets",
+)
 # The tables with a row per kernel, call or step: what big jobs keep in files
 # (kineto_comm.rank_store).
 SPILLED = ("kernels", "collectives", "steps")
@@ -269,6 +282,9 @@ def _rank_tables(
         "bytes": raw.nbytes,
         "has_step_markers": marked,
         "groups": group_digests(raw.process_groups),
+        # How many different rank lists its groups have (empty lists: unknown, not one).
+        "pg_rank_sets": len({tuple(sorted(g["ranks"])) for g in raw.process_groups if g["ranks"]})
+        or None,
     }
     # Not the process groups' rank lists: every rank's copy would hold ranks x group size
     # values in the parent (they are in the calls' pg_ columns); a digest of each will do.

@@ -3,7 +3,7 @@
 All tables are documented column by column in docs/tables.md. Per-rank tables
 (Polars DataFrames; times in integer nanoseconds, sizes in bytes):
     ranks        rank, world_size, file, rank_source, device, host_name, backend, timeline,
-                 bytes
+                 bytes, pg_rank_sets
                  (timeline: "device" = GPU kernels, "host" = CPU-only gloo spans, "none")
     kernels      see kineto_comm.model.kernels. A property: every rank's rows in one
                  DataFrame, read on each access from `rank_kernels`, which big jobs keep in
@@ -212,18 +212,18 @@ class Report:
         inst = self.collective_instances
         if inst.height == 0:
             return pl.DataFrame()
+        shared = pl.col("arrival_skew_ns").filter(pl.col("ranks_seen") > 1)
         return (
             inst.group_by("process_group", "collective")
             .agg(
                 calls=pl.len().cast(pl.Int64),
                 ranks=pl.col("ranks_seen").max(),
-                mean_skew_ns=pl.col("arrival_skew_ns").mean().round().cast(pl.Int64),
-                # Interpolated as numpy and pandas (HTA) take percentiles: the nearest
-                # rank put the p95 of 12 calls below their mean when one was an outlier.
-                p95_skew_ns=pl.col("arrival_skew_ns")
-                .quantile(0.95, interpolation="linear")
-                .round()
-                .cast(pl.Int64),
+                # Over the calls two ranks or more ran (one rank's call has no skew: null
+                # where there is none). Interpolated as numpy and pandas (HTA) take
+                # percentiles: the nearest call put the p95 of 12 below their mean when
+                # one was an outlier.
+                mean_skew_ns=shared.mean().round().cast(pl.Int64),
+                p95_skew_ns=shared.quantile(0.95, interpolation="linear").round().cast(pl.Int64),
                 median_busbw_gbps=pl.col("busbw_gbps").median(),
                 # The calls the stragglers table counts (two ranks or more, a skew above
                 # its noise); ties: the lowest such rank (mode() lists them in no fixed order).
@@ -232,7 +232,7 @@ class Report:
                 .mode()
                 .min(),
             )
-            .sort(-pl.col("mean_skew_ns"), "process_group", "collective")
+            .sort(-pl.col("mean_skew_ns"), "process_group", "collective", nulls_last=True)
         )
 
     def _steps_by_rank(self) -> dict[int, Callable[[], pl.DataFrame]]:

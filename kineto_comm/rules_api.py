@@ -32,7 +32,8 @@ import polars as pl
 
 from kineto_comm.analysis import steptime
 from kineto_comm.analysis.bandwidth import busbw_factor
-from kineto_comm.analysis.match import last_arrivals
+from kineto_comm.analysis.match import last_arrivals, ranks_in_several_groups
+from kineto_comm.analysis.sizes import UNKNOWN_GROUP
 from kineto_comm.analysis.steptime import LAUNCH_LATENCY_NS, Edit
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect, in_rank_order, sample
@@ -468,13 +469,14 @@ def _critical_blame(tables: Tables) -> pl.DataFrame:
 
 
 def _call_last(tables: Tables) -> pl.DataFrame:
-    """Per call matched across its group (CALL_KEY, no point-to-point, two ranks or more):
-    `late_rank`, the rank whose call was the shortest (it arrived last; it did not wait)."""
+    """Per call matched across its group (CALL_KEY, no point-to-point, two ranks or more,
+    none kept alone): `late_rank`, the rank whose call was the shortest (it arrived last;
+    it did not wait)."""
 
     def compute() -> pl.DataFrame:
         query = (
             tables.lazy("collectives", [*CALL_KEY, "rank", "duration_ns"])
-            .filter(~pl.col("collective").is_in(P2P))
+            .filter(_grouped(_alone_ranks(tables)))
             .group_by(CALL_KEY)
             .agg(
                 late_rank=pl.col("rank").sort_by("duration_ns", "rank").first().cast(pl.Int64),
@@ -554,6 +556,7 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
         kcols += ("launch_end_ns",)
     ccols = (*CALL_KEY, "rank", "start_ns", "end_ns", "duration_ns", "launch_ns", "peer")
     whole = _whole_instances(tables) if has_calls else None
+    alone = _alone_ranks(tables)
 
     def build(windows: pl.DataFrame) -> pl.DataFrame:
         ranks = windows["rank"].unique().sort().to_list()
@@ -571,13 +574,15 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
                 None if waits is None or whole is None else _arrival_waits(waits.lazy(), whole)
             )
             calls = collect(
-                _with_waits(calls.lazy(), durations, arrivals)
+                _with_waits(calls.lazy(), durations, arrivals, alone)
                 .join(late.lazy(), on=CALL_KEY, how="left", nulls_equal=True)
-                # A point-to-point call waits for, or receives from, its peer.
+                # A point-to-point call waits for, or receives from, its peer; a call
+                # kept alone, for no one.
                 .with_columns(
                     late_rank=pl.when(pl.col("collective").is_in(P2P))
                     .then(pl.col("peer").cast(pl.Int64))
-                    .otherwise(pl.col("late_rank"))
+                    .when(_grouped(alone))
+                    .then(pl.col("late_rank"))
                 )
                 .with_columns(pl.col("process_group").cast(pl.String))
                 .join(roles.lazy(), on="process_group", how="left")
@@ -890,7 +895,9 @@ def collective_waits(tables: Tables) -> pl.DataFrame:
     traced, or files without the cross-rank tables) waited for its duration less the
     shortest duration of the same call over the ranks that ran it, matched by
     (process_group, collective, call_index): that counts waits for untraced members and
-    needs no clock. Point-to-point calls wait 0 here (their waits are the pipeline's).
+    needs no clock. Point-to-point calls wait 0 here (their waits are the pipeline's), and
+    so do the calls the report matched with no other rank's for naming no group on a rank
+    in groups of different ranks (collective_instances key_kind `ungrouped`).
     Every rank's rows in one DataFrame: rules that must stay within memory on big jobs use
     `collective_waits_lazy`.
     """
@@ -908,17 +915,34 @@ def collective_waits_lazy(tables: Tables) -> pl.LazyFrame:
         if whole is None
         else _arrival_waits(tables.lazy("collective_waits", list(_WAIT_COLUMNS)), whole)
     )
-    return _with_waits(tables.lazy("collectives"), _call_durations(tables), arrivals)
+    return _with_waits(
+        tables.lazy("collectives"), _call_durations(tables), arrivals, _alone_ranks(tables)
+    )
+
+
+def _alone_ranks(tables: Tables) -> pl.Series:
+    """The ranks whose calls without a group are matched with no other rank's (in groups
+    of different ranks: analysis.match.ranks_in_several_groups)."""
+    found = ranks_in_several_groups(tables["ranks"]) if tables.has("ranks", "rank") else []
+    return pl.Series(found, dtype=pl.Int64)
+
+
+def _grouped(alone: pl.Series) -> pl.Expr:
+    """The calls that wait for their group: not point-to-point (their waits are the
+    pipeline's), and not a call kept alone (`alone`: _alone_ranks)."""
+    unnamed = pl.col("process_group").fill_null(UNKNOWN_GROUP) == UNKNOWN_GROUP  # Tables: "?"
+    kept = unnamed & pl.col("rank").is_in(alone.implode())
+    return ~pl.col("collective").is_in(P2P) & ~kept
 
 
 def _call_durations(tables: Tables) -> pl.DataFrame:
-    """Per call matched across its group (CALL_KEY, no point-to-point): the shortest
-    duration over its ranks (`_min`) and how many ranks ran it (`_n`)."""
+    """Per call matched across its group (CALL_KEY, no point-to-point, none kept alone):
+    the shortest duration over its ranks (`_min`) and how many ranks ran it (`_n`)."""
 
     def compute() -> pl.DataFrame:
         query = (
-            tables.lazy("collectives", [*CALL_KEY, "duration_ns"])
-            .filter(~pl.col("collective").is_in(P2P))
+            tables.lazy("collectives", [*CALL_KEY, "rank", "duration_ns"])
+            .filter(_grouped(_alone_ranks(tables)))
             .group_by(CALL_KEY)
             .agg(_min=pl.col("duration_ns").min(), _n=pl.len())
         )
@@ -969,7 +993,10 @@ def _arrival_waits(waits: pl.LazyFrame, whole: pl.DataFrame) -> pl.LazyFrame:
 
 
 def _with_waits(
-    calls: pl.LazyFrame, durations: pl.DataFrame, arrivals: pl.LazyFrame | None = None
+    calls: pl.LazyFrame,
+    durations: pl.DataFrame,
+    arrivals: pl.LazyFrame | None = None,
+    alone: pl.Series | None = None,
 ) -> pl.LazyFrame:
     """`calls` (collectives rows) plus transfer_ns, ranks_seen, wait_ns and arrived_last.
 
@@ -977,9 +1004,10 @@ def _with_waits(
     waited from its arrival to the last member's (at most its duration); any other waited
     for its duration less the shortest of its group's (the rank that did not wait), which
     counts the waits for members that were not traced. A point-to-point call waits 0 here
-    (its peer's time is the pipeline's). transfer_ns is the rest of the call; a rank
-    arrived last when it did not wait."""
-    grouped = pl.col("collective").is_in(P2P).not_()
+    (its peer's time is the pipeline's), and so does a call kept alone (`alone`:
+    _alone_ranks). transfer_ns is the rest of the call; a rank arrived last when it did
+    not wait."""
+    grouped = _grouped(pl.Series([], dtype=pl.Int64) if alone is None else alone)
     out = calls.join(
         durations.lazy(),
         on=CALL_KEY,

@@ -540,3 +540,47 @@ def test_a_group_name_with_two_rank_lists_is_said(tmp_path) -> None:
         "process group '2' lists different ranks in the files of ranks 2, 3 (2 versions): the "
         "files may come from different jobs, or the groups were named per rank"
     ]
+
+
+GLOO_TP_DP = REPO / "tests" / "data" / "gloo" / "tp-dp-4"
+
+
+def test_calls_that_name_no_group_in_a_job_of_several_groups_stay_alone() -> None:
+    """The real 4-rank gloo capture of tensor (ranks 0-1, 2-3) and data parallelism (0-2,
+    1-3): gloo names no group on its calls, and each rank is in groups of different ranks,
+    so which ranks a call joined cannot be told. Matched by their order, rank 0's k-th call
+    met the k-th of every rank, a tensor-parallel all-reduce of ranks 0-1 with that of 2-3,
+    and the report counted 307 ms of waits where the layout's own groups give 98 ms (by the
+    calls' shapes: [8, 32, 64] activations are the tensor-parallel ones). Now no call is
+    matched with another rank's, the report says why, and nothing reads a wait into them."""
+    from kineto_comm.rules_api import Tables, collective_waits, step_blame
+
+    report = analyze(GLOO_TP_DP, jobs=1)
+    assert report.ranks["pg_rank_sets"].to_list() == [3, 3, 3, 3]
+    calls = report.collectives
+    assert calls.height and calls["process_group"].null_count() == calls.height
+    inst = report.collective_instances
+    assert inst.height == calls.height
+    assert set(inst["key_kind"]) == {"ungrouped"} and (inst["ranks_seen"] == 1).all()
+    assert inst["busbw_gbps"].null_count() == inst.height  # the group's size is unknown
+    (warning,) = [w for w in report.warnings if "name no process group" in w]
+    assert f"{calls.height} calls" in warning and "ranks 0, 1, 2, 3" in warning
+    assert (report.collective_waits["wait_ns"] == 0).all()
+    assert not report.stragglers["is_straggler"].any()
+    tables = Tables(report)
+    assert (collective_waits(tables)["wait_ns"] == 0).all()
+    assert step_blame(tables).filter(pl.col("category") == "wait").collect().height == 0
+    assert not {"SYNC101", "SYNC104"} & {f.code for f in report.findings}
+    (skew,) = report.skew_summary().iter_rows(named=True)
+    assert skew["mean_skew_ns"] is None and skew["p95_skew_ns"] is None
+
+
+def test_named_calls_of_a_job_of_several_groups_are_matched() -> None:
+    """The real 8-rank NCCL capture of the same layout names each call's group: its ranks
+    are in groups of different ranks too, and every call meets its group's."""
+    report = analyze(H100 / "tp-dp-8", jobs=1)
+    assert (report.ranks["pg_rank_sets"] > 1).all()
+    inst = report.collective_instances
+    assert "ungrouped" not in set(inst["key_kind"])
+    assert (inst["ranks_seen"] == inst["group_size"]).all()
+    assert not any("name no process group" in w for w in report.warnings)

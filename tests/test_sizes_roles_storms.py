@@ -27,6 +27,7 @@ from kineto_comm.analysis.sizes import (
 from kineto_comm.analysis.storms import STORM_SCHEMA, storms
 from kineto_comm.rank_store import TIME_COLUMNS
 from kineto_comm.report import Report
+from kineto_comm.rules_engine import run_rules
 from kineto_comm.synth import generate
 
 from .conftest import SAMPLES, shared
@@ -308,10 +309,14 @@ def test_one_rank_of_a_group_of_unknown_size_gives_no_bus_bandwidth(tmp_path: Pa
     del raw["distributedInfo"]
     path = tmp_path / "rank-34.json"
     path.write_text(json.dumps(raw))
-    inst = kineto_comm.analyze(path, jobs=1).collective_instances
+    report = kineto_comm.analyze(path, jobs=1)
+    inst = report.collective_instances
     assert inst.height and inst["group_size"].null_count() == inst.height
     assert inst["busbw_gbps"].null_count() == inst.height
     assert inst["algbw_gbps"].null_count() == 0
+    # NET101 reads the same: against a 100 GB/s link it found "0.0 GB/s" here.
+    found = run_rules(report, options={"NET101": {"link_busbw_gbps": 100.0}})
+    assert "NET101" not in {f.code for f in found}
 
 
 def test_a_group_with_no_call_sizes_has_unknown_volumes_not_zero() -> None:

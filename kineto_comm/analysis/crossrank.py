@@ -8,6 +8,7 @@ docs/tables.md.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -33,6 +34,7 @@ def cross_rank(
     folder: SpillFolder | None = None,
     ranks_per_host: int | None = None,
     one_job: bool = True,
+    ungrouped: Collection[int] = (),
 ) -> dict[str, Any]:
     """Aligned per-rank tables plus the cross-rank tables, from merged per-rank tables.
 
@@ -42,7 +44,8 @@ def cross_rank(
     them whole. `ranks_per_host`: the user's word on which ranks share a clock
     (kineto_comm.analysis.align.hosts), else it is read from the traces. `one_job` False
     (files of different jobs, kineto_comm.analysis.jobs): no call is matched across ranks,
-    so no skew, wait, straggler or offset compares them."""
+    so no skew, wait, straggler or offset compares them. `ungrouped`: the ranks whose calls
+    without a group are matched with no other rank's (match.ranks_in_several_groups)."""
     ranks = tables["ranks"]["rank"].to_list() if tables["ranks"].height else []
     calls = tables["collectives"]
     # The pipeline table and the groups' roles compare no times across ranks (each rank's
@@ -57,7 +60,9 @@ def cross_rank(
     with ThreadPoolExecutor(2) as side:
         stages = side.submit(pipeline_of) if folder is None else None
         roles = side.submit(roles_of) if folder is None else None
-        keyed = keyed_calls(calls if one_job else RankStore.from_frame(_none(calls)), folder)
+        keyed = keyed_calls(
+            calls if one_job else RankStore.from_frame(_none(calls)), folder, ungrouped
+        )
         devices = collect(keyed.lazy(["rank", "device"]).unique(), keyed.height)
         grouping = hosts(tables["ranks"], devices, ranks_per_host)
         offsets = estimate_offsets(keyed, ranks, grouping) if align else no_offsets(ranks, grouping)

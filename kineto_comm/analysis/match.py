@@ -7,7 +7,12 @@ A call is identified on every rank by a key that does not depend on clocks:
 - point-to-point transfers are keyed by direction (sender -> receiver, from `peer`) and
   their position among the transfers in that direction, so a send meets its recv (gloo
   traces record the peer only in the c10d op's Concrete Inputs, read by the collectives
-  model); without a peer a transfer cannot be paired and stays alone (`unpaired`).
+  model); without a peer a transfer cannot be paired and stays alone (`unpaired`);
+- a call that names no group on a rank whose pg_config lists groups of different ranks
+  (gloo traces record no group per call; a tensor- and data-parallel job's rank is in two)
+  could be on any of them: matched by its order, it would meet the calls of other groups
+  (a tensor-parallel all-reduce of ranks 0-1 with that of ranks 2-3, waits three times
+  the real ones on a 4-rank gloo capture), so it stays alone too (`ungrouped`).
 Unequal call counts simply leave some instances seen by fewer ranks (`ranks_seen`), which
 is reported, never an error.
 
@@ -18,7 +23,7 @@ algbw / busbw by the nccl-tests definitions (see bandwidth.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 import polars as pl
 
@@ -75,16 +80,52 @@ WAIT_COLUMNS = (
 )
 
 
-def match_keys(collectives: pl.DataFrame) -> pl.DataFrame:
+def match_keys(collectives: pl.DataFrame, ungrouped: Collection[int] = ()) -> pl.DataFrame:
     """Per-rank collective rows (their MATCH_COLUMNS) with `instance` (a match id),
-    `key_kind` and `key` added."""
-    return keyed_calls(RankStore.from_frame(collectives)).frame()
+    `key_kind` and `key` added (`ungrouped`: ranks_in_several_groups)."""
+    return keyed_calls(RankStore.from_frame(collectives), ungrouped=ungrouped).frame()
 
 
-def keyed_calls(calls: RankStore, folder: SpillFolder | None = None) -> RankStore:
+def ranks_in_several_groups(ranks: pl.DataFrame) -> list[int]:
+    """The ranks whose pg_config lists groups of different ranks (the ranks table's
+    `pg_rank_sets` above 1): a call there that names no group cannot be told to be on one
+    of them."""
+    if "pg_rank_sets" not in ranks.columns:
+        return []
+    return sorted(ranks.filter(pl.col("pg_rank_sets") > 1).get_column("rank").to_list())
+
+
+def ungrouped_warning(table: pl.DataFrame) -> list[str]:
+    """A warning when some calls were kept alone for naming no group on ranks in several
+    (`table`: the collective_instances): their waits, skew and stragglers are not measured,
+    and their whole durations count as transfers."""
+    if table.height == 0 or "key_kind" not in table.columns:
+        return []
+    alone = table.filter(pl.col("key_kind") == "ungrouped")
+    if alone.height == 0:
+        return []
+    ranks = sorted(
+        alone.get_column("key").str.extract(r"^r(-?\d+):", 1).cast(pl.Int64).unique().to_list()
+    )
+    shown = ", ".join(map(str, ranks[:8])) + (
+        f" and {len(ranks) - 8} more" if len(ranks) > 8 else ""
+    )
+    return [
+        f"{alone.height} calls name no process group on ranks {shown}, each of which is in "
+        "groups of different ranks (pg_config; gloo traces record no group per call): which "
+        "ranks each call joined cannot be told, so they are matched with no other rank's: "
+        "no waits, arrival skew or stragglers are measured for them, and their whole "
+        "durations count as transfers"
+    ]
+
+
+def keyed_calls(
+    calls: RankStore, folder: SpillFolder | None = None, ungrouped: Collection[int] = ()
+) -> RankStore:
     """`match_keys` of every rank's calls, a batch of whole ranks at a time (kept in `folder`
     when given): what identifies a call depends on one rank's rows, and only the distinct
-    calls, one row each, are numbered over all ranks together."""
+    calls, one row each, are numbered over all ranks together. On the `ungrouped` ranks
+    (ranks_in_several_groups), a call that names no group is matched with no other rank's."""
     columns = [c for c in MATCH_COLUMNS if c in calls.columns]
     if calls.height == 0:
         return RankStore.from_frame(
@@ -106,8 +147,10 @@ def keyed_calls(calls: RankStore, folder: SpillFolder | None = None) -> RankStor
         calls.height,
     ).get_column("_pg")
 
+    alone = pl.Series(sorted(ungrouped), dtype=pl.Int64)
+
     def batches() -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
-        return (_parts(b, seq_groups) for b in calls.batches(columns=columns))
+        return (_parts(b, seq_groups, alone) for b in calls.batches(columns=columns))
 
     # Two passes: number the distinct calls, then give each row its number. A small job's
     # batches are held between them; a big job's are read again.
@@ -139,8 +182,11 @@ def _distinct(batches: Iterable[pl.DataFrame]) -> pl.DataFrame:
     return found[0] if len(found) == 1 else pl.concat(found).unique(_IDS)
 
 
-def _parts(rows: pl.DataFrame, seq_groups: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Whole ranks' calls (in call order) and, row for row, the parts of their keys."""
+def _parts(
+    rows: pl.DataFrame, seq_groups: pl.Series, ungrouped: pl.Series
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Whole ranks' calls (in call order) and, row for row, the parts of their keys (the
+    `ungrouped` ranks' calls without a group alone)."""
     rows = in_rank_order(rows)
     is_p2p = pl.col("collective").is_in(P2P)
     p2p = is_p2p & pl.col("peer").is_not_null()
@@ -153,6 +199,8 @@ def _parts(rows: pl.DataFrame, seq_groups: pl.Series) -> tuple[pl.DataFrame, pl.
         .then(pl.lit("p2p"))
         .when(is_p2p)
         .then(pl.lit("unpaired"))
+        .when(pl.col("process_group").is_null() & pl.col("rank").is_in(ungrouped.implode()))
+        .then(pl.lit("ungrouped"))
         .when(_PG.is_in(seq_groups.implode()))
         .then(pl.lit("seq"))
         .otherwise(pl.lit("order"))
@@ -179,8 +227,9 @@ def _parts(rows: pl.DataFrame, seq_groups: pl.Series) -> tuple[pl.DataFrame, pl.
         if "seq" in kinds
         else pl.lit(None, dtype=pl.Int64),
     )
-    # What identifies a call across ranks, by kind (the rank only for unpaired transfers).
+    # What identifies a call across ranks, by kind (the rank only for calls kept alone).
     k = pl.col("key_kind")
+    alone = k.is_in(["unpaired", "ungrouped"])
     parts = parts.select(
         "_pg",
         "key_kind",
@@ -188,17 +237,17 @@ def _parts(rows: pl.DataFrame, seq_groups: pl.Series) -> tuple[pl.DataFrame, pl.
         .then(pl.col("_sender"))
         .when(k == "seq")
         .then(pl.col("seq"))
-        .when(k == "unpaired")
+        .when(alone)
         .then(pl.col("rank"))
         .otherwise(pl.col("call_index")),
         _b=pl.when(k == "p2p")
         .then(pl.col("_receiver"))
         .when(k == "seq")
         .then(pl.col("_seq_ordinal"))
-        .when(k == "unpaired")
+        .when(alone)
         .then(pl.col("call_index")),
         _c=pl.when(k == "p2p").then(pl.col("_p2p_ordinal")),
-        _coll=pl.when(k.is_in(["unpaired", "order"])).then(pl.col("collective")),
+        _coll=pl.when(alone | (k == "order")).then(pl.col("collective")),
     )
     return rows, parts
 
@@ -212,7 +261,7 @@ def _numbered(calls: pl.DataFrame) -> pl.DataFrame:
         .then(pl.format("{}>{}#{}", pl.col("_a"), pl.col("_b"), pl.col("_c")))
         .when(k == "seq")
         .then(pl.format("{}.{}", pl.col("_a"), pl.col("_b")))
-        .when(k == "unpaired")
+        .when(k.is_in(["unpaired", "ungrouped"]))
         .then(pl.format("r{}:{}#{}", pl.col("_a"), pl.col("_coll"), pl.col("_b")))
         .otherwise(pl.format("{}#{}", pl.col("_coll"), pl.col("_a")))
     )
