@@ -19,7 +19,10 @@ from kineto_comm.rules_api import (
 # is a latency-bound storm: COMM201 reports it, the exposure rules leave it out.
 STORM_MAX_BYTES = 256 * 1024
 STORM_MIN_CALLS = 50
-SHARDED = ("all_gather", "reduce_scatter")
+# The collectives of an fsdp group that COMM102 reports: its parameter gathers and gradient
+# reductions (a reduce-scatter, or the all_reduce gloo runs in its place, as the group's
+# role evidence says: kineto_comm.analysis.roles).
+SHARDED = ("all_gather", "reduce_scatter", "all_reduce")
 P2P = ("send", "recv", "send_recv")
 # The severity ladder of the rules whose finding is a share of the step time.
 SHARE_OPTIONS = (

@@ -63,6 +63,8 @@ ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
         "Megatron-LM: --overlap-grad-reduce with --use-distributed-optimizer.",
     ),
 }
+# Gloo runs FSDP's gradient reduce-scatter as an all_reduce: the same advice.
+ADVICE[("fsdp", "all_reduce")] = ADVICE[("fsdp", "reduce_scatter")]
 GENERIC = (
     "Launch this communication earlier, on its own stream, so compute can hide it.",
     "If it cannot be hidden, make it cheaper: bigger messages, NCCL_ALGO/NCCL_PROTO tuning, "
@@ -261,7 +263,8 @@ def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[
     """What it does:
     Measures the exposed time (no compute running, waits for late ranks excluded) of the
     parameter all-gathers and gradient reduce-scatters of fully sharded data parallelism
-    (PyTorch FSDP, DeepSpeed ZeRO-3, Megatron distributed optimizer), per collective. The
+    (PyTorch FSDP, DeepSpeed ZeRO-3, Megatron distributed optimizer), per collective; on an
+    fsdp group, an all_reduce too (gloo runs the reduce-scatter as one). The
     impact is replayed as COMM101's: the transfers hidden behind compute, each rank's last
     call of a step excepted, at most the step's compute that no communication overlaps yet.
 

@@ -125,6 +125,23 @@ def test_exposed_communication_positive_and_negative(job) -> None:
     assert w.severity is Severity.warning
 
 
+def test_an_fsdp_groups_all_reduce_is_its_gradient_reduction() -> None:
+    """The real gloo FSDP capture: gloo runs FSDP's reduce-scatter as an all_reduce, which
+    the group's role says (fsdp, "the all_reduce is taken as FSDP's gradient reduction").
+    Its exposure is COMM102's, with the advice for the reduce-scatter, not COMM101's generic
+    "launch it earlier" beside COMM102's gathers."""
+    from .conftest import SAMPLES
+
+    report = analyze(SAMPLES / "fsdp-2", jobs=1)
+    (group,) = report.process_groups.iter_rows(named=True)
+    assert group["role"] == "fsdp" and "gradient reduction" in group["evidence"]
+    findings = run_rules(report)
+    assert [f for f in findings if f.code == "COMM101"] == []
+    (reduce,) = [f for f in findings if f.code == "COMM102" and "all_reduce" in f.title]
+    assert reduce.evidence["role"] == "fsdp" and reduce.evidence["collective"] == "all_reduce"
+    assert any("reduce-scattered while" in a for a in reduce.advice)
+
+
 def test_sharded_collective_exposed_positive_and_negative(job) -> None:
     bad, _ = job("exposed-allreduce", "fsdp")
     found = only(bad, "COMM102")
