@@ -115,7 +115,6 @@ _GROUP_TEXT = ("pg_desc", "pg_ranks")
 _USED = [
     "rank",
     "step",
-    "start_ns",
     "compute_before",
     "collective",
     "bytes",
@@ -139,9 +138,7 @@ _ALL_TO_ALL_PURPOSES = (
 
 
 # A store of no step rows, for jobs without steps.
-_NO_STEPS = RankStore.from_frame(
-    pl.DataFrame(schema=dict.fromkeys(["rank", "step", "start_ns", "end_ns"], pl.Int64))
-)
+_NO_STEPS = RankStore.from_frame(pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64}))
 
 
 def _calls(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.LazyFrame:
