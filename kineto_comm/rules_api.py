@@ -31,7 +31,7 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.analysis import steptime
-from kineto_comm.analysis.bandwidth import busbw_factor
+from kineto_comm.analysis.bandwidth import busbw_factor, group_size
 from kineto_comm.analysis.match import last_arrivals, ranks_in_several_groups
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP
 from kineto_comm.analysis.steptime import LAUNCH_LATENCY_NS, Edit
@@ -56,6 +56,7 @@ __all__ = [
     "collective_waits",
     "collective_waits_lazy",
     "group_roles",
+    "group_size",
     "hosts_of",
     "impact_per_step",
     "in_rank_order",

@@ -13,6 +13,7 @@ from kineto_comm.rules_api import (
     Tables,
     busbw_factor,
     collective_exposure_lazy,
+    group_size,
     impact_per_step,
     launch_floor,
     make_finding,
@@ -88,11 +89,7 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
             & (pl.col("transfer_ns") > 0)
             & pl.col("collective").is_in(["send", "recv", "send_recv", "unknown"]).not_()
         )
-        # The group's size; unknown, the ranks that ran the call, when more than one (a
-        # call seen on one rank is no measure of its group: no bus bandwidth, not 0).
-        size = pl.col("group_size").fill_null(
-            pl.when(pl.col("ranks_seen") > 1).then(pl.col("ranks_seen"))
-        )
+        size = group_size()
         busbw = pl.col("bytes") * busbw_factor(pl.col("collective"), size) / pl.col("transfer_ns")
         return with_roles(tables, big.with_columns(busbw=busbw))
 
@@ -135,11 +132,7 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
         )
         # A call run at the reference ends earlier by the time it saves; only its exposed
         # tail can shrink, by at most that.
-        # The group's size; unknown, the ranks that ran the call, when more than one (a
-        # call seen on one rank is no measure of its group: no bus bandwidth, not 0).
-        size = pl.col("group_size").fill_null(
-            pl.when(pl.col("ranks_seen") > 1).then(pl.col("ranks_seen"))
-        )
+        size = group_size()
         at_ref = pl.col("_latency").fill_null(0.0) + pl.col("bytes") * busbw_factor(
             pl.col("collective"), size
         ) / pl.col("reference")

@@ -28,6 +28,13 @@ def busbw_factor(collective: pl.Expr, n: pl.Expr) -> pl.Expr:
     )
 
 
+def group_size() -> pl.Expr:
+    """The n of a call's bus bandwidth: its group's size (`group_size`), else the ranks that
+    ran it (`ranks_seen`) when more than one; null otherwise, for one rank alone is no
+    measure of its group (a busbw of 0, not an unknown one)."""
+    return pl.coalesce("group_size", pl.when(pl.col("ranks_seen") > 1).then("ranks_seen"))
+
+
 def algbw_gbps(size_bytes: pl.Expr, time_ns: pl.Expr) -> pl.Expr:
     """Bytes per nanosecond is GB/s (1e9 bytes per second); null for zero or missing time."""
     t = time_ns.cast(pl.Float64)

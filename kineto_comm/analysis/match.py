@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Iterator
 
 import polars as pl
 
-from kineto_comm.analysis.bandwidth import algbw_gbps, busbw_gbps
+from kineto_comm.analysis.bandwidth import algbw_gbps, busbw_gbps, group_size
 from kineto_comm.keys import pair_key
 from kineto_comm.lazy import collect, in_rank_order
 from kineto_comm.rank_store import RankStore, SpillFolder, as_store, keep
@@ -334,12 +334,7 @@ def instances(keyed: pl.DataFrame | RankStore) -> pl.DataFrame:
             last_rank=pl.col("rank").sort_by(when).last(),
         )
     )
-    n = (
-        pl.when(pl.col("collective") == "send_recv")
-        .then(2)
-        # Without the group's size, the ranks seen in it: one rank alone says nothing.
-        .otherwise(pl.coalesce("group_size", pl.when(pl.col("ranks_seen") > 1).then("ranks_seen")))
-    )
+    n = pl.when(pl.col("collective") == "send_recv").then(2).otherwise(group_size())
     # A conditional inside the aggregation would hold every row on the streaming engine.
     table = table.with_columns(
         collective=pl.when(p2p).then(pl.lit("send_recv")).otherwise(pl.col("collective"))
