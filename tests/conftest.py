@@ -14,6 +14,8 @@ SHARED_TRACES = REPO.parent / "shared" / "traces"
 SAMPLES = REPO / "sample_traces"
 # Real CUDA captures made for this project (tests/data/h100-nccl/README.md).
 H100_TRACES = sorted((REPO / "tests" / "data" / "h100-nccl").rglob("*.pt.trace.json.gz"))
+# Real NCCL captures of the pp-dp layout on one H200 (tests/data/h200-nccl/README.md).
+H200_TRACES = sorted((REPO / "tests" / "data" / "h200-nccl").rglob("*.pt.trace.json.gz"))
 # Real gloo captures of layouts the shipped samples lack (tests/data/gloo/README.md).
 GLOO_TRACES = sorted((REPO / "tests" / "data" / "gloo").rglob("*.pt.trace.json.gz"))
 
@@ -56,8 +58,9 @@ def all_shared_traces() -> list[Path]:
 def all_real_traces() -> list[Path]:
     """The shared real traces and this project's own GPU and gloo captures."""
     assert len(H100_TRACES) == 47, H100_TRACES
+    assert len(H200_TRACES) == 12, H200_TRACES
     assert len(GLOO_TRACES) == 4, GLOO_TRACES
-    return all_shared_traces() + H100_TRACES + GLOO_TRACES
+    return all_shared_traces() + H100_TRACES + H200_TRACES + GLOO_TRACES
 
 
 def kernel(

@@ -276,6 +276,8 @@ print("ok")
         ("tp", 3, "tp needs"),
         ("tp-dp", 6 - 4, "tp-dp needs"),
         ("tp-dp", 5, "tp-dp needs"),
+        ("pp-dp", 2, "pp-dp needs"),
+        ("pp-dp", 6 - 1, "pp-dp needs"),
         ("ddp", 0, "ranks must"),
     ],
 )
@@ -322,6 +324,33 @@ def test_capture_end_to_end(layout: str, required: set[str], tmp_path: Path) -> 
     assert set(report.ranks["timeline"]) == {"host"}
     assert report.collectives.height > 0
     assert (report.steps.filter(report.steps["step"] >= 0).group_by("rank").len()["len"] == 2).all()
+
+
+@pytest.mark.capture
+def test_pipeline_and_data_parallel_capture_on_gloo(tmp_path: Path) -> None:
+    """pp-dp on 4 gloo ranks: stage 0 is ranks 0-1, stage 1 ranks 2-3 (pipelines 0-2 and
+    1-3), and the analyser finds those stages; each rank all-reduces its stage's gradients
+    once a step, after its sends and receives."""
+    pytest.importorskip("torch")
+    from kineto_comm import analyze
+    from kineto_comm.capture import capture
+
+    out = tmp_path / "pp-dp"
+    capture("pp-dp", out, ranks=4, steps=2, backend="gloo", micro_batches=2)
+    check_capture_dir(out, 4, {"gloo:send", "gloo:recv", "gloo:all_reduce"})
+    report = analyze(out, jobs=1)
+    assert report.errors == ()
+    found = report.pipeline.group_by("stage").agg(pl.col("rank").unique().sort()).sort("stage")
+    assert found["rank"].to_list() == [[0, 1], [2, 3]]
+    calls = report.collectives.filter(pl.col("step") >= 0).sort("rank", "start_ns")
+    last = calls.group_by("rank", "step", maintain_order=True).agg(pl.col("collective").last())
+    assert set(last["collective"]) == {"all_reduce"}
+    assert (
+        calls.group_by("rank", "step").agg((pl.col("collective") == "all_reduce").sum())[
+            "collective"
+        ]
+        == 1
+    ).all()
 
 
 @pytest.mark.capture
@@ -487,6 +516,52 @@ def test_h100_tensor_and_data_parallel_capture() -> None:
         (pl.col("last_end_ns") - pl.col("first_end_ns")).median()
     )
     assert (spread["last_end_ns"] < 10_000).all(), spread
+
+
+def _stage_params(stage: int, stages: int) -> int:
+    """Parameters a pp-dp stage holds (the capture's tiny transformer split in `stages`):
+    the ground truth of its gradient all-reduce's size, from the model's shapes alone."""
+    from kineto_comm.capture import workloads as w
+
+    h, f = w.HIDDEN, w.FFN
+    block = 2 * 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+    embed = w.VOCAB * h + w.SEQ * h
+    head = 2 * h + h * w.VOCAB + w.VOCAB
+    blocks = max(w.LAYERS, stages) // stages
+    return blocks * block + (embed if stage == 0 else 0) + (head if stage == stages - 1 else 0)
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_h200_pipeline_and_data_parallel_capture(world: int) -> None:
+    """Real NCCL capture of two-stage pipelines across data-parallel replicas (pp-dp,
+    tests/data/h200-nccl/README.md), in Megatron's rank order: the pipelines' groups are
+    strided (rank r with r + world/2) and pipeline, the stages' groups contiguous and data
+    parallel; the pipeline table finds the two stages with the layout's ranks; every
+    activation and gradient is 16,384 bytes and each stage all-reduces, once a step, exactly
+    the parameters it holds."""
+    from kineto_comm import analyze
+    from kineto_comm.capture.workloads import PP_DEPTH
+
+    report = analyze(REPO / "tests" / "data" / "h200-nccl" / f"pp-dp-{world}", jobs=1)
+    assert report.errors == ()
+    dp = world // PP_DEPTH
+    stages = [list(range(s * dp, (s + 1) * dp)) for s in range(PP_DEPTH)]
+    pipes = [list(range(d, world, dp)) for d in range(dp)]
+    roles = {tuple(g["ranks"]): g["role"] for g in report.process_groups.iter_rows(named=True)}
+    assert roles == {
+        **{tuple(s): "data_parallel" for s in stages},
+        **{tuple(p): "pipeline" for p in pipes},
+    }
+    found = report.pipeline.group_by("stage").agg(pl.col("rank").unique().sort()).sort("stage")
+    assert found["rank"].to_list() == stages, found
+    calls = report.collectives.filter(pl.col("step") >= 0)
+    p2p = calls.filter(pl.col("collective").is_in(["send", "recv"]))
+    assert set(p2p["bytes"].to_list()) == {16_384}
+    reduce = calls.filter(pl.col("collective") == "all_reduce")
+    per = reduce.group_by("rank", "step").agg(pl.len(), pl.col("in_nelems").first())
+    assert (per["len"] == 1).all()
+    want = {r: _stage_params(r // dp, PP_DEPTH) for r in range(world)}
+    assert {r: n for r, n in per.select("rank", "in_nelems").unique().iter_rows()} == want
 
 
 def test_ranks_sharing_a_gpu_get_a_nccl_host_each(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,8 +3,11 @@ get_temporal_breakdown.
 
 HTA keeps kernels whose launching CPU op starts before the last ProfilerStep starts (or,
 with include_last_profiler_step=True, before it ends; it counts GPU-side ProfilerStep
-annotations as steps too); the same window is applied to our kernels table, and the shares
-must agree within 1 percentage point (HTA keeps whole microseconds, we keep nanoseconds).
+annotations as steps too); the same window is applied to our kernels table. HTA runs with
+HTA_DISABLE_NS_ROUNDING=1: by default it rounds each kernel's nanosecond start and end
+inward to whole microseconds, which on h200-nccl/pp-dp-4 rank 0 (1,900 kernels in 61 ms)
+moves its idle share by 1.03 percentage points; unrounded, the shares must agree to
+TOLERANCE_PP.
 """
 
 from __future__ import annotations
@@ -21,6 +24,14 @@ from kineto_comm import analyze
 from kineto_comm.analysis.overlap import breakdown
 
 from .conftest import REPO, shared
+
+TOLERANCE_PP = 0.01  # percentage points
+
+
+@pytest.fixture(autouse=True)
+def _hta_keeps_nanoseconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTA_DISABLE_NS_ROUNDING", "1")
+
 
 TRACES = [
     "hta/nccl_parser_config/nccl_data.json.gz",
@@ -39,12 +50,17 @@ TRACES = [
     "h100-nccl/ddp-8/rank-0.pt.trace.json.gz",
     "h100-nccl/ep-4/rank-0.pt.trace.json.gz",
     "h100-nccl/pp-4-sync/rank-0.pt.trace.json.gz",  # with CUDA sync events
+    # Pipeline across data-parallel replicas on one H200 (tests/data/h200-nccl/README.md).
+    "h200-nccl/pp-dp-4/rank-0.pt.trace.json.gz",
+    "h200-nccl/pp-dp-8/rank-5.pt.trace.json.gz",
 ]
 
 
 def _path(rel: str):
-    """A shared real trace (hta/...) or one of this project's captures (h100-nccl/...)."""
-    return REPO / "tests" / "data" / rel if rel.startswith("h100-nccl/") else shared(rel)
+    """A shared real trace (hta/...) or one of this project's captures (h100-nccl/...,
+    h200-nccl/...)."""
+    own = rel.startswith(("h100-nccl/", "h200-nccl/"))
+    return REPO / "tests" / "data" / rel if own else shared(rel)
 
 
 def _copy_for_hta(path, out) -> None:
@@ -132,7 +148,7 @@ def test_overlap_share_agrees_with_hta(rel, include_last, tmp_path):
     report = analyze(path, jobs=1)
     ours = _our_overlap(report, include_last, path)
     theirs = _hta_overlap(path, tmp_path, include_last)
-    assert ours == pytest.approx(theirs, abs=1.0), f"ours {ours:.2f}% vs HTA {theirs:.2f}%"
+    assert ours == pytest.approx(theirs, abs=TOLERANCE_PP), f"ours {ours:.2f}% vs HTA {theirs:.2f}%"
 
 
 @pytest.mark.parametrize("rel", TRACES, ids=lambda r: r.split("/")[1])
@@ -142,7 +158,7 @@ def test_temporal_breakdown_agrees_with_hta(rel, tmp_path):
     path = _path(rel)
     row = _our_whole(analyze(path, jobs=1), False, path)
     theirs = _hta(path, tmp_path).get_temporal_breakdown(visualize=False).iloc[0]
-    assert row["wall_ns"] / 1e3 == pytest.approx(theirs["kernel_time(us)"], abs=2.0)
+    assert row["wall_ns"] / 1e3 == pytest.approx(theirs["kernel_time(us)"], abs=0.01)  # us
     ours = {
         "idle_time_pctg": row["idle_ns"],
         "compute_time_pctg": row["compute_ns"],
@@ -150,4 +166,6 @@ def test_temporal_breakdown_agrees_with_hta(rel, tmp_path):
     }
     for key, ns in ours.items():
         share = 100.0 * ns / row["wall_ns"]
-        assert share == pytest.approx(theirs[key], abs=1.0), f"{key}: ours {share:.2f}% vs HTA"
+        assert share == pytest.approx(theirs[key], abs=TOLERANCE_PP), (
+            f"{key}: ours {share:.2f}% vs HTA"
+        )

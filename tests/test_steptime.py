@@ -31,7 +31,7 @@ US = 1_000
 def _jobs() -> list[Path]:
     """Every multi-rank job folder of the repository, and every shared trace file alone."""
     found = sorted(p for p in SAMPLES.iterdir() if p.is_dir())
-    for captures in ("h100-nccl", "gloo"):
+    for captures in ("h100-nccl", "h200-nccl", "gloo"):
         found += sorted(p for p in (REPO / "tests" / "data" / captures).iterdir() if p.is_dir())
     return found + all_shared_traces()
 

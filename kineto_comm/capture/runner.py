@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-LAYOUTS: tuple[str, ...] = ("ddp", "fsdp", "pp", "tp", "tp-dp", "ep")
+LAYOUTS: tuple[str, ...] = ("ddp", "fsdp", "pp", "pp-dp", "tp", "tp-dp", "ep")
 """Parallelism layouts :func:`capture` knows how to run."""
 
 TRACE_NAME = "rank-{rank}.pt.trace.json.gz"
@@ -126,8 +126,10 @@ def capture(
 
     Layouts: ``ddp`` (DistributedDataParallel, ``bucket_cap_mb``), ``fsdp`` (FSDP2
     ``fully_shard``), ``pp`` (GPipe pipeline over ``ranks`` stages with ``micro_batches``
-    micro-batches, ``dist.isend``/``dist.recv``), ``tp`` (Megatron column/row-parallel
-    linears with ``all_reduce`` in forward and backward).
+    micro-batches, ``dist.isend``/``dist.recv``), ``pp-dp`` (two-stage pipelines across
+    ``ranks / 2`` data-parallel replicas, each stage's gradients all-reduced after the flush),
+    ``tp`` (Megatron column/row-parallel linears with ``all_reduce`` in forward and backward),
+    ``tp-dp`` (tensor parallel in pairs, DDP across them) and ``ep`` (uneven all-to-all).
 
     If ``RANK`` and ``WORLD_SIZE`` are set (e.g. under ``torchrun``), this process acts as
     that one rank, ``ranks`` is taken from ``WORLD_SIZE``, and only its own trace path is

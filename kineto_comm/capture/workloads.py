@@ -1,11 +1,13 @@
-"""The tiny transformer and the six parallel layouts (ddp, fsdp, pp, tp, tp-dp, ep).
+"""The tiny transformer and the seven parallel layouts (ddp, fsdp, pp, pp-dp, tp, tp-dp, ep).
 
 Why: each layout produces a distinct communication pattern in the trace: DDP
 bucketed gradient all-reduces, FSDP all-gathers and reduce-scatters, pipeline
 point-to-point sends/receives of activations and gradients, tensor-parallel
 all-reduces inside every block's forward and backward, and both at once in tp-dp
 (tensor parallel in pairs of neighbouring ranks, data parallel across the pairs, as
-Megatron lays a job out: many small calls inside a pair, fewer across), and expert
+Megatron lays a job out: many small calls inside a pair, fewer across), pipelines across
+data-parallel replicas in pp-dp (sends and receives within each pipeline, one exposed gradient
+all-reduce per stage after the pipeline flush), and expert
 parallelism in ep (tokens sent to the rank holding their expert and back with uneven
 all_to_all_single calls: each rank sends and receives different amounts). Models are kept tiny
 (hidden 64, sequence 32) so traces stay small and 4 ranks run on 2 CPU cores.
@@ -32,6 +34,7 @@ BATCH = 8
 LAYERS = 2
 LR = 1e-3
 TP_PAIR = 2  # tensor-parallel degree of the tp-dp layout
+PP_DEPTH = 2  # pipeline stages of the pp-dp layout
 
 
 def check_layout_ranks(layout: str, ranks: int) -> str | None:
@@ -44,12 +47,22 @@ def check_layout_ranks(layout: str, ranks: int) -> str | None:
         return f"ep needs 2..8 ranks (one expert each), got {ranks}"
     if layout == "tp-dp" and (ranks % TP_PAIR or ranks < 2 * TP_PAIR):
         return f"tp-dp needs an even number of ranks, at least {2 * TP_PAIR}, got {ranks}"
+    if layout == "pp-dp" and (ranks % PP_DEPTH or ranks < 2 * PP_DEPTH):
+        return f"pp-dp needs an even number of ranks, at least {2 * PP_DEPTH}, got {ranks}"
     return None
 
 
 def build_workload(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
     """Build this rank's model, optimizer and data; return one training iteration."""
-    builders = {"ddp": _ddp, "fsdp": _fsdp, "pp": _pp, "tp": _tp, "tp-dp": _tp_dp, "ep": _ep}
+    builders = {
+        "ddp": _ddp,
+        "fsdp": _fsdp,
+        "pp": _pp,
+        "pp-dp": _pp_dp,
+        "tp": _tp,
+        "tp-dp": _tp_dp,
+        "ep": _ep,
+    }
     return builders[cfg.layout](cfg, rank, device)
 
 
@@ -311,37 +324,90 @@ def _tp_model(cfg: CaptureConfig, tp_rank: int, tp_size: int, group: Any, device
 
 
 def _pp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
-    """GPipe pipeline: stage ``rank`` of ``world`` holds a slice of the blocks.
+    """GPipe pipeline: stage ``rank`` of ``world``, over the default group."""
+    import torch.distributed as dist
+
+    return _pipeline(cfg, list(range(dist.get_world_size())), rank, None, None, device)
+
+
+def _pp_dp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
+    """Pipeline parallel across data-parallel replicas, in Megatron's rank order (pipeline
+    outermost): ``PP_DEPTH`` stages of ``world / PP_DEPTH`` ranks each, stage ``rank // dp``;
+    each replica's pipeline is the ranks with the same place in their stage (0, dp, 2 dp, ...),
+    each stage's data-parallel group its ``dp`` neighbouring ranks. The pipelines' sends and
+    receives go over their own groups; after the pipeline flush each stage all-reduces its
+    gradients in its data-parallel group in one flattened call, as Megatron does without
+    overlapped gradient reduction, so the all-reduce is exposed."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    dp = world // PP_DEPTH
+    # Every rank creates every group, in the same order (torch.distributed requires it).
+    pipes = [dist.new_group(list(range(d, world, dp))) for d in range(dp)]
+    stages = [dist.new_group(list(range(s * dp, (s + 1) * dp))) for s in range(PP_DEPTH)]
+    pipe_ranks = list(range(rank % dp, world, dp))
+    return _pipeline(
+        cfg, pipe_ranks, rank // dp, pipes[rank % dp], stages[rank // dp], device, seed=rank % dp
+    )
+
+
+def _pipeline(
+    cfg: CaptureConfig,
+    pipe_ranks: list[int],
+    stage_index: int,
+    pipe_group: Any,
+    dp_group: Any,
+    device: Any,
+    seed: int = 0,
+) -> Callable[[], None]:
+    """GPipe pipeline over the global ranks ``pipe_ranks``, this rank stage ``stage_index``:
+    a slice of the blocks (stage 0 also the embedding, the last stage the head and loss).
 
     All micro-batches go forward (activations: ``isend`` to the next stage, ``recv``
     from the previous one), then all go backward in the same order (gradients flow the
-    other way). Stage 0 also holds the embedding, the last stage the head and the loss.
+    other way). With a ``dp_group`` the stage's gradients are then all-reduced there
+    (averaged), in one call over their flattened concatenation; ``seed`` picks the
+    replica's data.
     """
     import torch
     import torch.distributed as dist
     from torch import nn
 
-    world = dist.get_world_size()
+    world = len(pipe_ranks)
+    stage_i = stage_index
     mods = _modules()
     layers = max(LAYERS, world)
     torch.manual_seed(cfg.seed)
     full = mods["TinyTransformer"](layers=layers)
     per = [layers // world + (1 if s < layers % world else 0) for s in range(world)]
-    start = sum(per[:rank])
+    start = sum(per[:stage_i])
     parts: list[nn.Module] = []
-    if rank == 0:
+    if stage_i == 0:
         parts.append(full.embed)
-    parts.extend(full.blocks[start : start + per[rank]])
-    if rank == world - 1:
+    parts.extend(full.blocks[start : start + per[stage_i]])
+    if stage_i == world - 1:
         parts.append(full.head)
     stage = nn.Sequential(*parts).to(device)
-    opt = torch.optim.AdamW(stage.parameters(), lr=LR)
+    params = list(stage.parameters())
+    opt = torch.optim.AdamW(params, lr=LR)
 
     mb = cfg.micro_batches
-    x_all, y_all = _batch(cfg.seed, 2 * mb, device)
+    x_all, y_all = _batch(cfg.seed + 7919 * seed, 2 * mb, device)
     xs, ys = x_all.chunk(mb), y_all.chunk(mb)
     act_shape = (xs[0].shape[0], SEQ, HIDDEN)
-    first, last = rank == 0, rank == world - 1
+    first, last = stage_i == 0, stage_i == world - 1
+    prev_r = pipe_ranks[stage_i - 1] if not first else -1
+    next_r = pipe_ranks[stage_i + 1] if not last else -1
+
+    def reduce_gradients() -> None:
+        grads = [p.grad for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=dp_group)
+        flat /= dist.get_world_size(dp_group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -353,13 +419,13 @@ def _pp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
                 inp = xs[i]
             else:
                 inp = torch.empty(act_shape, device=device)
-                dist.recv(inp, src=rank - 1)
+                dist.recv(inp, src=prev_r, group=pipe_group)
                 inp.requires_grad_()
             out = stage(inp)
             if last:
                 out = _lm_loss(out, ys[i]) / mb
             else:
-                pending.append(dist.isend(out.detach().contiguous(), dst=rank + 1))
+                pending.append(dist.isend(out.detach().contiguous(), dst=next_r, group=pipe_group))
             inputs.append(inp)
             outputs.append(out)
         for i in range(mb):  # backward of every micro-batch, same order
@@ -367,12 +433,16 @@ def _pp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
                 outputs[i].backward()
             else:
                 grad = torch.empty(act_shape, device=device)
-                dist.recv(grad, src=rank + 1)
+                dist.recv(grad, src=next_r, group=pipe_group)
                 outputs[i].backward(grad)
             if not first:
-                pending.append(dist.isend(inputs[i].grad.contiguous(), dst=rank - 1))
+                pending.append(
+                    dist.isend(inputs[i].grad.contiguous(), dst=prev_r, group=pipe_group)
+                )
         for work in pending:
             work.wait()
+        if dp_group is not None:
+            reduce_gradients()
         opt.step()
 
     return step
