@@ -99,12 +99,51 @@ def exposure_by_cause(tables: Tables, exclude_last: bool = True) -> pl.DataFrame
 
     Waiting for late ranks is left out (that is the straggler rules' time), and so is the
     last collective of each rank's step when `exclude_last`: nothing is left to hide it
-    behind. Storm collectives and point-to-point calls are left to their own rules.
-    Computed once per rules run (COMM101 and COMM102 both read it).
+    behind, unless it is its cause's only call of the step (`single_call_steps`). Storm
+    collectives and point-to-point calls are left to their own rules. Computed once per
+    rules run (COMM101 and COMM102 both read it).
     """
     return tables.once(
         ("builtin", "exposure_by_cause", exclude_last), lambda: _by_cause(tables, exclude_last)
     )
+
+
+def single_call_steps(tables: Tables) -> pl.DataFrame:
+    """role, collective, rank, step: the ranks' steps in which a cause (role, collective) made
+    one call. When that call is the step's last, it is still hideable: one call after the
+    backward (a gradient all-reduce after a pipeline flush, DDP with one bucket) split into
+    buckets launched during the backward hides all but its last bucket (Megatron-LM
+    --overlap-grad-reduce; DDP's bucket_cap_mb), where a cause's last call after earlier ones
+    is bound to the end of the work before it."""
+    return tables.once(("builtin", "single_call_steps"), lambda: _single(tables))
+
+
+def _single(tables: Tables) -> pl.DataFrame:
+    """single_call_steps, computed."""
+    keys = ["role", "collective", "rank", "step"]
+    if not tables.has("collectives"):
+        return pl.DataFrame(schema=dict.fromkeys(keys, pl.String)).cast(
+            {"rank": pl.Int64, "step": pl.Int64}
+        )
+    calls = _transfers(tables, tables).group_by(keys).agg(_n=pl.len())
+    return tables.collect(calls.filter(pl.col("_n") == 1).select(keys))
+
+
+_USED = ("rank", "step", "process_group", "collective", "end_ns", "bytes", "exposed_ns")
+
+
+def _transfers(tables: Tables, view: Tables) -> pl.LazyFrame:
+    """Per call of `view` (a few ranks of `tables`, or all): its exposed transfer time and
+    its group's role; storms and point-to-point calls left out."""
+    storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
+    # Only the columns used: the query reads a row per call on every rank.
+    exp = collective_exposure_lazy(view, transfer_only=True).select(_USED)
+    exp = exp.filter(~pl.col("collective").is_in(P2P))
+    exp = exp.with_columns(pl.col("process_group").cast(pl.String))
+    exp = exp.join(
+        storms.lazy(), on=["process_group", "collective"], how="anti", build_side="force_right"
+    )
+    return with_roles(tables, exp)
 
 
 def _by_cause(tables: Tables, exclude_last: bool) -> pl.DataFrame:
@@ -119,18 +158,9 @@ def _by_cause(tables: Tables, exclude_last: bool) -> pl.DataFrame:
             groups=pl.lit(None, dtype=pl.List(pl.String)),
             bytes_per_call=pl.lit(None, dtype=pl.Float64),
         )
-    storms = storm_keys(tables, STORM_MAX_BYTES, STORM_MIN_CALLS)
-    # Only the columns used below: the query reads a row per call on every rank.
-    used = ("rank", "step", "process_group", "collective", "end_ns", "bytes", "exposed_ns")
 
     def transfers(view: Tables) -> pl.LazyFrame:
-        exp = collective_exposure_lazy(view, transfer_only=True).select(used)
-        exp = exp.filter(~pl.col("collective").is_in(P2P))
-        exp = exp.with_columns(pl.col("process_group").cast(pl.String))
-        exp = exp.join(
-            storms.lazy(), on=["process_group", "collective"], how="anti", build_side="force_right"
-        )
-        return with_roles(tables, exp)
+        return _transfers(tables, view)
 
     def exposed(view: Tables) -> pl.LazyFrame:
         exp = transfers(view)
@@ -139,7 +169,8 @@ def _by_cause(tables: Tables, exclude_last: bool) -> pl.DataFrame:
         # Each rank's step ends with its latest call: a few ranks' steps, joined back.
         ends = exp.group_by("rank", "step").agg(_last=pl.col("end_ns").max())
         exp = exp.join(ends, on=["rank", "step"], how="left", nulls_equal=True)
-        last = pl.col("end_ns") == pl.col("_last")
+        alone = pl.len().over("rank", "step", "role", "collective") == 1
+        last = (pl.col("end_ns") == pl.col("_last")) & ~alone
         return exp.with_columns(
             exposed_ns=pl.when(last).then(0).otherwise(pl.col("exposed_ns"))
         ).drop("_last")

@@ -18,7 +18,13 @@ from kineto_comm.rules_api import (
     step_times,
 )
 
-from ._common import SHARDED, SHARE_OPTIONS, exposure_by_cause, share_severity
+from ._common import (
+    SHARDED,
+    SHARE_OPTIONS,
+    exposure_by_cause,
+    share_severity,
+    single_call_steps,
+)
 
 ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
     ("data_parallel", "all_reduce"): (
@@ -102,6 +108,20 @@ def _hideable(tables: Tables, where: pl.Expr) -> pl.DataFrame | float:
     )
 
 
+def hideable_calls(tables: Tables, cause: dict[str, Any]) -> tuple[pl.Expr, bool]:
+    """The blame rows of a cause that hiding it can take: all but each rank's last call of
+    a step, which nothing later in the step can hide, unless that call is the cause's only
+    one in the step (`single_call_steps`); and whether any such lone call is taken."""
+    alone = single_call_steps(tables).filter(
+        (pl.col("role") == cause["role"]) & (pl.col("collective") == cause["collective"])
+    )
+    if alone.height == 0:
+        return ~pl.col("last_call"), False
+    keys = alone.select(pl.struct(pl.col("rank").cast(pl.Int64), pl.col("step").cast(pl.Int64)))
+    lone = pl.struct("rank", "step").is_in(keys.to_series().implode())
+    return ~pl.col("last_call") | lone, True
+
+
 def where_all(collective: str, groups: list[str]) -> pl.Expr:
     """The blame rows of a cause's transfers (its collective on its groups)."""
     return (
@@ -143,9 +163,11 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
             if c["role"] == "tensor_parallel"
             else "hide the {what} behind compute"
         ).format(what=what)
-        where = where_all(c["collective"], groups) & ~pl.col("last_call")
+        hideable, lone = hideable_calls(tables, c)
+        where = where_all(c["collective"], groups) & hideable
         edit = Edit(
-            f"{how} (each rank's last call of a step excepted, and at most the compute "
+            f"{how} (each rank's last call of a step excepted unless it is the step's only "
+            "one, which split into buckets hides all but its last; and at most the compute "
             "time of the rank's step that no communication overlaps yet)",
             where,
             fraction=_hideable(tables, where),
@@ -188,6 +210,12 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                 f"hidden, it would save {saving / 1e6:.2f} ms per step ({share:.1%} of "
                 f"{step_ns / 1e6:.2f} ms)."
             )
+            if lone:
+                detail += (
+                    " In some steps it is one call after the rest of the step's work: split "
+                    "into buckets that start during the backward, all but the last bucket "
+                    "hide, so the saving is a bound (the last bucket stays exposed)."
+                )
             advice = ADVICE.get((c["role"], c["collective"]), GENERIC)
         out.append(
             make_finding(
@@ -209,6 +237,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                     "mean_bytes": None if c["bytes_per_call"] is None else int(c["bytes_per_call"]),
                     "step_ns": step_ns,
                     "compute_bound_saving": bound,
+                    "single_call_steps": lone,
                     "saving_method": f"replay: {edit.name}",
                 },
                 advice=advice,
@@ -231,12 +260,15 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     tensor-parallel all-reduce, expert all-to-all, ...), the time communication kernels move
     data while no compute kernel runs on the rank, per step on the worst rank. Time spent
     waiting for late ranks is left to SYNC101 and SYNC104, the last collective of a step
-    (nothing left to overlap it with) is not counted, FSDP/ZeRO gathers and scatters are
+    (nothing left to overlap it with) is not counted unless it is its cause's only call of
+    the step (one gradient all-reduce after the backward: split into buckets, all but the
+    last can hide; `single_call_steps` in the evidence), FSDP/ZeRO gathers and scatters are
     COMM102's, storms of tiny messages COMM201's and pipeline send/recv PIPE101's. The
     impact is the replayed saving (the model of time) of those transfers hidden behind
-    compute, each rank's last call of a step excepted, and on each rank and step at most
-    the compute time no communication overlaps yet (a transfer is hidden only while compute
-    runs: a job bound by slow links, with little compute per step, saves little by overlap).
+    compute, each rank's last call of a step excepted (but a lone one), and on each rank and
+    step at most the compute time no communication overlaps yet (a transfer is hidden only
+    while compute runs: a job bound by slow links, with little compute per step, saves
+    little by overlap).
     When that bound cuts the saving to under half of hiding it all, the finding stands on
     the cause's share of the step on the critical ranks (the step-time table's transfer
     rows), says so (`compute_bound_saving`) and advises making the communication cheaper.
@@ -266,7 +298,8 @@ def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[
     (PyTorch FSDP, DeepSpeed ZeRO-3, Megatron distributed optimizer), per collective; on an
     fsdp group, an all_reduce too (gloo runs the reduce-scatter as one). The
     impact is replayed as COMM101's: the transfers hidden behind compute, each rank's last
-    call of a step excepted, at most the step's compute that no communication overlaps yet.
+    call of a step excepted unless it is the collective's only one, at most the step's
+    compute that no communication overlaps yet.
 
     Why is this bad?
     Sharded training only pays off when the next unit's parameters are gathered while the

@@ -16,7 +16,7 @@ from kineto_comm.findings import Finding, Severity
 from kineto_comm.rules_api import Tables, replay_timeline
 from kineto_comm.rules_engine import builtin_rules, run_rules
 from kineto_comm.synth import Hardware, ModelConfig, generate
-from tests.conftest import cpu, kernel, launch, shared, write_trace
+from tests.conftest import REPO, cpu, kernel, launch, shared, write_trace
 
 TINY = ModelConfig(layers=4, hidden=512, seq=512, micro_batch=2, vocab=2048, bucket_mb=2.0)
 HW = Hardware(tflops=10.0)
@@ -123,6 +123,68 @@ def test_exposed_communication_positive_and_negative(job) -> None:
     # warn/error thresholds are options: a 4% threshold makes the same cause a warning
     (w,) = only(bad, "COMM101", warn_share=0.04)
     assert w.severity is Severity.warning
+
+
+def _mean_step(report: Report) -> float:
+    from kineto_comm.rules_api import step_times
+
+    return step_times(Tables(report)).filter(pl.col("complete"))["step_ns"].mean()
+
+
+def test_one_gradient_all_reduce_after_the_backward_is_exposed(tmp_path: Path) -> None:
+    """DDP with one bucket (bucket_cap_mb above the model's gradients): its one all-reduce
+    a step starts after the whole backward, the step's last call. It is not hideable as it
+    stands, yet splitting it into buckets hides all but the last: COMM101 reports it, and
+    its replayed saving bounds, from above, what the default buckets bought back (the same
+    job with 2 MB buckets, ground truth by generation), and is at most the call's own
+    exposed time."""
+    from dataclasses import replace
+
+    times = {}
+    for name, mb in (("split", TINY.bucket_mb), ("one", 1e5)):
+        generate(
+            "baseline",
+            tmp_path / name,
+            ranks=4,
+            steps=3,
+            model=replace(TINY, bucket_mb=mb),
+            hardware=HW,
+        )
+        times[name] = analyze(tmp_path / name, jobs=1)
+    one = times["one"]
+    per_step = one.collectives.filter(pl.col("step") >= 0).group_by("rank", "step").len()
+    assert (per_step["len"] == 1).all()
+    (f,) = only(one, "COMM101")
+    assert f.evidence["single_call_steps"] and not f.evidence["compute_bound_saving"]
+    assert any("bucket_cap_mb" in a for a in f.advice)
+    truth = _mean_step(one) - _mean_step(times["split"])
+    assert truth > 0
+    assert truth <= f.impact_ns_per_step <= f.evidence["exposed_ns_per_step"]
+
+
+def test_a_pipelines_gradient_all_reduce_after_the_flush_is_reported() -> None:
+    """The real pp-dp NCCL capture (tests/data/h200-nccl): each stage all-reduces its
+    gradients once a step after the pipeline flush, exposed (the step-time table's transfer
+    rows), with too little compute in the step to hide it behind: COMM101 names it as such,
+    with its share of the critical ranks' steps, and a saving within the step."""
+    from kineto_comm.rules_api import step_times
+
+    report = analyze(REPO / "tests" / "data" / "h200-nccl" / "pp-dp-4", jobs=1)
+    (f,) = [f for f in report.findings if f.code == "COMM101"]
+    assert f.evidence["collective"] == "all_reduce"
+    assert f.evidence["role"] == "data_parallel"
+    assert f.evidence["single_call_steps"] and f.evidence["compute_bound_saving"]
+    tables = Tables(report)
+    times = step_times(tables).filter(pl.col("complete"))
+    # The critical ranks' rows: the report's step-time table.
+    blame = report.step_blame.join(times.select("step"), on="step")
+    exposed = blame.filter(
+        (pl.col("category") == "transfer") & (pl.col("collective") == "all_reduce")
+    )["ns"].sum()
+    share = exposed / times["step_ns"].sum()
+    assert share > 0.1
+    assert f"{share:.0%} of step time" in f.title
+    assert 0 < f.impact_ns_per_step < f.evidence["step_ns"]
 
 
 def test_an_fsdp_groups_all_reduce_is_its_gradient_reduction() -> None:
