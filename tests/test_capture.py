@@ -533,19 +533,20 @@ def _stage_params(stage: int, stages: int) -> int:
 
 @pytest.mark.parametrize("world", [4, 8])
 def test_h200_pipeline_and_data_parallel_capture(world: int) -> None:
-    """Real NCCL capture of two-stage pipelines across data-parallel replicas (pp-dp,
-    tests/data/h200-nccl/README.md), in Megatron's rank order: the pipelines' groups are
-    strided (rank r with r + world/2) and pipeline, the stages' groups contiguous and data
-    parallel; the pipeline table finds the two stages with the layout's ranks; every
-    activation and gradient is 16,384 bytes and each stage all-reduces, once a step, exactly
-    the parameters it holds."""
+    """Real NCCL capture of pipelines across data-parallel replicas (pp-dp: 2 stages of 2
+    ranks from 4, 4 stages of 2 from 8; batched sends and receives; tests/data/h200-nccl),
+    in Megatron's rank order: the pipelines' groups are strided and pipeline, the stages'
+    groups contiguous and data parallel; the pipeline table finds the stages with the
+    layout's ranks; every activation and gradient is 16,384 bytes and each stage
+    all-reduces, once a step, exactly the parameters it holds."""
     from kineto_comm import analyze
-    from kineto_comm.capture.workloads import PP_DEPTH
+    from kineto_comm.capture.workloads import pp_depth
 
     report = analyze(REPO / "tests" / "data" / "h200-nccl" / f"pp-dp-{world}", jobs=1)
     assert report.errors == ()
-    dp = world // PP_DEPTH
-    stages = [list(range(s * dp, (s + 1) * dp)) for s in range(PP_DEPTH)]
+    depth = pp_depth(world)
+    dp = world // depth
+    stages = [list(range(s * dp, (s + 1) * dp)) for s in range(depth)]
     pipes = [list(range(d, world, dp)) for d in range(dp)]
     roles = {tuple(g["ranks"]): g["role"] for g in report.process_groups.iter_rows(named=True)}
     assert roles == {
@@ -560,8 +561,69 @@ def test_h200_pipeline_and_data_parallel_capture(world: int) -> None:
     reduce = calls.filter(pl.col("collective") == "all_reduce")
     per = reduce.group_by("rank", "step").agg(pl.len(), pl.col("in_nelems").first())
     assert (per["len"] == 1).all()
-    want = {r: _stage_params(r // dp, PP_DEPTH) for r in range(world)}
+    want = {r: _stage_params(r // dp, depth) for r in range(world)}
     assert {r: n for r, n in per.select("rank", "in_nelems").unique().iter_rows()} == want
+
+
+def test_batched_point_to_point_kernels_take_their_batchs_ops() -> None:
+    """NCCL's batch_isend_irecv launches one ncclDevKernel_SendRecv per batch, inside a
+    `nccl:coalesced` span, and neither names the group, the peer nor the size; the batch's
+    send and recv ops recorded them before (pytorch/pytorch#194693). In pp-dp-4 each batch
+    holds one op: every kernel is that op, in the order the trace's record_param_comms
+    give, and every transfer is matched with its peer's. In pp-dp-8 the middle stages'
+    batches send to one stage and receive from another in one kernel: those keep their
+    pipeline group, and no peer or size is made up for them."""
+    from kineto_comm import analyze
+
+    h200 = REPO / "tests" / "data" / "h200-nccl"
+    report = analyze(h200 / "pp-dp-4", jobs=1)
+    for rank in range(4):
+        events = complete_events(load_trace(h200 / "pp-dp-4" / f"rank-{rank}.pt.trace.json.gz"))
+        ops = [
+            e["args"]
+            for e in sorted(events, key=lambda e: e["ts"])
+            if e["name"] == "record_param_comms"
+            and e["args"].get("Collective name") in ("send", "recv")
+        ]
+        calls = report.collectives.filter(
+            (pl.col("rank") == rank) & pl.col("name").str.contains("SendRecv")
+        ).sort("launch_ns")
+        assert calls.height == len(ops) == 24
+        assert calls["collective"].to_list() == [a["Collective name"] for a in ops]
+        assert calls["process_group"].to_list() == [a["Process Group Name"] for a in ops]
+        peers = [a.get("Dst Rank", a.get("Src Rank")) for a in ops]
+        assert calls["peer"].to_list() == peers
+        assert set(calls["bytes"]) == {16_384}
+    p2p = report.collective_instances.filter(pl.col("collective") == "send_recv")
+    assert p2p.height == 48 and (p2p["ranks_seen"] == 2).all()
+
+    report = analyze(h200 / "pp-dp-8", jobs=1)
+    calls = report.collectives.filter(pl.col("name").str.contains("SendRecv"))
+    middle = pl.col("rank").is_in([2, 3, 4, 5])
+    both = calls.filter(pl.col("collective") == "send_recv")
+    assert both.height > 0 and both.filter(~middle).height == 0
+    assert both["peer"].null_count() == both["bytes"].null_count() == both.height
+    pipes = {0: "1", 1: "2"}  # pipelines 0-2-4-6 and 1-3-5-7
+    assert all(g == pipes[r % 2] for r, g in both.select("rank", "process_group").iter_rows())
+    ends = calls.filter(~middle)
+    assert set(ends["collective"]) == {"send", "recv"} and set(ends["bytes"]) == {16_384}
+
+
+def test_a_failed_worker_is_named_on_the_errors_first_line() -> None:
+    """The command line prints a capture error's first line only: it must hold the failing
+    rank and its problem, taken from the traceback torch.multiprocessing hands the parent
+    (this one as a worker of an early pp-dp layout wrote it)."""
+    from kineto_comm.capture.runner import _worker_reason
+
+    text = (
+        "\n\n-- Process 2 terminated with the following error:\nTraceback (most recent call "
+        'last):\n  File "spawn.py", line 87, in _wrap\n    fn(i, *args)\nRuntimeError: rank 2: '
+        "cannot unpack non-iterable NoneType object\nTraceback (most recent call last):\n  File "
+        '"workloads.py", line 430, in exchange\nTypeError: cannot unpack non-iterable NoneType '
+        "object\n"
+    )
+    assert _worker_reason(text) == "rank 2: cannot unpack non-iterable NoneType object"
+    assert _worker_reason("Traceback:\n  x\nValueError: bad\n") == "ValueError: bad"
 
 
 def test_ranks_sharing_a_gpu_get_a_nccl_host_each(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -126,8 +126,9 @@ def capture(
 
     Layouts: ``ddp`` (DistributedDataParallel, ``bucket_cap_mb``), ``fsdp`` (FSDP2
     ``fully_shard``), ``pp`` (GPipe pipeline over ``ranks`` stages with ``micro_batches``
-    micro-batches, ``dist.isend``/``dist.recv``), ``pp-dp`` (two-stage pipelines across
-    ``ranks / 2`` data-parallel replicas, each stage's gradients all-reduced after the flush),
+    micro-batches, ``dist.isend``/``dist.recv``), ``pp-dp`` (pipelines of 2 stages, of 4 from 8
+    ranks on, across data-parallel replicas, with batched sends and receives; each stage's
+    gradients all-reduced after the flush),
     ``tp`` (Megatron column/row-parallel linears with ``all_reduce`` in forward and backward),
     ``tp-dp`` (tensor parallel in pairs, DDP across them) and ``ep`` (uneven all-to-all).
 
@@ -168,7 +169,10 @@ def capture(
     try:
         mp.spawn(_spawn_entry, args=(cfg, init_method), nprocs=ranks, join=True)
     except mp.ProcessRaisedException as exc:
-        raise CaptureError(f"{layout} capture failed in a worker:\n{exc}") from None
+        text = str(exc)
+        raise CaptureError(
+            f"{layout} capture failed in a worker: {_worker_reason(text)}\n{text}"
+        ) from None
     except mp.ProcessExitedException as exc:
         raise CaptureError(f"{layout} capture: a worker died: {exc}") from None
     paths = [trace_path(out, r) for r in range(ranks)]
@@ -176,6 +180,18 @@ def capture(
     if missing:
         raise CaptureError(f"workers finished but traces are missing: {', '.join(missing)}")
     return paths
+
+
+def _worker_reason(text: str) -> str:
+    """The one line that says why a worker failed, from the traceback the parent receives:
+    the "rank N: problem" that _spawn_entry raised, else the traceback's last line (the
+    command line prints a capture error's first line only)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        _, sep, reason = line.partition(": ")
+        if sep and reason.startswith("rank ") and reason[5:].split(":")[0].isdigit():
+            return reason
+    return lines[-1] if lines else "no message"
 
 
 def _spawn_entry(rank: int, cfg: CaptureConfig, init_method: str) -> None:

@@ -6,8 +6,8 @@ point-to-point sends/receives of activations and gradients, tensor-parallel
 all-reduces inside every block's forward and backward, and both at once in tp-dp
 (tensor parallel in pairs of neighbouring ranks, data parallel across the pairs, as
 Megatron lays a job out: many small calls inside a pair, fewer across), pipelines across
-data-parallel replicas in pp-dp (sends and receives within each pipeline, one exposed gradient
-all-reduce per stage after the pipeline flush), and expert
+data-parallel replicas in pp-dp (batched sends and receives within each pipeline, one exposed
+gradient all-reduce per stage after the pipeline flush), and expert
 parallelism in ep (tokens sent to the rank holding their expert and back with uneven
 all_to_all_single calls: each rank sends and receives different amounts). Models are kept tiny
 (hidden 64, sequence 32) so traces stay small and 4 ranks run on 2 CPU cores.
@@ -34,7 +34,13 @@ BATCH = 8
 LAYERS = 2
 LR = 1e-3
 TP_PAIR = 2  # tensor-parallel degree of the tp-dp layout
-PP_DEPTH = 2  # pipeline stages of the pp-dp layout
+
+
+def pp_depth(world: int) -> int:
+    """Pipeline stages of the pp-dp layout: 4 where that leaves two data-parallel replicas
+    or more, else 2 (as `kineto-comm synth` lays pp-dp out)."""
+    return 4 if world % 4 == 0 and world >= 8 else 2
+
 
 
 def check_layout_ranks(layout: str, ranks: int) -> str | None:
@@ -47,8 +53,8 @@ def check_layout_ranks(layout: str, ranks: int) -> str | None:
         return f"ep needs 2..8 ranks (one expert each), got {ranks}"
     if layout == "tp-dp" and (ranks % TP_PAIR or ranks < 2 * TP_PAIR):
         return f"tp-dp needs an even number of ranks, at least {2 * TP_PAIR}, got {ranks}"
-    if layout == "pp-dp" and (ranks % PP_DEPTH or ranks < 2 * PP_DEPTH):
-        return f"pp-dp needs an even number of ranks, at least {2 * PP_DEPTH}, got {ranks}"
+    if layout == "pp-dp" and (ranks % 2 or ranks < 4):
+        return f"pp-dp needs an even number of ranks, at least 4, got {ranks}"
     return None
 
 
@@ -332,22 +338,32 @@ def _pp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
 
 def _pp_dp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
     """Pipeline parallel across data-parallel replicas, in Megatron's rank order (pipeline
-    outermost): ``PP_DEPTH`` stages of ``world / PP_DEPTH`` ranks each, stage ``rank // dp``;
+    outermost): ``pp_depth(world)`` stages of ``dp`` ranks each, stage ``rank // dp``;
     each replica's pipeline is the ranks with the same place in their stage (0, dp, 2 dp, ...),
     each stage's data-parallel group its ``dp`` neighbouring ranks. The pipelines' sends and
-    receives go over their own groups; after the pipeline flush each stage all-reduces its
-    gradients in its data-parallel group in one flattened call, as Megatron does without
-    overlapped gradient reduction, so the all-reduce is exposed."""
+    receives go over their own groups, batched as Megatron-LM batches them
+    (``batch_isend_irecv``: a micro-batch's send with the next one's receive); after the
+    pipeline flush each stage all-reduces its gradients in its data-parallel group in one
+    flattened call, as Megatron does without overlapped gradient reduction, so the
+    all-reduce is exposed."""
     import torch.distributed as dist
 
     world = dist.get_world_size()
-    dp = world // PP_DEPTH
+    depth = pp_depth(world)
+    dp = world // depth
     # Every rank creates every group, in the same order (torch.distributed requires it).
     pipes = [dist.new_group(list(range(d, world, dp))) for d in range(dp)]
-    stages = [dist.new_group(list(range(s * dp, (s + 1) * dp))) for s in range(PP_DEPTH)]
+    stages = [dist.new_group(list(range(s * dp, (s + 1) * dp))) for s in range(depth)]
     pipe_ranks = list(range(rank % dp, world, dp))
     return _pipeline(
-        cfg, pipe_ranks, rank // dp, pipes[rank % dp], stages[rank // dp], device, seed=rank % dp
+        cfg,
+        pipe_ranks,
+        rank // dp,
+        pipes[rank % dp],
+        stages[rank // dp],
+        device,
+        seed=rank % dp,
+        batched=True,
     )
 
 
@@ -359,15 +375,17 @@ def _pipeline(
     dp_group: Any,
     device: Any,
     seed: int = 0,
+    batched: bool = False,
 ) -> Callable[[], None]:
     """GPipe pipeline over the global ranks ``pipe_ranks``, this rank stage ``stage_index``:
     a slice of the blocks (stage 0 also the embedding, the last stage the head and loss).
 
-    All micro-batches go forward (activations: ``isend`` to the next stage, ``recv``
-    from the previous one), then all go backward in the same order (gradients flow the
-    other way). With a ``dp_group`` the stage's gradients are then all-reduced there
-    (averaged), in one call over their flattened concatenation; ``seed`` picks the
-    replica's data.
+    All micro-batches go forward (activations to the next stage, from the previous one),
+    then all go backward in the same order (gradients flow the other way): each
+    micro-batch's send goes with the next one's receive, as one ``batch_isend_irecv`` when
+    ``batched``, else an ``isend`` and a ``recv``. With a ``dp_group`` the stage's gradients
+    are then all-reduced there (averaged), in one call over their flattened concatenation;
+    ``seed`` picks the replica's data.
     """
     import torch
     import torch.distributed as dist
@@ -409,38 +427,51 @@ def _pipeline(
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
+    pending: list[Any] = []
+
+    def exchange(send: tuple[Any, int] | None, recv: tuple[Any, int] | None) -> None:
+        """Send a tensor to a peer and receive one from a peer: batched, one
+        ``batch_isend_irecv`` waited on at once (Megatron-LM's batched p2p, one kernel for
+        both on NCCL); else an ``isend`` waited on at the step's end and a blocking ``recv``."""
+        if batched:
+            ops = []
+            if send:
+                ops.append(dist.P2POp(dist.isend, send[0], send[1], pipe_group))
+            if recv:
+                ops.append(dist.P2POp(dist.irecv, recv[0], recv[1], pipe_group))
+            for work in dist.batch_isend_irecv(ops) if ops else []:
+                work.wait()
+            return
+        if send:
+            pending.append(dist.isend(send[0], dst=send[1], group=pipe_group))
+        if recv:
+            dist.recv(recv[0], src=recv[1], group=pipe_group)
+
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        inputs: list[Any] = []
+        inputs = list(xs) if first else [torch.empty(act_shape, device=device) for _ in xs]
+        grads = [None if last else torch.empty(act_shape, device=device) for _ in xs]
         outputs: list[Any] = []
-        pending: list[Any] = []
+        exchange(None, None if first else (inputs[0], prev_r))
         for i in range(mb):  # forward of every micro-batch
-            if first:
-                inp = xs[i]
-            else:
-                inp = torch.empty(act_shape, device=device)
-                dist.recv(inp, src=prev_r, group=pipe_group)
-                inp.requires_grad_()
-            out = stage(inp)
-            if last:
-                out = _lm_loss(out, ys[i]) / mb
-            else:
-                pending.append(dist.isend(out.detach().contiguous(), dst=next_r, group=pipe_group))
-            inputs.append(inp)
-            outputs.append(out)
-        for i in range(mb):  # backward of every micro-batch, same order
-            if last:
-                outputs[i].backward()
-            else:
-                grad = torch.empty(act_shape, device=device)
-                dist.recv(grad, src=next_r, group=pipe_group)
-                outputs[i].backward(grad)
             if not first:
-                pending.append(
-                    dist.isend(inputs[i].grad.contiguous(), dst=prev_r, group=pipe_group)
-                )
+                inputs[i].requires_grad_()
+            out = stage(inputs[i])
+            outputs.append(_lm_loss(out, ys[i]) / mb if last else out)
+            exchange(
+                None if last else (out.detach().contiguous(), next_r),
+                None if first or i + 1 == mb else (inputs[i + 1], prev_r),
+            )
+        exchange(None, None if last else (grads[0], next_r))
+        for i in range(mb):  # backward of every micro-batch, same order
+            outputs[i].backward(grads[i])
+            exchange(
+                None if first else (inputs[i].grad.contiguous(), prev_r),
+                None if last or i + 1 == mb else (grads[i + 1], next_r),
+            )
         for work in pending:
             work.wait()
+        pending.clear()
         if dp_group is not None:
             reduce_gradients()
         opt.step()

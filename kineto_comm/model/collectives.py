@@ -2,7 +2,9 @@
 
 Metadata is taken from the best source present, in this order (column `source`):
     kernel_args          the kernel's own args (newer Kineto copies the collective args there)
-    record_param_comms   the innermost `record_param_comms` op around the kernel's launch
+    record_param_comms   the innermost `record_param_comms` op around the kernel's launch;
+                         for a batched point-to-point kernel (batch_isend_irecv on NCCL,
+                         launched in a `nccl:coalesced` span), its batch's send and recv ops
     annotation           the innermost `nccl:*` / `gloo:*` op around the launch (op name,
                          `Input Dims`, `Input type`), or the host span itself for gloo
     kernel_name          only the kernel name (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL`)
@@ -192,6 +194,7 @@ def build_collectives(
     rpc = ops.filter(pl.col("name") == "record_param_comms")
     ann = ops.filter(pl.col("name").str.contains(COLLECTIVE_SPAN))
     found = _enclosing(comm.lazy(), rpc, [*_RPC, *_RPC_MORE], "rpc_")
+    found = _with_batch_ops(found, ops, rpc)
     found = _enclosing(found, ann, ["name", "input_dims", "input_type"], "ann_")
     notes = ops.filter(
         (pl.col("cat") == "user_annotation")
@@ -226,6 +229,75 @@ def build_collectives(
         "rank", "start_ns", "launch_ns", "end_ns", "stream", nulls_last=True, maintain_order=True
     ).with_columns(call_index=_CALL_INDEX)
     return collect(_compute_before(out, kernels.lazy()).select(COLLECTIVE_COLUMNS))
+
+
+# The span NCCL's batched point-to-point calls (batch_isend_irecv, coalescing) launch their
+# one kernel in, after the batch's send and recv ops have returned.
+BATCH_SPAN = "nccl:coalesced"
+
+
+def _with_batch_ops(calls: pl.LazyFrame, ops: pl.LazyFrame, rpc: pl.LazyFrame) -> pl.LazyFrame:
+    """A batched point-to-point kernel's metadata (`rpc_*`), from its batch's ops.
+
+    `batch_isend_irecv` on NCCL launches one kernel for the batch in a `nccl:coalesced`
+    span, whose args, like the kernel's, name nothing; each send and recv of the batch
+    recorded its `record_param_comms` (group, peer, size) before, on the same thread, where
+    it only queued the transfer (pytorch/pytorch#194693). The batch is those ops since the
+    thread's previous batch span. A batch of one op gives the kernel that op's metadata; a
+    batch of several, which one kernel carries together (a send to one stage and a receive
+    from another), only the group they share: which part of the kernel's time moved which
+    op is not recorded."""
+    spans = ops.filter(pl.col("name") == BATCH_SPAN).select("rank", "tid", "start_ns", "end_ns")
+    fields = [*_RPC, *_RPC_MORE]
+    queued = (
+        rpc.filter(pl.col("collective").is_in(["send", "recv"]))
+        .select("rank", "tid", "start_ns", *fields)
+        .sort("start_ns")
+        .join_asof(
+            spans.select(
+                "rank",
+                "tid",
+                _batch="start_ns",
+                _after=pl.col("end_ns").shift(1).over("rank", "tid", order_by="start_ns"),
+            ).sort("_batch"),
+            left_on="start_ns",
+            right_on="_batch",
+            by=["rank", "tid"],
+            strategy="forward",
+            check_sortedness=False,
+        )
+        .filter(
+            pl.col("_batch").is_not_null() & (pl.col("start_ns") >= pl.col("_after").fill_null(0))
+        )
+    )
+    group = ("group_size", "pg_name", "pg_desc", "pg_ranks")
+    one = pl.len() == 1
+    same = pl.col("pg_name").n_unique() == 1
+    batches = queued.group_by("rank", "tid", "_batch").agg(
+        *[
+            pl.when(one | (same if c in group else pl.lit(False)))
+            .then(pl.col(c).first())
+            .alias(f"_b_{c}")
+            for c in fields
+        ]
+    )
+    launched = _enclosing(calls, spans, ["start_ns"], "_span_")
+    return (
+        launched.join(
+            batches,
+            left_on=["rank", "launch_tid", "_span_start_ns"],
+            right_on=["rank", "tid", "_batch"],
+            how="left",
+        )
+        .with_columns(
+            pl.when(pl.col("rpc_collective").is_null())
+            .then(pl.col(f"_b_{c}"))
+            .otherwise(pl.col(f"rpc_{c}"))
+            .alias(f"rpc_{c}")
+            for c in fields
+        )
+        .drop("_span_start_ns", *[f"_b_{c}" for c in fields])
+    )
 
 
 # What each sized c10d op (decode.SIZED_C10D) calls, canonically.
