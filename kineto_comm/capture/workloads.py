@@ -42,7 +42,6 @@ def pp_depth(world: int) -> int:
     return 4 if world % 4 == 0 and world >= 8 else 2
 
 
-
 def check_layout_ranks(layout: str, ranks: int) -> str | None:
     """Return why ``layout`` cannot run on ``ranks`` ranks, or None if it can."""
     if layout == "pp" and not 2 <= ranks <= 8:
