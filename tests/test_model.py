@@ -399,3 +399,56 @@ def test_pair_key_orders_and_tells_apart_pairs_as_the_two_columns_do(low):
     assert got.filter(pl.col("b").is_null())["k"].to_list() == [None]
     wide = pl.DataFrame({"a": [0, 1 << 31], "b": [0, 1 << 31]})
     assert pair_key([wide], "a", "b") is None
+
+
+def _p2p_op(kind: str, ts: float, peer: int) -> dict:
+    """A send or recv's record_param_comms (group "1" of ranks 0 and 2)."""
+    end = {"Dst Rank": peer} if kind == "send" else {"Src Rank": peer}
+    return cpu(
+        "record_param_comms",
+        ts,
+        10,
+        **{
+            "Collective name": kind,
+            "In msg nelems": 4096,
+            "Out msg nelems": 4096,
+            "Group size": 2,
+            "dtype": "Float",
+            "Process Group Name": "1",
+            "Process Group Ranks": "[0, 2]",
+            **end,
+        },
+    )
+
+
+def test_a_batched_kernel_takes_the_ops_queued_since_the_last_launch(tmp_path):
+    """batch_isend_irecv on NCCL: the batch's one SendRecv kernel is launched in a
+    `nccl:coalesced` span and names nothing; its ops' record_param_comms come before, and
+    launch nothing. An unbatched send launched its own kernel inside its op: it is not part
+    of the next batch, which holds the one recv queued after it. A batch of a send and a
+    recv keeps only the group they share."""
+    sendrecv = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+    events = [
+        cpu("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        # An unbatched send: its op encloses its kernel's launch (the kernel names itself).
+        _p2p_op("send", 10, 2),
+        launch(12, 1),
+        kernel(sendrecv, 20, 10, stream=20, corr=1),
+        # A batch of one recv.
+        _p2p_op("recv", 100, 2),
+        cpu("nccl:coalesced", 120, 20, cat="user_annotation"),
+        launch(125, 2),
+        kernel(sendrecv, 130, 10, stream=20, corr=2),
+        # A batch of a send and a recv.
+        _p2p_op("send", 200, 2),
+        _p2p_op("recv", 215, 2),
+        cpu("nccl:coalesced", 230, 20, cat="user_annotation"),
+        launch(235, 3),
+        kernel(sendrecv, 240, 10, stream=20, corr=3),
+    ]
+    report = analyze(write_trace(tmp_path / "rank0.json", events, rank=0, world_size=4), jobs=1)
+    calls = report.collectives.sort("start_ns")
+    assert calls["collective"].to_list() == ["send", "recv", "send_recv"]
+    assert calls["process_group"].to_list() == ["1", "1", "1"]
+    assert calls["peer"].to_list() == [2, 2, None]
+    assert calls["bytes"].to_list() == [16_384, 16_384, None]

@@ -243,32 +243,58 @@ def _with_batch_ops(calls: pl.LazyFrame, ops: pl.LazyFrame, rpc: pl.LazyFrame) -
     span, whose args, like the kernel's, name nothing; each send and recv of the batch
     recorded its `record_param_comms` (group, peer, size) before, on the same thread, where
     it only queued the transfer (pytorch/pytorch#194693). The batch is those ops since the
-    thread's previous batch span. A batch of one op gives the kernel that op's metadata; a
-    batch of several, which one kernel carries together (a send to one stage and a receive
-    from another), only the group they share: which part of the kernel's time moved which
-    op is not recorded."""
+    thread's previous batch span and its previous communication launch. A batch of one op
+    gives the kernel that op's metadata; a batch of several, which one kernel carries
+    together (a send to one stage and a receive from another), only the group they share:
+    which part of the kernel's time moved which op is not recorded."""
     spans = ops.filter(pl.col("name") == BATCH_SPAN).select("rank", "tid", "start_ns", "end_ns")
     fields = [*_RPC, *_RPC_MORE]
+    # A batch's ops come after the thread's previous batch span and after its previous
+    # communication launch (an unbatched send launches its own kernel inside its op).
+    launches = (
+        calls.filter(pl.col("launch_ns").is_not_null())
+        .select("rank", tid="launch_tid", _launch="launch_ns")
+        .sort("_launch")
+    )
+    bounds = (
+        spans.select(
+            "rank",
+            "tid",
+            _batch="start_ns",
+            _prev_end=pl.col("end_ns").shift(1).over("rank", "tid", order_by="start_ns"),
+        )
+        .sort("_batch")
+        .join_asof(
+            launches,
+            left_on="_batch",
+            right_on="_launch",
+            by=["rank", "tid"],
+            strategy="backward",
+            allow_exact_matches=False,
+            check_sortedness=False,
+        )
+        .select(
+            "rank",
+            "tid",
+            "_batch",
+            _after=pl.max_horizontal(
+                pl.col("_prev_end").fill_null(0), pl.col("_launch").fill_null(0)
+            ),
+        )
+    )
     queued = (
         rpc.filter(pl.col("collective").is_in(["send", "recv"]))
         .select("rank", "tid", "start_ns", *fields)
         .sort("start_ns")
         .join_asof(
-            spans.select(
-                "rank",
-                "tid",
-                _batch="start_ns",
-                _after=pl.col("end_ns").shift(1).over("rank", "tid", order_by="start_ns"),
-            ).sort("_batch"),
+            bounds,
             left_on="start_ns",
             right_on="_batch",
             by=["rank", "tid"],
             strategy="forward",
             check_sortedness=False,
         )
-        .filter(
-            pl.col("_batch").is_not_null() & (pl.col("start_ns") >= pl.col("_after").fill_null(0))
-        )
+        .filter(pl.col("_batch").is_not_null() & (pl.col("start_ns") >= pl.col("_after")))
     )
     group = ("group_size", "pg_name", "pg_desc", "pg_ranks")
     one = pl.len() == 1
