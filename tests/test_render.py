@@ -482,3 +482,22 @@ def test_text_shows_a_big_jobs_extreme_ranks_and_median(tmp_path: Path) -> None:
     assert len(shown) == 25 and "7 more rank(s) in --format json" in text
     largest = offsets.sort(pl.col("offset_ns").abs(), "rank", descending=[True, False])
     assert shown[:24] == largest["rank"].to_list()
+
+
+def test_point_to_point_rows_show_their_matched_transfers_bus_bandwidth() -> None:
+    """The collectives table's busbw is the skew table's for the same calls: a send and a
+    recv are matched as one transfer (`send_recv`), so both rows show its bus bandwidth
+    (it used to be blank for them while the skew table gave one)."""
+    from kineto_comm.render.json_doc import collective_totals
+
+    from .conftest import REPO
+
+    report = kineto_comm.analyze(REPO / "tests" / "data" / "h200-nccl" / "pp-dp-4", jobs=1)
+    skew = {
+        (r["process_group"], r["collective"]): r["median_busbw_gbps"]
+        for r in report.skew_summary().iter_rows(named=True)
+    }
+    p2p = [t for t in collective_totals(report) if t["collective"] in ("send", "recv")]
+    assert {t["process_group"] for t in p2p} == {"1", "2"} and len(p2p) == 4
+    for t in p2p:
+        assert t["busbw_gbps"] == skew[(t["process_group"], "send_recv")] > 0

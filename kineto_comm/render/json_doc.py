@@ -264,18 +264,26 @@ def collective_totals(report: Report) -> list[dict[str, Any]]:
     """Collectives over all ranks per (collective, process_group, dtype), with bandwidths.
 
     algbw is total bytes over total kernel time (waiting included); busbw is the median
-    over matched calls from `skew` (None when calls were not matched across ranks).
+    over matched calls from `skew` (None when calls were not matched across ranks); a send
+    and a recv are matched as one transfer (`send_recv`), whose bus bandwidth both rows show.
     """
     agg = report.collective_totals()
     if agg.height == 0:
         return []
     skew = report.skew_summary()
     if skew.height and "median_busbw_gbps" in skew.columns:
-        agg = agg.join(
-            skew.select("process_group", "collective", busbw_gbps="median_busbw_gbps"),
-            on=["process_group", "collective"],
-            how="left",
-            nulls_equal=True,
+        p2p = pl.col("collective").is_in(["send", "recv"])
+        agg = (
+            agg.with_columns(
+                _matched=pl.when(p2p).then(pl.lit("send_recv")).otherwise(pl.col("collective"))
+            )
+            .join(
+                skew.select("process_group", _matched="collective", busbw_gbps="median_busbw_gbps"),
+                on=["process_group", "_matched"],
+                how="left",
+                nulls_equal=True,
+            )
+            .drop("_matched")
         )
     else:
         agg = agg.with_columns(busbw_gbps=pl.lit(None, pl.Float64))
