@@ -602,11 +602,51 @@ def test_batched_point_to_point_kernels_take_their_batchs_ops() -> None:
     middle = pl.col("rank").is_in([2, 3, 4, 5])
     both = calls.filter(pl.col("collective") == "send_recv")
     assert both.height > 0 and both.filter(~middle).height == 0
-    assert both["peer"].null_count() == both["bytes"].null_count() == both.height
+    assert both["peer"].null_count() == both.height
+    assert set(both["in_bytes"]) == set(both["out_bytes"]) == {16_384}
     pipes = {0: "1", 1: "2"}  # pipelines 0-2-4-6 and 1-3-5-7
     assert all(g == pipes[r % 2] for r, g in both.select("rank", "process_group").iter_rows())
     ends = calls.filter(~middle)
     assert set(ends["collective"]) == {"send", "recv"} and set(ends["bytes"]) == {16_384}
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_the_analytical_model_predicts_the_pp_dp_captures(world: int) -> None:
+    """Anthony et al.'s check on a real job: the analytical model of the capture's own
+    configuration (its parameter count from the model's shapes, 2 or 4 stages, 2 replicas,
+    4 micro-batches of 2 x 32 tokens, fp32) against the NCCL traces, per rank and step: the
+    data-parallel all-reduce and the pipeline sends and receives agree in calls and bytes,
+    the middle stages' batched kernels (one send and one receive each) included."""
+    from kineto_comm import analyze
+    from kineto_comm.analytic import ModelConfig, compare, expected
+    from kineto_comm.capture import workloads as w
+
+    depth = w.pp_depth(world)
+    config = ModelConfig(
+        params=sum(_stage_params(s, depth) for s in range(depth)),
+        layers=max(w.LAYERS, depth),
+        hidden=w.HIDDEN,
+        vocab=w.VOCAB,
+        seq=w.SEQ,
+        micro_batch=2,  # the capture's 2 x micro_batches sequences, in micro_batches chunks
+        micro_batches=4,
+        dtype="fp32",
+        dp=world // depth,
+        pp=depth,
+        tied_embeddings=False,
+        bucket_mb=1000,
+    )
+    report = analyze(REPO / "tests" / "data" / "h200-nccl" / f"pp-dp-{world}", jobs=1)
+    table = compare(expected(config), report)
+    rows = {(r["role"], r["collective"]): r for r in table.iter_rows(named=True)}
+    assert set(rows) == {
+        ("data_parallel", "all_reduce"),
+        ("pipeline", "send"),
+        ("pipeline", "recv"),
+    }
+    for row in rows.values():
+        assert not row["flagged"], row
+        assert abs(row["calls_dev_pct"]) < 0.5 and abs(row["bytes_dev_pct"]) < 0.5, row
 
 
 def test_a_failed_worker_is_named_on_the_errors_first_line() -> None:

@@ -426,7 +426,8 @@ def test_a_batched_kernel_takes_the_ops_queued_since_the_last_launch(tmp_path):
     `nccl:coalesced` span and names nothing; its ops' record_param_comms come before, and
     launch nothing. An unbatched send launched its own kernel inside its op: it is not part
     of the next batch, which holds the one recv queued after it. A batch of a send and a
-    recv keeps only the group they share."""
+    recv is a send_recv of the group they share, with what it sent and received, and no
+    peer."""
     sendrecv = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
     events = [
         cpu("ProfilerStep#1", 0, 1000, cat="user_annotation"),
@@ -451,4 +452,5 @@ def test_a_batched_kernel_takes_the_ops_queued_since_the_last_launch(tmp_path):
     assert calls["collective"].to_list() == ["send", "recv", "send_recv"]
     assert calls["process_group"].to_list() == ["1", "1", "1"]
     assert calls["peer"].to_list() == [2, 2, None]
-    assert calls["bytes"].to_list() == [16_384, 16_384, None]
+    assert calls["bytes"].to_list() == [16_384, 16_384, 16_384]
+    assert calls["in_bytes"][2] == calls["out_bytes"][2] == 16_384

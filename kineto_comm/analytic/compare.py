@@ -9,6 +9,9 @@ Contract of `compare(expected_table, report, roles=None)`:
   exist), each rank's calls and bytes divided by that rank's number of steps, then averaged
   over all analysed ranks (``report.ranks``), so it is per rank and step like the expected
   side. Bytes are the ``bytes`` column: the full buffer, as record_param_comms reports it.
+  A ``send_recv`` call of known size (one kernel carrying a batch's send and receive, as
+  NCCL runs ``batch_isend_irecv``) counts as the send of what it sent (``in_bytes``) and the
+  recv of what it received (``out_bytes``), as the model counts them.
 * A process group's role comes from ``roles`` (process_group -> role; role names as in the
   process_groups table: data_parallel, tensor_parallel, pipeline, expert, fsdp, unknown, or
   the short forms dp, tp, pp, ep), else from ``report.process_groups`` (``process_group,
@@ -71,6 +74,25 @@ def _role_table(report, roles: Mapping[str, str] | None) -> pl.DataFrame:
     return pl.DataFrame(schema={"process_group": pl.String, "role": pl.String})
 
 
+def _sends_and_recvs(calls: pl.LazyFrame) -> pl.LazyFrame:
+    """`calls` with each send_recv of known size split into its send and its recv (a part
+    that moved nothing left out); the in/out columns dropped (a table without them, as
+    some callers build, is taken as it is)."""
+    keep = ["rank", "step", "collective", "process_group", "dtype", "bytes"]
+    if not {"in_bytes", "out_bytes"} <= set(calls.collect_schema().names()):
+        return calls
+    both = (pl.col("collective") == "send_recv") & (
+        pl.col("in_bytes").is_not_null() | pl.col("out_bytes").is_not_null()
+    )
+    parts = [
+        calls.filter(both & (pl.col(side) > 0)).with_columns(
+            collective=pl.lit(name), bytes=pl.col(side)
+        )
+        for name, side in (("send", "in_bytes"), ("recv", "out_bytes"))
+    ]
+    return pl.concat([calls.filter(~both), *parts]).select(keep)
+
+
 def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
     """Measured calls, bytes and mean message size per rank and step, per (role, collective).
 
@@ -82,7 +104,10 @@ def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
         return pl.DataFrame(schema=MEASURED_SCHEMA)
     # Aggregations over the calls (a row per call and rank, kept in files on a big job).
     rows = store.height
-    coll = store.lazy(["rank", "step", "collective", "process_group", "dtype", "bytes"])
+    sides = [c for c in ("in_bytes", "out_bytes") if c in store.columns]
+    coll = _sends_and_recvs(
+        store.lazy(["rank", "step", "collective", "process_group", "dtype", "bytes", *sides])
+    )
     in_steps = collect(coll.select((pl.col("step") >= 0).any()), rows).item()
     if in_steps:
         coll = coll.filter(pl.col("step") >= 0)

@@ -244,9 +244,11 @@ def _with_batch_ops(calls: pl.LazyFrame, ops: pl.LazyFrame, rpc: pl.LazyFrame) -
     recorded its `record_param_comms` (group, peer, size) before, on the same thread, where
     it only queued the transfer (pytorch/pytorch#194693). The batch is those ops since the
     thread's previous batch span and its previous communication launch. A batch of one op
-    gives the kernel that op's metadata; a batch of several, which one kernel carries
-    together (a send to one stage and a receive from another), only the group they share:
-    which part of the kernel's time moved which op is not recorded."""
+    gives the kernel that op's metadata. A batch of several, which one kernel carries
+    together (a send to one stage and a receive from another), gives the group they share,
+    what the batch sent (in) and received (out), and `send_recv` (or send, or recv, where
+    all its ops are), but no peer: which part of the kernel's time moved which op is not
+    recorded, so the kernel is not matched with either peer's."""
     spans = ops.filter(pl.col("name") == BATCH_SPAN).select("rank", "tid", "start_ns", "end_ns")
     fields = [*_RPC, *_RPC_MORE]
     # A batch's ops come after the thread's previous batch span and after its previous
@@ -296,16 +298,31 @@ def _with_batch_ops(calls: pl.LazyFrame, ops: pl.LazyFrame, rpc: pl.LazyFrame) -
         )
         .filter(pl.col("_batch").is_not_null() & (pl.col("start_ns") >= pl.col("_after")))
     )
-    group = ("group_size", "pg_name", "pg_desc", "pg_ranks")
     one = pl.len() == 1
-    same = pl.col("pg_name").n_unique() == 1
+    sends, recvs = pl.col("collective") == "send", pl.col("collective") == "recv"
+    same_group = pl.col("pg_name").n_unique() == 1
+
+    def summed(c: str, part: pl.Expr) -> pl.Expr:
+        # What the batch sent (in) or received (out): its sends' (recvs') sizes together.
+        return pl.when(part.any()).then(pl.col(c).filter(part).sum()).otherwise(pl.col(c).sum())
+
+    several = {
+        "collective": pl.when(sends.all())
+        .then(pl.lit("send"))
+        .when(recvs.all())
+        .then(pl.lit("recv"))
+        .otherwise(pl.lit("send_recv")),
+        "in_nelems": summed("in_nelems", sends),
+        "out_nelems": summed("out_nelems", recvs),
+        "dtype": pl.when(pl.col("dtype").n_unique() == 1).then(pl.col("dtype").first()),
+        **{
+            c: pl.when(same_group).then(pl.col(c).first())
+            for c in ("group_size", "pg_name", "pg_desc", "pg_ranks")
+        },
+    }
     batches = queued.group_by("rank", "tid", "_batch").agg(
-        *[
-            pl.when(one | (same if c in group else pl.lit(False)))
-            .then(pl.col(c).first())
-            .alias(f"_b_{c}")
-            for c in fields
-        ]
+        pl.when(one).then(pl.col(c).first()).otherwise(several.get(c)).alias(f"_b_{c}")
+        for c in fields
     )
     launched = _enclosing(calls, spans, ["start_ns"], "_span_")
     return (
