@@ -401,17 +401,17 @@ def test_pair_key_orders_and_tells_apart_pairs_as_the_two_columns_do(low):
     assert pair_key([wide], "a", "b") is None
 
 
-def _p2p_op(kind: str, ts: float, peer: int) -> dict:
+def _p2p_op(kind: str, ts: float, peer: int, nelems: int | None = 4096) -> dict:
     """A send or recv's record_param_comms (group "1" of ranks 0 and 2)."""
     end = {"Dst Rank": peer} if kind == "send" else {"Src Rank": peer}
+    sizes = {} if nelems is None else {"In msg nelems": nelems, "Out msg nelems": nelems}
     return cpu(
         "record_param_comms",
         ts,
         10,
         **{
             "Collective name": kind,
-            "In msg nelems": 4096,
-            "Out msg nelems": 4096,
+            **sizes,
             "Group size": 2,
             "dtype": "Float",
             "Process Group Name": "1",
@@ -426,8 +426,8 @@ def test_a_batched_kernel_takes_the_ops_queued_since_the_last_launch(tmp_path):
     `nccl:coalesced` span and names nothing; its ops' record_param_comms come before, and
     launch nothing. An unbatched send launched its own kernel inside its op: it is not part
     of the next batch, which holds the one recv queued after it. A batch of a send and a
-    recv is a send_recv of the group they share, with what it sent and received, and no
-    peer."""
+    recv is a send_recv of the group they share, with what it sent and received (unknown
+    where an op's size is), and no peer."""
     sendrecv = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
     events = [
         cpu("ProfilerStep#1", 0, 1000, cat="user_annotation"),
@@ -446,11 +446,17 @@ def test_a_batched_kernel_takes_the_ops_queued_since_the_last_launch(tmp_path):
         cpu("nccl:coalesced", 230, 20, cat="user_annotation"),
         launch(235, 3),
         kernel(sendrecv, 240, 10, stream=20, corr=3),
+        # A batch whose recv records no size.
+        _p2p_op("send", 300, 2),
+        _p2p_op("recv", 315, 2, nelems=None),
+        cpu("nccl:coalesced", 330, 20, cat="user_annotation"),
+        launch(335, 4),
+        kernel(sendrecv, 340, 10, stream=20, corr=4),
     ]
     report = analyze(write_trace(tmp_path / "rank0.json", events, rank=0, world_size=4), jobs=1)
     calls = report.collectives.sort("start_ns")
-    assert calls["collective"].to_list() == ["send", "recv", "send_recv"]
-    assert calls["process_group"].to_list() == ["1", "1", "1"]
-    assert calls["peer"].to_list() == [2, 2, None]
-    assert calls["bytes"].to_list() == [16_384, 16_384, 16_384]
-    assert calls["in_bytes"][2] == calls["out_bytes"][2] == 16_384
+    assert calls["collective"].to_list() == ["send", "recv", "send_recv", "send_recv"]
+    assert calls["process_group"].to_list() == ["1"] * 4
+    assert calls["peer"].to_list() == [2, 2, None, None]
+    assert calls["in_bytes"].to_list() == [16_384] * 4
+    assert calls["out_bytes"].to_list() == [16_384, 16_384, 16_384, None]

@@ -303,8 +303,12 @@ def _with_batch_ops(calls: pl.LazyFrame, ops: pl.LazyFrame, rpc: pl.LazyFrame) -
     same_group = pl.col("pg_name").n_unique() == 1
 
     def summed(c: str, part: pl.Expr) -> pl.Expr:
-        # What the batch sent (in) or received (out): its sends' (recvs') sizes together.
-        return pl.when(part.any()).then(pl.col(c).filter(part).sum()).otherwise(pl.col(c).sum())
+        # What the batch sent (in) or received (out): its sends' (recvs') sizes together;
+        # unknown when one of them is.
+        chosen = pl.when(part.any())
+        total = chosen.then(pl.col(c).filter(part).sum()).otherwise(pl.col(c).sum())
+        missing = chosen.then(pl.col(c).filter(part).null_count()).otherwise(pl.col(c).null_count())
+        return pl.when(missing == 0).then(total)
 
     several = {
         "collective": pl.when(sends.all())
