@@ -159,26 +159,27 @@ def _by_cause(tables: Tables, exclude_last: bool) -> pl.DataFrame:
             bytes_per_call=pl.lit(None, dtype=pl.Float64),
         )
 
-    def transfers(view: Tables) -> pl.LazyFrame:
-        return _transfers(tables, view)
+    single = single_call_steps(tables).with_columns(_alone=pl.lit(True)) if exclude_last else None
 
     def exposed(view: Tables) -> pl.LazyFrame:
-        exp = transfers(view)
-        if not exclude_last:
+        exp = _transfers(tables, view)
+        if single is None:
             return exp
         # Each rank's step ends with its latest call: a few ranks' steps, joined back.
         ends = exp.group_by("rank", "step").agg(_last=pl.col("end_ns").max())
-        exp = exp.join(ends, on=["rank", "step"], how="left", nulls_equal=True)
-        alone = pl.len().over("rank", "step", "role", "collective") == 1
-        last = (pl.col("end_ns") == pl.col("_last")) & ~alone
+        keys = ["role", "collective", "rank", "step"]
+        exp = exp.join(ends, on=["rank", "step"], how="left", nulls_equal=True).join(
+            single.lazy(), on=keys, how="left", nulls_equal=True
+        )
+        last = (pl.col("end_ns") == pl.col("_last")) & pl.col("_alone").is_null()
         return exp.with_columns(
             exposed_ns=pl.when(last).then(0).otherwise(pl.col("exposed_ns"))
-        ).drop("_last")
+        ).drop("_last", "_alone")
 
     impact = impact_per_step(exposed, "exposed_ns", ["role", "collective"], tables=tables)
     # Per group first (few rows), so the streaming engine never holds a list per row.
     per_group = tables.collect(
-        transfers(tables)
+        _transfers(tables, tables)
         .group_by("role", "collective", "process_group")
         .agg(_sum=pl.col("bytes").sum(), _count=pl.col("bytes").count())
     )

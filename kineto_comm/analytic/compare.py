@@ -74,13 +74,13 @@ def _role_table(report, roles: Mapping[str, str] | None) -> pl.DataFrame:
     return pl.DataFrame(schema={"process_group": pl.String, "role": pl.String})
 
 
+SIDES = ("in_bytes", "out_bytes")
+
+
 def _sends_and_recvs(calls: pl.LazyFrame) -> pl.LazyFrame:
     """`calls` with each send_recv of known size split into its send and its recv (a part
-    that moved nothing left out); the in/out columns dropped (a table without them, as
-    some callers build, is taken as it is)."""
+    that moved nothing left out); the in/out columns dropped."""
     keep = ["rank", "step", "collective", "process_group", "dtype", "bytes"]
-    if not {"in_bytes", "out_bytes"} <= set(calls.collect_schema().names()):
-        return calls
     both = (pl.col("collective") == "send_recv") & (
         pl.col("in_bytes").is_not_null() | pl.col("out_bytes").is_not_null()
     )
@@ -104,10 +104,12 @@ def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
         return pl.DataFrame(schema=MEASURED_SCHEMA)
     # Aggregations over the calls (a row per call and rank, kept in files on a big job).
     rows = store.height
-    sides = [c for c in ("in_bytes", "out_bytes") if c in store.columns]
-    coll = _sends_and_recvs(
-        store.lazy(["rank", "step", "collective", "process_group", "dtype", "bytes", *sides])
+    sides = set(SIDES) <= set(store.columns)  # tables built without them: as they are
+    coll = store.lazy(
+        ["rank", "step", "collective", "process_group", "dtype", "bytes", *(SIDES if sides else ())]
     )
+    if sides:
+        coll = _sends_and_recvs(coll)
     in_steps = collect(coll.select((pl.col("step") >= 0).any()), rows).item()
     if in_steps:
         coll = coll.filter(pl.col("step") >= 0)
