@@ -23,6 +23,54 @@ from kineto_comm.rules_api import (
 )
 
 BUBBLE = ("pipeline_bubble", "idle")
+# The calls that receive a micro-batch's data: each transfer is counted once, where the
+# data arrives (the sender's time in the same transfer is the same time: counted on both
+# ends, the replay doubled it against synth jobs whose transfers were made free).
+RECEIVES = ("recv", "send_recv")
+# The share of the step hiding the transfers must buy back for PIPE101 to advise it.
+HIDE_SHARE = 0.01
+
+
+def _transfer_ns(tables: Tables, ranks: list[int], groups: list[str]) -> pl.DataFrame:
+    """rank, step, transfer_ns: per window, the time the pipeline's receiving calls
+    (RECEIVES) spent moving data once both ends were there (the report's collective_waits:
+    a call's duration less its wait for its peer, so a receive's transfer runs from its
+    send's start to its end). A call matched with no peer (a batched kernel of several
+    ops) is given the shortest time any call of its group, kind and size took. This, not
+    the whole bubble above theory, is what overlapping the transfers with compute can
+    hide: a stage that waits for a neighbour held up by something else waits as long."""
+    cols = ["rank", "step", "process_group", "collective", "start_ns", "duration_ns", "bytes"]
+    if not tables.has("collectives", *cols):
+        return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "transfer_ns": pl.Int64})
+    calls = tables.lazy("collectives", cols).filter(
+        pl.col("collective").is_in(RECEIVES)
+        & pl.col("rank").is_in(ranks)
+        & pl.col("process_group").cast(pl.String).is_in(groups)
+    )
+    if tables.has("collective_waits", "rank", "start_ns", "wait_ns"):
+        waits = (
+            tables.lazy("collective_waits", ["rank", "start_ns", "wait_ns"])
+            .select(pl.col("rank", "start_ns", "wait_ns").cast(pl.Int64))
+            .group_by("rank", "start_ns")
+            .agg(pl.col("wait_ns").max())
+        )
+        calls = calls.with_columns(pl.col("rank", "start_ns").cast(pl.Int64)).join(
+            waits, on=["rank", "start_ns"], how="left"
+        )
+    else:
+        calls = calls.with_columns(wait_ns=pl.lit(None, dtype=pl.Int64))
+    shortest = pl.col("duration_ns").min().over("process_group", "collective", "bytes")
+    return tables.collect(
+        calls.select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            transfer=pl.when(pl.col("wait_ns").is_not_null())
+            .then((pl.col("duration_ns") - pl.col("wait_ns")).clip(lower_bound=0))
+            .otherwise(shortest),
+        )
+        .group_by("rank", "step")
+        .agg(transfer_ns=pl.col("transfer").sum().cast(pl.Int64))
+    )
 
 
 def _bubble_ns(tables: Tables, ranks: list[int]) -> float:
@@ -38,6 +86,25 @@ def _bubble_ns(tables: Tables, ranks: list[int]) -> float:
         .select(pl.col("ns").mean())
     )
     return float(rows.item() or 0.0)
+
+
+def _free_compute_ns(tables: Tables, ranks: list[int]) -> pl.DataFrame:
+    """rank, step, free_ns: per window, the compute no communication overlaps yet (the
+    steps table's compute_ns less overlap_ns): what a transfer can be hidden behind. All
+    of the transfers where the steps table lacks those columns."""
+    if not tables.has("steps", "rank", "step", "compute_ns", "overlap_ns"):
+        return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "free_ns": pl.Int64})
+    return tables.collect(
+        tables.lazy("steps", ["rank", "step", "compute_ns", "overlap_ns"])
+        .filter(pl.col("rank").is_in(ranks))
+        .select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            free_ns=(pl.col("compute_ns").fill_null(0) - pl.col("overlap_ns").fill_null(0))
+            .clip(lower_bound=0)
+            .cast(pl.Int64),
+        )
+    )
 
 
 def _stage_steps(tables: Tables) -> pl.DataFrame:
@@ -134,12 +201,14 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     the title's percentage) with the 1F1B theory (p-1)/(m+p-1) for p stages and m
     micro-batches. The saving is replayed on the model of time (step_blame's
     pipeline_bubble and idle time of the pipeline ranks): `target_micro_batches` (default
-    4p) shrink the schedule's bubble (p-1) x busy / m to (p-1) x busy / m'; idle time above
-    theory (`bubble_above_theory`: point-to-point transfers and other work between
-    micro-batches) is removed too, by hiding the transfers, and when it is more than the
-    theory bubble that advice comes first. Both are removed from each (rank, step) window's
-    own bubble (a stage's first window, which starts when its first micro-batch arrives,
-    holds less of it). Each advice names its own replayed saving.
+    4p) shrink the schedule's bubble (p-1) x busy / m to (p-1) x busy / m'. When the bubble
+    is more than 5% of the step above theory (`bubble_above_theory`), hiding the
+    point-to-point transfers behind compute is replayed too: it removes their own time
+    (from the peer's arrival to the call's end), not the whole excess, since a stage that
+    waits for a neighbour held up by other work (a straggler, a host-bound stage) waits as
+    long; that advice comes first when it saves more. Both are removed from each (rank,
+    step) window's own bubble (a stage's first window, which starts when its first
+    micro-batch arrives, holds less of it). Each advice names its own replayed saving.
 
     Why is this bad?
     During a pipeline's warm-up and cool-down, stages wait for activations or gradients.
@@ -206,10 +275,9 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         ranks = [int(r) for r in s["ranks"]]
         # The model of time's bubble on the pipeline ranks, and the parts of it each fix
         # removes: more micro-batches shrink the schedule's (p-1) x busy / m to
-        # (p-1) x busy / m'; hiding the transfers removes what is above that.
+        # (p-1) x busy / m'; hiding the transfers removes their own time.
         bubble_ns = _bubble_ns(tables, ranks)
         busy = float(s["busy"] or 0.0)
-        sched_ns = busy * (p - 1) / m if theory is not None and m else 0.0
         more_mb_ns = (
             busy * (p - 1) * (1.0 / m - 1.0 / float(s["mt"])) if theory is not None and m else 0.0
         )
@@ -221,18 +289,68 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             if in_pipe is not None:
                 s["measured"] = float(in_pipe)  # the pipeline table's own fraction
         excess = s["measured"] - theory if theory is not None else 0.0
-        hide = excess > 0.05
         where = pl.col("rank").is_in(ranks) & pl.col("category").is_in(BUBBLE)
         # Each fix removes time from every window's own bubble: more micro-batches the
-        # schedule's difference, hiding the transfers what is above the schedule's bubble.
-        # Per window, not as a share of the mean bubble: a stage's first window, which
-        # starts when its first micro-batch arrives, holds less bubble than the others.
-        window_ns = pl.when(where).then(pl.col("ns")).otherwise(0).sum().over("rank", "step")
-        above: pl.Expr = (window_ns - sched_ns).clip(lower_bound=0) if hide else pl.lit(0.0)
+        # schedule's difference, spread over the window's bubble rows; hiding the transfers
+        # their own time (_transfer_ns) from the point-to-point rows. Per window, not as a
+        # share of the mean bubble: a stage's first window, which starts when its first
+        # micro-batch arrives, holds less bubble than the others.
+        windows = tables.collect(
+            step_blame(tables)
+            .filter(where)
+            .group_by("rank", "step")
+            .agg(
+                _bubble=pl.col("ns").sum(),
+                _p2p=pl.col("ns").filter(pl.col("category") == "pipeline_bubble").sum(),
+            )
+        )
+        windows = (
+            windows.join(
+                _transfer_ns(tables, ranks, list(s["groups"])), on=["rank", "step"], how="left"
+            )
+            .join(_free_compute_ns(tables, ranks), on=["rank", "step"], how="left")
+            .with_columns(
+                # Hidden behind compute: at most the window's compute that no communication
+                # overlaps yet (a host-bound stage has little to hide them behind).
+                transfer_ns=pl.min_horizontal(
+                    pl.col("transfer_ns").fill_null(0),
+                    pl.col("free_ns").fill_null(pl.col("transfer_ns").fill_null(0)),
+                )
+            )
+            .with_columns(
+                _mb=pl.when(pl.col("_bubble") > 0)
+                .then(more_mb_ns / pl.col("_bubble"))
+                .otherwise(0.0),
+                _hide=pl.when(pl.col("_p2p") > 0)
+                .then(pl.col("transfer_ns") / pl.col("_p2p"))
+                .otherwise(0.0),
+            )
+        )
+        transfers_ns = float(windows["transfer_ns"].fill_null(0).sum()) / max(windows.height, 1)
 
-        def share_of(ns: float | pl.Expr, window_ns: pl.Expr = window_ns) -> pl.Expr:
-            return pl.when(window_ns > 0).then(ns / window_ns).otherwise(0.0)
+        def shares(mb: bool, hidden: bool, windows: pl.DataFrame = windows) -> pl.DataFrame:
+            """rank, step, category, fraction: the bubble rows' share each fix removes."""
+            mb_share = pl.col("_mb") if mb else pl.lit(0.0)
+            hide_share = pl.col("_hide") if hidden else pl.lit(0.0)
+            return pl.concat(
+                [
+                    windows.select(
+                        "rank",
+                        "step",
+                        category=pl.lit("pipeline_bubble"),
+                        fraction=mb_share + hide_share,
+                    ),
+                    windows.select("rank", "step", category=pl.lit("idle"), fraction=mb_share),
+                ]
+            )
 
+        step_ns = step_ns or int(s["wall"])
+        saved_mb = replay_saving(tables, Edit("more micro-batches", where, shares(True, False)))
+        saved_hide = replay_saving(tables, Edit("hidden transfers", where, shares(False, True)))
+        # Hiding the transfers is advised where it buys back a share of the step worth
+        # saying (HIDE_SHARE), whatever the bubble above theory: that excess may be waits
+        # for a late stage, which hiding does not buy back.
+        hide = saved_hide >= HIDE_SHARE * step_ns
         fixes = (
             f"{m} -> {int(s['mt'])} micro-batches" if more_mb_ns > 0 else "",
             "transfers between micro-batches hidden" if hide else "",
@@ -242,13 +360,11 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             if any(fixes)
             else "pipeline bubble: no modelled fix",
             where,
-            share_of(more_mb_ns + above),
+            shares(True, hide),
         )
         impact = replay_saving(tables, edit)
-        saved_mb = replay_saving(tables, Edit("more micro-batches", where, share_of(more_mb_ns)))
-        saved_hide = replay_saving(tables, Edit("hidden transfers", where, share_of(above)))
         s["impact"] = impact
-        wall = step_ns or s["wall"]
+        wall = step_ns
         share = impact / wall if wall else 0.0
         sev = severity_for(share, options["warn_share"], options["error_share"])
         if sev is None:
@@ -276,17 +392,28 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "--decoder-last-pipeline-num-layers; the embedding and loss are heavy)."
             )
         if hide:
-            # Idle time the schedule does not explain: more micro-batches shrink only the
-            # schedule's part, so the transfers come first when they are most of it.
+            # Hiding the transfers buys back their own time only: the rest of a bubble
+            # above theory is waiting for neighbours held up by other work.
+            above_ns = max(excess, 0.0) * float(s["wall"])
             p2p = (
-                f"The bubble is {excess:.0%} of the step above 1F1B theory: stages wait on "
-                "point-to-point transfers (or other work) between micro-batches; more "
-                "micro-batches shrink only the schedule's part of the bubble. Overlap the "
-                "transfers with compute (Megatron-LM --overlap-p2p-communication, "
+                f"The bubble is {excess:.0%} of the step above 1F1B theory; more "
+                "micro-batches shrink only the schedule's part of it. "
+                if excess > 0.05
+                else ""
+            ) + (
+                "The point-to-point transfers take "
+                f"{transfers_ns / 1e6:.2f} ms per stage and step where their data arrives: "
+                "overlap them with compute (Megatron-LM --overlap-p2p-communication, "
                 "torch.distributed.batch_isend_irecv) and keep neighbouring stages on fast "
                 f"links (same host, NVLink): about {saved_hide / 1e6:.2f} ms per step."
             )
-            advice.insert(0 if excess > theory else len(advice), p2p)
+            if excess > 0.05 and transfers_ns < above_ns / 2:
+                p2p += (
+                    " The rest of the excess is stages waiting for neighbours held up by "
+                    "other work (a late or host-bound stage: the step-time table's critical "
+                    "path and the other findings name it), which overlapping does not hide."
+                )
+            advice.insert(0 if saved_hide > saved_mb else len(advice), p2p)
         advice.append("Consider a zero-bubble / 1F1B-interleaved schedule.")
         out.append(
             make_finding(
