@@ -114,7 +114,21 @@ def main() -> None:
                 problem = truth["problems"][0]
                 match = [f for f in findings if f.code in codes and is_the_cause(f, problem)]
                 if not match:
-                    print(f"{label}: {share}; no {'/'.join(codes)} finding")
+                    # Under the rules' info floor (info_share, 2% of the step): the
+                    # replayed saving the finding would have carried.
+                    floor = {c: {**(options or {}).get(c, {}), "info_share": 0.0} for c in codes}
+                    below = [
+                        f
+                        for f in run_rules(report, select=list(codes), options=floor)
+                        if is_the_cause(f, problem)
+                    ]
+                    said = (
+                        f" (under the info floor: replayed "
+                        f"{(below[0].impact_ns_per_step - expected) / max(expected, 1):+.1%})"
+                        if below
+                        else ""
+                    )
+                    print(f"{label}: {share}; no {'/'.join(codes)} finding{said}")
                     continue
                 f = match[0]
                 place = findings.index(f) + 1
