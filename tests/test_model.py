@@ -427,7 +427,7 @@ def test_a_batched_kernel_takes_the_ops_queued_since_the_last_launch(tmp_path):
     launch nothing. An unbatched send launched its own kernel inside its op: it is not part
     of the next batch, which holds the one recv queued after it. A batch of a send and a
     recv is a send_recv of the group they share, with what it sent and received (unknown
-    where an op's size is), and no peer."""
+    where an op's size is); its peer where both ops have the same, else none."""
     sendrecv = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
     events = [
         cpu("ProfilerStep#1", 0, 1000, cat="user_annotation"),
@@ -452,11 +452,65 @@ def test_a_batched_kernel_takes_the_ops_queued_since_the_last_launch(tmp_path):
         cpu("nccl:coalesced", 330, 20, cat="user_annotation"),
         launch(335, 4),
         kernel(sendrecv, 340, 10, stream=20, corr=4),
+        # A batch sending to one stage and receiving from another.
+        _p2p_op("send", 400, 2),
+        _p2p_op("recv", 415, 3),
+        cpu("nccl:coalesced", 430, 20, cat="user_annotation"),
+        launch(435, 5),
+        kernel(sendrecv, 440, 10, stream=20, corr=5),
     ]
     report = analyze(write_trace(tmp_path / "rank0.json", events, rank=0, world_size=4), jobs=1)
     calls = report.collectives.sort("start_ns")
-    assert calls["collective"].to_list() == ["send", "recv", "send_recv", "send_recv"]
-    assert calls["process_group"].to_list() == ["1"] * 4
-    assert calls["peer"].to_list() == [2, 2, None, None]
-    assert calls["in_bytes"].to_list() == [16_384] * 4
-    assert calls["out_bytes"].to_list() == [16_384, 16_384, 16_384, None]
+    assert calls["collective"].to_list() == ["send", "recv", *["send_recv"] * 3]
+    assert calls["process_group"].to_list() == ["1"] * 5
+    assert calls["peer"].to_list() == [2, 2, 2, 2, None]
+    assert calls["in_bytes"].to_list() == [16_384] * 5
+    assert calls["out_bytes"].to_list() == [16_384, 16_384, 16_384, None, 16_384]
+
+
+def _batch(ts: float, corr: int, ops: list[tuple[str, int]]) -> list[dict]:
+    """One batch_isend_irecv on NCCL: its ops' record_param_comms, then its one SendRecv
+    kernel launched in a `nccl:coalesced` span (started 100 us after `ts`, 20 us long)."""
+    events = [_p2p_op(kind, ts + 5 * i, peer) for i, (kind, peer) in enumerate(ops)]
+    return [
+        *events,
+        cpu("nccl:coalesced", ts + 30, 20, cat="user_annotation"),
+        launch(ts + 35, corr),
+        kernel(
+            "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+            ts + 100,
+            20,
+            stream=20,
+            corr=corr,
+        ),
+    ]
+
+
+def test_a_batched_exchange_with_one_stage_meets_the_stages_batch(tmp_path):
+    """Megatron-LM's 1F1B on two stages (ranks 0 and 2), three micro-batches, batched p2p:
+    stage 0 sends an activation, then twice sends the next one and receives a gradient in
+    one kernel (send_forward_recv_backward), then receives the last gradient; stage 1
+    mirrors it, 300 us later. Each two-op kernel exchanges with one peer: it is matched
+    with the peer's (keyed by the pair), so all four transfers pair up, and the early
+    stage's kernels wait for the late one's."""
+    stage0 = [("send", 2)], [("send", 2), ("recv", 2)], [("send", 2), ("recv", 2)], [("recv", 2)]
+    stage1 = [("recv", 0)], [("send", 0), ("recv", 0)], [("send", 0), ("recv", 0)], [("send", 0)]
+    for rank, batches, late in ((0, stage0, 0), (2, stage1, 300)):
+        events = [cpu("ProfilerStep#1", 0, 5000, cat="user_annotation")]
+        for i, ops in enumerate(batches):
+            events += _batch(1000 * i + late, i + 1, ops)
+        write_trace(tmp_path / f"rank{rank}.json", events, rank=rank, world_size=4)
+    report = analyze(tmp_path, jobs=1)
+    calls = report.collectives.sort("rank", "start_ns")
+    assert calls["collective"].to_list() == ["send", *["send_recv"] * 2, "recv"] + [
+        "recv",
+        *["send_recv"] * 2,
+        "send",
+    ]
+    assert calls["peer"].to_list() == [2] * 4 + [0] * 4
+    inst = report.collective_instances
+    assert inst.height == 4 and (inst["ranks_seen"] == 2).all()
+    assert (inst["key_kind"] == "p2p").all()
+    waits = report.collective_waits.sort("rank", "start_ns")
+    assert waits.filter(pl.col("rank") == 0)["wait_ns"].to_list() == [300_000] * 4
+    assert waits.filter(pl.col("rank") == 2)["wait_ns"].to_list() == [0] * 4

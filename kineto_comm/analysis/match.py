@@ -7,7 +7,9 @@ A call is identified on every rank by a key that does not depend on clocks:
 - point-to-point transfers are keyed by direction (sender -> receiver, from `peer`) and
   their position among the transfers in that direction, so a send meets its recv (gloo
   traces record the peer only in the c10d op's Concrete Inputs, read by the collectives
-  model); without a peer a transfer cannot be paired and stays alone (`unpaired`);
+  model); a send_recv with a peer (a batched exchange with one stage, both ways) by the
+  pair, lower rank first, so it meets the peer's; without a peer a transfer cannot be
+  paired and stays alone (`unpaired`);
 - a call that names no group on a rank whose pg_config lists groups of different ranks
   (gloo traces record no group per call; a tensor- and data-parallel job's rank is in two)
   could be on any of them: matched by its order, it would meet the calls of other groups
@@ -190,9 +192,22 @@ def _parts(
     rows = in_rank_order(rows)
     is_p2p = pl.col("collective").is_in(P2P)
     p2p = is_p2p & pl.col("peer").is_not_null()
-    sender = pl.when(pl.col("collective") == "recv").then(pl.col("peer")).otherwise(pl.col("rank"))
+    # A send_recv with a peer (a batch exchanging with one stage both ways) has no
+    # direction: both ends key it by the pair, lower rank first.
+    recv, both = pl.col("collective") == "recv", pl.col("collective") == "send_recv"
+    sender = (
+        pl.when(recv)
+        .then(pl.col("peer"))
+        .when(both)
+        .then(pl.min_horizontal("rank", "peer"))
+        .otherwise(pl.col("rank"))
+    )
     receiver = (
-        pl.when(pl.col("collective") == "recv").then(pl.col("rank")).otherwise(pl.col("peer"))
+        pl.when(recv)
+        .then(pl.col("rank"))
+        .when(both)
+        .then(pl.max_horizontal("rank", "peer"))
+        .otherwise(pl.col("peer"))
     )
     kind = (
         pl.when(p2p)

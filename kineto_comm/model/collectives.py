@@ -245,10 +245,11 @@ def _with_batch_ops(calls: pl.LazyFrame, ops: pl.LazyFrame, rpc: pl.LazyFrame) -
     it only queued the transfer (pytorch/pytorch#194693). The batch is those ops since the
     thread's previous batch span and its previous communication launch. A batch of one op
     gives the kernel that op's metadata. A batch of several, which one kernel carries
-    together (a send to one stage and a receive from another), gives the group they share,
-    what the batch sent (in) and received (out), and `send_recv` (or send, or recv, where
-    all its ops are), but no peer: which part of the kernel's time moved which op is not
-    recorded, so the kernel is not matched with either peer's."""
+    together, gives the group they share, what the batch sent (in) and received (out), and
+    `send_recv` (or send, or recv, where all its ops are); and the peer where all its ops
+    have the same (an exchange with one stage, matched with that stage's batch), else none
+    (a send to one stage and a receive from another: which part of the kernel's time moved
+    which op is not recorded, so the kernel is matched with neither peer's)."""
     spans = ops.filter(pl.col("name") == BATCH_SPAN).select("rank", "tid", "start_ns", "end_ns")
     fields = [*_RPC, *_RPC_MORE]
     # A batch's ops come after the thread's previous batch span and after its previous
@@ -301,6 +302,11 @@ def _with_batch_ops(calls: pl.LazyFrame, ops: pl.LazyFrame, rpc: pl.LazyFrame) -
     one = pl.len() == 1
     sends, recvs = pl.col("collective") == "send", pl.col("collective") == "recv"
     same_group = pl.col("pg_name").n_unique() == 1
+    # The other end of each op; a batch whose ops all have the same one (Megatron-LM's
+    # 1F1B steady state: send_forward_recv_backward, an activation out to the next stage
+    # and its gradient back) exchanges with that peer, matched with its batch there.
+    op_peer = pl.when(sends).then(pl.col("dst_rank")).otherwise(pl.col("src_rank"))
+    one_peer = (op_peer.n_unique() == 1) & (op_peer.null_count() == 0)
 
     def summed(c: str, part: pl.Expr) -> pl.Expr:
         # What the batch sent (in) or received (out): its sends' (recvs') sizes together;
@@ -319,6 +325,8 @@ def _with_batch_ops(calls: pl.LazyFrame, ops: pl.LazyFrame, rpc: pl.LazyFrame) -
         "in_nelems": summed("in_nelems", sends),
         "out_nelems": summed("out_nelems", recvs),
         "dtype": pl.when(pl.col("dtype").n_unique() == 1).then(pl.col("dtype").first()),
+        "src_rank": pl.when(one_peer).then(op_peer.first()),
+        "dst_rank": pl.when(one_peer).then(op_peer.first()),
         **{
             c: pl.when(same_group).then(pl.col(c).first())
             for c in ("group_size", "pg_name", "pg_desc", "pg_ranks")
