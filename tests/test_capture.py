@@ -273,6 +273,7 @@ print("ok")
     ("layout", "ranks", "message"),
     [
         ("pp", 1, "pp needs"),
+        ("pp-1f1b", 9, "pp-1f1b needs"),
         ("tp", 3, "tp needs"),
         ("tp-dp", 6 - 4, "tp-dp needs"),
         ("tp-dp", 5, "tp-dp needs"),
@@ -298,6 +299,7 @@ def test_bad_arguments_rejected(layout: str, ranks: int, message: str, tmp_path:
     [
         ("ddp", {"gloo:all_reduce", "c10d::allreduce_"}),
         ("pp", {"gloo:send", "gloo:recv"}),
+        ("pp-1f1b", {"gloo:send", "gloo:recv"}),
     ],
 )
 def test_capture_end_to_end(layout: str, required: set[str], tmp_path: Path) -> None:
@@ -563,6 +565,51 @@ def test_h200_pipeline_and_data_parallel_capture(world: int) -> None:
     assert (per["len"] == 1).all()
     want = {r: _stage_params(r // dp, depth) for r in range(world)}
     assert {r: n for r, n in per.select("rank", "in_nelems").unique().iter_rows()} == want
+
+
+def one_f_one_b(stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
+    """A stage's sends and receives in one step of Megatron-LM's 1F1B schedule, in order
+    (collective, peer stage), written from the schedule's definition: warm-up forwards
+    (receive, then send on), one receive more, then per steady micro-batch the forward's
+    send with the backward's receive, then the backward's send with the next forward's
+    receive, then the cool-down's receives and sends."""
+    prev = [] if stage == 0 else [stage - 1]
+    nxt = [] if stage == stages - 1 else [stage + 1]
+    warmup = min(stages - stage - 1, micro_batches)
+    ops: list[tuple[str, int]] = []
+    for _ in range(warmup):
+        ops += [("recv", r) for r in prev] + [("send", r) for r in nxt]
+    if warmup < micro_batches:
+        ops += [("recv", r) for r in prev]
+    for j in range(micro_batches - warmup):
+        ops += [("send", r) for r in nxt] + [("recv", r) for r in nxt]
+        ops += [("send", r) for r in prev]
+        if warmup + j + 1 < micro_batches:
+            ops += [("recv", r) for r in prev]
+    for _ in range(warmup):
+        ops += [("recv", r) for r in nxt] + [("send", r) for r in prev]
+    return ops
+
+
+def test_the_1f1b_capture_runs_megatrons_schedule() -> None:
+    """Real gloo capture of Megatron-LM's 1F1B schedule (pp-1f1b, 4 stages, 4 micro-batches;
+    tests/data/gloo): each stage's sends and receives in every step are the schedule's, in
+    its order; the analyser pairs every one of them and finds the stages and micro-batches."""
+    from kineto_comm import analyze
+
+    report = analyze(REPO / "tests" / "data" / "gloo" / "pp-1f1b-4", jobs=1)
+    assert report.errors == ()
+    calls = report.collectives.filter(pl.col("step") >= 0).sort("rank", "start_ns")
+    steps = calls["step"].unique().sort().to_list()
+    assert len(steps) == 3
+    for (rank, step), rows in calls.group_by("rank", "step", maintain_order=True):
+        got = list(rows.select("collective", "peer").iter_rows())
+        assert got == one_f_one_b(int(rank), 4, 4), (rank, step)
+    inst = report.collective_instances
+    assert inst.height == 3 * 3 * 8 and (inst["ranks_seen"] == 2).all()
+    pipe = report.pipeline.filter(pl.col("step") >= 0)
+    assert (pipe["stage"] == pipe["rank"]).all()
+    assert set(pipe["stages"]) == {4} and set(pipe["micro_batches"]) == {4}
 
 
 def test_batched_point_to_point_kernels_take_their_batchs_ops() -> None:

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-LAYOUTS: tuple[str, ...] = ("ddp", "fsdp", "pp", "pp-dp", "tp", "tp-dp", "ep")
+LAYOUTS: tuple[str, ...] = ("ddp", "fsdp", "pp", "pp-1f1b", "pp-dp", "tp", "tp-dp", "ep")
 """Parallelism layouts :func:`capture` knows how to run."""
 
 TRACE_NAME = "rank-{rank}.pt.trace.json.gz"
@@ -126,7 +126,8 @@ def capture(
 
     Layouts: ``ddp`` (DistributedDataParallel, ``bucket_cap_mb``), ``fsdp`` (FSDP2
     ``fully_shard``), ``pp`` (GPipe pipeline over ``ranks`` stages with ``micro_batches``
-    micro-batches, ``dist.isend``/``dist.recv``), ``pp-dp`` (pipelines of 2 stages, of 4 from 8
+    micro-batches, ``dist.isend``/``dist.recv``), ``pp-1f1b`` (the same stages on Megatron-LM's
+    1F1B schedule, batched sends and receives), ``pp-dp`` (pipelines of 2 stages, of 4 from 8
     ranks on, across data-parallel replicas, with batched sends and receives; each stage's
     gradients all-reduced after the flush),
     ``tp`` (Megatron column/row-parallel linears with ``all_reduce`` in forward and backward),

@@ -1,4 +1,4 @@
-"""The tiny transformer and the seven parallel layouts (ddp, fsdp, pp, pp-dp, tp, tp-dp, ep).
+"""The tiny transformer and the parallel layouts (ddp, fsdp, pp, pp-1f1b, pp-dp, tp, tp-dp, ep).
 
 Why: each layout produces a distinct communication pattern in the trace: DDP
 bucketed gradient all-reduces, FSDP all-gathers and reduce-scatters, pipeline
@@ -7,7 +7,9 @@ all-reduces inside every block's forward and backward, and both at once in tp-dp
 (tensor parallel in pairs of neighbouring ranks, data parallel across the pairs, as
 Megatron lays a job out: many small calls inside a pair, fewer across), pipelines across
 data-parallel replicas in pp-dp (batched sends and receives within each pipeline, one exposed
-gradient all-reduce per stage after the pipeline flush), and expert
+gradient all-reduce per stage after the pipeline flush), Megatron-LM's own pipeline schedule
+in pp-1f1b (one forward, one backward, each exchange with a neighbour one batched call), and
+expert
 parallelism in ep (tokens sent to the rank holding their expert and back with uneven
 all_to_all_single calls: each rank sends and receives different amounts). Models are kept tiny
 (hidden 64, sequence 32) so traces stay small and 4 ranks run on 2 CPU cores.
@@ -44,8 +46,8 @@ def pp_depth(world: int) -> int:
 
 def check_layout_ranks(layout: str, ranks: int) -> str | None:
     """Return why ``layout`` cannot run on ``ranks`` ranks, or None if it can."""
-    if layout == "pp" and not 2 <= ranks <= 8:
-        return f"pp needs 2..8 ranks (one pipeline stage each), got {ranks}"
+    if layout in ("pp", "pp-1f1b") and not 2 <= ranks <= 8:
+        return f"{layout} needs 2..8 ranks (one pipeline stage each), got {ranks}"
     if layout == "tp" and (HEADS % ranks or FFN % ranks):
         return f"tp needs ranks dividing heads={HEADS} and ffn={FFN}, got {ranks}"
     if layout == "ep" and not 2 <= ranks <= 8:
@@ -63,6 +65,7 @@ def build_workload(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], N
         "ddp": _ddp,
         "fsdp": _fsdp,
         "pp": _pp,
+        "pp-1f1b": _pp_1f1b,
         "pp-dp": _pp_dp,
         "tp": _tp,
         "tp-dp": _tp_dp,
@@ -335,6 +338,15 @@ def _pp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
     return _pipeline(cfg, list(range(dist.get_world_size())), rank, None, None, device)
 
 
+def _pp_1f1b(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
+    """Megatron-LM's pipeline schedule (1F1B, batched point-to-point): stage ``rank`` of
+    ``world``, over the default group."""
+    import torch.distributed as dist
+
+    ranks = list(range(dist.get_world_size()))
+    return _pipeline(cfg, ranks, rank, None, None, device, batched=True, one_f_one_b=True)
+
+
 def _pp_dp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
     """Pipeline parallel across data-parallel replicas, in Megatron's rank order (pipeline
     outermost): ``pp_depth(world)`` stages of ``dp`` ranks each, stage ``rank // dp``;
@@ -375,16 +387,21 @@ def _pipeline(
     device: Any,
     seed: int = 0,
     batched: bool = False,
+    one_f_one_b: bool = False,
 ) -> Callable[[], None]:
-    """GPipe pipeline over the global ranks ``pipe_ranks``, this rank stage ``stage_index``:
-    a slice of the blocks (stage 0 also the embedding, the last stage the head and loss).
+    """A pipeline over the global ranks ``pipe_ranks``, this rank stage ``stage_index``: a
+    slice of the blocks (stage 0 also the embedding, the last stage the head and loss).
 
-    All micro-batches go forward (activations to the next stage, from the previous one),
-    then all go backward in the same order (gradients flow the other way): each
-    micro-batch's send goes with the next one's receive, as one ``batch_isend_irecv`` when
-    ``batched``, else an ``isend`` and a ``recv``. With a ``dp_group`` the stage's gradients
-    are then all-reduced there (averaged), in one call over their flattened concatenation;
-    ``seed`` picks the replica's data.
+    GPipe: all micro-batches go forward (activations to the next stage, from the previous
+    one), then all go backward in the same order (gradients flow the other way): each
+    micro-batch's send goes with the next one's receive. ``one_f_one_b``: Megatron-LM's
+    schedule instead (forward_backward_pipelining_without_interleaving): p - s - 1 warm-up
+    forwards, then one forward and one backward each in turn, exchanging with the same
+    neighbour both ways (send_forward_recv_backward, send_backward_recv_forward), then the
+    remaining backwards. Each exchange is one ``batch_isend_irecv`` when ``batched``, else an
+    ``isend`` and a ``recv``. With a ``dp_group`` the stage's gradients are then all-reduced
+    there (averaged), in one call over their flattened concatenation; ``seed`` picks the
+    replica's data.
     """
     import torch
     import torch.distributed as dist
@@ -446,6 +463,48 @@ def _pipeline(
         if recv:
             dist.recv(recv[0], src=recv[1], group=pipe_group)
 
+    def finish() -> None:
+        for work in pending:
+            work.wait()
+        pending.clear()
+        if dp_group is not None:
+            reduce_gradients()
+        opt.step()
+
+    def one_f_one_b() -> None:
+        opt.zero_grad(set_to_none=True)
+        inputs = list(xs) if first else [torch.empty(act_shape, device=device) for _ in xs]
+        grads = [None if last else torch.empty(act_shape, device=device) for _ in xs]
+        outputs: list[Any] = [None] * mb
+
+        def forward(i: int) -> Any:
+            if not first:
+                inputs[i].requires_grad_()
+            out = stage(inputs[i])
+            outputs[i] = _lm_loss(out, ys[i]) / mb if last else out
+            return None if last else (out.detach().contiguous(), next_r)
+
+        def backward(i: int) -> Any:
+            outputs[i].backward(grads[i])
+            return None if first else (inputs[i].grad.contiguous(), prev_r)
+
+        warmup = min(world - stage_i - 1, mb)
+        for i in range(warmup):
+            exchange(None, None if first else (inputs[i], prev_r))
+            exchange(forward(i), None)
+        if warmup < mb:
+            exchange(None, None if first else (inputs[warmup], prev_r))
+        for j in range(mb - warmup):  # steady state: forward warmup + j, backward j
+            sent = forward(warmup + j)
+            exchange(sent, None if last else (grads[j], next_r))
+            back = backward(j)
+            more = warmup + j + 1 < mb
+            exchange(back, None if first or not more else (inputs[warmup + j + 1], prev_r))
+        for j in range(mb - warmup, mb):  # cool-down
+            exchange(None, None if last else (grads[j], next_r))
+            exchange(backward(j), None)
+        finish()
+
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         inputs = list(xs) if first else [torch.empty(act_shape, device=device) for _ in xs]
@@ -468,14 +527,9 @@ def _pipeline(
                 None if first else (inputs[i].grad.contiguous(), prev_r),
                 None if last or i + 1 == mb else (grads[i + 1], next_r),
             )
-        for work in pending:
-            work.wait()
-        pending.clear()
-        if dp_group is not None:
-            reduce_gradients()
-        opt.step()
+        finish()
 
-    return step
+    return one_f_one_b if one_f_one_b else step
 
 
 # --------------------------------------------------------------------------- ep
