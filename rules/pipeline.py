@@ -201,14 +201,16 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     the title's percentage) with the 1F1B theory (p-1)/(m+p-1) for p stages and m
     micro-batches. The saving is replayed on the model of time (step_blame's
     pipeline_bubble and idle time of the pipeline ranks): `target_micro_batches` (default
-    4p) shrink the schedule's bubble (p-1) x busy / m to (p-1) x busy / m'. When the bubble
-    is more than 5% of the step above theory (`bubble_above_theory`), hiding the
-    point-to-point transfers behind compute is replayed too: it removes their own time
-    (from the peer's arrival to the call's end), not the whole excess, since a stage that
-    waits for a neighbour held up by other work (a straggler, a host-bound stage) waits as
-    long; that advice comes first when it saves more. Both are removed from each (rank,
-    step) window's own bubble (a stage's first window, which starts when its first
-    micro-batch arrives, holds less of it). Each advice names its own replayed saving.
+    4p) shrink the schedule's bubble (p-1) x busy / m to (p-1) x busy / m'. Hiding the
+    point-to-point transfers behind compute is replayed too, and advised where it saves 1%
+    of the step: it removes the transfers' own time (each counted where its data arrives,
+    from its send's start to the receive's end; at most the window's compute that no
+    communication overlaps), not the whole bubble above theory (`bubble_above_theory`),
+    since a stage that waits for a neighbour held up by other work (a straggler, a
+    host-bound stage) waits as long; that advice comes first when it saves more. Both are
+    removed from each (rank, step) window's own bubble (a stage's first window, which
+    starts when its first micro-batch arrives, holds less of it). Each advice names its
+    own replayed saving.
 
     Why is this bad?
     During a pipeline's warm-up and cool-down, stages wait for activations or gradients.
@@ -309,12 +311,12 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 _transfer_ns(tables, ranks, list(s["groups"])), on=["rank", "step"], how="left"
             )
             .join(_free_compute_ns(tables, ranks), on=["rank", "step"], how="left")
+            .with_columns(pl.col("transfer_ns").fill_null(0))
             .with_columns(
                 # Hidden behind compute: at most the window's compute that no communication
                 # overlaps yet (a host-bound stage has little to hide them behind).
-                transfer_ns=pl.min_horizontal(
-                    pl.col("transfer_ns").fill_null(0),
-                    pl.col("free_ns").fill_null(pl.col("transfer_ns").fill_null(0)),
+                _hideable=pl.min_horizontal(
+                    "transfer_ns", pl.col("free_ns").fill_null(pl.col("transfer_ns"))
                 )
             )
             .with_columns(
@@ -322,11 +324,12 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 .then(more_mb_ns / pl.col("_bubble"))
                 .otherwise(0.0),
                 _hide=pl.when(pl.col("_p2p") > 0)
-                .then(pl.col("transfer_ns") / pl.col("_p2p"))
+                .then(pl.col("_hideable") / pl.col("_p2p"))
                 .otherwise(0.0),
             )
         )
-        transfers_ns = float(windows["transfer_ns"].fill_null(0).sum()) / max(windows.height, 1)
+        transfers_ns = float(windows["transfer_ns"].sum()) / max(windows.height, 1)
+        hideable_ns = float(windows["_hideable"].sum()) / max(windows.height, 1)
 
         def shares(mb: bool, hidden: bool, windows: pl.DataFrame = windows) -> pl.DataFrame:
             """rank, step, category, fraction: the bubble rows' share each fix removes."""
@@ -405,7 +408,13 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 f"{transfers_ns / 1e6:.2f} ms per stage and step where their data arrives: "
                 "overlap them with compute (Megatron-LM --overlap-p2p-communication, "
                 "torch.distributed.batch_isend_irecv) and keep neighbouring stages on fast "
-                f"links (same host, NVLink): about {saved_hide / 1e6:.2f} ms per step."
+                f"links (same host, NVLink): about {saved_hide / 1e6:.2f} ms per step"
+                + (
+                    f", as the stages hold only {hideable_ns / 1e6:.2f} ms per step of compute "
+                    "no communication overlaps to hide them behind."
+                    if hideable_ns < transfers_ns / 2
+                    else "."
+                )
             )
             if excess > 0.05 and transfers_ns < above_ns / 2:
                 p2p += (
@@ -446,6 +455,7 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     "step_ns": int(wall),
                     "bubble_ns_per_step": int(bubble_ns),
                     "micro_batches_saving_ns": saved_mb,
+                    "transfer_ns_per_stage_step": int(transfers_ns),
                     "hidden_transfers_saving_ns": saved_hide,
                     "pipeline_groups": s["groups"],
                     "saving_method": f"replay: {edit.name}",
