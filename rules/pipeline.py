@@ -392,7 +392,8 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             advice.append(
                 f"Balance the stages: the busiest is {s['imbalance']:.0%} above the mean "
                 "(move layers; Megatron --decoder-first-pipeline-num-layers / "
-                "--decoder-last-pipeline-num-layers; the embedding and loss are heavy)."
+                "--decoder-last-pipeline-num-layers; the embedding and loss are heavy); "
+                "not in the saving above: no replay models moving layers between stages."
             )
         if hide:
             # Hiding the transfers buys back their own time only: the rest of a bubble
