@@ -326,6 +326,14 @@ def test_capture_end_to_end(layout: str, required: set[str], tmp_path: Path) -> 
     assert set(report.ranks["timeline"]) == {"host"}
     assert report.collectives.height > 0
     assert (report.steps.filter(report.steps["step"] >= 0).group_by("rank").len()["len"] == 2).all()
+    if layout.startswith("pp"):
+        # The last stage's schedule: GPipe receives both micro-batches, then sends both
+        # gradients; 1F1B sends each gradient before the next receive.
+        calls = report.collectives.filter((pl.col("rank") == 1) & (pl.col("step") >= 0))
+        for _, rows in calls.sort("start_ns").group_by("step", maintain_order=True):
+            kinds = rows["collective"].to_list()
+            want = ["recv", "send"] * 2 if layout == "pp-1f1b" else ["recv"] * 2 + ["send"] * 2
+            assert kinds == want, (layout, kinds)
 
 
 @pytest.mark.capture

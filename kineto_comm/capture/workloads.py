@@ -471,7 +471,7 @@ def _pipeline(
             reduce_gradients()
         opt.step()
 
-    def one_f_one_b() -> None:
+    def step_1f1b() -> None:
         opt.zero_grad(set_to_none=True)
         inputs = list(xs) if first else [torch.empty(act_shape, device=device) for _ in xs]
         grads = [None if last else torch.empty(act_shape, device=device) for _ in xs]
@@ -529,7 +529,7 @@ def _pipeline(
             )
         finish()
 
-    return one_f_one_b if one_f_one_b else step
+    return step_1f1b if one_f_one_b else step
 
 
 # --------------------------------------------------------------------------- ep
