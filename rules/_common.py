@@ -32,6 +32,21 @@ SHARE_OPTIONS = (
 )
 
 
+def free_compute(tables: Tables) -> pl.LazyFrame | None:
+    """rank, step, free_ns: per window, the compute no communication overlaps yet (the
+    steps table's compute_ns less overlap_ns): what communication can still be hidden
+    behind. None where the steps table lacks those columns."""
+    if not tables.has("steps", "rank", "step", "compute_ns", "overlap_ns"):
+        return None
+    return tables.lazy("steps", ["rank", "step", "compute_ns", "overlap_ns"]).select(
+        pl.col("rank").cast(pl.Int64),
+        pl.col("step").cast(pl.Int64),
+        free_ns=(pl.col("compute_ns").fill_null(0) - pl.col("overlap_ns").fill_null(0))
+        .clip(lower_bound=0)
+        .cast(pl.Int64),
+    )
+
+
 def share_severity(share: float, options: dict) -> Severity | None:
     """A finding's severity on SHARE_OPTIONS' ladder; None below `info_share`."""
     sev = severity_for(share, options["warn_share"], options["error_share"])

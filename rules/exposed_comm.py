@@ -22,6 +22,7 @@ from ._common import (
     SHARDED,
     SHARE_OPTIONS,
     exposure_by_cause,
+    free_compute,
     share_severity,
     single_call_steps,
 )
@@ -85,24 +86,20 @@ def _hideable(tables: Tables, where: pl.Expr) -> pl.DataFrame | float:
     transfer hidden behind compute runs while compute runs: a rank whose step holds less
     compute than the transfers to hide (a job bound by slow links) can hide only that much,
     whatever the order of its kernels. Without the steps' compute: every row (1.0)."""
-    if not tables.has("steps", "rank", "step", "compute_ns", "overlap_ns"):
+    free = free_compute(tables)
+    if free is None:
         return 1.0
     exposed = (
         step_blame(tables).filter(where).group_by("rank", "step").agg(_exposed=pl.col("ns").sum())
-    )
-    free = tables.lazy("steps", ["rank", "step", "compute_ns", "overlap_ns"]).select(
-        pl.col("rank").cast(pl.Int64),
-        pl.col("step").cast(pl.Int64),
-        _free=(pl.col("compute_ns").fill_null(0) - pl.col("overlap_ns").fill_null(0)).clip(
-            lower_bound=0
-        ),
     )
     return tables.collect(
         exposed.join(free, on=["rank", "step"], how="left").select(
             "rank",
             "step",
             fraction=pl.when(pl.col("_exposed") > 0)
-            .then(pl.min_horizontal(pl.lit(1.0), pl.col("_free").fill_null(0) / pl.col("_exposed")))
+            .then(
+                pl.min_horizontal(pl.lit(1.0), pl.col("free_ns").fill_null(0) / pl.col("_exposed"))
+            )
             .otherwise(0.0),
         )
     )

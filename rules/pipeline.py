@@ -22,6 +22,8 @@ from kineto_comm.rules_api import (
     step_times,
 )
 
+from ._common import free_compute
+
 BUBBLE = ("pipeline_bubble", "idle")
 # The calls that receive a micro-batch's data: each transfer is counted once, where the
 # data arrives (the sender's time in the same transfer is the same time: counted on both
@@ -86,25 +88,6 @@ def _bubble_ns(tables: Tables, ranks: list[int]) -> float:
         .select(pl.col("ns").mean())
     )
     return float(rows.item() or 0.0)
-
-
-def _free_compute_ns(tables: Tables, ranks: list[int]) -> pl.DataFrame:
-    """rank, step, free_ns: per window, the compute no communication overlaps yet (the
-    steps table's compute_ns less overlap_ns): what a transfer can be hidden behind. All
-    of the transfers where the steps table lacks those columns."""
-    if not tables.has("steps", "rank", "step", "compute_ns", "overlap_ns"):
-        return pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "free_ns": pl.Int64})
-    return tables.collect(
-        tables.lazy("steps", ["rank", "step", "compute_ns", "overlap_ns"])
-        .filter(pl.col("rank").is_in(ranks))
-        .select(
-            pl.col("rank").cast(pl.Int64),
-            pl.col("step").cast(pl.Int64),
-            free_ns=(pl.col("compute_ns").fill_null(0) - pl.col("overlap_ns").fill_null(0))
-            .clip(lower_bound=0)
-            .cast(pl.Int64),
-        )
-    )
 
 
 def _stage_steps(tables: Tables) -> pl.DataFrame:
@@ -306,11 +289,17 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 _p2p=pl.col("ns").filter(pl.col("category") == "pipeline_bubble").sum(),
             )
         )
+        free = free_compute(tables)
+        free = (
+            pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "free_ns": pl.Int64})
+            if free is None
+            else tables.collect(free.filter(pl.col("rank").is_in(ranks)))
+        )
         windows = (
             windows.join(
                 _transfer_ns(tables, ranks, list(s["groups"])), on=["rank", "step"], how="left"
             )
-            .join(_free_compute_ns(tables, ranks), on=["rank", "step"], how="left")
+            .join(free, on=["rank", "step"], how="left")
             .with_columns(pl.col("transfer_ns").fill_null(0))
             .with_columns(
                 # Hidden behind compute: at most the window's compute that no communication

@@ -421,57 +421,11 @@ def _p2p_op(kind: str, ts: float, peer: int, nelems: int | None = 4096) -> dict:
     )
 
 
-def test_a_batched_kernel_takes_the_ops_queued_since_the_last_launch(tmp_path):
-    """batch_isend_irecv on NCCL: the batch's one SendRecv kernel is launched in a
-    `nccl:coalesced` span and names nothing; its ops' record_param_comms come before, and
-    launch nothing. An unbatched send launched its own kernel inside its op: it is not part
-    of the next batch, which holds the one recv queued after it. A batch of a send and a
-    recv is a send_recv of the group they share, with what it sent and received (unknown
-    where an op's size is); its peer where both ops have the same, else none."""
-    sendrecv = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
-    events = [
-        cpu("ProfilerStep#1", 0, 1000, cat="user_annotation"),
-        # An unbatched send: its op encloses its kernel's launch (the kernel names itself).
-        _p2p_op("send", 10, 2),
-        launch(12, 1),
-        kernel(sendrecv, 20, 10, stream=20, corr=1),
-        # A batch of one recv.
-        _p2p_op("recv", 100, 2),
-        cpu("nccl:coalesced", 120, 20, cat="user_annotation"),
-        launch(125, 2),
-        kernel(sendrecv, 130, 10, stream=20, corr=2),
-        # A batch of a send and a recv.
-        _p2p_op("send", 200, 2),
-        _p2p_op("recv", 215, 2),
-        cpu("nccl:coalesced", 230, 20, cat="user_annotation"),
-        launch(235, 3),
-        kernel(sendrecv, 240, 10, stream=20, corr=3),
-        # A batch whose recv records no size.
-        _p2p_op("send", 300, 2),
-        _p2p_op("recv", 315, 2, nelems=None),
-        cpu("nccl:coalesced", 330, 20, cat="user_annotation"),
-        launch(335, 4),
-        kernel(sendrecv, 340, 10, stream=20, corr=4),
-        # A batch sending to one stage and receiving from another.
-        _p2p_op("send", 400, 2),
-        _p2p_op("recv", 415, 3),
-        cpu("nccl:coalesced", 430, 20, cat="user_annotation"),
-        launch(435, 5),
-        kernel(sendrecv, 440, 10, stream=20, corr=5),
-    ]
-    report = analyze(write_trace(tmp_path / "rank0.json", events, rank=0, world_size=4), jobs=1)
-    calls = report.collectives.sort("start_ns")
-    assert calls["collective"].to_list() == ["send", "recv", *["send_recv"] * 3]
-    assert calls["process_group"].to_list() == ["1"] * 5
-    assert calls["peer"].to_list() == [2, 2, 2, 2, None]
-    assert calls["in_bytes"].to_list() == [16_384] * 5
-    assert calls["out_bytes"].to_list() == [16_384, 16_384, 16_384, None, 16_384]
-
-
-def _batch(ts: float, corr: int, ops: list[tuple[str, int]]) -> list[dict]:
-    """One batch_isend_irecv on NCCL: its ops' record_param_comms, then its one SendRecv
-    kernel launched in a `nccl:coalesced` span (started 100 us after `ts`, 20 us long)."""
-    events = [_p2p_op(kind, ts + 5 * i, peer) for i, (kind, peer) in enumerate(ops)]
+def _batch(ts: float, corr: int, ops: list[tuple]) -> list[dict]:
+    """One batch_isend_irecv on NCCL: its ops' record_param_comms (`_p2p_op`'s arguments
+    but the time: kind, peer and optionally nelems), then its one SendRecv kernel launched
+    in a `nccl:coalesced` span (started 100 us after `ts`, 20 us long)."""
+    events = [_p2p_op(op[0], ts + 5 * i, *op[1:]) for i, op in enumerate(ops)]
     return [
         *events,
         cpu("nccl:coalesced", ts + 30, 20, cat="user_annotation"),
@@ -484,6 +438,33 @@ def _batch(ts: float, corr: int, ops: list[tuple[str, int]]) -> list[dict]:
             corr=corr,
         ),
     ]
+
+
+def test_a_batched_kernel_takes_the_ops_queued_since_the_last_launch(tmp_path):
+    """batch_isend_irecv on NCCL: the batch's one SendRecv kernel is launched in a
+    `nccl:coalesced` span and names nothing; its ops' record_param_comms come before, and
+    launch nothing. An unbatched send launched its own kernel inside its op: it is not part
+    of the next batch, which holds the one recv queued after it. A batch of a send and a
+    recv is a send_recv of the group they share, with what it sent and received (unknown
+    where an op's size is); its peer where both ops have the same, else none."""
+    events = [
+        cpu("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        # An unbatched send: its op encloses its kernel's launch (the kernel names itself).
+        _p2p_op("send", 10, 2),
+        launch(12, 1),
+        kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 20, 10, 20, 1),
+        *_batch(100, 2, [("recv", 2)]),  # a batch of one recv
+        *_batch(200, 3, [("send", 2), ("recv", 2)]),  # a send and a recv
+        *_batch(300, 4, [("send", 2), ("recv", 2, None)]),  # its recv records no size
+        *_batch(400, 5, [("send", 2), ("recv", 3)]),  # to one stage, from another
+    ]
+    report = analyze(write_trace(tmp_path / "rank0.json", events, rank=0, world_size=4), jobs=1)
+    calls = report.collectives.sort("start_ns")
+    assert calls["collective"].to_list() == ["send", "recv", *["send_recv"] * 3]
+    assert calls["process_group"].to_list() == ["1"] * 5
+    assert calls["peer"].to_list() == [2, 2, 2, 2, None]
+    assert calls["in_bytes"].to_list() == [16_384] * 5
+    assert calls["out_bytes"].to_list() == [16_384, 16_384, 16_384, None, 16_384]
 
 
 def test_a_batched_exchange_with_one_stage_meets_the_stages_batch(tmp_path):
