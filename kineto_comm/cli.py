@@ -6,6 +6,7 @@ printed as one line `error: <file>: <problem>`; never a Python traceback.
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -507,6 +508,10 @@ def _registry(rules: list[str] | None, config: Path | None) -> Any:
 
 def main() -> None:
     """Console entry point: no tracebacks, one line per problem, exit 2 on errors."""
+    if sys.stdout is sys.__stdout__ and hasattr(signal, "SIGPIPE"):
+        # A reader that closes the pipe early (`report | head`) ends the process as it ends
+        # cat or git (status 141), not with exit 1, which means "findings" here.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         app()
     except (TraceError, UsageError) as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -114,6 +115,23 @@ def test_fail_on_and_exit_zero_set_the_exit_code(tmp_path):
     assert run("report", tmp_path, "--fail-on", "warning", "--exit-zero").returncode == 0
     bad = run("report", tmp_path, "--fail-on", "loud")
     assert bad.returncode == 2 and bad.stderr.startswith("error: ")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGPIPE"), reason="no SIGPIPE on this platform")
+def test_a_reader_that_stops_early_ends_the_report_as_it_ends_cat():
+    """`report | head`: the process ends by SIGPIPE (the shell's 141), silently; before,
+    click turned the broken pipe into exit 1, which says "findings" to a CI script."""
+    proc = subprocess.Popen(
+        [*CLI, "report", str(SAMPLES / "ddp-4"), "--exit-zero", "--format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(1) == b"{"  # the JSON document (300 KB) outgrows the pipe
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == -signal.SIGPIPE
+    assert err == b""
 
 
 def test_missing_path_is_exit_2_with_one_line():
