@@ -696,8 +696,9 @@ def rank_lateness(tables: Tables, where: pl.Expr | None = None) -> pl.DataFrame:
 def launch_floor(tables: Tables, removals: pl.DataFrame) -> pl.DataFrame:
     """rank, step, removed_ns, allowed_ns, share: per window, what a fix that leaves the
     CPU's launches where they are can take out of it (steptime.launch_floor: no kernel
-    starts before its launch), from `removals` (rank, step, at_ns, remove_ns: time the fix
-    takes out at `at_ns`, such as a call's end); `share` = allowed / removed, to scale an
+    starts before its launch, unless the CPU launched it after a removal point, where it
+    may have waited for that call), from `removals` (rank, step, at_ns, remove_ns: time the
+    fix takes out at `at_ns`, a call's end); `share` = allowed / removed, to scale an
     Edit's per-window fraction. Reads the kernels of those ranks only."""
     if removals.height == 0 or not tables.has("kernels", "launch_ns"):
         return pl.DataFrame(schema=_SHARE_SCHEMA)

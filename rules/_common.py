@@ -161,6 +161,47 @@ def _transfers(tables: Tables, view: Tables) -> pl.LazyFrame:
     return with_roles(tables, exp)
 
 
+def _hideable_rows(tables: Tables, view: Tables) -> pl.LazyFrame:
+    """_transfers of `view` with each rank's last call of a step given no exposed time
+    (nothing later in the step hides it) unless it is its cause's only call of the step
+    (`single_call_steps`)."""
+    single = single_call_steps(tables).with_columns(_alone=pl.lit(True))
+    exp = _transfers(tables, view)
+    # Each rank's step ends with its latest call: a few ranks' steps, joined back.
+    ends = exp.group_by("rank", "step").agg(_last=pl.col("end_ns").max())
+    keys = ["role", "collective", "rank", "step"]
+    exp = exp.join(ends, on=["rank", "step"], how="left", nulls_equal=True).join(
+        single.lazy(), on=keys, how="left", nulls_equal=True
+    )
+    last = (pl.col("end_ns") == pl.col("_last")) & pl.col("_alone").is_null()
+    return exp.with_columns(exposed_ns=pl.when(last).then(0).otherwise(pl.col("exposed_ns"))).drop(
+        "_last", "_alone"
+    )
+
+
+def hideable_transfers(
+    tables: Tables, role: str, collective: str, groups: list[str]
+) -> pl.DataFrame:
+    """rank, step, end_ns, exposed_ns: a cause's calls (its role and collective on its
+    groups) with the exposed transfer time hiding them behind compute can take, each
+    rank's last call of a step given none unless it is the cause's only one
+    (exposure_by_cause's rule); calls with none left out."""
+    rows = _hideable_rows(tables, tables).filter(
+        (pl.col("role") == role)
+        & (pl.col("collective") == collective)
+        & pl.col("process_group").is_in(groups)
+        & (pl.col("exposed_ns") > 0)
+    )
+    return tables.collect(
+        rows.select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            pl.col("end_ns").cast(pl.Int64),
+            pl.col("exposed_ns").cast(pl.Int64),
+        )
+    )
+
+
 def _by_cause(tables: Tables, exclude_last: bool) -> pl.DataFrame:
     """exposure_by_cause, computed."""
     schema = {"role": pl.String, "collective": pl.String, "exposed_ns": pl.Int64}
@@ -174,22 +215,8 @@ def _by_cause(tables: Tables, exclude_last: bool) -> pl.DataFrame:
             bytes_per_call=pl.lit(None, dtype=pl.Float64),
         )
 
-    single = single_call_steps(tables).with_columns(_alone=pl.lit(True)) if exclude_last else None
-
     def exposed(view: Tables) -> pl.LazyFrame:
-        exp = _transfers(tables, view)
-        if single is None:
-            return exp
-        # Each rank's step ends with its latest call: a few ranks' steps, joined back.
-        ends = exp.group_by("rank", "step").agg(_last=pl.col("end_ns").max())
-        keys = ["role", "collective", "rank", "step"]
-        exp = exp.join(ends, on=["rank", "step"], how="left", nulls_equal=True).join(
-            single.lazy(), on=keys, how="left", nulls_equal=True
-        )
-        last = (pl.col("end_ns") == pl.col("_last")) & pl.col("_alone").is_null()
-        return exp.with_columns(
-            exposed_ns=pl.when(last).then(0).otherwise(pl.col("exposed_ns"))
-        ).drop("_last", "_alone")
+        return _hideable_rows(tables, view) if exclude_last else _transfers(tables, view)
 
     impact = impact_per_step(exposed, "exposed_ns", ["role", "collective"], tables=tables)
     # Per group first (few rows), so the streaming engine never holds a list per row.

@@ -393,6 +393,31 @@ def test_a_fix_that_keeps_the_launches_moves_no_kernel_before_its_launch() -> No
     assert none.height == 0
 
 
+def test_a_kernel_launched_after_a_call_ended_may_have_waited_for_it() -> None:
+    """launch_floor at calls' ends: a kernel the CPU launched after a call ended may have
+    been launched when the CPU's wait for that call returned (the traces keep no host
+    syncs), so its launch moves with what was taken out before it; its slack caps only
+    what is taken out while it sat launched. Queued time (after_calls=False) holds every
+    launch where it is."""
+    kernels = pl.DataFrame(
+        {
+            "rank": [0, 0, 1, 1],
+            "step": [0, 0, 0, 0],
+            # rank 0: launched 2 us after the call's end at 10 us, started 18 us later;
+            # rank 1: launched 5 us before the call ended, started 25 us after that.
+            "start_ns": [0, 30_000, 0, 35_000],
+            "launch_ns": [0, 12_000, 0, 5_000],
+        }
+    )
+    removals = pl.DataFrame(
+        {"rank": [0, 1], "step": [0, 0], "at_ns": [10_000, 10_000], "remove_ns": [100_000] * 2}
+    )
+    calls = steptime.launch_floor(kernels.lazy(), removals).collect().sort("rank")
+    assert calls["allowed_ns"].to_list() == [100_000.0, 30_000.0]
+    queued = steptime.launch_floor(kernels.lazy(), removals, after_calls=False).collect()
+    assert queued.sort("rank")["allowed_ns"].to_list() == [18_000.0, 30_000.0]
+
+
 def test_a_kernel_launched_early_that_starts_late_was_queued(tmp_path: Path) -> None:
     """Kernels launched while the one before them still ran: the first starts 5 us after it
     ends (the device's own pace: idle); the second 6,900 us after (the H100 pp-4 capture's
