@@ -190,13 +190,14 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
         ).format(what=what)
         hideable, lone = hideable_calls(tables, c)
         where = where_all(c["collective"], groups) & hideable
+        behind = _hideable(tables, where)
         edit = Edit(
             f"{how} (each rank's last call of a step excepted unless it is the step's only "
             "one, which split into buckets hides all but its last; at most the compute "
             "time of the rank's step that no communication overlaps yet; the CPU's "
             "launches unchanged)",
             where,
-            fraction=_launched(tables, c, _hideable(tables, where)),
+            fraction=_launched(tables, c, behind),
         )
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0
@@ -206,7 +207,8 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
         # hiding it all): the cost stands, reported on its exposed share with what hiding
         # can buy and the advice to make the communication cheaper instead.
         unbound = replay_saving(tables, Edit("hide it all", where))
-        bound = unbound > 0 and saving < unbound / 2
+        capped = replay_saving(tables, Edit("hide it behind the compute", where, behind))
+        bound = unbound > 0 and capped < unbound / 2
         if bound:
             worse = share_severity(exposed_share, options)
             if worse is not None and (sev is None or worse.level > sev.level):
