@@ -101,6 +101,37 @@ def test_blame_sums_and_savings_fit_the_step(path: Path) -> None:
     _check(analyze(path, jobs=1))
 
 
+def _generated() -> list[tuple[str, str, int]]:
+    """Every scenario on every layout it runs on, at 4 and 16 ranks."""
+    from kineto_comm.synth.generate import LAYOUTS, SCENARIOS
+
+    skip = {("small-messages", "fsdp")}  # the scenario models DDP buckets
+    return [
+        (s, layout, n)
+        for s in SCENARIOS
+        for layout in (("pp-dp",) if s == "bubble" else LAYOUTS)
+        if (s, layout) not in skip
+        for n in (4, 16)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("scenario", "layout", "ranks"), _generated(), ids=str)
+def test_generated_jobs_keep_the_model_of_times_properties(
+    tmp_path: Path, scenario: str, layout: str, ranks: int
+) -> None:
+    """The same properties on generated jobs of every layout and scenario, with another
+    seed than the other tests' (the generator's timing noise and straggler differ)."""
+    from kineto_comm.synth import generate
+
+    from .test_rules_builtin import HW, TINY
+
+    generate(
+        scenario, tmp_path, ranks=ranks, layout=layout, seed=7, steps=3, model=TINY, hardware=HW
+    )
+    _check(analyze(tmp_path, jobs=1))
+
+
 def test_the_known_overclaims_are_gone() -> None:
     """Issue 51: pp-4's PIPE101 claimed 46.8 ms of a 34.2 ms step; tp-dp-8's findings added
     up to 280.5 ms of a 233.5 ms mean step. Savings now fit the step, overlaps are said,
