@@ -185,21 +185,30 @@ def hideable_transfers(
     """rank, step, end_ns, exposed_ns: a cause's calls (its role and collective on its
     groups) with the exposed transfer time hiding them behind compute can take, each
     rank's last call of a step given none unless it is the cause's only one
-    (exposure_by_cause's rule); calls with none left out."""
-    rows = _hideable_rows(tables, tables).filter(
+    (exposure_by_cause's rule); calls with none left out. Every cause's calls are read
+    once per rules run (COMM101 and COMM102 ask for each of their causes)."""
+
+    def every_cause() -> pl.DataFrame:
+        return tables.collect(
+            _hideable_rows(tables, tables)
+            .filter(pl.col("exposed_ns") > 0)
+            .select(
+                "role",
+                "collective",
+                "process_group",
+                pl.col("rank").cast(pl.Int64),
+                pl.col("step").cast(pl.Int64),
+                pl.col("end_ns").cast(pl.Int64),
+                pl.col("exposed_ns").cast(pl.Int64),
+            )
+        )
+
+    rows = tables.once(("builtin", "hideable_transfers"), every_cause)
+    return rows.filter(
         (pl.col("role") == role)
         & (pl.col("collective") == collective)
         & pl.col("process_group").is_in(groups)
-        & (pl.col("exposed_ns") > 0)
-    )
-    return tables.collect(
-        rows.select(
-            pl.col("rank").cast(pl.Int64),
-            pl.col("step").cast(pl.Int64),
-            pl.col("end_ns").cast(pl.Int64),
-            pl.col("exposed_ns").cast(pl.Int64),
-        )
-    )
+    ).select("rank", "step", "end_ns", "exposed_ns")
 
 
 def _by_cause(tables: Tables, exclude_last: bool) -> pl.DataFrame:
