@@ -3,7 +3,7 @@
     python bench/bench_commits.py 6ff1907 sample_traces/pp-4 tests/data/h100-nccl/tp-dp-8
 
 The other commit is checked out (once) as a git worktree under bench/out/trees/, with this
-tree's compiled scanner copied in when its sources are the same (else the run stops). Each
+tree's compiled scanner copied in when its sources are the same (else built there). Each
 run is a fresh interpreter (a first call, as the CLI makes) importing one tree or the other
 through PYTHONPATH; the trees take turns per folder, so a noisy minute hits both. Prints the
 median wall and CPU seconds per folder and tree (imports excluded for --decode), and the
@@ -44,7 +44,8 @@ print(wall, usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime)
 
 
 def tree_of(rev: str) -> Path:
-    """A worktree of `rev` with this tree's compiled scanner (same _scan.c only)."""
+    """A worktree of `rev` with this tree's compiled scanner (same _scan.c), or its own
+    compiled extensions (built there once where the sources differ)."""
     sha = subprocess.run(
         ["git", "rev-parse", "--short", rev], cwd=HERE, capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -54,7 +55,10 @@ def tree_of(rev: str) -> Path:
         subprocess.run(add, cwd=HERE, check=True)
     scan = "kineto_comm/load/_scan.c"
     if (where / scan).read_bytes() != (HERE / scan).read_bytes():
-        raise SystemExit(f"{rev}: its scanner source differs; build it there first")
+        if not list((where / "kineto_comm" / "load").glob("_scan*.so")):
+            build = [sys.executable, "setup.py", "build_ext", "--inplace"]
+            subprocess.run(build, cwd=where, check=True, capture_output=True)
+        return where
     for so in (HERE / "kineto_comm" / "load").glob("_scan*.so"):
         shutil.copy2(so, where / "kineto_comm" / "load" / so.name)
     return where

@@ -139,7 +139,7 @@ def _process_groups(raws: list[RawTrace]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-_ROLES = ("gpu", "ops", "host", "threads")
+_ROLES = ("gpu", "ops", "host", "threads", "waits")
 
 
 def stack(raws: list[RawTrace]) -> RawTrace:
@@ -198,6 +198,7 @@ def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTab
         gpu=stacked.gpu.clear(),
         host=stacked.host.clear(),
         threads=stacked.threads.clear(),
+        waits=stacked.waits.clear(),
     )
     kernels = rows.select(KERNEL_COLUMNS)
     collectives = build_collectives(rows, stacked, groups)

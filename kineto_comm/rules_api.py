@@ -696,14 +696,15 @@ def rank_lateness(tables: Tables, where: pl.Expr | None = None) -> pl.DataFrame:
 def launch_floor(tables: Tables, removals: pl.DataFrame) -> pl.DataFrame:
     """rank, step, removed_ns, allowed_ns, share: per window, what a fix that leaves the
     CPU's launches where they are can take out of it (steptime.launch_floor: no kernel
-    starts before its launch, unless the CPU launched it after a removal point, where it
-    may have waited for that call), from `removals` (rank, step, at_ns, remove_ns: time the
+    starts before its launch, but a launch after the CPU waited for the device moves with
+    what is taken out before that wait), from `removals` (rank, step, at_ns, remove_ns: time the
     fix takes out at `at_ns`, a call's end); `share` = allowed / removed, to scale an
     Edit's per-window fraction. Reads the kernels of those ranks only."""
     if removals.height == 0 or not tables.has("kernels", "launch_ns"):
         return pl.DataFrame(schema=_SHARE_SCHEMA)
     ranks = removals["rank"].cast(pl.Int64).unique().implode()
-    kernels = tables.lazy("kernels", ["rank", "step", "start_ns", "launch_ns"]).filter(
+    cols = [c for c in ("waited_ns",) if tables.has("kernels", c)]
+    kernels = tables.lazy("kernels", ["rank", "step", "start_ns", "launch_ns", *cols]).filter(
         pl.col("rank").cast(pl.Int64).is_in(ranks)
     )
     return _with_share(tables.collect(steptime.launch_floor(kernels, removals)))

@@ -38,7 +38,16 @@ OPTIONS = (
 
 
 # The kernels' columns the timeline reads, and the timeline's own columns.
-KERNEL_COLUMNS = ("rank", "step", "kind", "start_ns", "end_ns", "launch_ns", "launch_end_ns")
+KERNEL_COLUMNS = (
+    "rank",
+    "step",
+    "kind",
+    "start_ns",
+    "end_ns",
+    "launch_ns",
+    "launch_end_ns",
+    "waited_ns",
+)
 TIMELINE_SCHEMA = {
     "rank": pl.Int64,
     "step": pl.Int64,
@@ -53,6 +62,7 @@ TIMELINE_SCHEMA = {
     "next_start": pl.Int64,
     "next_launch": pl.Int64,
     "next_launched": pl.Int64,
+    "next_waited": pl.Int64,
     "in_storm": pl.Boolean,
 }
 
@@ -72,8 +82,9 @@ def _timeline(tables: Tables) -> pl.LazyFrame:
 
 def _build_timeline(tables: Tables, k: pl.DataFrame, storms: pl.DataFrame) -> pl.DataFrame:
     """_timeline's rows for a batch of whole ranks' kernels."""
-    if "launch_end_ns" not in k.columns:  # not in a table built without it
-        k = k.with_columns(launch_end_ns=pl.lit(None, dtype=pl.Int64))
+    for column in ("launch_end_ns", "waited_ns"):  # not in a table built without them
+        if column not in k.columns:
+            k = k.with_columns(pl.lit(None, dtype=pl.Int64).alias(column))
     if k.width < len(KERNEL_COLUMNS):  # kernels without the columns (an empty table)
         return pl.DataFrame(schema=TIMELINE_SCHEMA)
     # Kernels are stored in (rank, start) order: sorting them again was a third of this
@@ -92,6 +103,8 @@ def _build_timeline(tables: Tables, k: pl.DataFrame, storms: pl.DataFrame) -> pl
             next_launch=pl.when(after).then(pl.col("launch_ns").shift(-1)),
             # When the CPU was done launching it (its launch call's end where known).
             next_launched=pl.when(after).then(pl.coalesce("launch_end_ns", "launch_ns").shift(-1)),
+            # Where the CPU that launched it last waited for the device (kernels.waited_ns).
+            next_waited=pl.when(after).then(pl.col("waited_ns").shift(-1)),
         )
         .filter(pl.col("kind") == "communication")
     )
@@ -254,8 +267,10 @@ def host_bound_communication(tables: Tables, options: dict[str, Any]) -> list[Fi
 def blocking_synchronisation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
     Finds collectives after which the GPU goes idle and the next kernel was launched by the
-    CPU only after the collective had finished: the CPU waited for it (work.wait() on the
-    host, torch.cuda.synchronize(), .item()/.cpu() on its result, a blocking barrier). The
+    CPU only after it had waited for the collective to finish (a host wait of the
+    launching thread that outlasted it, kernels.waited_ns: work.wait() with blocking wait,
+    torch.cuda.synchronize(), .item()/.cpu() on its result, a blocking barrier). A CPU that
+    launched late without waiting was busy elsewhere: SYNC106's launch gaps. The
     idle time until the next kernel is counted per rank and step, up to the end of its
     launch call and the launch's way to the device (rules_api.LAUNCH_LATENCY_NS; a longer
     wait is SYNC105's).
@@ -282,6 +297,8 @@ def blocking_synchronisation(tables: Tables, options: dict[str, Any]) -> list[Fi
                 & (pl.col("busy_through") == pl.col("end_ns"))
                 & (pl.col("next_launch") >= pl.col("end_ns"))
                 & (pl.col("next_start") > pl.col("end_ns"))
+                # The CPU waited until the collective was done (not merely busy elsewhere).
+                & (pl.col("next_waited") >= pl.col("end_ns")).fill_null(False)
                 & ~pl.col("in_storm")
             )
             .with_columns(

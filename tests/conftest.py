@@ -102,6 +102,14 @@ def launch(ts: float, corr: int, tid: int = 100, dur: float = 2.0) -> dict[str, 
     }
 
 
+def host_wait(
+    ts: float, dur: float, corr: int, name: str = "cudaStreamSynchronize", tid: int = 100
+) -> dict[str, Any]:
+    """A runtime call in which host thread `tid` waits for the device (a synchronisation or
+    a poll), as Kineto records it."""
+    return {**launch(ts, corr, tid, dur), "name": name}
+
+
 def cpu(
     name: str, ts: float, dur: float, tid: int = 100, cat: str = "cpu_op", **args: Any
 ) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from kineto_comm.errors import TraceError
 from kineto_comm.load import decode
 from kineto_comm.load.decode import decode_file
 
-from .conftest import all_real_traces, cpu, kernel, launch, shared, write_trace
+from .conftest import all_real_traces, cpu, host_wait, kernel, launch, shared, write_trace
 
 
 @pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -25,17 +25,61 @@ def test_every_real_trace_decodes_with_the_same_event_counts_as_json(path):
         events = json.load(fh)["traceEvents"]
     device = decode.GPU_CATS | {decode.SYNC_CAT}  # the CUDA sync events are kept with them
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in device]
-    calls = {
-        (e.get("args") or {}).get("correlation")
+    runtime = [
+        e
         for e in events
         if e.get("ph") == "X" and e.get("cat") in decode.RUNTIME_CATS and e.get("ts") is not None
+    ]
+    # The host waits are kept apart from the launches (a CUDA sync event shares its call's
+    # correlation, but no kernel is launched by one).
+    waits = [e for e in runtime if e.get("name") in decode.HOST_WAIT_CALLS]
+    calls = {
+        (e.get("args") or {}).get("correlation")
+        for e in runtime
+        if e.get("name") not in decode.HOST_WAIT_CALLS
     }
     launched = sum(1 for e in gpu if (e.get("args") or {}).get("correlation") in calls - {None})
+    assert raw.waits.height == len(waits)
     assert raw.gpu.height == len(gpu)
     assert raw.gpu["start_ns"].null_count() == 0
     # Every device event whose correlation has a runtime call gets that call as its launch.
     assert raw.gpu["launch_ns"].is_not_null().sum() == launched
     assert raw.gpu["launch_tid"].is_not_null().sum() <= launched
+
+
+@pytest.mark.parametrize("scanned", [True, False])
+def test_host_waits_are_kept_apart_from_the_launches(tmp_path, monkeypatch, scanned):
+    """The runtime calls in which the CPU may wait for the device (HOST_WAIT_CALLS) become
+    `waits` rows, named, on their thread; the launches still link their kernels; other
+    runtime calls are not kept. A wait whose name is written with escapes is found too
+    (the scanner hands such a file to msgspec)."""
+    if not scanned:
+        monkeypatch.setattr(decode, "_scanner", None)
+    events = [
+        kernel("gemm", 20.0, 10.0, corr=1),
+        launch(5.0, 1),
+        host_wait(8.0, 25.0, 2),
+        host_wait(40.0, 1.0, 3, "cudaEventQuery", tid=200),
+        host_wait(50.0, 1.0, 4, "cudaStreamQuery"),
+        {**launch(60.0, 5), "name": "cudaEventRecord"},
+    ]
+    path = write_trace(tmp_path / "t.json", events)
+    escaped = tmp_path / "escaped.json"
+    text = path.read_bytes().replace(b'"cudaStreamQuery"', b'"cudaStream\\u0051uery"')
+    assert b"\\u0051" in text
+    escaped.write_bytes(text)
+    for file in (path, escaped):
+        raw = decode_file(file)
+        waits = raw.waits.sort("start_ns")
+        assert waits["name"].to_list() == [
+            "cudaStreamSynchronize",
+            "cudaEventQuery",
+            "cudaStreamQuery",
+        ]
+        assert waits["tid"].to_list() == ["100", "200", "100"]
+        assert (waits["end_ns"] - waits["start_ns"]).to_list() == [25_000, 1_000, 1_000]
+        assert raw.gpu.height == 1
+        assert raw.gpu["launch_ns"][0] == waits["start_ns"][0] - 3_000
 
 
 def test_float_microseconds_with_base_become_exact_nanoseconds(tmp_path):

@@ -20,7 +20,7 @@ from kineto_comm.load.decode import _join_launches
 from kineto_comm.model.collectives import _compute_before
 from kineto_comm.model.names import kernel_fields, normalize_collective
 
-from .conftest import SAMPLES, cpu, kernel, launch, shared, write_trace
+from .conftest import SAMPLES, cpu, host_wait, kernel, launch, shared, write_trace
 
 
 @pytest.mark.parametrize(
@@ -234,6 +234,56 @@ def test_kernels_get_the_first_runtime_call_with_their_file_and_correlation(base
     got = _join_launches(gpu, runtime).select("launch_ns", "launch_tid", "launch_end_ns")
     nothing = (None, None, None)
     assert got.rows() == [(30, "c", 39), (10, "a", 12), nothing, nothing, nothing]
+
+
+def test_kernels_know_where_their_launching_thread_last_waited_for_the_device(tmp_path):
+    """waited_ns: the device work a host wait of the launching thread outlasted, before the
+    launch. A stream sync that returns 3 us after a kernel ended waited for it; one that
+    returns at once waited for nothing; a run of event polls 13 us apart waited for the
+    kernel that ended during it, and so did a copy whose call returned after the copy;
+    another thread's waits are not this thread's. Found with the scanner and without it."""
+    from kineto_comm.load import decode
+
+    events = [
+        kernel("gemm_a", 0.0, 100.0, corr=1),
+        launch(-10.0, 1),
+        host_wait(50.0, 53.0, 90),  # returns at 103: waited for gemm_a (ends at 100)
+        kernel("gemm_b", 115.0, 100.0, corr=2),
+        launch(110.0, 2),
+        host_wait(220.0, 3.0, 91),  # returns at once: gemm_b ended at 215
+        kernel("gemm_c", 240.0, 150.0, corr=3),
+        launch(230.0, 3),
+        *[host_wait(300.0 + 13 * i, 1.0, 92 + i, "cudaEventQuery") for i in range(8)],
+        kernel("gemm_d", 410.0, 50.0, corr=4),  # launched after the polls saw gemm_c end
+        launch(405.0, 4),
+        *[host_wait(380.0 + 5 * i, 1.0, 120 + i, "cudaEventQuery", tid=200) for i in range(8)],
+        kernel("copy", 505.0, 50.0, corr=5, cat="gpu_memcpy"),
+        launch(500.0, 5, dur=60.0),  # a blocking copy: returns at 560, after it ended
+        kernel("gemm_e", 575.0, 10.0, corr=6),
+        launch(570.0, 6),
+        kernel("gemm_f", 590.0, 10.0, corr=7),
+        launch(380.0, 7, tid=200),  # launched by the other thread before its polls ended
+    ]
+    write_trace(tmp_path / "rank0.json", events, world_size=1)
+    # Where each kernel's thread last waited, in us from the first kernel's start.
+    expect = {"gemm_a": None, "gemm_b": 100, "gemm_c": 100, "gemm_d": 390, "copy": 390}
+    expect |= {"gemm_e": 555, "gemm_f": None}
+    for scanner in (decode._scanner, None):
+        decode_scanner = decode._scanner
+        decode._scanner = scanner
+        try:
+            k = analyze(tmp_path, jobs=1, ignore=["ALL"]).kernels.sort("start_ns")
+        finally:
+            decode._scanner = decode_scanner
+        start = k["start_ns"].min()
+        got = dict(
+            zip(
+                k["name"].to_list(),
+                [None if w is None else (w - start) // 1000 for w in k["waited_ns"].to_list()],
+                strict=True,
+            )
+        )
+        assert got == expect, (scanner, got)
 
 
 def test_extra_comm_patterns_mark_kernels_as_communication(tmp_path):

@@ -16,7 +16,7 @@ from kineto_comm.findings import Finding, Severity
 from kineto_comm.rules_api import Tables, replay_timeline
 from kineto_comm.rules_engine import builtin_rules, run_rules
 from kineto_comm.synth import Hardware, ModelConfig, generate
-from tests.conftest import REPO, cpu, kernel, launch, shared, write_trace
+from tests.conftest import REPO, cpu, host_wait, kernel, launch, shared, write_trace
 
 TINY = ModelConfig(layers=4, hidden=512, seq=512, micro_batch=2, vocab=2048, bucket_mb=2.0)
 HW = Hardware(tflops=10.0)
@@ -278,11 +278,13 @@ def test_pipeline_bubble_positive_and_negative(job) -> None:
     assert only(job("baseline")[0], "PIPE101") == []  # no pipeline at all
 
 
-def _host_trace(tmp: Path, late_launch: bool, sync_after: bool) -> Report:
+def _host_trace(tmp: Path, late_launch: bool, sync_after: bool | str) -> Report:
     """One rank: 10 steps of a 1 ms GEMM then a 200 us all-reduce then a 500 us GEMM.
 
     late_launch: the all-reduce is launched 300 us after the first GEMM ended (CPU late).
-    sync_after: the second GEMM is launched 100 us after the all-reduce ended (CPU blocked).
+    sync_after: the second GEMM is launched 100 us after the all-reduce ended; "waited":
+    after a cudaStreamSynchronize that returned when the all-reduce ended (CPU blocked),
+    True: without one (the CPU was busy elsewhere).
     """
     events = []
     corr = 1
@@ -303,6 +305,8 @@ def _host_trace(tmp: Path, late_launch: bool, sync_after: bool) -> Report:
         ar_end = ar_start + 200
         g_launch = ar_end + 100 if sync_after else ar_start - 50
         g_start = max(ar_end + 1, g_launch + 5)
+        if sync_after == "waited":  # the CPU waits for the all-reduce, then launches
+            events.append(host_wait(ar_start - 20, 20 + 200 + 3, corr + 1000))
         events += [launch(g_launch, corr), kernel("sm90_gemm", g_start, 500.0, corr=corr)]
         corr += 1
     write_trace(tmp / "rank-0.json", events, rank=0, world_size=1)
@@ -321,12 +325,17 @@ def test_host_bound_communication_positive_and_negative(tmp_path: Path) -> None:
 
 
 def test_blocking_synchronisation_positive_and_negative(tmp_path: Path) -> None:
-    (tmp_path / "sync").mkdir()
-    (tmp_path / "async").mkdir()
-    sync = _host_trace(tmp_path / "sync", late_launch=False, sync_after=True)
+    """SYNC103 where the trace shows the CPU waiting for the collective (a host wait that
+    returned when it ended) before its late launch; not where the CPU launched late without
+    waiting (busy elsewhere: SYNC106's), nor where it launched ahead."""
+    for name in ("sync", "busy", "async"):
+        (tmp_path / name).mkdir()
+    sync = _host_trace(tmp_path / "sync", late_launch=False, sync_after="waited")
     (f,) = only(sync, "SYNC103")
     assert 90_000 <= f.impact_ns_per_step <= 120_000, f
     assert only(sync, "SYNC102") == []  # the gap is after the collective, not before
+    busy = _host_trace(tmp_path / "busy", late_launch=False, sync_after=True)
+    assert only(busy, "SYNC103") == []
     free = _host_trace(tmp_path / "async", late_launch=False, sync_after=False)
     assert only(free, "SYNC103") == []
 
@@ -501,9 +510,7 @@ def test_hidden_gathers_save_no_more_than_free_gathers(
         lambda hw, c, b, n, bw: 1000 if c == "_allgather_base" else real(hw, c, b, n, bw),
     )
     generate("baseline", tmp_path, ranks=4, layout="fsdp", steps=3)
-    truth = _mean_step(job("baseline", "fsdp", 4, True)[0]) - _mean_step(
-        analyze(tmp_path, jobs=1)
-    )
+    truth = _mean_step(job("baseline", "fsdp", 4, True)[0]) - _mean_step(analyze(tmp_path, jobs=1))
     assert truth > 0
     assert abs(f.impact_ns_per_step - truth) <= 0.05 * truth, (f.impact_ns_per_step, truth)
 

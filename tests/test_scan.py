@@ -22,7 +22,7 @@ from kineto_comm.load import decode
 from kineto_comm.load.decode import Args, decode_file, decode_files
 from tests.conftest import all_shared_traces
 
-TABLES = ("gpu", "ops", "host", "threads")
+TABLES = ("gpu", "ops", "host", "threads", "waits")
 
 
 @pytest.fixture
@@ -399,6 +399,8 @@ NAMES = [
     "thread_name",
     "Stream Wait Event",
     "c10d::send",
+    "cudaEventQuery",
+    "cudaStreamSynchronize",
 ]
 
 

@@ -424,29 +424,32 @@ def test_a_fix_that_keeps_the_launches_moves_no_kernel_before_its_launch() -> No
     assert none.height == 0
 
 
-def test_a_kernel_launched_after_a_call_ended_may_have_waited_for_it() -> None:
-    """launch_floor at calls' ends: a kernel the CPU launched after a call ended may have
-    been launched when the CPU's wait for that call returned (the traces keep no host
-    syncs), so its launch moves with what was taken out before it; its slack caps only
-    what is taken out while it sat launched. Queued time (after_calls=False) holds every
-    launch where it is."""
+def test_a_kernel_launched_after_the_cpu_waited_for_the_device_moves_with_that_wait() -> None:
+    """launch_floor: a kernel whose launching thread waited for the device (waited_ns: the
+    end of the device work its wait outlasted) was launched when the CPU saw that work
+    done, so its launch moves with what is taken out up to there; its slack caps only what
+    is taken out after it. A kernel launched after a call ended without such a wait, or
+    launched before it ended, is held to its launch, and so is every kernel for queued
+    time (host_waits=False)."""
     kernels = pl.DataFrame(
         {
-            "rank": [0, 0, 1, 1],
-            "step": [0, 0, 0, 0],
-            # rank 0: launched 2 us after the call's end at 10 us, started 18 us later;
-            # rank 1: launched 5 us before the call ended, started 25 us after that.
-            "start_ns": [0, 30_000, 0, 35_000],
-            "launch_ns": [0, 12_000, 0, 5_000],
+            "rank": [0, 0, 1, 1, 2, 2],
+            "step": [0] * 6,
+            # rank 0: launched 2 us after the call's end at 10 us, once its thread had
+            # waited for it, started 18 us later; rank 1: launched 5 us before the call
+            # ended, started 30 us after that; rank 2: as rank 0, without the wait.
+            "start_ns": [0, 30_000, 0, 35_000, 0, 30_000],
+            "launch_ns": [0, 12_000, 0, 5_000, 0, 12_000],
+            "waited_ns": [None, 10_000, None, None, None, None],
         }
     )
     removals = pl.DataFrame(
-        {"rank": [0, 1], "step": [0, 0], "at_ns": [10_000, 10_000], "remove_ns": [100_000] * 2}
+        {"rank": [0, 1, 2], "step": [0] * 3, "at_ns": [10_000] * 3, "remove_ns": [100_000] * 3}
     )
-    calls = steptime.launch_floor(kernels.lazy(), removals).collect().sort("rank")
-    assert calls["allowed_ns"].to_list() == [100_000.0, 30_000.0]
-    queued = steptime.launch_floor(kernels.lazy(), removals, after_calls=False).collect()
-    assert queued.sort("rank")["allowed_ns"].to_list() == [18_000.0, 30_000.0]
+    waits = steptime.launch_floor(kernels.lazy(), removals).collect().sort("rank")
+    assert waits["allowed_ns"].to_list() == [100_000.0, 30_000.0, 18_000.0]
+    queued = steptime.launch_floor(kernels.lazy(), removals, host_waits=False).collect()
+    assert queued.sort("rank")["allowed_ns"].to_list() == [18_000.0, 30_000.0, 18_000.0]
 
 
 def test_a_kernel_launched_early_that_starts_late_was_queued(tmp_path: Path) -> None:

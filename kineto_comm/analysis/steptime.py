@@ -1190,7 +1190,7 @@ def saving(
 
 
 def launch_floor(
-    kernels: pl.LazyFrame, removals: pl.DataFrame, after_calls: bool = True
+    kernels: pl.LazyFrame, removals: pl.DataFrame, host_waits: bool = True
 ) -> pl.LazyFrame:
     """rank, step, removed_ns, allowed_ns: per window, what a fix that leaves the CPU's
     launches where they are can take out of it. `removals`: rank, step, at_ns, remove_ns,
@@ -1200,16 +1200,13 @@ def launch_floor(
     at most its slack plus what is taken out after it starts, so the window shrinks by
     min(all removals, min over k of that bound).
 
-    `after_calls`: the removals are at the ends of the rank's own calls (a call that ends
-    earlier, hidden or faster: at its end). A kernel launched after such a point may have
-    been launched when the CPU's wait for that call returned (a host synchronisation; the
-    decoder keeps no record of those): its launch is taken to move with what was taken out
-    before it, and its slack caps only what is taken out while it sat launched, in
-    (launch_k, start_k]. Only what the trace shows the CPU launched before a call ended is
-    held to its launch: the strict floor cut COMM101's savings on HTA's recommender traces,
-    whose CPU launches just in time after its collectives, from 13.2 ms to 0.008 ms.
-    False: every launch stays where it is (queue_shift: the device's other work, which
-    the CPU waits for nowhere)."""
+    `host_waits`: a kernel whose launching thread last waited for the device at w
+    (kernels' `waited_ns`: a synchronisation, a run of polls or a blocking copy that
+    outlasted device work ending at w) was launched after the CPU saw that work done: its
+    launch moves with what is taken out up to w, and its slack caps only what is taken out
+    after w. Without a wait (or the column), every launch stays where it is. False: every
+    launch stays where it is (queue_shift: the device's other work, which the CPU waits for
+    nowhere)."""
     keys = ["rank", "step"]
     r = removals.lazy().select(
         pl.col("rank").cast(pl.Int64),
@@ -1227,13 +1224,15 @@ def launch_floor(
     )
     # Only a kernel whose slack is below the window's removal can bind: the others are
     # left out before the sort (most, where the CPU runs ahead of the device).
+    waited = host_waits and "waited_ns" in kernels.collect_schema().names()
     slack = (
         kernels.filter(pl.col("launch_ns").is_not_null())
         .select(
             pl.col("rank").cast(pl.Int64),
             pl.col("step").cast(pl.Int64),
             "start_ns",
-            "launch_ns",
+            # Where the launch moves with what is taken out (none: -inf, nothing).
+            _waited=pl.col("waited_ns").fill_null(-(2**62)) if waited else pl.lit(-(2**62)),
             _slack=(pl.col("start_ns") - pl.col("launch_ns")).clip(lower_bound=0).cast(pl.Float64),
         )
         .join(total, on=keys, how="inner")
@@ -1260,9 +1259,9 @@ def launch_floor(
 
     bound = taken_after(slack, "start_ns", "_after_start")
     passed = pl.col("_after_start")
-    if after_calls:
-        bound = taken_after(bound, "launch_ns", "_after_launch")
-        passed = passed + pl.col("removed_ns") - pl.col("_after_launch")
+    if waited:
+        bound = taken_after(bound, "_waited", "_after_waited")
+        passed = passed + pl.col("removed_ns") - pl.col("_after_waited")
     bound = bound.group_by(keys).agg(_floor=(pl.col("_slack") + passed).min())
     return (
         total.join(bound, on=keys, how="left")
@@ -1348,7 +1347,7 @@ def queue_shift(kernels: pl.LazyFrame, windows: pl.DataFrame) -> pl.DataFrame:
     # The step moves by its head and passes that on, with its own queues, as far as its
     # kernels' launches let it (launch_floor; the launches after a host wait at the step's
     # start move with it); what the window gains is how far its end moves, less its start.
-    floor = launch_floor(k.lazy(), pl.concat([queued, heads]), after_calls=False).collect()
+    floor = launch_floor(k.lazy(), pl.concat([queued, heads]), host_waits=False).collect()
     own = queued.group_by("rank", "step").agg(removed_ns=pl.col("remove_ns").sum())
     head = heads.group_by("rank", "step").agg(_head=pl.col("remove_ns").sum())
     return (

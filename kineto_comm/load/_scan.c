@@ -1109,12 +1109,34 @@ static int op_named(const Value *name, const Category *prefixes, int n) {
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, stop;
-    PyObject *cats, *prefixes = Py_None;
+    PyObject *cats, *prefixes = Py_None, *wait_names = Py_None;
     const char *skipped; /* the phases whose events are skipped unread */
     int op_code = -1, link = 0; /* link: link_launches, for a whole file */
-    if (!PyArg_ParseTuple(args, "y*nnO!s|Oip", &view, &start, &stop, &PyDict_Type, &cats,
-                          &skipped, &prefixes, &op_code, &link))
+    int wait_code = -1;         /* the code of the runtime calls named in wait_names */
+    if (!PyArg_ParseTuple(args, "y*nnO!s|OipOi", &view, &start, &stop, &PyDict_Type, &cats,
+                          &skipped, &prefixes, &op_code, &link, &wait_names, &wait_code))
         return NULL;
+    /* With a tuple of names: the runtime calls (role 1) of exactly those names get the code
+     * `wait_code` (host waits, kept apart from the launches); one whose name has escapes
+     * goes to msgspec, which decides. */
+    Category waits[32];
+    int n_waits = 0;
+    if (wait_names != Py_None) {
+        if (!PyTuple_Check(wait_names) || PyTuple_GET_SIZE(wait_names) > 32) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_TypeError, "scan: wait names are a tuple of bytes, at most 32");
+            return NULL;
+        }
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(wait_names); k++) {
+            PyObject *name = PyTuple_GET_ITEM(wait_names, k);
+            if (!PyBytes_Check(name)) {
+                PyBuffer_Release(&view);
+                PyErr_SetString(PyExc_TypeError, "scan: wait names are a tuple of bytes");
+                return NULL;
+            }
+            waits[n_waits++] = (Category){PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), 0};
+        }
+    }
     /* With a tuple of name prefixes: the CPU ops (role 2) kept are those of code `op_code`
      * and those whose name starts with one of them (or has escapes: decode.py decides).
      * The bytes objects live in the caller's arguments until the call returns. */
@@ -1239,6 +1261,18 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             if (unsupported) break;
             if (n_ops >= 0 && code >> 4 == 2 && code != op_code && !op_named(&ev.f[F_NAME], ops, n_ops))
                 continue; /* a CPU op that no table keeps */
+            if (n_waits && code >> 4 == 1 && ev.f[F_NAME].kind == V_STR) {
+                if (ev.f[F_NAME].flags & S_ESC) {
+                    unsupported = 1; /* an escaped runtime call name: msgspec reads it */
+                    break;
+                }
+                for (int k = 0; k < n_waits; k++)
+                    if (waits[k].n == ev.f[F_NAME].n &&
+                        !memcmp(waits[k].cat, ev.f[F_NAME].s, waits[k].n)) {
+                        code = wait_code;
+                        break;
+                    }
+            }
         } else if (ph == 'M') {
             int checked = (1 << F_NAME) | (1 << F_PID) | (1 << F_TID) | (1 << F_ARGS);
             if (ev.wrong & checked) {
@@ -1379,7 +1413,8 @@ static PyObject *arg_keys(PyObject *self, PyObject *unused) {
 
 static PyMethodDef METHODS[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(buffer, start, stop, categories, skipped)\n"
+     "scan(buffer, start, stop, categories, skipped[, prefixes, op_code, link, waits,\n"
+     "     wait_code])\n"
      "    -> (rows, columns, detail_columns, names, end, linked) | None\n\n"
      "Read the events after buffer[start] (an array's '[' or the comma before an event) up\n"
      "to buffer[stop] (taken as the array's ']'; stop < 0: up to the array's real ']',\n"

@@ -75,6 +75,15 @@ GPU_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", 
 SYNC_CAT = "cuda_sync"
 STREAM_WAIT = "Stream Wait Event"
 RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
+# The runtime calls in which the CPU may wait for the device: a synchronisation (of a stream,
+# an event, a context or the device) or a poll of an event or stream (a blocking
+# work.wait(), a torch.cuda.Event.query() loop). Kept as `waits` (RawTrace), not as launches.
+HOST_WAIT_CALLS = (
+    *(f"cuda{w}Synchronize" for w in ("Stream", "Event", "Device", "Thread")),
+    *(f"hip{w}Synchronize" for w in ("Stream", "Event", "Device")),
+    *(f"cu{w}Synchronize" for w in ("Stream", "Event", "Ctx")),
+    *(f"{api}{w}Query" for api in ("cuda", "hip", "cu") for w in ("Stream", "Event")),
+)
 CPU_CATS = frozenset({"cpu_op", "Operator", "user_annotation"})
 _KEEP_CATS = GPU_CATS | {SYNC_CAT} | RUNTIME_CATS | CPU_CATS
 _DURATION_PH = frozenset({"X", "B", "E"})
@@ -306,6 +315,8 @@ GPU_SCHEMA = {
 }
 # Launches only: their time, thread and duration.
 RUNTIME_SCHEMA = {"ph": _STR, "tid": _STR, "ts_us": _F64, "dur_us": _F64, "correlation": _I64}
+# A host wait (HOST_WAIT_CALLS): which call, on which thread, when (RawTrace.waits).
+WAITS_SCHEMA = {"tid": _STR, "name": _STR, "start_ns": _I64, "end_ns": _I64}
 _RUNTIME_READS = [*RUNTIME_SCHEMA, "_file"]  # a scanned runtime call's columns that are read
 OPS_SCHEMA = {
     **_COMMON,
@@ -352,6 +363,8 @@ class RawTrace:
     - `host`: every other CPU op: name, where and when it ran (HOST_SCHEMA); only filled
       for traces without device activity (the host timeline of gloo and CPU-only runs).
     - `threads`: process/thread name metadata (kind, pid, tid, label).
+    - `waits`: the runtime calls in which the CPU may have waited for the device
+      (HOST_WAIT_CALLS; WAITS_SCHEMA): synchronisations and polls.
     """
 
     file: str
@@ -359,6 +372,7 @@ class RawTrace:
     ops: pl.DataFrame
     host: pl.DataFrame
     threads: pl.DataFrame
+    waits: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=WAITS_SCHEMA))
     rank: int | None = None
     world_size: int | None = None
     backend: str | None = None
@@ -1056,7 +1070,19 @@ _CODES = (
     + [(META_CAT, 3)]
 )
 _CODE = {cat: role * 16 + i for i, (cat, role) in enumerate(_CODES)}
-_CAT_OF = pl.Series("cat", [next((c for c, k in _CODE.items() if k == i), None) for i in range(64)])
+# The runtime calls named in HOST_WAIT_CALLS: a device-role code of their own (found by
+# name, never by category), split off the device rows as the `waits` table (_assemble).
+_HOST_WAIT = len(_CODES)
+_HOST_WAIT_CAT = "\x00host_wait"
+assert _HOST_WAIT < 16, "the device role's codes are 0-15"
+_CAT_OF = pl.Series(
+    "cat",
+    [
+        _HOST_WAIT_CAT if i == _HOST_WAIT else next((c for c, k in _CODE.items() if k == i), None)
+        for i in range(64)
+    ],
+)
+_HOST_WAIT_NAMES = tuple(n.encode() for n in HOST_WAIT_CALLS)
 
 
 # CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
@@ -1152,6 +1178,12 @@ def _columns(
         cats = [META_CAT if e.ph == "M" else c for e, c in zip(events, cats, strict=True)]
     codes = pl.Series("cat", list(map(_CODE.get, cats)), dtype=pl.UInt8)
     del cats
+    calls = ((codes // 16) == 1).arg_true()
+    if len(calls):  # the host waits among the runtime calls, by name
+        named = pl.Series(_values(_take(events, calls.to_list()), "name"), dtype=_STR, strict=False)
+        waits = calls.filter(named.is_in(HOST_WAIT_CALLS).fill_null(False))
+        if len(waits):
+            codes = codes.scatter(waits, _HOST_WAIT)
     roles = codes // 16
     # Only B/E events (and the permissive classes) need their phase read one by one.
     phased = not tagged or not {Begin, End}.isdisjoint(map(type, events))
@@ -1381,7 +1413,18 @@ def _scan_piece(
     if _scanner is None:
         return None
     ops = None if host else _OP_PREFIXES
-    got = _scanner.scan(data, start, stop, _SCAN_CODES, _OTHER_PHASES, ops, _ANNOTATION, link)
+    got = _scanner.scan(
+        data,
+        start,
+        stop,
+        _SCAN_CODES,
+        _OTHER_PHASES,
+        ops,
+        _ANNOTATION,
+        link,
+        _HOST_WAIT_NAMES,
+        _HOST_WAIT,
+    )
     if got is None:
         return None
     _, columns, detail_columns, raw_names, end = got
@@ -1787,9 +1830,18 @@ def _assemble(files: list[_About], parts: list[dict[str, pl.DataFrame]]) -> list
         files[i].warnings.append(
             f"{files[i].name}: {n} event{'s' if n > 1 else ''} with `{name}` out of range; {what}"
         )
+    # The host waits, found among the runtime calls by name, came with the device rows.
+    gpu = tables["gpu"]
+    waited = gpu.get_column("cat") == _HOST_WAIT_CAT
+    keys = [c for c in ("_file",) if c in gpu.columns]
+    if waited.any():
+        tables["waits"] = gpu.filter(waited).select(*keys, *WAITS_SCHEMA)
+        tables["gpu"] = gpu = gpu.filter(~waited)
+    else:
+        tables["waits"] = gpu.clear().select(*keys, *WAITS_SCHEMA)
     calls = tables.pop("runtime", None)
-    if calls is not None and calls.height and tables["gpu"].height:
-        tables["gpu"] = _join_launches(tables["gpu"], calls)
+    if calls is not None and calls.height and gpu.height:
+        tables["gpu"] = _join_launches(gpu, calls)
     split = {key: _per_file(frame, len(files)) for key, frame in tables.items()}
     return [_raw(about, {key: split[key][i] for key in split}) for i, about in enumerate(files)]
 

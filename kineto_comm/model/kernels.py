@@ -12,6 +12,11 @@ Columns (`KERNEL_SCHEMA`; times are integer nanoseconds):
     waits_for                  the correlation of the kernel of another stream that a stream
                                wait recorded in the trace makes it wait for; -1: a recorded
                                wait whose event the trace does not resolve; null: none
+    waited_ns                  where on the device the CPU thread that launched it last
+                               waited for the device before the launch: the end of the
+                               device work a host wait outlasted (a synchronisation, a run
+                               of event or stream polls, a copy whose call returned only
+                               after it ended); null: it never did (or no launch is known)
     step                       ProfilerStep number whose CPU window holds the launch (-1: none)
 
 CPU-only traces (gloo) have no device: their `gloo:*` spans become communication rows and
@@ -21,6 +26,7 @@ arithmetic applies.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from kineto_comm.analysis.overlap import subtract_intervals
@@ -42,6 +48,7 @@ KERNEL_SCHEMA: dict[str, pl.DataType] = {
     "launch_tid": pl.String(),
     "launch_end_ns": pl.Int64(),
     "waits_for": pl.Int64(),
+    "waited_ns": pl.Int64(),
 }
 KERNEL_COLUMNS = tuple(KERNEL_SCHEMA) + ("step",)
 KINDS = ("compute", "communication", "memcpy", "memset")
@@ -120,7 +127,80 @@ def build_kernels(raw: RawTrace, comm_patterns: tuple[str, ...] = ()) -> pl.Data
         )
     else:
         query = query.with_columns(waits_for=pl.lit(None, dtype=pl.Int64))
-    return collect(query.sort("rank", "start_ns", maintain_order=True))
+    return _with_waited(collect(query.sort("rank", "start_ns", maintain_order=True)), raw.waits)
+
+
+# Polls of the device by one thread (cudaEventQuery, cudaStreamQuery) at most this far apart
+# are one wait: a loop until the work is done (HTA's trace_diff/control polls every 13 us
+# for up to 715 us at a time).
+POLL_GAP_NS = 100_000
+
+
+def _with_waited(kernels: pl.DataFrame, waits: pl.DataFrame) -> pl.DataFrame:
+    """`kernels` with `waited_ns` (KERNEL_SCHEMA), from the host waits (`waits`: rank, tid,
+    name, start_ns, end_ns of the synchronising and polling runtime calls, RawTrace.waits)
+    and the kernels' own blocking copies. A wait, or a run of polls, waited for the device
+    when device work of the rank ended while it lasted: the CPU went on when the last such
+    work was done. A copy whose launching call returned only after the copy ended held the
+    CPU until then. Each kernel gets the device time of the last such wait of the thread
+    that launched it, before the launch. Sorted searches per rank and thread (a few of
+    them), not a sort of every kernel."""
+    by = ["rank", "tid"]
+    poll = pl.col("name").str.ends_with("Query").fill_null(False)
+    calls = (
+        waits.lazy()
+        .select(pl.col("rank").cast(pl.Int64), "tid", "start_ns", "end_ns", _poll=poll)
+        .drop_nulls(["tid", "start_ns", "end_ns"])
+        .sort(*by, "start_ns")
+    )
+    # A poll after a poll of the same thread, soon after it: the same wait.
+    joined = (
+        pl.col("_poll")
+        & pl.col("_poll").shift(1).over(by)
+        & (pl.col("start_ns") - pl.col("end_ns").shift(1).over(by) <= POLL_GAP_NS)
+    ).fill_null(False)
+    spans = collect(
+        calls.with_columns(_run=(~joined).cum_sum().over(by))
+        .group_by(*by, "_run")
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    )
+    copies = kernels.filter(
+        pl.col("launch_ns").is_not_null()
+        & pl.col("launch_tid").is_not_null()
+        & (pl.col("launch_end_ns") >= pl.col("end_ns"))
+    ).select("rank", tid="launch_tid", _back="launch_end_ns", _done="end_ns")
+    waited = np.zeros(kernels.height, dtype=np.int64)
+    found = np.zeros(kernels.height, dtype=bool)
+    if spans.height or copies.height:
+        rank = kernels["rank"].to_numpy()
+        ends = kernels["end_ns"].to_numpy()
+        launch = kernels["launch_ns"].fill_null(-(2**62)).to_numpy()
+        for r in pl.concat([spans["rank"], copies["rank"]]).unique().to_list():
+            mine = np.flatnonzero(rank == r)
+            done = np.sort(ends[mine])
+            sp = spans.filter(pl.col("rank") == r)
+            # The last device work of the rank that ended by each wait's end, if after its start.
+            at = np.searchsorted(done, sp["end_ns"].to_numpy(), side="right") - 1
+            seen = np.where(at >= 0, done[np.maximum(at, 0)], -(2**62))
+            held = pl.concat(
+                [
+                    sp.select("tid", _back="end_ns")
+                    .with_columns(_done=pl.Series(seen))
+                    .filter(pl.col("_done") > sp["start_ns"]),
+                    copies.filter(pl.col("rank") == r).select("tid", "_back", "_done"),
+                ]
+            ).sort("_back")
+            tids = kernels["launch_tid"].gather(mine)
+            for tid in held["tid"].unique().to_list():
+                h = held.filter(pl.col("tid") == tid)
+                ks = mine[(tids == tid).fill_null(False).to_numpy()]
+                at = np.searchsorted(h["_back"].to_numpy(), launch[ks], side="right") - 1
+                hit = at >= 0
+                waited[ks[hit]] = h["_done"].to_numpy()[at[hit]]
+                found[ks[hit]] = True
+    return kernels.with_columns(
+        waited_ns=pl.when(pl.Series(found)).then(pl.Series(waited)).otherwise(None)
+    )
 
 
 def _with_waits(kernels: pl.LazyFrame, waits: pl.LazyFrame) -> pl.LazyFrame:
@@ -286,6 +366,7 @@ def host_timeline(raw: RawTrace) -> pl.DataFrame:
         pl.col("tid").alias("launch_tid"),
         pl.lit(None, dtype=pl.Int64).alias("launch_end_ns"),
         pl.lit(None, dtype=pl.Int64).alias("waits_for"),
+        pl.lit(None, dtype=pl.Int64).alias("waited_ns"),
         *[pl.col(c).alias(f"arg_{c}") for c in args],
     )
     return collect(query.sort("rank", "start_ns", maintain_order=True))
