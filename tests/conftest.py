@@ -63,6 +63,44 @@ def all_real_traces() -> list[Path]:
     return all_shared_traces() + H100_TRACES + H200_TRACES + GLOO_TRACES
 
 
+# The real traces the default run reads in its every-trace tests: one of each kind (schema,
+# vendor, hardware, layout, file form). The `slow` marker runs every one of them (CI does,
+# .ci/run); the default run stays a few minutes on two cores.
+QUICK_TRACES = (
+    "_history/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",  # 2021 schema, CPU
+    "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",  # ROCm, MI250
+    "hta/mtia_inference_trace/mtia_inference_rank_0.json.gz",  # MTIA
+    "hta/call_stack/backward_thread.json",  # plain .json
+    "hta/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz",  # stream waits
+    "hta/rank_unavailable/rank_not_found.json.gz",  # no rank in the file
+    "hta/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",  # ns timestamps
+    "h100-nccl/pp-4/rank-0.pt.trace.json.gz",  # NCCL on H100, pipeline
+    "h200-nccl/pp-dp-4/rank-2.pt.trace.json.gz",  # NCCL on H200, pipeline x data parallel
+    "gloo/tp-dp-4/rank-0.pt.trace.json.gz",  # gloo on a CPU
+    # Job folders, for the tests that read a whole job.
+    "sample_traces/ddp-4",  # gloo, 4 ranks
+    "h100-nccl/pp-4",  # NCCL pipeline
+    "h100-nccl/tp-dp-8",  # NCCL tensor x data parallel
+)
+
+
+def is_quick(path: Path) -> bool:
+    """Whether the default run reads `path` (a file or a job folder) in its every-trace
+    tests (QUICK_TRACES)."""
+    return any(path.as_posix().endswith("/" + q) for q in QUICK_TRACES)
+
+
+def trace_params(paths: list[Path], ids: Any = None) -> list[Any]:
+    """`paths` as test parameters, all but QUICK_TRACES marked `slow`; fails when a quick
+    trace named here is not among them (a moved file must not empty the default run)."""
+    quick = [p for p in paths if is_quick(p)]
+    assert quick, f"none of QUICK_TRACES among {len(paths)} traces"
+    name = ids or (lambda p: f"{p.parent.name}/{p.name}")
+    return [
+        pytest.param(p, id=name(p), marks=() if is_quick(p) else pytest.mark.slow) for p in paths
+    ]
+
+
 def kernel(
     name: str,
     ts: float,

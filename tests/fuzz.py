@@ -12,7 +12,8 @@ is wrong with the outcome (an empty list when the contract holds):
 - the four read paths give identical tables and warnings, or all reject the file;
 - a multi-rank folder with one bad file reports every good rank with unchanged numbers.
 
-tests/test_fuzz.py runs a few hundred cases by default and >= 10,000 under `-m fuzz`.
+tests/test_fuzz.py runs 36 cases by default, 300 with `-m slow` (CI) and >= 10,000 under
+`-m fuzz`.
 """
 
 from __future__ import annotations

@@ -302,6 +302,7 @@ def test_bad_arguments_rejected(layout: str, ranks: int, message: str, tmp_path:
         ("pp-1f1b", {"gloo:send", "gloo:recv"}),
     ],
 )
+@pytest.mark.slow
 def test_capture_end_to_end(layout: str, required: set[str], tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from kineto_comm.capture import capture
@@ -336,6 +337,7 @@ def test_capture_end_to_end(layout: str, required: set[str], tmp_path: Path) -> 
             assert kinds == want, (layout, kinds)
 
 
+@pytest.mark.slow
 @pytest.mark.capture
 def test_pipeline_and_data_parallel_capture_on_gloo(tmp_path: Path) -> None:
     """pp-dp on 4 gloo ranks: stage 0 is ranks 0-1, stage 1 ranks 2-3 (pipelines 0-2 and
@@ -363,6 +365,7 @@ def test_pipeline_and_data_parallel_capture_on_gloo(tmp_path: Path) -> None:
     ).all()
 
 
+@pytest.mark.slow
 @pytest.mark.capture
 def test_capture_cli(tmp_path: Path) -> None:
     pytest.importorskip("torch")

@@ -15,7 +15,7 @@ from kineto_comm import analyze
 from kineto_comm.cli import app
 from kineto_comm.errors import UsageError
 
-from .conftest import SAMPLES, all_real_traces, kernel, shared, write_trace
+from .conftest import SAMPLES, all_real_traces, kernel, shared, trace_params, write_trace
 
 CLI = [sys.executable, "-m", "kineto_comm.cli"]
 
@@ -31,7 +31,7 @@ def assert_no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
 
 
-@pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", trace_params(all_real_traces()))
 def test_every_real_trace_reports_in_text_and_json(path):
     text = run("report", path)
     assert_no_traceback(text)
@@ -225,7 +225,7 @@ def test_worker_processes_give_the_same_report_as_one_process():
         assert getattr(one, name).equals(getattr(two, name)), name
 
 
-@pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", trace_params(all_real_traces()))
 def test_every_real_trace_renders_in_every_format(path):
     import dataclasses
 

@@ -14,10 +14,19 @@ from kineto_comm.errors import TraceError
 from kineto_comm.load import decode
 from kineto_comm.load.decode import decode_file
 
-from .conftest import all_real_traces, cpu, host_wait, kernel, launch, shared, write_trace
+from .conftest import (
+    all_real_traces,
+    cpu,
+    host_wait,
+    kernel,
+    launch,
+    shared,
+    trace_params,
+    write_trace,
+)
 
 
-@pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", trace_params(all_real_traces()))
 def test_every_real_trace_decodes_with_the_same_event_counts_as_json(path):
     raw = decode_file(path)
     opener = gzip.open if path.name.endswith(".gz") else open

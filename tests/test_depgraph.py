@@ -14,7 +14,16 @@ from kineto_comm import Report, analyze
 from kineto_comm.analysis import depgraph
 from kineto_comm.synth import generate
 
-from .conftest import REPO, SAMPLES, all_shared_traces, kernel, launch, shared, write_trace
+from .conftest import (
+    REPO,
+    SAMPLES,
+    all_shared_traces,
+    kernel,
+    launch,
+    shared,
+    trace_params,
+    write_trace,
+)
 
 H100 = REPO / "tests" / "data" / "h100-nccl"
 US = 1_000
@@ -318,7 +327,7 @@ def test_the_path_on_real_jobs(path: Path) -> None:
     check_path(report)
 
 
-@pytest.mark.parametrize("path", all_shared_traces(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", trace_params(all_shared_traces(), ids=lambda p: p.name))
 def test_the_path_on_every_shared_trace(path: Path) -> None:
     check_path(analyze(path, jobs=1))
 

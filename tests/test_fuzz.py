@@ -17,7 +17,9 @@ from kineto_comm.load import decode
 from tests import fuzz
 from tests.conftest import H100_TRACES, SAMPLES, shared
 
-# Cases per family in the default run (x 12 families) and under `pytest -m fuzz`.
+# Cases per family (x 12 families) in the default run, with `pytest -m slow` (CI) and under
+# `pytest -m fuzz`.
+QUICK_PER_FAMILY = 3
 DEFAULT_PER_FAMILY = 25
 CAMPAIGN_PER_FAMILY = 840  # 12 x 840 = 10,080 cases
 CASE_SECONDS = 30
@@ -37,9 +39,19 @@ def _check(results: list[tuple[str, int, float, list[str]]]) -> None:
 
 
 @pytest.mark.parametrize("family", fuzz.ALL_FAMILIES)
-def test_fuzz_cases_keep_the_contract(family, tmp_path):
-    """A few hundred seeded cases in the default run: every family, every seed trace."""
-    _check(fuzz.run_cases([(family, seed) for seed in range(DEFAULT_PER_FAMILY)], tmp_path))
+@pytest.mark.parametrize(
+    "seeds",
+    [
+        pytest.param(range(QUICK_PER_FAMILY), id="quick"),
+        pytest.param(
+            range(QUICK_PER_FAMILY, DEFAULT_PER_FAMILY), id="more", marks=pytest.mark.slow
+        ),
+    ],
+)
+def test_fuzz_cases_keep_the_contract(family, seeds, tmp_path):
+    """Seeded cases of every family: a few in the default run, a few hundred in all with
+    the slow ones (CI)."""
+    _check(fuzz.run_cases([(family, seed) for seed in seeds], tmp_path))
 
 
 @pytest.mark.fuzz

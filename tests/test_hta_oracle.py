@@ -54,6 +54,16 @@ TRACES = [
     "h200-nccl/pp-dp-4/rank-0.pt.trace.json.gz",
     "h200-nccl/pp-dp-8/rank-5.pt.trace.json.gz",
 ]
+# The default run compares these; the `slow` marker (CI) every one of TRACES.
+QUICK = (
+    "hta/nccl_parser_config/nccl_data.json.gz",
+    "h100-nccl/pp-4/rank-0.pt.trace.json.gz",
+    "h200-nccl/pp-dp-4/rank-0.pt.trace.json.gz",
+)
+PARAMS = [
+    pytest.param(r, id=r.split("/")[1], marks=() if r in QUICK else pytest.mark.slow)
+    for r in TRACES
+]
 
 
 def _path(rel: str):
@@ -141,7 +151,7 @@ def _our_overlap(report, include_last: bool, path) -> float:
     return 100.0 * row["overlap_ns"] / row["comm_ns"] if row["comm_ns"] else 0.0
 
 
-@pytest.mark.parametrize("rel", TRACES, ids=lambda r: r.split("/")[1])
+@pytest.mark.parametrize("rel", PARAMS)
 @pytest.mark.parametrize("include_last", [False, True], ids=["hta-default", "with-last-step"])
 def test_overlap_share_agrees_with_hta(rel, include_last, tmp_path):
     path = _path(rel)
@@ -151,7 +161,7 @@ def test_overlap_share_agrees_with_hta(rel, include_last, tmp_path):
     assert ours == pytest.approx(theirs, abs=TOLERANCE_PP), f"ours {ours:.2f}% vs HTA {theirs:.2f}%"
 
 
-@pytest.mark.parametrize("rel", TRACES, ids=lambda r: r.split("/")[1])
+@pytest.mark.parametrize("rel", PARAMS)
 def test_temporal_breakdown_agrees_with_hta(rel, tmp_path):
     """Idle, compute and non-compute shares of the span from the first kernel's start to
     the last one's end (HTA's kernel_time), over the same kernels as HTA."""

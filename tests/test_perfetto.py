@@ -33,7 +33,7 @@ from kineto_comm.render.perfetto import (
 )
 from kineto_comm.synth import generate
 
-from .conftest import REPO, SAMPLES
+from .conftest import REPO, SAMPLES, trace_params
 
 TP_DP = REPO / "tests" / "data" / "h100-nccl" / "tp-dp-8"
 PHASES = {"X", "i", "s", "f", "M"}
@@ -317,7 +317,7 @@ FOLDERS = sorted(
 )
 
 
-@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("folder", trace_params(FOLDERS))
 def test_every_real_capture_exports_a_valid_trace(folder, tmp_path):
     """Every layout (gloo host spans, NCCL kernels, pipelines, one rank): a valid file with
     every kernel of every rank, each arrow from a call's last arriver."""

@@ -16,7 +16,7 @@ from kineto_comm.findings import Finding, Severity
 from kineto_comm.rules_api import Tables, replay_timeline
 from kineto_comm.rules_engine import builtin_rules, run_rules
 from kineto_comm.synth import Hardware, ModelConfig, generate
-from tests.conftest import REPO, cpu, host_wait, kernel, launch, shared, write_trace
+from tests.conftest import REPO, cpu, host_wait, kernel, launch, shared, trace_params, write_trace
 
 TINY = ModelConfig(layers=4, hidden=512, seq=512, micro_batch=2, vocab=2048, bucket_mb=2.0)
 HW = Hardware(tflops=10.0)
@@ -541,7 +541,7 @@ def _real_jobs() -> list[Path]:
     return [*found, shared("hta/trace_filter")]
 
 
-@pytest.mark.parametrize("path", _real_jobs(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", trace_params(_real_jobs()))
 def test_a_straggler_is_the_same_rank_everywhere(path: Path) -> None:
     """On every real multi-rank capture, SYNC101 names exactly the ranks the stragglers
     table marks `is_straggler`, each with that table's delay, and such a rank is the one
@@ -618,7 +618,21 @@ REPLAY_SCENARIOS = [
 ]
 
 
-@pytest.mark.parametrize(("scenario", "layout", "ranks", "code", "options"), REPLAY_SCENARIOS)
+def _slow_beyond_4_ranks(cases: list[Any]) -> list[Any]:
+    """`cases` with those of more than 4 ranks marked `slow` (CI runs them; the default run
+    keeps one job size of each case)."""
+    out = []
+    for case in cases:
+        values, marks = (case.values, list(case.marks)) if hasattr(case, "values") else (case, [])
+        if values[2] > 4:
+            marks.append(pytest.mark.slow)
+        out.append(pytest.param(*values, marks=marks, id=getattr(case, "id", None)))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("scenario", "layout", "ranks", "code", "options"), _slow_beyond_4_ranks(REPLAY_SCENARIOS)
+)
 def test_scenario_replayed_saving_is_within_10_percent(
     job, scenario: str, layout: str, ranks: int, code: str, options: dict
 ) -> None:
@@ -660,6 +674,7 @@ FULL_SCENARIOS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("scenario", "layout", "ranks", "code", "options"), FULL_SCENARIOS)
 def test_scenario_replayed_saving_on_the_default_model(
     job, scenario: str, layout: str, ranks: int, code: str, options: dict

@@ -77,6 +77,7 @@ def test_a_cache_that_cannot_be_written_is_a_warning_not_a_silent_skip(tmp_path)
     assert not any("cache" in w for w in plain.warnings)
 
 
+@pytest.mark.slow
 def test_dask_cluster_gives_the_same_report_as_local():
     distributed = pytest.importorskip("distributed")
     local = analyze(SAMPLES / "ddp-4", jobs=1)
@@ -92,6 +93,7 @@ def test_dask_cluster_gives_the_same_report_as_local():
     assert remote.options["dask_scheduler"] is not None
 
 
+@pytest.mark.slow
 def test_unreachable_dask_scheduler_is_a_usage_error():
     pytest.importorskip("distributed")
     from kineto_comm.errors import UsageError
@@ -261,6 +263,7 @@ def _batch_inputs():
     return [f for f in files if f.name.endswith((".json", ".gz"))]
 
 
+@pytest.mark.slow
 def test_files_modelled_together_get_the_tables_they_get_alone():
     raws = []
     for f in _batch_inputs():
@@ -385,6 +388,7 @@ def test_kernels_get_the_first_timed_runtime_call_with_their_correlation(tmp_pat
     assert together[-1].gpu.select("launch_ns", "launch_tid").row(0) == (3000, "106")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("piece", [None, 1 << 20])
 def test_files_decoded_together_get_the_tables_they_get_alone(tmp_path, piece, monkeypatch):
     files = [*_batch_inputs()[:12], *_edge_traces(tmp_path), *_batch_inputs()[12:]]
@@ -463,6 +467,7 @@ def spill_jobs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 @pytest.mark.parametrize("scenario", ["bubble", "skew", "pp-4", "ddp-4"])
 def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, monkeypatch):
@@ -528,6 +533,7 @@ def test_tables_kept_in_files_give_the_same_report(spill_jobs, scenario, jobs, m
         assert render(files, fmt) == render(memory, fmt), fmt
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("named", [True, False])
 def test_files_of_traces_without_a_rank_hold_the_rank_in_their_name(tmp_path, named, monkeypatch):
     """Traces without distributedInfo get their rank from the file name, else the file

@@ -23,7 +23,7 @@ from kineto_comm.rules_api import (
     step_times,
 )
 
-from .conftest import REPO, SAMPLES, all_shared_traces
+from .conftest import REPO, SAMPLES, all_shared_traces, trace_params
 
 US = 1_000
 
@@ -96,7 +96,9 @@ def _check(report: Report) -> None:
         assert summary(report, [], Severity.error)["mean_step_ns"] <= step + 1  # round vs floor
 
 
-@pytest.mark.parametrize("path", _jobs(), ids=lambda p: str(p.relative_to(p.parents[2])))
+@pytest.mark.parametrize(
+    "path", trace_params(_jobs(), ids=lambda p: str(p.relative_to(p.parents[2])))
+)
 def test_blame_sums_and_savings_fit_the_step(path: Path) -> None:
     _check(analyze(path, jobs=1))
 
