@@ -69,6 +69,8 @@ def all_real_traces() -> list[Path]:
 QUICK_TRACES = (
     "_history/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",  # 2021 schema, CPU
     "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",  # ROCm, MI250
+    "hta/nccl_parser_config/nccl_data.json.gz",  # NCCL on A100
+    "kineto-tb-plugin/worker0.1623143089861.pt.trace.json.gz",  # 2021 schema, V100
     "hta/mtia_inference_trace/mtia_inference_rank_0.json.gz",  # MTIA
     "hta/call_stack/backward_thread.json",  # plain .json
     "hta/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz",  # stream waits
