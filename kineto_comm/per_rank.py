@@ -271,8 +271,9 @@ def _rank_tables(
         )
     if timeline == "none":
         warnings.append(
-            f"{raw.file}: no GPU kernels and no host communication spans"
-            " (CPU-only or non-GPU device such as MTIA): nothing to break down"
+            f"{raw.file}: no device kernels and no host communication spans"
+            " (a CPU-only trace, or a device whose events this tool does not read):"
+            " nothing to break down"
         )
     meta = {
         "backend": raw.backend,

@@ -179,3 +179,28 @@ def test_temporal_breakdown_agrees_with_hta(rel, tmp_path):
         assert share == pytest.approx(theirs[key], abs=TOLERANCE_PP), (
             f"{key}: ours {share:.2f}% vs HTA"
         )
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "hta/mtia_inference_trace/mtia_inference_rank_0.json.gz",
+        pytest.param("hta/mtia_trace_single_rank/mtia_rank_0.json.gz", marks=pytest.mark.slow),
+    ],
+    ids=lambda r: r.split("/")[1],
+)
+def test_mtia_device_time_agrees_with_hta(rel, tmp_path):
+    """MTIA's device events (mtia_ccp_events) are its kernels, its DMA transfers memory, as
+    in HTA's breakdown: the same compute time over the trace, to the microsecond. (The
+    window tests above follow each kernel's launch, which MTIA's events do not name.) Where
+    HTA's span starts at the first profiler step, ours holds the few transfers before it:
+    on mtia_inference_trace there are none and the span and idle time agree too."""
+    path = shared(rel)
+    totals = analyze(path, jobs=1).totals.row(0, named=True)
+    theirs = _hta(path, tmp_path).get_temporal_breakdown(visualize=False).iloc[0]
+    assert totals["compute_ns"] / 1e3 == pytest.approx(theirs["compute_time(us)"], abs=1.0)
+    assert totals["memcpy_ns"] > 0
+    if "inference" in rel:
+        assert totals["wall_ns"] / 1e3 == pytest.approx(theirs["kernel_time(us)"], abs=0.01)
+        idle = 100.0 * totals["idle_ns"] / totals["wall_ns"]
+        assert idle == pytest.approx(theirs["idle_time_pctg"], abs=TOLERANCE_PP)

@@ -67,8 +67,11 @@ _READ_BYTES = 4 * 1024 * 1024
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 # Categories kept from the event stream. Everything else (flows, instant events, python
-# stacks, memory events, MTIA device events) is dropped before columns are built.
-GPU_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"})
+# stacks, memory events) is dropped before columns are built. MTIA's device events
+# (`mtia_ccp_events`: its kernels, DMA transfers and stream events) are device work, as HTA
+# reads them (kernels.build_kernels gives their kinds).
+MTIA_CAT = "mtia_ccp_events"
+GPU_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset", MTIA_CAT})
 # CUDA synchronization events (torch.profiler's enable_cuda_sync_events): kept in `gpu` with
 # the device events; only their "Stream Wait Event" rows are read (a stream waiting on an
 # event another stream recorded), the others are dropped by the kernels model.

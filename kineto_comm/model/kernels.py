@@ -31,7 +31,14 @@ import polars as pl
 
 from kineto_comm.analysis.overlap import subtract_intervals
 from kineto_comm.lazy import collect
-from kineto_comm.load.decode import HOST_SPANS, STREAM_WAIT, SYNC_CAT, RawTrace, parse_int
+from kineto_comm.load.decode import (
+    HOST_SPANS,
+    MTIA_CAT,
+    STREAM_WAIT,
+    SYNC_CAT,
+    RawTrace,
+    parse_int,
+)
 from kineto_comm.model.names import comm_kernel_expr
 
 KERNEL_SCHEMA: dict[str, pl.DataType] = {
@@ -84,8 +91,11 @@ def build_kernels(raw: RawTrace, comm_patterns: tuple[str, ...] = ()) -> pl.Data
     gpu = raw.gpu.filter(~sync) if synced else raw.gpu
     if gpu.height == 0:
         return host_timeline(raw)
+    # MTIA's DMA transfers (dma_request) are its copies, and the rest of its device events
+    # compute, as HTA's breakdown has them (its memory kernels are the names starting "dma").
+    dma = (pl.col("cat") == MTIA_CAT) & pl.col("name").str.starts_with("dma")
     kind = (
-        pl.when(pl.col("cat").is_in(["gpu_memcpy", "Memcpy"]))
+        pl.when(pl.col("cat").is_in(["gpu_memcpy", "Memcpy"]) | dma.fill_null(False))
         .then(pl.lit("memcpy"))
         .when(pl.col("cat").is_in(["gpu_memset", "Memset"]))
         .then(pl.lit("memset"))
