@@ -93,8 +93,8 @@ def is_quick(path: Path) -> bool:
 
 
 def trace_params(paths: list[Path], ids: Any = None) -> list[Any]:
-    """`paths` as test parameters, all but QUICK_TRACES marked `slow`; fails when a quick
-    trace named here is not among them (a moved file must not empty the default run)."""
+    """`paths` as test parameters, all but QUICK_TRACES marked `slow`; fails when none of
+    QUICK_TRACES is among them (moved files must not leave the default run none)."""
     quick = [p for p in paths if is_quick(p)]
     assert quick, f"none of QUICK_TRACES among {len(paths)} traces"
     name = ids or (lambda p: f"{p.parent.name}/{p.name}")
