@@ -45,6 +45,7 @@ __all__ = [
     "Edit",
     "Finding",
     "Option",
+    "Platform",
     "Rule",
     "RuleFunction",
     "Severity",
@@ -60,6 +61,7 @@ __all__ = [
     "hosts_of",
     "impact_per_step",
     "in_rank_order",
+    "job_platform",
     "launch_floor",
     "make_finding",
     "mean_step_ns",
@@ -876,6 +878,27 @@ def median_of_counts(
     )
     groups = counts.select(by).unique(maintain_order=True)
     return groups.join(medians, on=by, how="left", nulls_equal=True)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the job ran on, for advice that differs by it: `backend` is the communication
+    backend the traces' `distributedInfo` names ("nccl", "gloo", ...; None where no rank names
+    one or the ranks name different ones) and `host` whether every rank's timeline is the
+    host's (CPU-only traces: gloo spans against the CPU's work), so no GPU is in the job."""
+
+    backend: str | None
+    host: bool
+
+
+def job_platform(tables: Tables) -> Platform:
+    """The job's `Platform`, from the `ranks` table (its `backend` and `timeline` columns)."""
+    if not tables.has("ranks", "backend", "timeline"):
+        return Platform(None, False)
+    ranks = tables["ranks"]
+    backends = ranks["backend"].drop_nulls().unique()
+    timelines = set(ranks["timeline"].drop_nulls().unique()) - {"none"}
+    return Platform(backends.item() if backends.len() == 1 else None, timelines == {"host"})
 
 
 def hosts_of(ranks: pl.Expr, ranks_per_host: int) -> pl.Expr:

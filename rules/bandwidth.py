@@ -15,6 +15,7 @@ from kineto_comm.rules_api import (
     collective_exposure_lazy,
     group_size,
     impact_per_step,
+    job_platform,
     launch_floor,
     make_finding,
     mean_step_ns,
@@ -23,6 +24,24 @@ from kineto_comm.rules_api import (
 )
 
 from ._common import share_severity, with_roles
+
+
+def _link_advice(backend: str | None, nccl_tests: str) -> tuple[str, ...]:
+    """How to check a slow group's link: NCCL's tests and transport settings, or, for a gloo
+    job (TCP between the ranks' hosts, none of NCCL's knobs), its network interface."""
+    if backend == "gloo":
+        return (
+            "gloo moves data over TCP: check which network interface it uses "
+            "(GLOO_SOCKET_IFNAME), its speed and errors (ethtool, ip -s link), and measure the "
+            "link between these ranks' hosts (iperf3) against a healthy group's.",
+            "On GPUs, run the group on the NCCL backend.",
+        )
+    return (
+        nccl_tests,
+        "Check the transport with NCCL_DEBUG=INFO (NVLink/P2P/IB vs SOCKET), "
+        "NCCL_IB_HCA and NCCL_SOCKET_IFNAME, GPU-NIC affinity (nvidia-smi topo -m) "
+        "and link errors or down-trained links (ibstat, ethtool).",
+    )
 
 
 @rule(
@@ -244,12 +263,10 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
                     "saving_method": f"replay: {edit.name}",
                 },
                 edit=edit,
-                advice=(
+                advice=_link_advice(
+                    job_platform(tables).backend,
                     "Run nccl-tests (all_reduce_perf -b 1M -e 1G) on exactly these ranks' "
                     "hosts and compare with a healthy group.",
-                    "Check the transport with NCCL_DEBUG=INFO (NVLink/P2P/IB vs SOCKET), "
-                    "NCCL_IB_HCA and NCCL_SOCKET_IFNAME, GPU-NIC affinity (nvidia-smi topo -m) "
-                    "and link errors or down-trained links (ibstat, ethtool).",
                 ),
             )
         )
@@ -381,12 +398,10 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     "saving_method": f"replay: {edit.name}",
                 },
                 edit=edit,
-                advice=(
+                advice=_link_advice(
+                    job_platform(tables).backend,
                     "Run nccl-tests (sendrecv_perf -b 1M -e 1G) between exactly these "
                     "neighbouring stages' hosts and compare with a healthy pipeline.",
-                    "Check the transport with NCCL_DEBUG=INFO (NVLink/P2P/IB vs SOCKET), "
-                    "NCCL_IB_HCA and NCCL_SOCKET_IFNAME, GPU-NIC affinity (nvidia-smi topo -m) "
-                    "and link errors or down-trained links (ibstat, ethtool).",
                 ),
             )
         )

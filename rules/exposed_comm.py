@@ -9,7 +9,9 @@ import polars as pl
 from kineto_comm.rules_api import (
     Edit,
     Finding,
+    Platform,
     Tables,
+    job_platform,
     launch_floor,
     make_finding,
     mean_step_ns,
@@ -29,6 +31,7 @@ from ._common import (
     single_call_steps,
 )
 
+NVLINK_TP = "Keep tensor-parallel groups inside one NVLink domain (one host)."
 ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
     ("data_parallel", "all_reduce"): (
         "DDP: make sure gradients are all-reduced during backward (no manual all-reduce after "
@@ -42,7 +45,7 @@ ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
     ("tensor_parallel", "all_reduce"): (
         "Megatron-LM: --sequence-parallel and --tp-comm-overlap to overlap tensor-parallel "
         "communication with the GEMMs.",
-        "Keep tensor-parallel groups inside one NVLink domain (one host).",
+        NVLINK_TP,
     ),
     ("expert", "all_to_all"): (
         "Overlap expert dispatch/combine with compute (e.g. DeepEP, Megatron "
@@ -79,6 +82,28 @@ GENERIC = (
     "If it cannot be hidden, make it cheaper: bigger messages, NCCL_ALGO/NCCL_PROTO tuning, "
     "or a faster interconnect.",
 )
+# Lines that differ where the job runs on gloo (none of NCCL's knobs) or on CPUs alone (no
+# streams, no NVLink to keep a group inside).
+GLOO_LINES = {
+    GENERIC[1]: "If it cannot be hidden, make it cheaper: fewer, bigger messages; gloo moves "
+    "data over TCP, so the fastest network interface (GLOO_SOCKET_IFNAME), or the NCCL "
+    "backend on GPUs.",
+}
+HOST_LINES = {
+    GENERIC[0]: "Launch this communication earlier and asynchronously (async_op=True), "
+    "waiting for it only where its result is needed, so compute can hide it.",
+    NVLINK_TP: "Keep tensor-parallel groups inside one host.",
+}
+
+
+def advice_for(platform: Platform, lines: tuple[str, ...]) -> tuple[str, ...]:
+    """`lines` of advice for the job's platform: NCCL's tuning knobs only where the job runs
+    NCCL, streams and NVLink only where it runs on GPUs."""
+    if platform.backend == "gloo":
+        lines = tuple(GLOO_LINES.get(line, line) for line in lines)
+    if platform.host:
+        lines = tuple(HOST_LINES.get(line, line) for line in lines)
+    return lines
 
 
 def _hideable(tables: Tables, where: pl.Expr) -> pl.DataFrame | float:
@@ -175,6 +200,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     is_sharded = (pl.col("role") == "fsdp") & pl.col("collective").is_in(SHARDED)
     causes = causes.filter(is_sharded if sharded else ~is_sharded)
     step_ns = mean_step_ns(tables)
+    platform = job_platform(tables)
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
         groups = c["groups"] or []
@@ -228,7 +254,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                 f"({share:.1%} of {step_ns / 1e6:.2f} ms). Make it cheaper instead."
             )
             advice = (
-                GENERIC[1],
+                *advice_for(platform, (GENERIC[1],)),
                 "Compare its bus bandwidth with the link's (NET101 with "
                 "link_busbw_gbps): a slow link or transport costs the time, not the order.",
             )
@@ -244,7 +270,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                     "into buckets that start during the backward, all but the last bucket "
                     "hide, so the saving is a bound (the last bucket stays exposed)."
                 )
-            advice = ADVICE.get((c["role"], c["collective"]), GENERIC)
+            advice = advice_for(platform, ADVICE.get((c["role"], c["collective"]), GENERIC))
         out.append(
             make_finding(
                 rule_,

@@ -13,6 +13,7 @@ from kineto_comm.rules_api import (
     Severity,
     Tables,
     group_roles,
+    job_platform,
     make_finding,
     mean_step_ns,
     replay_saving,
@@ -234,6 +235,8 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         )
     )
     step_ns = mean_step_ns(tables)
+    # Neighbouring stages' fast links: NVLink where the job has GPUs.
+    links = "same host" if job_platform(tables).host else "same host, NVLink"
     out = []
     # All pipeline replicas share one schedule: one finding, the worst replica per step.
     worst = pl.col("impact") == pl.col("impact").max().over("step")
@@ -398,7 +401,7 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 f"{transfers_ns / 1e6:.2f} ms per stage and step where their data arrives: "
                 "overlap them with compute (Megatron-LM --overlap-p2p-communication, "
                 "torch.distributed.batch_isend_irecv) and keep neighbouring stages on fast "
-                f"links (same host, NVLink): about {saved_hide / 1e6:.2f} ms per step"
+                f"links ({links}): about {saved_hide / 1e6:.2f} ms per step"
                 + (
                     f", as the stages hold only {hideable_ns / 1e6:.2f} ms per step of compute "
                     "no communication overlaps to hide them behind."

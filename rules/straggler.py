@@ -15,6 +15,7 @@ from kineto_comm.rules_api import (
     all_to_all_volume,
     collective_exposure_lazy,
     group_roles,
+    job_platform,
     make_finding,
     mean_step_ns,
     rank_lateness,
@@ -115,14 +116,32 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     f"Profile rank {r['rank']}'s CPU side before its first collective of a step:"
                     " data loading (num_workers, pin_memory, prefetch_factor), rank-0-only "
                     "logging, evaluation or checkpointing.",
-                    "Check the GPU of that rank for throttling (nvidia-smi -q -d PERFORMANCE) "
-                    "and the host for other load.",
+                    _check_the_rank(job_platform(tables).host),
                     "Balance the work: equal sequence lengths/packing per rank, balanced "
                     "pipeline stages.",
                 ),
             )
         )
     return out
+
+
+def _check_the_rank(host: bool) -> str:
+    """Where a late rank's time may go besides its own work: its GPU, unless the job has
+    none (CPU-only traces), and its host."""
+    if host:
+        return (
+            "Check that rank's host for other load: other processes on its cores, CPU "
+            "frequency scaling or thermal throttling."
+        )
+    return (
+        "Check the GPU of that rank for throttling (nvidia-smi -q -d PERFORMANCE) and the "
+        "host for other load."
+    )
+
+
+def _comm_threads(backend: str | None) -> str:
+    """The communication backend's own CPU threads, which a rank's cores must leave room for."""
+    return "gloo's communication threads" if backend == "gloo" else "NCCL's proxy threads"
 
 
 def straggler_fixed(rank: int, delay_ns: int) -> Edit:
@@ -409,8 +428,8 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "and gc.disable() with a gc.collect() every N steps (Megatron-LM: "
                 "--manual-gc --manual-gc-interval N).",
                 "Pin each rank to its own CPU cores and NUMA node (numactl, taskset), with "
-                "cores to spare for NCCL's proxy threads and the data loader workers; run no "
-                "more ranks on a host than it has cores for.",
+                f"cores to spare for {_comm_threads(job_platform(tables).backend)} and the "
+                "data loader workers; run no more ranks on a host than it has cores for.",
             ),
         )
     ]

@@ -939,3 +939,48 @@ def test_launch_bound_against_the_same_passes_from_a_cuda_graph() -> None:
     mine = replay_saving(tables, Edit("x", inside))
     assert codes["SYNC106"].impact_ns_per_step == mine
     assert mine < replay_saving(tables, Edit("all", launch))
+
+
+# ---------------------------------------------------------------- advice for the platform
+
+# Advice that holds only for NCCL on GPUs: its tuning knobs and tests, GPU tools, streams.
+GPU_ONLY = ("NCCL_", "nccl-tests", "nvidia-smi", "NVLink", "its own stream", "proxy threads")
+
+
+@pytest.mark.parametrize(
+    ("path", "codes_", "options"),
+    [
+        # gloo on CPUs (host timelines): COMM101 with too little compute to hide it.
+        (shared("hta/cpu_only"), {"COMM101"}, None),
+        # The README's sample: COMM101, SYNC104; NET101 against a 100 GB/s link (its
+        # buckets are under NET101's 1 MB default).
+        (REPO / "sample_traces/ddp-4", {"COMM101", "SYNC104", "NET101"}, 100.0),
+        (REPO / "sample_traces/ep-4", {"COMM101", "SYNC104"}, None),  # generic COMM101 advice
+        (REPO / "sample_traces/fsdp-2", {"SYNC101", "COMM102"}, None),
+        (REPO / "tests/data/gloo/tp-dp-4", {"COMM101"}, None),  # tensor parallel
+    ],
+    ids=["hta-cpu_only", "ddp-4", "ep-4", "fsdp-2", "gloo-tp-dp-4"],
+)
+def test_advice_on_gloo_cpu_jobs_names_no_nccl_or_gpu_remedy(path, codes_, options) -> None:
+    """A gloo job on CPUs is advised for what it runs on: no NCCL knob, no GPU tool, no stream
+    or NVLink; the same rules on an NCCL job on GPUs keep them (next test)."""
+    opts = {"NET101": {"link_busbw_gbps": options, "min_bytes": 0}} if options else None
+    findings = run_rules(analyze(path, jobs=1, ignore=["ALL"]), options=opts)
+    assert codes_ <= {f.code for f in findings}
+    for f in findings:
+        for line in f.advice:
+            assert not any(word in line for word in GPU_ONLY), (f.code, line)
+
+
+def test_advice_on_nccl_gpu_jobs_keeps_nccl_and_gpu_remedies() -> None:
+    """tests/data/h100-nccl/tp-dp-8 (NCCL on H100s): COMM101's make-it-cheaper advice names
+    NCCL's knobs and SYNC104's the proxy threads; NET101 against a link names nccl-tests."""
+    path = REPO / "tests/data/h100-nccl/tp-dp-8"
+    findings = run_rules(
+        analyze(path, jobs=1, ignore=["ALL"]),
+        options={"NET101": {"link_busbw_gbps": 100.0, "min_bytes": 0}},
+    )
+    advice = {f.code: " ".join(f.advice) for f in findings}
+    assert "NCCL_ALGO" in advice["COMM101"]
+    assert "NCCL's proxy threads" in advice["SYNC104"]
+    assert "nccl-tests" in advice["NET101"]
