@@ -1,5 +1,5 @@
 """Our time breakdowns against HTA's on real traces: get_comm_comp_overlap and
-get_temporal_breakdown.
+get_temporal_breakdown; each kernel's launch against get_cuda_kernel_launch_stats.
 
 HTA keeps kernels whose launching CPU op starts before the last ProfilerStep starts (or,
 with include_last_profiler_step=True, before it ends; it counts GPU-side ProfilerStep
@@ -204,3 +204,61 @@ def test_mtia_device_time_agrees_with_hta(rel, tmp_path):
         assert totals["wall_ns"] / 1e3 == pytest.approx(theirs["kernel_time(us)"], abs=0.01)
         idle = 100.0 * totals["idle_ns"] / totals["wall_ns"]
         assert idle == pytest.approx(theirs["idle_time_pctg"], abs=TOLERANCE_PP)
+
+
+# The runtime calls whose kernels HTA's launch statistics hold (hta.analyzers
+# .cuda_kernel_analysis); the driver API's cuLaunchKernel(Ex) (Triton, torch.compile) and
+# HIP's launches are left out there, not in our kernels table.
+HTA_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync")
+
+
+def _launch_names(path) -> dict[int, str]:
+    """correlation -> the name of the runtime or driver call that made it, from the trace."""
+    with gzip.open(path, "rt") if path.name.endswith(".gz") else open(path) as fh:
+        events = json.load(fh)["traceEvents"]
+    return {
+        e["args"]["correlation"]: e["name"]
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+
+
+@pytest.mark.parametrize("rel", PARAMS)
+def test_kernel_launches_agree_with_hta(rel, tmp_path):
+    """Each kernel's link to the CPU call that launched it, which the launch gaps (SYNC106,
+    SYNC102, the blame's `launch` rows) and the replay's launch floor rest on: for every
+    kernel in HTA's get_cuda_kernel_launch_stats, ours with its correlation has the same
+    launch call duration, kernel duration and launch delay (from the call's return to the
+    kernel's start, none when negative) to 2 ns (HTA's microseconds are floats). Kernels
+    of ours that HTA leaves out of its window were launched by calls it does not count."""
+    path = _path(rel)
+    report = analyze(path, jobs=1, ignore=["ALL"])
+    analysis = _hta(path, tmp_path)
+    hta_rank = next(iter(analysis.t.traces))
+    theirs = pl.from_pandas(
+        analysis.get_cuda_kernel_launch_stats(ranks=[hta_rank], visualize=False)[hta_rank]
+    ).with_columns(pl.col("correlation").cast(pl.Int64))
+    assert theirs.height > 0
+    ours = report.kernels.filter(pl.col("launch_ns").is_not_null()).select(
+        "correlation",
+        "launch_ns",
+        cpu_ns=pl.col("launch_end_ns") - pl.col("launch_ns"),
+        gpu_ns=pl.col("end_ns") - pl.col("start_ns"),
+        delay_ns=(pl.col("start_ns") - pl.col("launch_end_ns")).clip(lower_bound=0),
+    )
+    both = theirs.join(ours, on="correlation", how="left")
+    assert both["gpu_ns"].null_count() == 0, "kernels HTA links that we do not"
+    for hta_us, our_ns in (
+        ("cpu_duration", "cpu_ns"),
+        ("gpu_duration", "gpu_ns"),
+        ("launch_delay", "delay_ns"),
+    ):
+        off = both.select((pl.col(hta_us) * 1000 - pl.col(our_ns)).abs().max()).item()
+        assert off <= 2.0, f"{hta_us}: {off:.1f} ns off"
+    # HTA's window: launches before the last profiler step starts (as in _our_whole).
+    reach_start, _ = _hta_step_reach_us(path)
+    cutoff = report.steps["cpu_start_ns"].max() + round(reach_start * 1000)
+    names = _launch_names(path)
+    extra = ours.filter(pl.col("launch_ns") < cutoff).join(theirs, on="correlation", how="anti")
+    counted = [c for c in extra["correlation"] if names.get(c) in HTA_LAUNCHES]
+    assert counted == [], f"{len(counted)} kernels in HTA's window missing from its statistics"
