@@ -7,6 +7,7 @@ import pytest
 
 from kineto_comm import analyze
 from kineto_comm.analysis.match import instances, match_keys, waits
+from kineto_comm.rules_api import Tables, replay_timeline
 from kineto_comm.synth import generate
 
 from .conftest import REPO, SAMPLES, shared
@@ -584,3 +585,36 @@ def test_named_calls_of_a_job_of_several_groups_are_matched() -> None:
     assert "ungrouped" not in set(inst["key_kind"])
     assert (inst["ranks_seen"] == inst["group_size"]).all()
     assert not any("name no process group" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        REPO / "tests" / "data" / "h100-nccl" / "pp-4",
+        REPO / "tests" / "data" / "h200-nccl" / "pp-dp-8",
+    ],
+    ids=["h100-pp-4", "h200-pp-dp-8"],
+)
+def test_a_send_that_ended_before_its_peer_arrived_waited_for_no_one(path) -> None:
+    """NCCL completes a small send into the receiver's buffer: on these pipeline captures
+    some sends end before their receive starts (h100 pp-4: 48 of 144 calls, up to 6.6 ms
+    before). Such a call waited for no one (wait 0; the replay's timeline does not hold it
+    until its peer arrives); no call waits longer than it lasts; a receive that started first waited
+    for its send's start."""
+    report = analyze(path, jobs=1, ignore=["ALL"])
+    waits = report.collective_waits.join(
+        report.collective_instances.select("instance", "last_start_ns", "key_kind"), on="instance"
+    )
+    assert (waits["wait_ns"] <= waits["duration_ns"]).all()
+    early = waits.filter(pl.col("end_ns") <= pl.col("last_start_ns"))
+    assert early.height > 0 and (early["key_kind"] == "p2p").all()
+    assert (early["wait_ns"] == 0).all()
+    # The replay does not hold them until their peer arrives (no `sync` row).
+    tables = Tables(report)
+    rows = tables.collect(replay_timeline(tables)).join(
+        early.select("rank", at_ns="start_ns"), on=["rank", "at_ns"]
+    )
+    assert rows.height >= early.height and not rows["sync"].fill_null(False).any()
+    waited = waits.filter(pl.col("end_ns") > pl.col("last_start_ns"))
+    assert (waited["wait_ns"] == waited["last_start_ns"] - waited["start_ns"]).all()
+    assert (waited["wait_ns"] > 0).any()
