@@ -471,10 +471,10 @@ def _p2p_op(kind: str, ts: float, peer: int, nelems: int | None = 4096) -> dict:
     )
 
 
-def _batch(ts: float, corr: int, ops: list[tuple]) -> list[dict]:
+def _batch(ts: float, corr: int, ops: list[tuple], dur: float = 20) -> list[dict]:
     """One batch_isend_irecv on NCCL: its ops' record_param_comms (`_p2p_op`'s arguments
     but the time: kind, peer and optionally nelems), then its one SendRecv kernel launched
-    in a `nccl:coalesced` span (started 100 us after `ts`, 20 us long)."""
+    in a `nccl:coalesced` span (started 100 us after `ts`, `dur` us long)."""
     events = [_p2p_op(op[0], ts + 5 * i, *op[1:]) for i, op in enumerate(ops)]
     return [
         *events,
@@ -483,7 +483,7 @@ def _batch(ts: float, corr: int, ops: list[tuple]) -> list[dict]:
         kernel(
             "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
             ts + 100,
-            20,
+            dur,
             stream=20,
             corr=corr,
         ),
@@ -523,13 +523,13 @@ def test_a_batched_exchange_with_one_stage_meets_the_stages_batch(tmp_path):
     one kernel (send_forward_recv_backward), then receives the last gradient; stage 1
     mirrors it, 300 us later. Each two-op kernel exchanges with one peer: it is matched
     with the peer's (keyed by the pair), so all four transfers pair up, and the early
-    stage's kernels wait for the late one's."""
+    stage's kernels, which last until the late one's have moved the data, wait for them."""
     stage0 = [("send", 2)], [("send", 2), ("recv", 2)], [("send", 2), ("recv", 2)], [("recv", 2)]
     stage1 = [("recv", 0)], [("send", 0), ("recv", 0)], [("send", 0), ("recv", 0)], [("send", 0)]
-    for rank, batches, late in ((0, stage0, 0), (2, stage1, 300)):
+    for rank, batches, late, dur in ((0, stage0, 0, 320), (2, stage1, 300, 20)):
         events = [cpu("ProfilerStep#1", 0, 5000, cat="user_annotation")]
         for i, ops in enumerate(batches):
-            events += _batch(1000 * i + late, i + 1, ops)
+            events += _batch(1000 * i + late, i + 1, ops, dur)
         write_trace(tmp_path / f"rank{rank}.json", events, rank=rank, world_size=4)
     report = analyze(tmp_path, jobs=1)
     calls = report.collectives.sort("rank", "start_ns")
