@@ -22,7 +22,7 @@ from tests.conftest import H100_TRACES, SAMPLES, shared
 QUICK_PER_FAMILY = 3
 DEFAULT_PER_FAMILY = 25
 CAMPAIGN_PER_FAMILY = 840  # 12 x 840 = 10,080 cases
-CASE_SECONDS = 30
+# How long the cases take is measured by bench/bench_fuzz.py, not asserted here.
 
 
 def _summary(results: list[tuple[str, int, float, list[str]]]) -> str:
@@ -34,8 +34,7 @@ def _summary(results: list[tuple[str, int, float, list[str]]]) -> str:
 
 def _check(results: list[tuple[str, int, float, list[str]]]) -> None:
     failures = [f"{f}:{s}: {p[0]}" for f, s, _, p in results if p]
-    slow = [f"{f}:{s} took {sec:.1f} s" for f, s, sec, _ in results if sec > CASE_SECONDS]
-    assert not failures and not slow, _summary(results) + "\n" + "\n".join((failures + slow)[:20])
+    assert not failures, _summary(results) + "\n" + "\n".join(failures[:20])
 
 
 @pytest.mark.parametrize("family", fuzz.ALL_FAMILIES)
