@@ -663,15 +663,11 @@ def _named_by_instance(
         .select("rank", "start_ns", _last="last_rank")
         .with_columns(pl.col(c).cast(t) for c, t in cast.items())
     )
-    # A point-to-point call whose peer arrived after it waited for that peer (`first`),
-    # unless it ended before the peer arrived (an eager send: it waited for no one).
+    # A point-to-point call that waited for its peer (`first`): the peer arrived after it,
+    # before it ended (one that ended first, an eager send, waited for no one: wait 0).
     paired = (
         arrivals.filter(pl.col("p2p"))
-        .select(
-            "rank",
-            "start_ns",
-            first=(pl.col("last_rank") != pl.col("rank")) & (pl.col("wait_ns") > 0),
-        )
+        .select("rank", "start_ns", first=pl.col("wait_ns") > 0)
         .with_columns(pl.col(c).cast(t) for c, t in cast.items())
         .unique(["rank", "start_ns"], keep="first")
     )

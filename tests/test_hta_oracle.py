@@ -12,6 +12,7 @@ shares must agree to TOLERANCE_PP.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
@@ -73,22 +74,27 @@ def _path(rel: str):
     return REPO / "tests" / "data" / rel if own else shared(rel)
 
 
+@functools.lru_cache(maxsize=1)
+def _trace(path) -> dict:
+    """The trace file's JSON document, read once for the helpers one test calls on it (the
+    copy for HTA, its step window, its launch calls). Not to be modified."""
+    with gzip.open(path, "rt") if path.name.endswith(".gz") else open(path) as fh:
+        return json.load(fh)
+
+
 def _copy_for_hta(path, out) -> None:
     """`path` copied to `out`, less its CUDA sync events (cat cuda_sync) where it has any.
     HTA 0.5 takes them for kernels, though they are records of host calls on a stream, not
     device work: on h100-nccl/pp-4-sync rank 0 they stretch its kernel span from 96,982 to
     101,056 us and add 47 us of "compute"; without them its breakdown is ours to the
     microsecond."""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt") as fh:
-        doc = json.load(fh)
+    doc = _trace(path)
     kept = [e for e in doc["traceEvents"] if e.get("cat") != "cuda_sync"]
     if len(kept) == len(doc["traceEvents"]):
         shutil.copy(path, out)
         return
-    doc["traceEvents"] = kept
-    with opener(out, "wt") as fh:
-        json.dump(doc, fh)
+    with (gzip.open if path.name.endswith(".gz") else open)(out, "wt") as fh:
+        json.dump({**doc, "traceEvents": kept}, fh)
 
 
 def _hta(path, tmp_path, include_last: bool = False):
@@ -112,8 +118,7 @@ def _hta_step_reach_us(path) -> tuple[float, float]:
     HTA takes the latest start (end) of any event named ProfilerStep#N that is not a GPU
     kernel. Newer Kineto also writes ProfilerStep#N as GPU user annotations, which run later
     than the CPU's markers, so HTA's window reaches into the last step."""
-    with gzip.open(path, "rt") if path.name.endswith(".gz") else open(path) as fh:
-        events = json.load(fh)["traceEvents"]
+    events = _trace(path)["traceEvents"]
     marks = [e for e in events if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")]
     cpu = [e for e in marks if e.get("cat") == "user_annotation"]
     last_cpu = max(cpu, key=lambda e: e["ts"])
@@ -214,8 +219,7 @@ HTA_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "c
 
 def _launch_names(path) -> dict[int, str]:
     """correlation -> the name of the runtime or driver call that made it, from the trace."""
-    with gzip.open(path, "rt") if path.name.endswith(".gz") else open(path) as fh:
-        events = json.load(fh)["traceEvents"]
+    events = _trace(path)["traceEvents"]
     return {
         e["args"]["correlation"]: e["name"]
         for e in events
