@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from typer.core import TyperArgument, TyperCommand
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from kineto_comm.errors import TraceError, UsageError, one_line
 
@@ -51,7 +51,19 @@ class Command(TyperCommand):
         return pieces
 
 
+class Group(TyperGroup):
+    """The command list, whose own options (--help) show no type tag either."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for p in params:
+            if p.metavar is None and getattr(p, "is_flag", False):
+                p.metavar = ""
+        return params
+
+
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -348,9 +348,11 @@ def test_terminal_output_is_clean(tmp_path):
     for name, sub in command.commands.items():
         for param in sub.params:
             assert (param.help or "").strip(), f"{name} {param.name} has no description"
-        shown = runner.invoke(app, [name, "--help"], terminal_width=200).output
+    for args in [[], ["--help"], *([name, "--help"] for name in command.commands)]:
+        shown = runner.invoke(app, args, terminal_width=200).output
+        assert "Usage:" in shown, args
         for tag in ("<bool>", "<str>", "<int>", "<path>", "<list[", "{"):
-            assert tag not in shown, (name, tag)
+            assert tag not in shown, (args, tag)
     assert "[model]" in runner.invoke(app, ["model", "--help"], terminal_width=200).output
     assert "TRACES" in runner.invoke(app, ["report", "--help"]).output.replace("PATHS", "TRACES")
 
