@@ -112,6 +112,14 @@ def _hta_overlap(path, tmp_path, include_last: bool) -> float:
     return float(analysis.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"][0])
 
 
+def _profiler_steps(path) -> bool:
+    """Whether the trace marks profiler steps (ProfilerStep#N on the CPU)."""
+    return any(
+        e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")
+        for e in _trace(path)["traceEvents"]
+    )
+
+
 def _hta_step_reach_us(path) -> tuple[float, float]:
     """How far past our last step's CPU start (and end) HTA's cutoff lies, in microseconds.
 
@@ -197,7 +205,8 @@ def test_temporal_breakdown_agrees_with_hta(rel, tmp_path):
 def test_mtia_device_time_agrees_with_hta(rel, tmp_path):
     """MTIA's device events (mtia_ccp_events) are its kernels, its DMA transfers memory, as
     in HTA's breakdown: the same compute time over the trace, to the microsecond. (The
-    window tests above follow each kernel's launch, which MTIA's events do not name.) Where
+    window tests above cut the kernels at their launches, which MTIA's DMA transfers do
+    not have.) Where
     HTA's span starts at the first profiler step, ours holds the few transfers before it:
     on mtia_inference_trace there are none and the span and idle time agree too."""
     path = shared(rel)
@@ -214,7 +223,13 @@ def test_mtia_device_time_agrees_with_hta(rel, tmp_path):
 # The runtime calls whose kernels HTA's launch statistics hold (hta.analyzers
 # .cuda_kernel_analysis); the driver API's cuLaunchKernel(Ex) (Triton, torch.compile) and
 # HIP's launches are left out there, not in our kernels table.
-HTA_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync")
+HTA_LAUNCHES = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cudaMemcpyAsync",
+    "cudaMemsetAsync",
+    "runFunction - job_prep_and_submit_for_execution",  # MTIA's launch of a kernel
+)
 
 
 def _launch_names(path) -> dict[int, str]:
@@ -223,11 +238,22 @@ def _launch_names(path) -> dict[int, str]:
     return {
         e["args"]["correlation"]: e["name"]
         for e in events
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+        if e.get("cat") in ("cuda_runtime", "cuda_driver", "mtia_runtime")
+        and "correlation" in e.get("args", {})
     }
 
 
-@pytest.mark.parametrize("rel", PARAMS)
+@pytest.mark.parametrize(
+    "rel",
+    [
+        *PARAMS,
+        # MTIA: its runtime calls (mtia_runtime) launch its device events by correlation.
+        pytest.param("hta/mtia_inference_trace/mtia_inference_rank_0.json.gz", id="mtia_inf"),
+        pytest.param(
+            "hta/mtia_trace_single_rank/mtia_rank_0.json.gz", id="mtia", marks=pytest.mark.slow
+        ),
+    ],
+)
 def test_kernel_launches_agree_with_hta(rel, tmp_path):
     """Each kernel's link to the CPU call that launched it, which the launch gaps (SYNC106,
     SYNC102, the blame's `launch` rows) and the replay's launch floor rest on: for every
@@ -259,10 +285,13 @@ def test_kernel_launches_agree_with_hta(rel, tmp_path):
     ):
         off = both.select((pl.col(hta_us) * 1000 - pl.col(our_ns)).abs().max()).item()
         assert off <= 2.0, f"{hta_us}: {off:.1f} ns off"
-    # HTA's window: launches before the last profiler step starts (as in _our_whole).
-    reach_start, _ = _hta_step_reach_us(path)
-    cutoff = report.steps["cpu_start_ns"].max() + round(reach_start * 1000)
+    # HTA's window: launches before the last profiler step starts (as in _our_whole), or
+    # the whole trace where it has no profiler steps.
+    extra = ours.join(theirs, on="correlation", how="anti")
+    if _profiler_steps(path):
+        reach_start, _ = _hta_step_reach_us(path)
+        cutoff = report.steps["cpu_start_ns"].max() + round(reach_start * 1000)
+        extra = extra.filter(pl.col("launch_ns") < cutoff)
     names = _launch_names(path)
-    extra = ours.filter(pl.col("launch_ns") < cutoff).join(theirs, on="correlation", how="anti")
     counted = [c for c in extra["correlation"] if names.get(c) in HTA_LAUNCHES]
     assert counted == [], f"{len(counted)} kernels in HTA's window missing from its statistics"

@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from kineto_comm import analyze, budget, per_rank, workers
+from kineto_comm import cache as kineto_cache
 from kineto_comm.errors import UsageError
 from kineto_comm.load import decode
 from kineto_comm.synth import generate
@@ -62,6 +63,11 @@ def test_cache_reuses_tables_and_misses_on_changed_content(tmp_path, monkeypatch
     monkeypatch.setattr(module, "decode_files", counting)
     analyze(traces, jobs=1, cache_dir=cache)
     assert calls == [str(victim)]
+    # Other code (a changed decoder between two versions) misses on every file.
+    calls.clear()
+    monkeypatch.setattr(kineto_cache, "code_digest", lambda: "another tree")
+    analyze(traces, jobs=1, cache_dir=cache)
+    assert sorted(calls) == sorted(str(p) for p in traces.iterdir())
 
 
 def test_a_cache_that_cannot_be_written_is_a_warning_not_a_silent_skip(tmp_path):

@@ -77,7 +77,7 @@ GPU_CATS = frozenset({"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", 
 # event another stream recorded), the others are dropped by the kernels model.
 SYNC_CAT = "cuda_sync"
 STREAM_WAIT = "Stream Wait Event"
-RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
+RUNTIME_CATS = frozenset({"cuda_runtime", "Runtime", "cuda_driver", "mtia_runtime"})
 # The runtime calls in which the CPU may wait for the device: a synchronisation (of a stream,
 # an event, a context or the device) or a poll of an event or stream (a blocking
 # work.wait(), a torch.cuda.Event.query() loop). Kept as `waits` (RawTrace), not as launches.
@@ -1063,21 +1063,17 @@ _DEVICE_DETAIL = (
 _COMM_OP = (
     pl.col("name").str.starts_with(_PARAM_COMMS) | pl.col("name").str.contains(COLLECTIVE_SPAN)
 ).fill_null(False)
-# Each kept category has a code, role * 16 + its index here; code // 16 is the role: 0 device,
-# 1 runtime calls, 2 CPU ops, 3 metadata. Roles and the `cat` column come from these codes,
-# so category strings are looked up once per event and never turned into columns one by one.
-_CODES = (
-    [(c, 0) for c in sorted(GPU_CATS | {SYNC_CAT})]
-    + [(c, 1) for c in sorted(RUNTIME_CATS)]
-    + [(c, 2) for c in sorted(CPU_CATS)]
-    + [(META_CAT, 3)]
-)
-_CODE = {cat: role * 16 + i for i, (cat, role) in enumerate(_CODES)}
+# Each kept category has a code, role * 16 + its index among its role's; code // 16 is the
+# role: 0 device, 1 runtime calls, 2 CPU ops, 3 metadata. Roles and the `cat` column come
+# from these codes, so category strings are looked up once per event and never turned into
+# columns one by one.
+_ROLES = (sorted(GPU_CATS | {SYNC_CAT}), sorted(RUNTIME_CATS), sorted(CPU_CATS), [META_CAT])
+_CODE = {cat: role * 16 + i for role, cats in enumerate(_ROLES) for i, cat in enumerate(cats)}
 # The runtime calls named in HOST_WAIT_CALLS: a device-role code of their own (found by
 # name, never by category), split off the device rows as the `waits` table (_assemble).
-_HOST_WAIT = len(_CODES)
+_HOST_WAIT = len(_ROLES[0])
 _HOST_WAIT_CAT = "\x00host_wait"
-assert _HOST_WAIT < 16, "the device role's codes are 0-15"
+assert _HOST_WAIT < 16 and all(len(c) < 16 for c in _ROLES), "a role's codes are 0-15"
 _CAT_OF = pl.Series(
     "cat",
     [
