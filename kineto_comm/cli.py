@@ -25,6 +25,13 @@ class Command(TyperCommand):
     """A command whose help names values as people read them (TEXT, PATH, N; nothing for
     a flag) and arguments by name (TRACES...), not by Python type tags (<list[Path]>)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Typer's rich help keeps a docstring's line breaks: one line per paragraph, wrapped
+        # to the terminal's width.
+        if self.help:
+            self.help = "\n\n".join(" ".join(p.split()) for p in self.help.split("\n\n"))
+
     def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)
         for p in params:

@@ -353,6 +353,12 @@ def test_terminal_output_is_clean(tmp_path):
         assert "Usage:" in shown, args
         for tag in ("<bool>", "<str>", "<int>", "<path>", "<list[", "{"):
             assert tag not in shown, (args, tag)
+    for name, sub in command.commands.items():
+        # Each paragraph of a command's description on one line where the terminal is wide
+        # enough, not broken where its docstring's lines end.
+        wide = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"}).output
+        for paragraph in (sub.help or "").split("\n\n"):
+            assert " ".join(paragraph.split()) in wide, (name, paragraph)
     assert "[model]" in runner.invoke(app, ["model", "--help"], terminal_width=200).output
     assert "TRACES" in runner.invoke(app, ["report", "--help"]).output.replace("PATHS", "TRACES")
 
