@@ -77,6 +77,10 @@ def _known_sum(column: str) -> pl.Expr:
     return pl.when(pl.col(column).is_not_null().any()).then(pl.col(column).sum())
 
 
+# The bandwidths of a matched call (collective_instances), by nccl-tests' definitions.
+_BANDWIDTHS = ("algbw_gbps", "busbw_gbps")
+
+
 @dataclass(frozen=True)
 class Report:
     """Everything `analyze()` found. Treat the tables as read-only."""
@@ -174,8 +178,11 @@ class Report:
 
     def collective_totals(self) -> pl.DataFrame:
         """Per (collective, process_group, dtype) over all ranks: ranks, calls, bytes,
-        mean_bytes, time_ns and algbw_gbps (the bytes over the kernel time of the calls
-        with a size; waiting included), in the renderers' order (most time first).
+        mean_bytes, time_ns (kernel time, waiting included), and algbw_gbps and busbw_gbps,
+        the medians over the calls of their `collective_instances` bandwidths (bytes over the
+        call's transfer time, as nccl-tests measures them: busbw = algbw x the collective's
+        factor in every row; a send and its recv share their transfer's; null where the
+        calls have no size), in the renderers' order (most time first).
 
         One aggregation over the per-rank calls: a big job's calls are not assembled."""
         keys = ["collective", "process_group", "dtype"]
@@ -187,11 +194,10 @@ class Report:
                     **dict.fromkeys(("ranks", "calls", "bytes", "time_ns"), pl.Int64),
                     "mean_bytes": pl.Float64,
                     "algbw_gbps": pl.Float64,
+                    "busbw_gbps": pl.Float64,
                 }
             )
-        sized = pl.col("bytes").is_not_null()
-        timed = pl.when(sized).then(pl.col("duration_ns")).sum()
-        return collect(
+        agg = collect(
             calls.lazy(["rank", *keys, "bytes", "duration_ns"])
             .group_by(keys)
             .agg(
@@ -200,11 +206,32 @@ class Report:
                 bytes=_known_sum("bytes").cast(pl.Int64),
                 mean_bytes=pl.col("bytes").mean(),
                 time_ns=pl.col("duration_ns").sum().cast(pl.Int64),
-                algbw_gbps=pl.when(timed > 0).then(pl.col("bytes").sum() / timed),
-            )
-            # Ties broken by name: the same report always renders the same document.
-            .sort(["time_ns", *keys], descending=[True, False, False, False], nulls_last=True),
+            ),
             calls.height,
+        )
+        # Each call's bandwidths are its instance's (the rank's row in collective_waits, by
+        # its start): a send and a recv both get their transfer's, each dtype its own calls'.
+        inst = self.collective_instances
+        bw = pl.DataFrame(
+            schema={**dict.fromkeys(keys, pl.String), **dict.fromkeys(_BANDWIDTHS, pl.Float64)}
+        )
+        if self.rank_waits.height and {"instance", *_BANDWIDTHS} <= set(inst.columns):
+            link = (
+                self.rank_waits.lazy(["instance", "rank", "start_ns"])
+                .unique(["rank", "start_ns"], keep="first")
+                .join(inst.lazy().select("instance", *_BANDWIDTHS), on="instance")
+            )
+            bw = collect(
+                calls.lazy(["rank", "start_ns", *keys])
+                .join(link, on=["rank", "start_ns"])
+                .group_by(keys)
+                .agg(*[pl.col(c).median().cast(pl.Float64) for c in _BANDWIDTHS]),
+                calls.height,
+            )
+        return (
+            agg.join(bw, on=keys, how="left", nulls_equal=True)
+            # Ties broken by name: the same report always renders the same document.
+            .sort(["time_ns", *keys], descending=[True, False, False, False], nulls_last=True)
         )
 
     def skew_summary(self) -> pl.DataFrame:

@@ -501,3 +501,46 @@ def test_point_to_point_rows_show_their_matched_transfers_bus_bandwidth() -> Non
     assert {t["process_group"] for t in p2p} == {"1", "2"} and len(p2p) == 4
     for t in p2p:
         assert t["busbw_gbps"] == skew[(t["process_group"], "send_recv")] > 0
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["h200-nccl/pp-dp-4", "h100-nccl/tp-dp-8", "samples/ddp-4", "hta/nccl_parser_config"],
+)
+def test_each_collectives_row_has_nccl_tests_algbw_and_busbw(where: str) -> None:
+    """In the collectives table, busbw is algbw times nccl-tests' factor for the row's
+    collective and group size, as nccl-tests prints them: both are bytes over the calls'
+    transfer time. (algbw was bytes over the kernel time, waiting included, while busbw
+    was over the transfer: a recv on h200 pp-dp-4 showed algbw 5.67 MB/s beside busbw
+    1.72 GB/s, with a factor of 1.) Each dtype of a group keeps its own calls' bandwidths."""
+    from kineto_comm.analysis.bandwidth import busbw_factor
+
+    from .conftest import REPO, shared
+
+    kind, name = where.split("/", 1)
+    path = (
+        SAMPLES / name
+        if kind == "samples"
+        else shared(where)
+        if kind == "hta"
+        else REPO / "tests" / "data" / kind / name
+    )
+    report = kineto_comm.analyze(path, jobs=1, ignore=["ALL"])
+    sizes = report.collectives.group_by("collective", "process_group").agg(
+        n=pl.col("group_size").max()
+    )
+    totals = report.collective_totals().join(
+        sizes, on=["collective", "process_group"], how="left", nulls_equal=True
+    )
+    both = totals.filter(pl.col("busbw_gbps").is_not_null())
+    assert both.height > 0
+    factor = both.select(busbw_factor(pl.col("collective"), pl.col("n"))).to_series()
+    assert (both["busbw_gbps"] / both["algbw_gbps"] - factor).abs().max() < 1e-9
+    # The p2p rows of one group show their transfer's bandwidth, sends and recvs alike.
+    p2p = totals.filter(pl.col("collective").is_in(["send", "recv"]))
+    for _, rows in p2p.group_by("process_group"):
+        assert rows["algbw_gbps"].n_unique() == 1
+    if name == "nccl_parser_config":  # its float32 and int64 broadcasts: GB/s against MB/s
+        cast = totals.filter(pl.col("collective") == "broadcast").sort("dtype")
+        assert cast["dtype"].to_list() == ["float32", "int64"]
+        assert cast["algbw_gbps"][0] > 10 * cast["algbw_gbps"][1]

@@ -261,35 +261,9 @@ def _savings(report: Report, findings: list[Finding]) -> dict[str, Any]:
 
 
 def collective_totals(report: Report) -> list[dict[str, Any]]:
-    """Collectives over all ranks per (collective, process_group, dtype), with bandwidths.
-
-    algbw is total bytes over total kernel time (waiting included); busbw is the median
-    over matched calls from `skew` (None when calls were not matched across ranks); a send
-    and a recv are matched as one transfer (`send_recv`), whose bus bandwidth both rows show.
-    """
-    agg = report.collective_totals()
-    if agg.height == 0:
-        return []
-    skew = report.skew_summary()
-    if skew.height and "median_busbw_gbps" in skew.columns:
-        p2p = pl.col("collective").is_in(["send", "recv"])
-        agg = (
-            agg.with_columns(
-                _matched=pl.when(p2p).then(pl.lit("send_recv")).otherwise(pl.col("collective"))
-            )
-            .join(
-                skew.select("process_group", _matched="collective", busbw_gbps="median_busbw_gbps"),
-                on=["process_group", "_matched"],
-                how="left",
-                nulls_equal=True,
-            )
-            .drop("_matched")
-        )
-    else:
-        agg = agg.with_columns(busbw_gbps=pl.lit(None, pl.Float64))
-    # Ties broken by name: the same report always renders the same document.
-    order = ["time_ns", "collective", "process_group", "dtype"]
-    return agg.sort(order, descending=[True, False, False, False], nulls_last=True).to_dicts()
+    """Collectives over all ranks per (collective, process_group, dtype), with bandwidths
+    (Report.collective_totals)."""
+    return report.collective_totals().to_dicts()
 
 
 def document(report: Report, fail_on: Severity = Severity.error) -> dict[str, Any]:

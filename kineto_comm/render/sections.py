@@ -103,8 +103,9 @@ def _cut(rows: list[tuple[str, ...]], what: str = "row(s)") -> tuple[list[tuple[
 
 
 def collectives(report: Report) -> Section | None:
-    """Every collective over all ranks (json `collective_totals`): algbw is bytes over the
-    kernel time (waiting included), busbw the median over calls matched across ranks."""
+    """Every collective over all ranks (json `collective_totals`): time is the kernel time
+    (waiting included); algbw and busbw the medians over the calls' transfers
+    (Report.collective_totals)."""
     totals = collective_totals(report)
     if not totals:
         return None
