@@ -249,6 +249,9 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
         if bound:
             title = f"Exposed {what}: {exposed_share:.0%} of step time, too little compute to hide"
             detail += (
+                f"on the steps' critical ranks its transfers take "
+                f"{exposed_share * step_ns / 1e6:.2f} ms per step ({exposed_share:.0%} of the "
+                f"step: the step-time table's transfer rows); "
                 f"the ranks' steps hold too little compute that no communication overlaps "
                 f"to hide it behind: hiding it would save only {saving / 1e6:.2f} ms per step "
                 f"({share:.1%} of {step_ns / 1e6:.2f} ms). Make it cheaper instead."
