@@ -1235,8 +1235,10 @@ def impact_per_step(
 ) -> pl.DataFrame:
     """Step time a cause costs: `value` summed per (by, rank, step), the worst rank taken per
     (by, step) (a synchronous job waits for its slowest rank), averaged over `steps` (default:
-    the steps present). Returns by + impact_ns, ranks (list), steps (list) and calls (mean
-    rows per rank and step with a cost).
+    with `tables`, the job's complete steps, as the step time and every replayed saving are
+    (step_times; a step without the cause counts as 0); without, the steps present). Returns
+    by + impact_ns, ranks (list), steps (list) and calls (mean rows per rank and step with a
+    cost), of those steps.
 
     `rows` may be a lazy query over every call (collective_exposure_lazy), collected by
     `tables.collect` when `tables` is given; then its sums per (by, rank, step) are held at
@@ -1262,12 +1264,19 @@ def impact_per_step(
         "steps": pl.List(pl.Int64),
         "calls": pl.Int64,
     }
+    # The job's complete steps: where the step time and the savings are measured.
+    done = None
+    if tables is not None and steps is None:
+        times = step_times(tables).filter(pl.col("complete"))
+        done = times["step"].cast(pl.Int64).implode() if times.height else None
     # Per view of a few ranks, state per (by, step) and per (by, rank), not per rank and step.
     per_step, per_rank = [], []
     for view, query in queries:
         query = query.group_by([*by, "rank", "step"]).agg(
             v=pl.col(value).sum(), calls=pl.len().cast(pl.Int64)
         )
+        if done is not None:
+            query = query.filter(pl.col("step").cast(pl.Int64).is_in(done))
         sums = view.collect(query) if view is not None else collect(query)
         cost = pl.col("v") > 0
         per_step.append(
@@ -1286,7 +1295,8 @@ def impact_per_step(
     if (step["step"] >= 0).any():
         step = step.filter(pl.col("step") >= 0)
         ranks = ranks.filter(pl.col("_numbered"))
-    n = steps or max(1, step["step"].n_unique())
+    n = steps or (done.list.len().item() if done is not None else step["step"].n_unique())
+    n = max(1, n)
     key = by or ["_all"]
     if not by:
         step = step.with_columns(_all=pl.lit(0))

@@ -369,8 +369,7 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         if sev is None:
             continue
         ranks = sorted(per["rank"].unique().to_list())
-        numbered = per.filter(pl.col("step") >= 0)
-        lost = impact_per_step(mine.select("rank", "step", "lost"), "lost")
+        lost = impact_per_step(mine.select("rank", "step", "lost"), "lost", tables=tables)
         lost_ns = int(lost["impact_ns"][0]) if lost.height else 0
         out.append(
             make_finding(
@@ -386,7 +385,7 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 impact_ns_per_step=saving,
                 step_ns=step_ns,
                 ranks=ranks,
-                steps=sorted(numbered["step"].unique().to_list()),
+                steps=lost["steps"][0].to_list() if lost.height else [],
                 process_group=g["process_group"],
                 evidence={
                     "collectives": ["send_recv"],

@@ -333,7 +333,9 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     (gc.freeze(), manual gc; Megatron-LM --manual-gc), each rank pinned to its own CPU cores
     and NUMA node with cores to spare for NCCL's proxy threads.
     """
-    waits = _exposed_waits(tables)
+    # The complete steps' waits: those of the step time the saving is replayed on.
+    done = step_times(tables).filter(pl.col("complete"))["step"].cast(pl.Int64)
+    waits = _exposed_waits(tables).filter(pl.col("step").cast(pl.Int64).is_in(done.implode()))
     if waits.height == 0:
         return []
     late = _stragglers(tables)
@@ -400,8 +402,9 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             f"Ranks reach collectives out of step: waiting for late ranks costs "
             f"{impact / 1e6:.2f} ms per step",
             f"A rank waits {waited / 1e6:.2f} ms per step on average inside collectives for "
-            f"the group's late ranks, with no compute to hide it; without those waits the "
-            f"step would be {impact / 1e6:.2f} ms shorter ({share:.1%} of "
+            f"the group's late ranks, with no compute to hide it; with the late ranks' extra "
+            f"work spread evenly over the {n} ranks (their lateness and the waits for them "
+            f"shrink by (n-1)/n), the step would be {impact / 1e6:.2f} ms shorter ({share:.1%} of "
             f"{step_ns / 1e6:.2f} ms). {lasts.height} of {late.height} ranks arrived last at "
             f"some call; {culprit}",
             impact_ns_per_step=impact,

@@ -94,6 +94,11 @@ def _check(report: Report) -> None:
         means = [r["wall_ns"] for r in rank_means(report)]
         assert all(m is not None and int(m) <= step for m in means), (means, step)  # ns floor
         assert summary(report, [], Severity.error)["mean_step_ns"] <= step + 1  # round vs floor
+    # (e) one definition of a step: the steps a finding names (and averages its figures
+    # over) are the complete steps its saving is replayed on.
+    done = set(complete["step"].to_list())
+    for f in report.findings:
+        assert set(f.steps or ()) <= done, (f.code, f.steps, done)
 
 
 @pytest.mark.parametrize(
