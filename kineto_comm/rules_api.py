@@ -516,11 +516,12 @@ def replay_timeline(tables: Tables) -> pl.LazyFrame:
 
 
 def _call_exposure(tables: Tables) -> pl.LazyFrame:
-    """rank, process_group, collective, call_index, exposed_ns, exposed_all_ns: the time
-    the blame charges to each call (steptime.rank_time), from the same pass."""
+    """rank, process_group, collective, call_index, exposed_ns, exposed_all_ns, step (the
+    window the call ends in), last_call: the time the blame charges to each call and where
+    (steptime.rank_time), from the same pass."""
     rows = _model_of_time(tables)
     return rows.filter(pl.col("_call_row").is_not_null()).select(
-        "rank", *CALL_KEY, "exposed_ns", "exposed_all_ns"
+        "rank", *CALL_KEY, "exposed_ns", "exposed_all_ns", "step", "last_call"
     )
 
 
@@ -1095,16 +1096,29 @@ def collective_exposure_lazy(tables: Tables, transfer_only: bool = True) -> pl.L
     exposure = _call_exposure(tables).select(
         "rank",
         *CALL_KEY,
+        "last_call",
         exposed_ns="exposed_ns" if transfer_only else "exposed_all_ns",
+        _window="step",
     )
     calls = collective_waits_lazy(tables)
     schema = calls.collect_schema()
     exposure = exposure.with_columns(
         pl.col(c).cast(schema[c]) for c in ("rank", *CALL_KEY) if c in schema
     )
-    return calls.join(
-        exposure, on=["rank", *CALL_KEY], how="left", nulls_equal=True, maintain_order="left"
-    ).with_columns(pl.col("exposed_ns").fill_null(0))
+    step = schema.get("step", pl.Int64)
+    return (
+        calls.join(
+            exposure, on=["rank", *CALL_KEY], how="left", nulls_equal=True, maintain_order="left"
+        )
+        .with_columns(
+            pl.col("exposed_ns").fill_null(0),
+            # The step whose window the call ends in, as the blame counts it.
+            step=pl.coalesce(pl.col("_window").cast(step), pl.col("step"))
+            if "step" in schema
+            else pl.col("_window"),
+        )
+        .drop("_window")
+    )
 
 
 ROLE_PATTERNS = (

@@ -144,7 +144,16 @@ def _single(tables: Tables) -> pl.DataFrame:
     return tables.collect(calls.filter(pl.col("_n") == 1).select(keys))
 
 
-_USED = ("rank", "step", "process_group", "collective", "end_ns", "bytes", "exposed_ns")
+_USED = (
+    "rank",
+    "step",
+    "process_group",
+    "collective",
+    "end_ns",
+    "bytes",
+    "exposed_ns",
+    "last_call",
+)
 
 
 def _transfers(tables: Tables, view: Tables) -> pl.LazyFrame:
@@ -164,18 +173,14 @@ def _transfers(tables: Tables, view: Tables) -> pl.LazyFrame:
 def _hideable_rows(tables: Tables, view: Tables) -> pl.LazyFrame:
     """_transfers of `view` with each rank's last call of a step given no exposed time
     (nothing later in the step hides it) unless it is its cause's only call of the step
-    (`single_call_steps`)."""
+    (`single_call_steps`). The last call is the blame's (`last_call`: the call of the
+    rank's step window that ends last), which the replay excepts too."""
     single = single_call_steps(tables).with_columns(_alone=pl.lit(True))
-    exp = _transfers(tables, view)
-    # Each rank's step ends with its latest call: a few ranks' steps, joined back.
-    ends = exp.group_by("rank", "step").agg(_last=pl.col("end_ns").max())
     keys = ["role", "collective", "rank", "step"]
-    exp = exp.join(ends, on=["rank", "step"], how="left", nulls_equal=True).join(
-        single.lazy(), on=keys, how="left", nulls_equal=True
-    )
-    last = (pl.col("end_ns") == pl.col("_last")) & pl.col("_alone").is_null()
+    exp = _transfers(tables, view).join(single.lazy(), on=keys, how="left", nulls_equal=True)
+    last = pl.col("last_call").fill_null(False) & pl.col("_alone").is_null()
     return exp.with_columns(exposed_ns=pl.when(last).then(0).otherwise(pl.col("exposed_ns"))).drop(
-        "_last", "_alone"
+        "_alone"
     )
 
 

@@ -99,6 +99,22 @@ def _check(report: Report) -> None:
     done = set(complete["step"].to_list())
     for f in report.findings:
         assert set(f.steps or ()) <= done, (f.code, f.steps, done)
+    # (f) the calls' exposure, which the rules read, is the blame's: per (rank, step) the
+    # calls' exposed transfers add up to its transfer and pipeline_bubble rows, each call
+    # in the window it ends in (on a trace whose device lags its CPU by a step, a call
+    # launched in one step runs in the next window), and its last calls are the blame's.
+    if report.collectives.height and blame.height:
+        exposure = collective_exposure(tables, transfer_only=True)
+        mine = exposure.group_by("rank", "step").agg(pl.col("exposed_ns").sum())
+        charged = (
+            blame.filter(pl.col("category").is_in(["transfer", "pipeline_bubble"]))
+            .group_by("rank", "step")
+            .agg(ns=pl.col("ns").sum())
+        )
+        both = mine.join(charged, on=["rank", "step"], how="full", coalesce=True).fill_null(0)
+        assert (both["exposed_ns"] == both["ns"]).all(), both.filter(
+            pl.col("exposed_ns") != pl.col("ns")
+        )
 
 
 @pytest.mark.parametrize(

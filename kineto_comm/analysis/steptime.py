@@ -284,6 +284,8 @@ CALL_EXPOSURE_SCHEMA: dict[str, pl.DataType] = {
     "_call_row": pl.UInt32(),
     "exposed_ns": pl.Int64(),
     "exposed_all_ns": pl.Int64(),
+    "step": pl.Int64(),
+    "last_call": pl.Boolean(),
 }
 # What the replay re-times (rank_time's third table), in the blame's columns, by `part`:
 # "window", each window's span (`at_ns`, `end_ns`); "event", its communication, launch and
@@ -308,7 +310,8 @@ def rank_time(
     """The blame rows (BLAME_SCHEMA) of every (rank, step) window of `windows`, and per row
     of `calls` (`_call_row`, its position) the time the blame charges to it: `exposed_ns`,
     of its transfer (its transfer or pipeline_bubble rows' time once it moved data),
-    `exposed_all_ns`, of the whole call (its wait included). A call's exposed time is
+    `exposed_all_ns`, of the whole call (its wait included), with `step`, the window it
+    ends in, and `last_call`, its `last_call` mark there. A call's exposed time is
     the part of it inside a step window that no compute or memory kernel covers and no
     earlier call on the rank already holds, so the calls' exposed time adds up to the
     blame's communication rows exactly; a call outside every window has none.
@@ -471,9 +474,16 @@ def rank_time(
                 pl.col("ns").sum(), calls=pl.col("_call").sum()
             )
         )
+        # A call's step is the window it ends in, and it is its step's last call as the
+        # blame marks its piece there: the rules' per-step exposure and last calls are
+        # the blame's and the replay's (a call launched in one step can run in the next
+        # window where the device lags its CPU).
+        ending = pl.col("end_ns").arg_max()
         exposure = comm.group_by("_call_row").agg(
             exposed_ns=pl.col("ns").filter(pl.col("_call") == 1).sum(),
             exposed_all_ns=pl.col("ns").sum(),
+            step=pl.col("step").get(ending),
+            last_call=pl.col("last_call").get(ending),
         )
         chain = _tail_chain(comm)
     chain = pl.concat([chain, _events(comm, gaps, windows)], how="vertical")
