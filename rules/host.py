@@ -416,7 +416,12 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             f"{per_step / 1e6:.2f} ms per step "
             f"on the worst rank (rank {worst['rank'] if worst else '-'}): the device runs work "
             f"the trace does not show. Without it the step would be {saving / 1e6:.2f} ms "
-            f"shorter ({share:.1%} of {step_ns / 1e6:.2f} ms).",
+            f"shorter ({share:.1%} of {step_ns / 1e6:.2f} ms)"
+            + (
+                "; the kernels after the queues hold the rest, as the CPU launched them no earlier."
+                if saving < per_step / 2
+                else "."
+            ),
             impact_ns_per_step=saving,
             step_ns=step_ns,
             ranks=per["rank"].to_list(),
