@@ -8,8 +8,8 @@ Compared:
     step time: the model of time's (each step's longest rank window, averaged over the
     complete steps: summary `step_ns`, the step every finding's share is of), or, where a
     saved document predates it, the mean step over every rank's numbered steps;
-    per step and rank (means over every rank's numbered steps): exposed communication,
-    communication, idle;
+    per step and rank (means over every rank's windows of the complete steps, as the
+    report's per-rank table takes them): exposed communication, communication, idle;
     bus bandwidth per (collective, process group) (median over matched calls, `skew`);
     findings, matched by (code, process group, ranks): new and resolved.
 Gates (each optional) make `DiffResult.failed` true, which the CLI turns into exit 1:
@@ -108,10 +108,14 @@ def load_side(
 
 
 def step_means(doc: dict[str, Any]) -> dict[str, float | None]:
-    """Mean per-step wall, exposed comm, comm and idle over every rank's numbered steps."""
+    """Mean per-step wall, exposed comm, comm and idle over every rank's windows of the
+    job's complete steps (`step_times`, those of the step time and of the report's per-rank
+    table), else (a document without them) over its numbered steps."""
     rows = [st for r in doc.get("ranks", []) for st in r.get("steps", [])]
+    complete = {t.get("step") for t in doc.get("step_times") or [] if t.get("complete")}
+    counted = [st for st in rows if st.get("step") in complete]
     numbered = [st for st in rows if (st.get("step") if st.get("step") is not None else -1) >= 0]
-    rows = numbered or rows
+    rows = counted or numbered or rows
     out: dict[str, float | None] = {}
     for col in ("wall_ns", "exposed_comm_ns", "comm_ns", "idle_ns"):
         vals = [float(st[col]) for st in rows if st.get(col) is not None]
