@@ -237,6 +237,19 @@ def test_default_selection_and_what_is_left_out(straggler_job, tmp_path):
     assert every.ranks == list(range(8)) and every.steps is None
 
 
+def test_ranks_are_chosen_by_the_per_rank_tables_mean_step():
+    """The median, slowest and fastest ranks are chosen by each rank's mean step as the
+    report's per-rank table gives it (its windows of the complete steps), not by a mean
+    that takes in the last, cut step too."""
+    from kineto_comm.render.json_doc import rank_means
+    from kineto_comm.render.perfetto import rank_scores
+
+    report = analyze(REPO / "tests" / "data" / "h100-nccl" / "pp-4", jobs=1)
+    assert not report.step_times["complete"].all()
+    table = {r["rank"]: r["wall_ns"] for r in rank_means(report)}
+    assert rank_scores(report) == pytest.approx(table)
+
+
 def test_kept_in_files_the_export_is_the_same(monkeypatch, tmp_path):
     """Big jobs keep every rank's rows in files (the spill path): the export reads them a
     rank at a time and writes the same bytes."""

@@ -51,7 +51,7 @@ from typing import IO, Any
 import polars as pl
 
 from kineto_comm.lazy import collect
-from kineto_comm.render.json_doc import findings_of
+from kineto_comm.render.json_doc import counted, findings_of
 from kineto_comm.report import Report
 
 # The default ceiling on the uncompressed JSON (what the viewer holds): Perfetto UI in a
@@ -140,14 +140,15 @@ def parse_numbers(spec: str | None) -> list[int] | str | None:
 
 
 def rank_scores(report: Report) -> dict[int, float]:
-    """Each rank's mean step time (its device window per numbered step; the whole span
-    where it has no steps): how the median, worst and best ranks are chosen."""
+    """Each rank's mean step time (its device windows of the job's complete steps, as the
+    report's per-rank table takes them; the whole span where it has no steps): how the
+    median, worst and best ranks are chosen."""
     steps = report.rank_steps
     scores: dict[int, float] = {}
     if steps.height:
         means = collect(
             steps.lazy(["rank", "step", "wall_ns"])
-            .filter(pl.col("step") >= 0)
+            .filter(counted(report))
             .group_by("rank")
             .agg(pl.col("wall_ns").mean()),
             steps.height,
