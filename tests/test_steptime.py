@@ -102,7 +102,7 @@ def _check(report: Report) -> None:
     # (f) the calls' exposure, which the rules read, is the blame's: per (rank, step) the
     # calls' exposed transfers add up to its transfer and pipeline_bubble rows, each call
     # in the window it ends in (on a trace whose device lags its CPU by a step, a call
-    # launched in one step runs in the next window), and its last calls are the blame's.
+    # launched in one step runs in the next window).
     if report.collectives.height and blame.height:
         exposure = collective_exposure(tables, transfer_only=True)
         mine = exposure.group_by("rank", "step").agg(pl.col("exposed_ns").sum())
