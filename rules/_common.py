@@ -171,10 +171,11 @@ def _transfers(tables: Tables, view: Tables) -> pl.LazyFrame:
 
 
 def _hideable_rows(tables: Tables, view: Tables) -> pl.LazyFrame:
-    """_transfers of `view` with each rank's last call of a step given no exposed time
-    (nothing later in the step hides it) unless it is its cause's only call of the step
-    (`single_call_steps`). The last call is the blame's (`last_call`: the call of the
-    rank's step window that ends last), which the replay excepts too."""
+    """_transfers of `view` with the calls nothing later in the step hides given no
+    exposed time, unless such a call is its cause's only call of the step
+    (`single_call_steps`). Those are the blame's (`last_call`: the call of the rank's step
+    window that ends last, and an FSDP group's last two gradient reductions of the step),
+    which the replay excepts too."""
     single = single_call_steps(tables).with_columns(_alone=pl.lit(True))
     keys = ["role", "collective", "rank", "step"]
     exp = _transfers(tables, view).join(single.lazy(), on=keys, how="left", nulls_equal=True)
@@ -188,8 +189,8 @@ def hideable_transfers(
     tables: Tables, role: str, collective: str, groups: list[str]
 ) -> pl.DataFrame:
     """rank, step, end_ns, exposed_ns: a cause's calls (its role and collective on its
-    groups) with the exposed transfer time hiding them behind compute can take, each
-    rank's last call of a step given none unless it is the cause's only one
+    groups) with the exposed transfer time hiding them behind compute can take, the
+    blame's last calls of a step given none unless such a call is the cause's only one
     (exposure_by_cause's rule); calls with none left out. Every cause's calls are read
     once per rules run (COMM101 and COMM102 ask for each of their causes)."""
 

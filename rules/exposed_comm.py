@@ -159,9 +159,10 @@ def _launched(
 
 
 def hideable_calls(tables: Tables, cause: dict[str, Any]) -> tuple[pl.Expr, bool]:
-    """The blame rows of a cause that hiding it can take: all but each rank's last call of
-    a step, which nothing later in the step can hide, unless that call is the cause's only
-    one in the step (`single_call_steps`); and whether any such lone call is taken."""
+    """The blame rows of a cause that hiding it can take: all but those nothing later in
+    the step can hide (the blame's `last_call`: each rank's last call of a step and an
+    FSDP group's last two gradient reductions), unless such a call is the cause's only one
+    in the step (`single_call_steps`); and whether any such lone call is taken."""
     alone = single_call_steps(tables).filter(
         (pl.col("role") == cause["role"]) & (pl.col("collective") == cause["collective"])
     )
@@ -218,8 +219,9 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
         where = where_all(c["collective"], groups) & hideable
         behind = _hideable(tables, where)
         edit = Edit(
-            f"{how} (each rank's last call of a step excepted unless it is the step's only "
-            "one, which split into buckets hides all but its last; at most the compute "
+            f"{how} (each rank's last call of a step, and an FSDP group's last two gradient "
+            "reductions, excepted unless it is the step's only one, which split into buckets "
+            "hides all but its last; at most the compute "
             "time of the rank's step that no communication overlaps yet; the CPU's "
             "launches unchanged)",
             where,
@@ -359,7 +361,10 @@ def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[
     fsdp group, an all_reduce too (gloo runs the reduce-scatter as one). The
     impact is replayed as COMM101's: the transfers hidden behind compute, each rank's last
     call of a step excepted unless it is the collective's only one, at most the step's
-    compute that no communication overlaps yet, the CPU's launches where they are.
+    compute that no communication overlaps yet, the CPU's launches where they are. The
+    step's last two gradient reductions are excepted too: FSDP reduces a unit's gradients
+    after its backward, the root unit's (embedding, output layer) when the backward ends
+    and the first block's with only the embedding's short backward after it.
 
     Why is this bad?
     Sharded training only pays off when the next unit's parameters are gathered while the

@@ -205,8 +205,9 @@ def test_an_fsdp_groups_all_reduce_is_its_gradient_reduction() -> None:
 
 
 def test_sharded_collective_exposed_positive_and_negative(job) -> None:
+    # The tiny model's fix saves 1.8% of its step, under the default 2% floor of a finding.
     bad, _ = job("exposed-allreduce", "fsdp")
-    found = only(bad, "COMM102")
+    found = only(bad, "COMM102", info_share=0.01)
     assert found[0].evidence["collective"] == "reduce_scatter"
     assert any("overlap_comm" in a for a in found[0].advice)
     # The role is PyTorch FSDP's: its own API is the advice shown first (text and markdown
@@ -608,12 +609,12 @@ REPLAY_SCENARIOS = [
         "with the TP waits removed); the injected DP cause's COMM101 ranks second, +5.8% of "
         "truth (test_scenario_injected_cause_tops_the_new_findings)",
     ),
-    _gap(
-        ("exposed-allreduce", "fsdp", 4, "COMM102"),
-        "COMM102 hides every reduce-scatter but the step's last; the per-unit fix still "
-        "exposes the one before it (layer 0's, behind only the embedding's short "
-        "backward): +31% of truth",
-    ),
+    # FSDP's last two reduce-scatters of a step stay exposed after the fix (steptime's
+    # _fsdp_tail): the root unit's, and the first block's behind only the embedding's short
+    # backward. With the last alone excepted the saving was +31% of truth. The fix saves
+    # 1.8-2.1% of the tiny model's step: the 2% floor of a finding is lowered to see it.
+    ("exposed-allreduce", "fsdp", 4, "COMM102", {"COMM102": {"info_share": 0.01}}),
+    ("exposed-allreduce", "fsdp", 8, "COMM102", {"COMM102": {"info_share": 0.01}}),
     ("slow-link", "tp-dp", 8, "NET101", {"NET101": {"link_busbw_gbps": 100.0}}),
 ]
 
@@ -665,12 +666,9 @@ FULL_SCENARIOS = [
     # (steptime's re-timed shifts; the larger of the two alone was -31% of truth).
     ("small-messages", "pp-dp", 4, "COMM201", {}),
     ("small-messages", "pp-dp", 8, "COMM201", {}),
-    _gap(
-        ("exposed-allreduce", "fsdp", 4, "COMM102"),
-        "COMM102 hides every reduce-scatter but the step's last; the per-unit fix still "
-        "exposes part of the one before it, behind only the embedding's short backward "
-        "(+11% of truth)",
-    ),
+    # The step's last two reduce-scatters excepted (+11% of truth with the last alone).
+    ("exposed-allreduce", "fsdp", 4, "COMM102", {}),
+    ("exposed-allreduce", "fsdp", 8, "COMM102", {}),
 ]
 
 

@@ -22,6 +22,7 @@ from kineto_comm.rules_api import (
     step_blame,
     step_times,
 )
+from kineto_comm.rules_engine import run_rules
 
 from .conftest import REPO, SAMPLES, all_shared_traces, trace_params
 
@@ -352,6 +353,50 @@ def test_a_pipeline_s_critical_path_walks_back_through_its_stages() -> None:
     assert all(abs(a - b) == 1 for a, b in zip(longest, longest[1:], strict=False)), longest
     hops = report.critical_path.filter(pl.col("hop") > 0)
     assert hops.height and (hops["end_ns"] > hops["start_ns"]).any()
+
+
+@pytest.mark.parametrize(
+    "job",
+    ["sample_traces/fsdp-2", "tests/data/h100-nccl/fsdp-2", "tests/data/h100-nccl/fsdp-4"],
+)
+def test_fsdp_s_last_two_gradient_reductions_are_not_hideable(job: str) -> None:
+    """On the real FSDP captures (gloo: all-reduces; NCCL: reduce-scatters) a step's calls
+    that nothing later hides (`last_call`) are its last two gradient reductions: the root
+    unit's, the size of the step's first all-gather (the root's parameters, gathered
+    first in the forward), and the one before it (the first block's). COMM102 leaves them
+    out of the exposure hiding can take."""
+    report = analyze(REPO / job, jobs=1)
+    tables = Tables(report)
+    complete = step_times(tables).filter("complete").select("step")
+    calls = collective_exposure(tables).join(complete, on="step").sort("rank", "start_ns")
+    checked = 0
+    for (rank, step), part in calls.group_by("rank", "step"):
+        gathers = part.filter(pl.col("collective") == "all_gather")
+        grads = part.filter(pl.col("collective").is_in(["reduce_scatter", "all_reduce"]))
+        assert grads.height >= 3 and gathers.height, (rank, step)
+        marked = part.filter("last_call")
+        assert marked.equals(grads.tail(2)), (rank, step, marked)
+        assert marked["bytes"][-1] == gathers["bytes"][0]
+        checked += 1
+    assert checked >= 4
+    (found,) = [
+        f
+        for f in run_rules(report, select=["COMM102"], options={"COMM102": {"info_share": 0}})
+        if f.evidence["collective"] != "all_gather"
+    ]
+    # A step is saved at most what the rank that gains most in it loses.
+    hideable = (
+        calls.filter(
+            pl.col("collective").is_in(["reduce_scatter", "all_reduce"]) & ~pl.col("last_call")
+        )
+        .group_by("rank", "step")
+        .agg(pl.col("exposed_ns").sum())
+        .group_by("step")
+        .agg(pl.col("exposed_ns").max())
+        .join(complete, on="step", how="right")
+    )
+    bound = hideable["exposed_ns"].fill_null(0).mean()
+    assert 0 < found.impact_ns_per_step <= bound, (found.impact_ns_per_step, bound)
 
 
 @pytest.mark.parametrize("job", ["ddp-4", "ep-4"])
