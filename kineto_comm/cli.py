@@ -474,6 +474,12 @@ def capture(
         int, typer.Option("--micro-batches", help="Pipeline micro-batches per step (pp).")
     ] = 4,
     seed: Annotated[int, typer.Option("--seed", help="Random seed of the model and data.")] = 0,
+    with_stack: Annotated[
+        bool,
+        typer.Option(
+            "--with-stack", help="Record Python call stacks too (python_function events)."
+        ),
+    ] = False,
 ) -> None:
     """Run a tiny transformer training job under torch.profiler and save one trace per rank."""
     try:
@@ -488,6 +494,7 @@ def capture(
             bucket_cap_mb=bucket_cap_mb,
             micro_batches=micro_batches,
             seed=seed,
+            with_stack=with_stack,
         )
     except ImportError as exc:
         raise _fail(f"capture needs torch: pip install 'kineto-comm[capture]' ({exc})") from None

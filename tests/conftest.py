@@ -59,7 +59,7 @@ def all_real_traces() -> list[Path]:
     """The shared real traces and this project's own GPU and gloo captures."""
     assert len(H100_TRACES) == 47, H100_TRACES
     assert len(H200_TRACES) == 12, H200_TRACES
-    assert len(GLOO_TRACES) == 8, GLOO_TRACES
+    assert len(GLOO_TRACES) == 10, GLOO_TRACES
     return all_shared_traces() + H100_TRACES + H200_TRACES + GLOO_TRACES
 
 

@@ -444,3 +444,38 @@ def test_a_file_that_grows_after_its_size_was_read_keeps_all_its_events(tmp_path
     (grown,) = decode.decode_files([path])
     assert not isinstance(grown, Exception)
     assert grown.gpu.equals(alone.gpu) and grown.gpu.height == 400
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["scanner", "msgspec"])
+def test_python_call_stacks_change_no_table(tmp_path, monkeypatch, pure):
+    """A capture with Python call stacks (tests/data/gloo/ddp-stack-2, torch.profiler's
+    with_stack: a python_function event per Python call, over a third of its events)
+    reports exactly as its files do without them: they are neither ops, nor steps, nor the
+    annotations around collectives."""
+    from kineto_comm import analyze
+
+    from .conftest import REPO
+
+    if pure:
+        monkeypatch.setattr(decode, "_scanner", None)
+    src = REPO / "tests" / "data" / "gloo" / "ddp-stack-2"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    stacks = 0
+    for path in sorted(src.iterdir()):
+        with gzip.open(path, "rb") as fh:
+            doc = json.load(fh)
+        kept = [e for e in doc["traceEvents"] if e.get("cat") != "python_function"]
+        stacks += len(doc["traceEvents"]) - len(kept)
+        with gzip.open(bare / path.name, "wt") as fh:
+            json.dump({**doc, "traceEvents": kept}, fh)
+    assert stacks > 1000
+    full, stripped = analyze(src, jobs=1), analyze(bare, jobs=1)
+    for name in ("kernels", "collectives", "steps", "totals", "collective_instances"):
+        assert (
+            getattr(full, name)
+            .drop("file", strict=False)
+            .equals(getattr(stripped, name).drop("file", strict=False))
+        ), name
+    assert full.step_blame.equals(stripped.step_blame)
+    assert [f.to_dict() for f in full.findings] == [f.to_dict() for f in stripped.findings]

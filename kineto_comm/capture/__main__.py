@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="process-group backend (default: nccl with enough GPUs, else gloo)",
     )
     p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument(
+        "--with-stack", action="store_true", help="record Python call stacks (python_function)"
+    )
     return p
 
 
@@ -45,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bucket_cap_mb=args.bucket_cap_mb,
             micro_batches=args.micro_batches,
             seed=args.seed,
+            with_stack=args.with_stack,
         )
     except CaptureError as exc:
         print(f"capture failed: {exc}", file=sys.stderr)

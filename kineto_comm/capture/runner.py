@@ -47,6 +47,7 @@ class CaptureConfig:
     bucket_cap_mb: float
     micro_batches: int
     seed: int
+    with_stack: bool = False
 
 
 def trace_path(out_dir: str | Path, rank: int) -> Path:
@@ -119,6 +120,7 @@ def capture(
     bucket_cap_mb: float = 25.0,
     micro_batches: int = 4,
     seed: int = 0,
+    with_stack: bool = False,
 ) -> list[Path]:
     """Run a tiny transformer training loop on `ranks` processes under torch.distributed with
     torch.profiler; write one Kineto trace per rank (rank-{r}.pt.trace.json.gz) and return
@@ -132,6 +134,8 @@ def capture(
     gradients all-reduced after the flush),
     ``tp`` (Megatron column/row-parallel linears with ``all_reduce`` in forward and backward),
     ``tp-dp`` (tensor parallel in pairs, DDP across them) and ``ep`` (uneven all-to-all).
+    ``with_stack`` records Python call stacks too (torch.profiler's `with_stack`): the
+    trace then holds a `python_function` event per Python call, as many users' traces do.
 
     If ``RANK`` and ``WORLD_SIZE`` are set (e.g. under ``torchrun``), this process acts as
     that one rank, ``ranks`` is taken from ``WORLD_SIZE``, and only its own trace path is
@@ -157,6 +161,7 @@ def capture(
         bucket_cap_mb=bucket_cap_mb,
         micro_batches=micro_batches,
         seed=seed,
+        with_stack=with_stack,
     )
 
     if torchrun:
@@ -273,7 +278,7 @@ def run_worker(rank: int, cfg: CaptureConfig, *, init_method: str) -> Path:
             activities=activities,
             schedule=schedule(wait=_WAIT, warmup=_WARMUP, active=cfg.steps, repeat=1),
             record_shapes=True,
-            with_stack=False,
+            with_stack=cfg.with_stack,
             on_trace_ready=on_trace_ready,
             experimental_config=experimental,
         ) as prof:
