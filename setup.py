@@ -1,6 +1,7 @@
-"""The compiled scanner (kineto_comm/load/_scan.c) and the replay's sweep
-(kineto_comm/analysis/_sweep.c) are optional: where they cannot be built, the same tables
-and savings come from Python, only slower."""
+"""The compiled scanner (kineto_comm/load/_scan.c), the replay's sweep
+(kineto_comm/analysis/_sweep.c) and the critical path's walk (kineto_comm/analysis/_walk.c)
+are optional: where they cannot be built, the same tables, savings and paths come from
+Python, only slower."""
 
 from setuptools import Extension, setup
 
@@ -14,6 +15,11 @@ setup(
         Extension(
             "kineto_comm.analysis._sweep",
             ["kineto_comm/analysis/_sweep.c"],
+            optional=True,
+        ),
+        Extension(
+            "kineto_comm.analysis._walk",
+            ["kineto_comm/analysis/_walk.c"],
             optional=True,
         ),
     ]

@@ -5,6 +5,7 @@ at a collective or point-to-point call that waited for the rank it crosses to.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import polars as pl
@@ -381,6 +382,37 @@ def test_a_walk_that_lets_ranks_go_finds_the_same_path(job: str, monkeypatch) ->
     assert whole.equals(report.critical_path_kernels)
     # Letting ranks go made the walk build some again.
     assert len(loads) - first > first
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        "shared:hta/df_index_resolver",
+        "shared:hta/negative_queue_length_values_check",
+        "tests/data/h100-nccl/tp-dp-8",
+        "tests/data/h200-nccl/pp-dp-8",
+    ],
+)
+def test_the_compiled_walk_is_the_python_one(job: str, monkeypatch) -> None:
+    """The walk along a rank, compiled (_walk.c) or in Python (depgraph._run), finds the
+    same paths: on a single-rank trace whose path holds 22k kernels (its rows outgrow the
+    walk's first buffer), on a rank's own late collectives (negative_queue) and across
+    ranks at collectives (tp-dp-8) and point-to-point calls (pp-dp-8)."""
+    from kineto_comm.rules_api import Tables
+    from kineto_comm.rules_engine import _graph_loader
+
+    if depgraph._compiled is None:
+        if os.environ.get("CI"):
+            pytest.fail("the compiled walk was not built (pip install -e . builds it)")
+        pytest.skip("the compiled walk is not built on this machine")
+    path = shared(job.split(":", 1)[1]) if job.startswith("shared:") else REPO / job
+    report = analyze(path, jobs=1)
+    tables = Tables(report)
+    compiled = depgraph.critical_walk(report.step_times, _graph_loader(tables))
+    monkeypatch.setattr(depgraph, "_compiled", None)
+    python = depgraph.critical_walk(report.step_times, _graph_loader(tables))
+    assert compiled.height > 100 and compiled.equals(python)
+    assert compiled.equals(report.critical_path_kernels)
 
 
 def _hta_path(path: Path, tmp_path: Path, annotation: str) -> tuple[set[int], set[int]]:

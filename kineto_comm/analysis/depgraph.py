@@ -63,7 +63,8 @@ critical rank's window: never longer than the step.
 The graph is computed per rank with vectorised numpy over the rank's kernel columns (a
 stable sort by stream for the stream order, binary searches in the kernels sorted by end
 for the waits and the launches; no loop over kernels: ~8 ms for a rank of 35k kernels);
-the walk is a Python loop over the path's elements only, building a rank's graph when the
+the walk follows the path along a rank in a compiled loop (_walk.c; the same loop in Python
+where it was not built) and hops between ranks in Python, building a rank's graph when the
 path first reaches it (a big job's kernels stay in files per rank).
 
 Pure functions of tables: Polars in, Polars out, no I/O.
@@ -80,6 +81,11 @@ import polars as pl
 
 from kineto_comm.analysis.match import last_arrivals
 
+try:  # the walk along one rank, compiled (_walk.c); optional: the Python loop is the same.
+    from kineto_comm.analysis import _walk as _compiled
+except ImportError:  # pragma: no cover - not built on this machine
+    _compiled = None  # type: ignore[assignment]
+
 # Start more than this after the stream and the launch: the kernel waited for another
 # stream; and overlap allowed between that stream's kernel end and the start (rounding).
 TOLERANCE_NS = 2_000
@@ -87,6 +93,9 @@ TOLERANCE_NS = 2_000
 HELD_KERNELS = 4_000_000
 VIA = ("stream", "launch", "stream_wait", "collective", "p2p", "start")
 _CODE = {v: i for i, v in enumerate(VIA)}
+_START = _CODE["start"]
+# A row of the walk's output: idx, start_ns, end_ns, via, path_start_ns, path_end_ns.
+_WIDTH = 6
 _FAR = -(2**62)
 # The critical path as hops, one per stretch on one rank (docs/tables.md `critical_path`).
 CRITICAL_PATH_SCHEMA: dict[str, pl.DataType] = {
@@ -98,7 +107,6 @@ CRITICAL_PATH_SCHEMA: dict[str, pl.DataType] = {
     "waited_for": pl.Int64(),
     "name": pl.String(),
 }
-_LABELS = ("stream", "kind", "name")
 
 GRAPH_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),
@@ -247,20 +255,18 @@ class _Rank:
             self.reach_at = e
 
     @functools.cached_property
-    def walk(self) -> tuple[memoryview, ...]:
-        """start, end, via, pred_idx, late_rank, late_start, late_p2p as memoryviews of the
-        arrays: the walk reads them an element at a time, which a memoryview does about four
-        times faster than an array's indexing, with no copy."""
+    def walk(self) -> tuple[np.ndarray, ...]:
+        """start, end, via, pred_idx, late_rank, late_start as contiguous arrays (int64, via
+        int8): what the walk along the rank reads (_run)."""
         return tuple(
-            memoryview(np.ascontiguousarray(a))
-            for a in (
-                self.start,
-                self.end,
-                self.via,
-                self.pred_idx,
-                self.late_rank,
-                self.late_start,
-                self.late_p2p,
+            np.ascontiguousarray(a, dtype=t)
+            for a, t in (
+                (self.start, np.int64),
+                (self.end, np.int64),
+                (self.via, np.int8),
+                (self.pred_idx, np.int64),
+                (self.late_rank, np.int64),
+                (self.late_start, np.int64),
             )
         )
 
@@ -445,7 +451,11 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
             del ranks[oldest]
 
     fetch(times["critical_rank"].drop_nulls().to_list())
-    rows: list[tuple] = []
+    run = _compiled.run if _compiled is not None else _run
+    out = np.empty(_WIDTH * 4096, dtype=np.int64)
+    pos = 0
+    # (step, rank, first row, end row): who holds each stretch of `out`'s rows.
+    owners: list[tuple[int, int, int, int]] = []
     for step, crit in times.select("step", "critical_rank").iter_rows():
         if crit is None or (crit, step) not in window:
             continue
@@ -455,74 +465,67 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
         i = g.last_before(high) if g is not None else -1
         if g is None or i < 0 or g.end[i] <= low:
             continue
-        rank, cursor, order = crit, high, 0
-        seen: set[tuple[int, int]] = set()
-        bound = max(low, window[(crit, step)][0])
-        start, end, vias, pred, late_rank, late_start, late_p2p = g.walk
+        rank, cursor, bound, skip = crit, high, low, False
+        # Per rank the kernels already on this step's path: it never comes back to one.
+        seen: dict[int, np.ndarray] = {}
         while True:
-            seen.add((rank, i))
-            s, e = start[i], end[i]
-            via = VIA[vias[i]]
-            nxt: tuple[int, int, int] | None = None
-            q = late_rank[i]
-            arrived = late_start[i]
-            # A call that waited: its end is bound by the late rank's arrival, when that
-            # lies before where the path reached it (a call reached at its start is bound
-            # by what let it start).
-            if q >= 0 and s < arrived < cursor:
-                fetch([q])
-                gq = ranks.get(q)
-                j = gq.starting_at(arrived) if gq is not None else -1
-                wq = window.get((q, step))
-                bq = max(low, wq[0]) if wq is not None else low
-                if j >= 0 and arrived > bq and (q, j) not in seen:
-                    nxt = (q, j, arrived)
-                    via = "p2p" if late_p2p[i] else "collective"
-            if nxt is None and via != "start":
-                j = pred[i]
-                if j >= 0 and (rank, j) not in seen:
-                    t = min(end[j], max(min(s, cursor), bound))
-                    if t > bound:
-                        nxt = (rank, j, t)
-            start_at = nxt[2] if nxt is not None else bound
-            start_at = min(start_at, cursor)
-            gap = max(0, min(s, cursor) - start_at)
-            rows.append(
-                (
-                    step,
-                    order,
-                    rank,
-                    i,
-                    s,
-                    e,
-                    via if nxt is not None else "start",
-                    gap,
-                    start_at,
-                    cursor,
-                )
-            )
-            if nxt is None:
+            arrays = g.walk
+            mark = seen.get(rank)
+            if mark is None:
+                mark = seen[rank] = np.zeros(len(arrays[0]), dtype=np.uint8)
+            first = pos
+            pos, state, i, cursor = run(*arrays, mark, out, pos, i, cursor, bound, skip)
+            if pos > first:
+                owners.append((step, rank, first, pos))
+            skip = False
+            if state == 2:  # out is full
+                out = np.concatenate([out, np.empty_like(out)])
+                continue
+            if state == 0:
                 break
-            if nxt[0] != rank:  # a hop to another rank: its graph, held or built, and step
-                fetch([nxt[0]])
-                g = ranks[nxt[0]]
-                start, end, vias, pred, late_rank, late_start, late_p2p = g.walk
-                own = window.get((nxt[0], step))
-                bound = max(low, own[0]) if own is not None else low
-            rank, i, cursor = nxt
-            order += 1
-    if not rows:
+            # A call that waited: its end is bound by the late rank's arrival, when that lies
+            # before where the path reached it (a call reached at its start is bound by what
+            # let it start).
+            q, arrived = int(arrays[4][i]), int(arrays[5][i])
+            fetch([q])
+            gq = ranks.get(q)
+            j = gq.starting_at(arrived) if gq is not None else -1
+            wq = window.get((q, step))
+            bq = max(low, wq[0]) if wq is not None else low
+            if j < 0 or arrived <= bq or (q in seen and seen[q][j]):
+                skip = True  # the path goes on at the call's start edge
+                continue
+            if (pos + 1) * _WIDTH > len(out):
+                out = np.concatenate([out, np.empty_like(out)])
+            via = _CODE["p2p"] if g.late_p2p[i] else _CODE["collective"]
+            s, e = int(arrays[0][i]), int(arrays[1][i])
+            out[pos * _WIDTH : (pos + 1) * _WIDTH] = (i, s, e, via, min(arrived, cursor), cursor)
+            owners.append((step, rank, pos, pos + 1))
+            pos += 1
+            g, rank, i, cursor, bound = gq, q, j, arrived, bq  # type: ignore[assignment]
+    if pos == 0:
         return pl.DataFrame(schema=CRITICAL_KERNELS_SCHEMA)
-    fields = {n: t for n, t in CRITICAL_KERNELS_SCHEMA.items() if n not in _LABELS}
-    order = [
-        "step",
-        "order",
-        "rank",
-        "idx",
-        *[n for n in fields if n not in ("step", "order", "rank")],
-    ]
-    schema = {n: fields.get(n, pl.Int64()) for n in order}
-    found = pl.DataFrame(rows, schema=schema, orient="row").with_row_index("_row")
+    rows = out[: pos * _WIDTH].reshape(pos, _WIDTH)
+    lengths = [b - a for _, _, a, b in owners]
+    found = pl.DataFrame(
+        {
+            "step": np.repeat([o[0] for o in owners], lengths).astype(np.int64),
+            "rank": np.repeat([o[1] for o in owners], lengths).astype(np.int64),
+            "idx": rows[:, 0],
+            "start_ns": rows[:, 1],
+            "end_ns": rows[:, 2],
+            "_via": rows[:, 3],
+            "path_start_ns": rows[:, 4],
+            "path_end_ns": rows[:, 5],
+        }
+    ).with_row_index("_row")
+    found = found.with_columns(
+        order=pl.int_range(pl.len(), dtype=pl.Int64).over("step"),
+        via=pl.col("_via").replace_strict(dict(enumerate(VIA)), return_dtype=pl.String),
+        gap_ns=(pl.min_horizontal("start_ns", "path_end_ns") - pl.col("path_start_ns")).clip(
+            lower_bound=0
+        ),
+    )
     # The labels of the path's kernels only (a rank's `idx` is its row in the rank's
     # graph), a rank at a time: one let go during the walk is built again.
     parts = []
@@ -538,6 +541,61 @@ def critical_walk(times: pl.DataFrame, load: Loader) -> pl.DataFrame:
         .sort("_row")
         .select(*[pl.col(n).cast(t) for n, t in CRITICAL_KERNELS_SCHEMA.items()])
     )
+
+
+def _run(
+    start: np.ndarray,
+    end: np.ndarray,
+    via: np.ndarray,
+    pred: np.ndarray,
+    late_rank: np.ndarray,
+    late_start: np.ndarray,
+    seen: np.ndarray,
+    out: np.ndarray,
+    pos: int,
+    i: int,
+    cursor: int,
+    bound: int,
+    skip: bool,
+) -> tuple[int, int, int, int]:
+    """The walk along one rank from its kernel i, reached at `cursor`, back along start
+    edges (critical_walk; compiled in _walk.c): each kernel's row (_WIDTH: idx, start, end,
+    the edge to the next, the stretch of the path it holds) written to `out` from row
+    `pos`, `seen` marked. It stops (pos, state, i, cursor) at state 0 where the path ends
+    (no predecessor after `bound`, the step's start on this rank, or one already on the
+    path), 1 at a kernel that may cross to its late rank (its row not written; `skip`
+    goes on past that test) and 2 when `out` is full. Python's loop reads the arrays
+    through memoryviews, about four times faster per element than an array's indexing."""
+    start_, end_, via_, pred_, late_rank_, late_start_, seen_, out_ = (
+        memoryview(a) for a in (start, end, via, pred, late_rank, late_start, seen, out)
+    )
+    n, cap = len(start_), len(out_) // _WIDTH
+    while True:
+        if pos >= cap:
+            return pos, 2, i, cursor
+        seen_[i] = 1
+        s = start_[i]
+        if not skip and late_rank_[i] >= 0 and s < late_start_[i] < cursor:
+            return pos, 1, i, cursor
+        skip = False
+        v = via_[i]
+        j, t, nxt = -1, 0, False
+        if v != _START:
+            j = pred_[i]
+            if 0 <= j < n and not seen_[j]:
+                t = min(end_[j], max(min(s, cursor), bound))
+                nxt = t > bound
+        k = pos * _WIDTH
+        out_[k] = i
+        out_[k + 1] = s
+        out_[k + 2] = end_[i]
+        out_[k + 3] = v if nxt else _START
+        out_[k + 4] = min(t if nxt else bound, cursor)
+        out_[k + 5] = cursor
+        pos += 1
+        if not nxt:
+            return pos, 0, i, cursor
+        i, cursor = j, t
 
 
 def segments(path: pl.DataFrame) -> pl.DataFrame:
