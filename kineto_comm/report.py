@@ -184,7 +184,8 @@ class Report:
         factor in every row; a send and its recv share their transfer's; null where the
         calls have no size), in the renderers' order (most time first).
 
-        One aggregation over the per-rank calls: a big job's calls are not assembled."""
+        One aggregation over the per-rank calls, their instances' bandwidths joined in: a big
+        job's calls are read once and not assembled."""
         keys = ["collective", "process_group", "dtype"]
         calls = self.rank_collectives
         if calls.height == 0:
@@ -197,41 +198,36 @@ class Report:
                     "busbw_gbps": pl.Float64,
                 }
             )
-        agg = collect(
-            calls.lazy(["rank", *keys, "bytes", "duration_ns"])
-            .group_by(keys)
-            .agg(
-                ranks=pl.col("rank").n_unique().cast(pl.Int64),
-                calls=pl.len().cast(pl.Int64),
-                bytes=_known_sum("bytes").cast(pl.Int64),
-                mean_bytes=pl.col("bytes").mean(),
-                time_ns=pl.col("duration_ns").sum().cast(pl.Int64),
-            ),
-            calls.height,
-        )
         # Each call's bandwidths are its instance's (the rank's row in collective_waits, by
         # its start): a send and a recv both get their transfer's, each dtype its own calls'.
         inst = self.collective_instances
-        bw = pl.DataFrame(
-            schema={**dict.fromkeys(keys, pl.String), **dict.fromkeys(_BANDWIDTHS, pl.Float64)}
-        )
         if self.rank_waits.height and {"instance", *_BANDWIDTHS} <= set(inst.columns):
             link = (
                 self.rank_waits.lazy(["instance", "rank", "start_ns"])
                 .unique(["rank", "start_ns"], keep="first")
                 .join(inst.lazy().select("instance", *_BANDWIDTHS), on="instance")
+                .drop("instance")
             )
-            bw = collect(
-                calls.lazy(["rank", "start_ns", *keys])
-                .join(link, on=["rank", "start_ns"])
-                .group_by(keys)
-                .agg(*[pl.col(c).median().cast(pl.Float64) for c in _BANDWIDTHS]),
-                calls.height,
+            rows = calls.lazy(["rank", "start_ns", *keys, "bytes", "duration_ns"]).join(
+                link, on=["rank", "start_ns"], how="left"
             )
-        return (
-            agg.join(bw, on=keys, how="left", nulls_equal=True)
+        else:
+            rows = calls.lazy(["rank", *keys, "bytes", "duration_ns"]).with_columns(
+                *[pl.lit(None, pl.Float64).alias(c) for c in _BANDWIDTHS]
+            )
+        return collect(
+            rows.group_by(keys)
+            .agg(
+                pl.col("rank").n_unique().cast(pl.Int64).alias("ranks"),
+                pl.len().cast(pl.Int64).alias("calls"),
+                _known_sum("bytes").cast(pl.Int64).alias("bytes"),
+                pl.col("bytes").mean().alias("mean_bytes"),
+                pl.col("duration_ns").sum().cast(pl.Int64).alias("time_ns"),
+                *[pl.col(c).median().cast(pl.Float64) for c in _BANDWIDTHS],
+            )
             # Ties broken by name: the same report always renders the same document.
-            .sort(["time_ns", *keys], descending=[True, False, False, False], nulls_last=True)
+            .sort(["time_ns", *keys], descending=[True, False, False, False], nulls_last=True),
+            calls.height,
         )
 
     def skew_summary(self) -> pl.DataFrame:
