@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
+from kineto_comm import __version__
 from kineto_comm.errors import TraceError, UsageError, one_line
 
 # What an option's value is, in its help: words, not Python's type tags (<list[Path]>).
@@ -76,6 +77,24 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Find where communication costs distributed training time in Kineto traces.",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"kineto-comm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Find where communication costs distributed training time in Kineto traces."""
 
 
 def _fail(message: str) -> typer.Exit:

@@ -8,7 +8,7 @@ from enum import Enum
 from typing import Any
 
 
-class Severity(str, Enum):
+class Severity(str, Enum):  # noqa: UP042 (StrEnum would change str() of a member)
     """How bad a finding is; ordered info < warning < error."""
 
     info = "info"

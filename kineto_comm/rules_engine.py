@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import re
 import sys
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
@@ -26,11 +27,6 @@ from types import ModuleType
 from typing import Any
 
 import polars as pl
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 from kineto_comm.errors import UsageError
 from kineto_comm.findings import Finding, Severity, rank_findings

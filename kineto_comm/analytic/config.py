@@ -277,13 +277,8 @@ def config_from_dict(d: dict[str, Any], where: str = "model") -> ModelConfig:
 
 def _read_toml(path: str | Path) -> dict[str, Any]:
     """Parse a TOML file; ValueError (one line) when it cannot be read or parsed."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError:
-            raise ValueError("reading TOML needs Python >= 3.11 (or the tomli package)") from None
+    import tomllib
+
     p = Path(path)
     try:
         text = p.read_text()
