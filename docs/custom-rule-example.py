@@ -6,8 +6,10 @@ or list it in the config (`[tool.kineto-comm] rules = ["docs/custom-rule-example
 which `kineto-comm rules` lists it and `kineto-comm explain XMPL101` documents it.
 
 It flags process groups that issue more collective calls per rank and step than `limit`,
-and charges them the fixed latency those calls pay. It uses only kineto_comm.rules_api and
-Polars expressions (no Python loop over trace rows).
+and charges them the fixed latency those calls pay: its own estimate, with no edit for the
+model of time to replay, so the report caps it at the step and says it is "claimed by the
+rule" (docs/rules.md). It uses only kineto_comm.rules_api and Polars expressions (no Python
+loop over trace rows).
 """
 
 from __future__ import annotations

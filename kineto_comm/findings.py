@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+# `evidence.saving_method` of a finding whose saving is its rule's own number, with no edit
+# for the model of time to replay: capped at the step, said so wherever it is shown.
+CLAIMED = "claimed by the rule"
+
 
 class Severity(str, Enum):  # noqa: UP042 (StrEnum would change str() of a member)
     """How bad a finding is; ordered info < warning < error."""
@@ -45,6 +49,11 @@ class Finding:
     # The fix as the model of time replays it (kineto_comm.analysis.steptime.Edit), or None
     # where no edit models it; not part of the JSON form nor of equality.
     edit: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def claimed(self) -> bool:
+        """The saving is the rule's own claim, not a replay (`CLAIMED`; kept in JSON)."""
+        return str(self.evidence.get("saving_method", "")).startswith(CLAIMED)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (stable field names)."""

@@ -29,8 +29,15 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.errors import UsageError
-from kineto_comm.findings import Finding, Severity, rank_findings
-from kineto_comm.rules_api import Option, Rule, Tables, make_finding, mean_step_ns
+from kineto_comm.findings import CLAIMED, Finding, Severity, rank_findings
+from kineto_comm.rules_api import (
+    Option,
+    Rule,
+    Tables,
+    make_finding,
+    mean_step_ns,
+    replay_saving,
+)
 
 BUILTIN_PACKAGE = "kineto_comm_builtin_rules"
 ENTRY_POINT_GROUP = "kineto_comm.rules"
@@ -473,10 +480,12 @@ class RuleSet:
         return [r.code for r in self.rules]
 
     def run(self, report: Any) -> tuple[Finding, ...]:
-        """Every rule on a Report (or a dict of tables); findings ranked (`rank_findings`).
-        A rule that raises or returns something other than findings is a RuleError."""
+        """Every rule on a Report (or a dict of tables); findings ranked (`rank_findings`),
+        each saving settled against the step (`settle_saving`). A rule that raises or
+        returns something other than findings is a RuleError."""
         tables = report if isinstance(report, Tables) else Tables(report)
         findings: list[Finding] = []
+        step_ns: int | None = None
         for r in self.rules:
             try:
                 result = r.check(tables, self.options[r.code])
@@ -485,11 +494,53 @@ class RuleSet:
                     raise TypeError("returned something that is not a Finding")
             except Exception as exc:
                 raise RuleError(f"rule {r.code} ({r.name}) failed: {_one(exc)}") from exc
+            if result and step_ns is None:
+                step_ns = mean_step_ns(tables)
+            try:
+                settled = [settle_saving(f, r, tables, step_ns or 0) for f in result]
+            except Exception as exc:
+                raise RuleError(f"rule {r.code} ({r.name}): its edit failed: {_one(exc)}") from exc
             findings.extend(
                 f if f.rule and f.code == r.code else replace(f, code=r.code, rule=r.name)
-                for f in result
+                for f in settled
             )
         return rank_findings(findings)
+
+
+def settle_saving(f: Finding, r: Rule, tables: Tables, step_ns: int) -> Finding:
+    """A finding's saving as the report states it: never more than the step.
+
+    A built-in rule's saving is its edit's replay already. A custom rule's edit is replayed
+    here like a built-in's (its own number, where it differs, kept in the evidence as
+    `claimed_ns_per_step`). A saving no edit backs is the rule's own claim: capped at the
+    step (the claim kept as `claimed_ns_per_step` when over it) and marked
+    `saving_method` "claimed by the rule", which every format says."""
+    own = int(f.impact_ns_per_step)
+    evidence = dict(f.evidence)
+    if f.edit is not None and r.source != "built-in":
+        saving = replay_saving(tables, f.edit)
+        evidence["saving_method"] = f"replay: {f.edit.name}"
+        if own != saving:
+            evidence["claimed_ns_per_step"] = own
+    elif f.edit is None and own > 0:
+        saving = min(own, step_ns) if step_ns > 0 else own
+        method = str(evidence.get("saving_method") or "")
+        # The rule's own words for its method follow the mark, never a "replay" it did not run.
+        evidence["saving_method"] = (
+            f"{CLAIMED}: {method}"
+            if method and not method.startswith(("replay", CLAIMED))
+            else CLAIMED
+        )
+        if saving < own:
+            evidence["claimed_ns_per_step"] = own
+    else:
+        saving = own
+    if step_ns > 0:
+        saving = min(saving, step_ns)
+    if saving == own and evidence == f.evidence:
+        return f
+    share = round(saving / step_ns, 4) if step_ns > 0 else f.step_share
+    return replace(f, impact_ns_per_step=saving, step_share=share, evidence=evidence)
 
 
 def _graph_loader(tables: Tables) -> Any:
@@ -545,11 +596,12 @@ def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     kernel: kineto_comm.analysis.depgraph), `step_blame` (the critical rank's blame rows of
     each step, summing to its `step_ns`) and `savings`: the job's `step_ns`,
     `joint_saving_ns` (every finding's fix replayed together: never more than the step),
-    `sum_of_savings_ns` (the findings' savings added up), `overlapping` (the sum is more
-    than the joint saving: the fixes claim some of the same time), and how many findings
-    were `replayed` (carry an edit)."""
+    `sum_of_savings_ns` (the replayed findings' savings added up), `overlapping` (the sum is
+    more than the joint saving: the fixes claim some of the same time), how many findings
+    were `replayed` (carry an edit) and how many savings are `claimed` by their rules
+    (no edit: `settle_saving`), which the joint saving and the sum leave out."""
     from kineto_comm.analysis import depgraph, steptime
-    from kineto_comm.rules_api import replay_saving, step_blame, step_times
+    from kineto_comm.rules_api import step_blame, step_times
 
     tables = report if isinstance(report, Tables) else Tables(report)
     times = step_times(tables)
@@ -559,7 +611,7 @@ def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     step_ns = steptime.job_step_ns(times)
     edits = [f.edit for f in findings if f.edit is not None]
     joint = replay_saving(tables, *edits)
-    total = sum(int(f.impact_ns_per_step) for f in findings)
+    total = sum(int(f.impact_ns_per_step) for f in findings if f.edit is not None)
     kernels_path = depgraph.critical_walk(times, _graph_loader(tables))
     path = depgraph.segments(kernels_path)
     times = depgraph.chains(times, path)
@@ -574,6 +626,7 @@ def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
             "sum_of_savings_ns": total,
             "overlapping": total > joint,
             "replayed": len(edits),
+            "claimed": sum(1 for f in findings if f.claimed),
             "findings": len(findings),
         },
     }

@@ -487,3 +487,91 @@ def test_ranks_per_host_from_the_config_file(tmp_path: Path) -> None:
     cfg.write_text("ranks_per_host = 0\n")
     with pytest.raises(UsageError, match="ranks_per_host must be a whole number"):
         analyze(SAMPLES / "tp-2", jobs=1, config=cfg)
+
+
+DOCS_SQL_RULE = """
+[[rule]]
+code = "SQL101"
+name = "long-steps"
+summary = "Steps longer than a limit."
+options = { limit_ns = 1000000 }
+query = '''
+  SELECT rank, step, wall_ns - {limit_ns} AS impact_ns_per_step
+  FROM steps WHERE wall_ns > {limit_ns}
+'''
+message = "rank {rank} step {step} is {impact_ns_per_step} ns over budget"
+"""
+
+EDIT_RULE = '''
+import polars as pl
+
+from kineto_comm.rules_api import Edit, Severity, make_finding, mean_step_ns, rule
+
+@rule(code="XEDT101", name="hide-every-transfer", summary="Claims ten steps, gives an edit.")
+def hide(tables, options):
+    """What it does: hides transfers. Why is this bad? test. How to fix: overlap."""
+    step = mean_step_ns(tables)
+    edit = Edit("hide every transfer", pl.col("category") == "transfer")
+    return [make_finding(hide, Severity.warning, "transfers", "hide them",
+                         impact_ns_per_step=10 * step, step_ns=step, edit=edit,
+                         evidence={"saving_method": "my own guess"})]
+'''
+
+
+def test_custom_savings_are_replayed_or_capped_at_the_step(tmp_path: Path, monkeypatch) -> None:
+    """Issue 75, item 4: the docs' TOML rule (a 1 ms budget) on sample_traces/ddp-4 claimed
+    up to 124% of the step and the overlap note added the claims up to 11 steps. A custom
+    saving no edit backs is capped at the step and said to be the rule's own claim; a
+    custom rule's edit is replayed like a built-in's, whatever number it gives; the joint
+    line's sum is of the replayed savings only, the claims named apart."""
+    from kineto_comm import analyze
+    from kineto_comm.render.formats import render_text_str
+    from kineto_comm.rules_api import replay_saving
+
+    from .conftest import SAMPLES
+
+    monkeypatch.chdir(tmp_path)  # no config file above
+    toml = write(tmp_path / "steps.toml", DOCS_SQL_RULE)
+    py = write(tmp_path / "edit_rule.py", EDIT_RULE)
+    report = analyze(SAMPLES / "ddp-4", jobs=1, rules=[toml, py])
+    step = report.savings["step_ns"]
+    sql = [f for f in report.findings if f.code == "SQL101"]
+    over = [f for f in sql if f.evidence["impact_ns_per_step"] > step]
+    assert sql and over  # the trace has steps whose claim is more than the job's step
+    for f in sql:
+        own = f.evidence["impact_ns_per_step"]  # the query's row, as the rule gave it
+        assert f.claimed and f.edit is None
+        assert f.impact_ns_per_step == min(own, step) and f.step_share <= 1
+        assert f.evidence.get("claimed_ns_per_step") == (own if own > step else None)
+    # Every finding, built-in or custom, saves at most the step.
+    assert all(0 <= f.impact_ns_per_step <= step for f in report.findings)
+
+    (mine,) = [f for f in report.findings if f.code == "XEDT101"]
+    assert mine.impact_ns_per_step == replay_saving(Tables(report), mine.edit) < step
+    assert mine.evidence["claimed_ns_per_step"] == 10 * step and not mine.claimed
+    assert mine.evidence["saving_method"] == "replay: hide every transfer"
+
+    s = report.savings
+    replayed = [f for f in report.findings if f.edit is not None]
+    assert s["claimed"] == len(sql) and s["replayed"] == len(replayed) >= 1
+    assert s["sum_of_savings_ns"] == sum(f.impact_ns_per_step for f in replayed)
+    assert mine.impact_ns_per_step <= s["joint_saving_ns"] <= step
+    assert report.to_dict()["summary"]["sum_of_savings_ns"] == s["sum_of_savings_ns"]
+
+    text = render_text_str(report).split("`kineto-comm explain CODE`")[0]
+    for line in text.split("\n1. ")[1].split("\n"):
+        if " SQL101 " in line:
+            assert "claimed by the rule (not replayed" in line
+    joint = text[text.index("All fixes together") :]
+    assert f"not in it: {len(sql)} findings whose saving is the rule's own claim" in joint
+    claims_added = sum(f.evidence["impact_ns_per_step"] for f in sql) + s["sum_of_savings_ns"]
+    assert f"{claims_added / 1e6:,.2f} ms" not in joint  # the old note: 11 steps' worth
+    if s["overlapping"]:
+        assert "overlap" in joint and f"add up to {s['sum_of_savings_ns'] / 1e6:,.2f} ms" in joint
+
+    # Claims alone: nothing is replayed, the JSON summary does not call them overlapping.
+    only = analyze(SAMPLES / "ddp-4", jobs=1, rules=[toml], select=["SQL101"])
+    assert only.savings["replayed"] == 0 and only.savings["claimed"] == len(only.findings)
+    summary = only.to_dict()["summary"]
+    assert summary["sum_of_savings_ns"] == 0 and summary["savings_overlap"] is False
+    assert "No fix is replayed" in render_text_str(only)

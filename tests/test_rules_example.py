@@ -28,11 +28,14 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_example_rule_fires_on_storm_only(jobs: dict[str, Path]) -> None:
-    storm = run_rules(
-        analyze(jobs["small-messages"], jobs=1), select=["XMPL101"], extra_rules=[EXAMPLE]
-    )
+    report = analyze(jobs["small-messages"], jobs=1)
+    storm = run_rules(report, select=["XMPL101"], extra_rules=[EXAMPLE])
     assert [f.code for f in storm] == ["XMPL101"]
     assert storm[0].evidence["calls_per_step"] > 200 and storm[0].ranks == (0, 1)
+    # Its cost is its own estimate (no edit to replay): said so, and never over the step.
+    own = (storm[0].evidence["calls_per_step"] - 200) * 15_000
+    assert storm[0].claimed and storm[0].evidence["saving_method"] == "claimed by the rule"
+    assert storm[0].impact_ns_per_step == min(own, report.savings["step_ns"])
     quiet = run_rules(analyze(jobs["baseline"], jobs=1), select=["XMPL101"], extra_rules=[EXAMPLE])
     assert quiet == ()
     # a higher limit silences it

@@ -34,7 +34,7 @@ def render_findings(report: Any, console: Console, limit: int = 5) -> None:
         style = SEVERITY_STYLE.get(sev, "")
         console.print(
             f"{i}. [{style}]{sev}[/] {f.code} {escape(f.title)} - saves up to "
-            f"{_ms(f.impact_ns_per_step)} per step{share}{where}",
+            f"{_ms(f.impact_ns_per_step)} per step{share}{escape(claim_note(f))}{where}",
             markup=True,
             highlight=False,
         )
@@ -48,12 +48,30 @@ def render_findings(report: Any, console: Console, limit: int = 5) -> None:
     console.print("`kineto-comm explain CODE` documents a rule.\n")
 
 
+def claim_note(f: Any) -> str:
+    """What follows a saving that is its rule's own number rather than a replay
+    (`Finding.claimed`): ", claimed by the rule (...)", naming the claim when capped."""
+    if not f.claimed:
+        return ""
+    claim = f.evidence.get("claimed_ns_per_step")
+    capped = f"; its {_ms(int(claim))} capped at the step" if claim is not None else ""
+    return f", claimed by the rule (not replayed{capped})"
+
+
 def all_fixes_line(report: Any) -> str | None:
     """The joint replay of every finding's fix against the step (`report.savings`), saying
-    when the findings' savings overlap: one sentence, as text, Markdown and HTML print it."""
+    when the findings' savings overlap and which savings are their rules' claims (left out
+    of it): one sentence, as text, Markdown and HTML print it."""
     saved = getattr(report, "savings", None) or {}
-    if not (saved.get("step_ns") and saved.get("replayed")):
+    claimed = int(saved.get("claimed") or 0)
+    if not (saved.get("step_ns") and (saved.get("replayed") or claimed)):
         return None
+    claims = (
+        f"{claimed} finding{'s' if claimed > 1 else ''} whose saving is the rule's own claim "
+        "(not replayed, each capped at the step)"
+    )
+    if not saved.get("replayed"):
+        return f"No fix is replayed: {claims}; do not add them."
     total, joint = saved["sum_of_savings_ns"], saved["joint_saving_ns"]
     line = (
         f"All fixes together: {_ms(joint)} of the {_ms(saved['step_ns'])} step "
@@ -64,4 +82,6 @@ def all_fixes_line(report: Any) -> str | None:
             f"; the findings' savings overlap (they claim some of the same time) and add "
             f"up to {_ms(total)}: do not add them"
         )
+    if claimed:
+        line += f"; not in it: {claims}"
     return line + "."

@@ -9,6 +9,7 @@ Severity maps to the command: error -> ::error, warning -> ::warning, info -> ::
 from __future__ import annotations
 
 from kineto_comm.findings import Finding, Severity
+from kineto_comm.render.findings import claim_note
 from kineto_comm.render.json_doc import findings_of
 from kineto_comm.render.text import fmt_ns
 from kineto_comm.report import Report
@@ -32,7 +33,9 @@ def annotation(f: Finding) -> str:
     parts = [f.message or f.title]
     if f.impact_ns_per_step:
         share = f" ({100 * f.step_share:.1f}% of step)" if f.step_share is not None else ""
-        parts.append(f"Estimated cost {fmt_ns(f.impact_ns_per_step)} per step{share}.")
+        parts.append(
+            f"Estimated cost {fmt_ns(f.impact_ns_per_step)} per step{share}{claim_note(f)}."
+        )
     if f.ranks:
         parts.append("Ranks: " + ", ".join(map(str, f.ranks[:32])) + ".")
     if f.process_group is not None:

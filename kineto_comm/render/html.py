@@ -29,7 +29,7 @@ import polars as pl
 from kineto_comm.analysis.stragglers import NOISE_NS
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
-from kineto_comm.render.findings import all_fixes_line
+from kineto_comm.render.findings import all_fixes_line, claim_note
 from kineto_comm.render.html_timeline import timelines_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview, rank_means
 from kineto_comm.render.sections import UNKNOWN_GROUP, Section, sections
@@ -553,6 +553,7 @@ def _finding_html(f: Finding, mean_step: float | None, number: int | None = None
     cost = f"saves ~{fmt_ns(f.impact_ns_per_step)} per step" + (
         f" ({100 * share:.1f}% of step time)" if share is not None else ""
     )
+    cost += claim_note(f)
     where = []
     if f.ranks:
         where.append("ranks " + ", ".join(map(str, f.ranks[:32])))

@@ -242,13 +242,15 @@ def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[
 def _savings(report: Report, findings: list[Finding]) -> dict[str, Any]:
     """The step time (the model of time's: per step the longest rank's window, mean over
     the complete steps) and what the findings' fixes save together (their edits replayed
-    at once: never more than the step). A report without the model (built by hand) falls
-    back on the three largest savings, capped at the step."""
+    at once: never more than the step; the sum is of the replayed findings' savings, the
+    rules' own claims left out). A report without the model (built by hand) falls back on
+    the three largest savings, capped at the step."""
     saved = report.savings or {}
     total = sum(int(f.impact_ns_per_step) for f in findings)
     if "joint_saving_ns" in saved:
         joint = int(saved["joint_saving_ns"])
         step = saved.get("step_ns")
+        total = int(saved.get("sum_of_savings_ns", total))
     else:
         step = None
         joint = sum(sorted((int(f.impact_ns_per_step) for f in findings), reverse=True)[:3])

@@ -13,6 +13,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from kineto_comm.findings import Finding, Severity
+from kineto_comm.render.findings import claim_note
 from kineto_comm.render.json_doc import findings_of, rule_catalog
 from kineto_comm.render.text import fmt_ns
 from kineto_comm.report import Report
@@ -28,7 +29,7 @@ def xml_text(value: object) -> str:
 def _describe(f: Finding) -> str:
     """A finding as a few lines of plain text."""
     lines = [f"[{f.severity.value}] {f.code} {f.title}: {f.message}"]
-    lines.append(f"  impact: {fmt_ns(f.impact_ns_per_step)} per step")
+    lines.append(f"  impact: {fmt_ns(f.impact_ns_per_step)} per step{claim_note(f)}")
     if f.ranks:
         lines.append("  ranks: " + ", ".join(map(str, f.ranks)))
     if f.process_group is not None:

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from kineto_comm.findings import Finding, Severity
-from kineto_comm.render.findings import all_fixes_line
+from kineto_comm.render.findings import all_fixes_line, claim_note
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview
 from kineto_comm.render.sections import sections
 from kineto_comm.render.text import clock_sets_line, fmt_ns, hosts_line
@@ -51,7 +51,8 @@ def _impact(f: Finding, step: float | None) -> str:
     if share is None and step:
         share = f.impact_ns_per_step / step
     text = f"~{fmt_ns(f.impact_ns_per_step)}/step"
-    return text + (f" ({100 * share:.1f}% of step time)" if share is not None else "")
+    text += f" ({100 * share:.1f}% of step time)" if share is not None else ""
+    return text + claim_note(f)
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
