@@ -3,6 +3,10 @@ ranks missing, a job with an unreadable file."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -114,3 +118,36 @@ def test_one_rank_of_four_says_which_are_missing(tmp_path: Path) -> None:
         " ranks) cover the present ranks only"
     ]
     assert not [w for w in analyze(H100, jobs=1).warnings if "ranks present" in w]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run(
+        [sys.executable, "-m", "kineto_comm.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_an_unreadable_file_exits_0_and_2_under_strict(tmp_path: Path) -> None:
+    """3 good ranks and 1 unreadable file: the report of the three, exit 0 (the file is one
+    error line); `--strict` (what docs/ci.md's script passes) writes the same report and
+    exits 2."""
+    job = tmp_path / "job"
+    shutil.copytree(GLOO, job)
+    (job / "rank-3.pt.trace.json.gz").write_bytes(b"not a gzip file")
+    lax = _cli("report", str(job), "--format", "json", "-o", str(tmp_path / "lax.json"))
+    strict = _cli(
+        "report", str(job), "--format", "json", "-o", str(tmp_path / "strict.json"), "--strict"
+    )
+    for proc in (lax, strict):
+        assert "Traceback" not in proc.stderr + proc.stdout
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert "rank-3.pt.trace.json.gz" in line
+    assert lax.returncode == 0, lax.stderr
+    assert strict.returncode == 2, strict.stderr
+    assert (tmp_path / "strict.json").read_text() == (tmp_path / "lax.json").read_text()
+    # A whole job passes --strict.
+    assert _cli("report", str(GLOO), "--strict", "--exit-zero").returncode == 0
