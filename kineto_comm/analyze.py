@@ -19,7 +19,13 @@ import polars as pl
 
 from kineto_comm import budget, cache
 from kineto_comm.analysis.crossrank import cross_rank
-from kineto_comm.analysis.jobs import conflicting_groups, separate_jobs
+from kineto_comm.analysis.jobs import (
+    conflicting_groups,
+    jobs_warning,
+    missing_ranks,
+    rank_ranges,
+    split_jobs,
+)
 from kineto_comm.analysis.match import ranks_in_several_groups, ungrouped_warning
 from kineto_comm.errors import UsageError
 from kineto_comm.load.decode import empty_trace
@@ -245,8 +251,11 @@ def analyze(
     assignment = assign_ranks([RankClaim(r.file, r.rank, r.world_size) for r in results])
     errors.extend((e.file, e.problem) for e in assignment.rejected)
     kept = [r.with_rank(assignment.ranks[r.file]) for r in results if r.file in assignment.ranks]
+    # Files of several jobs: one is analysed, the others' files are left out (the one
+    # decision that keeps every table, finding and replay inside a job: analysis.jobs).
+    kept, apart = _one_job(kept, errors)
     warnings = notes + [w for r in kept for w in r.warnings]
-    warnings += assignment.warnings
+    warnings += apart or assignment.warnings
     # The ranks table and the merged ones are in rank order (then each rank's own order):
     # matching reads the calls in that order and need not sort a copy of them all (the
     # parent's largest transient).
@@ -300,10 +309,8 @@ def analyze(
     merged["collectives"] = _store(kept, "collectives", pieces["collectives"], folder)
     merged["steps"] = _store(kept, "steps", pieces["steps"], folder)
     spilled = folder if merged["collectives"].spilled else None
-    # Files of different jobs are not compared across ranks (one warning per problem).
-    apart = separate_jobs(merged["totals"])
     groups = conflicting_groups({r.rank: r.meta.get("groups") or {} for r in kept})
-    warnings += apart + groups + one_step_warning(merged["steps"])
+    warnings += missing_ranks(ranks) + groups + one_step_warning(merged["steps"])
     several = ranks_in_several_groups(ranks)
     merged.update(
         cross_rank(
@@ -311,7 +318,6 @@ def analyze(
             align=align,
             folder=spilled,
             ranks_per_host=ranks_per_host,
-            one_job=not apart,
             ungrouped=several,
         )
     )
@@ -350,6 +356,40 @@ def analyze(
     tables = Tables(report)
     findings = checks.run(tables)
     return replace(report, findings=findings, **step_model(tables, findings))
+
+
+def _one_job(
+    kept: list[RankTables], errors: list[tuple[str, str]]
+) -> tuple[list[RankTables], list[str]]:
+    """The files of the job analysed (analysis.jobs.split_jobs) and the warning that names
+    the jobs (none: one job). Each other job's file is an entry in `errors`: it was not
+    analysed, so `kineto-comm report --strict` fails on it as on an unreadable file."""
+    rows = []
+    for r in kept:
+        span = r.totals.select("start_ns", "end_ns") if r.totals.height else None
+        device = (r.meta.get("devices") or [None])[0]
+        rows.append(
+            {
+                "rank": r.rank,
+                "backend": r.meta.get("backend"),
+                "device": device or ("host" if r.meta.get("timeline") == "host" else None),
+                "world_size": r.world_size,
+                "start_ns": None if span is None else span["start_ns"].min(),
+                "end_ns": None if span is None else span["end_ns"].max(),
+            }
+        )
+    schema = {"rank": pl.Int64, "backend": pl.String, "device": pl.String}
+    schema |= {"world_size": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64}
+    files = split_jobs(pl.DataFrame(rows, schema=schema))
+    said = jobs_warning(files)
+    if not said:
+        return kept, []
+    job = dict(zip(files["rank"].to_list(), files["job"].to_list(), strict=True))
+    first = rank_ranges(files.filter(pl.col("job") == 0)["rank"].to_list())
+    for r in kept:
+        if job[r.rank] != 0:
+            errors.append((r.file, f"rank {r.rank}: another job than ranks {first}; left out"))
+    return [r for r in kept if job[r.rank] == 0], said
 
 
 def _rule_set(

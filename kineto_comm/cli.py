@@ -1,7 +1,8 @@
 """The `kineto-comm` command: a thin layer over `kineto_comm.analyze`.
 
-Exit codes: 0 report produced; 2 nothing could be analysed, or bad arguments. Problems are
-printed as one line `error: <file>: <problem>`; never a Python traceback.
+Exit codes: 0 report produced; 2 nothing could be analysed (with `report --strict`: a file
+was left out), or bad arguments. Problems are printed as one line `error: <file>:
+<problem>`; never a Python traceback.
 """
 
 from __future__ import annotations
@@ -169,6 +170,14 @@ def report(
     exit_zero: Annotated[
         bool, typer.Option("--exit-zero", help="Exit 0 whatever the findings (2 on errors).")
     ] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Exit 2 when any trace file was left out (unreadable, a duplicate rank,"
+            " another job); the report is still written.",
+        ),
+    ] = False,
     comm_pattern: Annotated[
         list[str] | None,
         typer.Option(
@@ -309,6 +318,8 @@ def report(
         render_text(result, out=sys.stdout, problems=False)
     else:
         write(result, format, output or sys.stdout, fail_on=severity)
+    if strict and result.errors:  # a file left out is an input error under --strict
+        raise typer.Exit(2)
     raise typer.Exit(exit_code(result, severity, exit_zero))
 
 

@@ -215,7 +215,10 @@ def test_files_of_different_jobs_are_flagged(tmp_path):
     write_trace(tmp_path / "a.json", [kernel("k", 0, 1)], rank=0, world_size=2)
     write_trace(tmp_path / "b.json", [kernel("k", 0, 1)], rank=1, world_size=8)
     report = analyze(tmp_path, jobs=1)
-    assert any("different sizes" in w for w in report.warnings)
+    # Two jobs (world sizes 2 and 8): the first analysed, the other's file left out.
+    assert [w for w in report.warnings if w.startswith("files of 2 jobs (they differ in world")]
+    assert report.ranks["rank"].to_list() == [0]
+    assert [f for f, _ in report.errors] == [str(tmp_path / "b.json")]
 
 
 def test_worker_processes_give_the_same_report_as_one_process():

@@ -88,3 +88,22 @@ def test_script_exits_2_on_unusable_input(tmp_path: Path) -> None:
     r = run_script(tmp_path / "traces", tmp_path / "out")
     assert r.returncode == 2
     assert "rank-0.json" in r.stderr and "error:" in r.stderr
+
+
+def test_script_exits_2_on_one_unreadable_rank_and_still_writes_the_reports(
+    tmp_path: Path,
+) -> None:
+    """Three good gloo ranks and one unreadable file: `report` alone exits 0 or 1 (the
+    three are reported), the script's `report --strict` exits 2 after writing every
+    format, so CI does not pass a job whose rank went missing."""
+    import shutil
+
+    traces = tmp_path / "traces"
+    shutil.copytree(REPO / "sample_traces" / "ddp-4", traces)
+    (traces / "rank-3.pt.trace.json.gz").write_bytes(b"\x1f\x8b not gzip")
+    r = run_script(traces, tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    assert "rank-3.pt.trace.json.gz" in r.stderr and "error:" in r.stderr
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [rank["rank"] for rank in doc["ranks"]] == [0, 1, 2]
+    assert [e["file"] for e in doc["errors"]] == [str(traces / "rank-3.pt.trace.json.gz")]

@@ -11,7 +11,8 @@
 #   FAIL_ON         info|warning|error: findings at or above fail the job (default: error)
 #   MAX_REGRESSION  allowed mean step time growth over the baseline (default: 5%)
 #   FAIL_ON_NEW     fail on new findings at or above this severity (default: never)
-# exit: 0 pass; 1 findings at/above FAIL_ON or a regression gate exceeded; 2 tool/input error.
+# exit: 0 pass; 1 findings at/above FAIL_ON or a regression gate exceeded; 2 tool/input error
+# (a trace file left out, unreadable or of another job, included: report --strict).
 set -uo pipefail
 
 if [ "$#" -lt 2 ] || [ "$#" -gt 3 ]; then
@@ -25,7 +26,7 @@ read -r -a kc <<< "${KINETO_COMM:-kineto-comm}"
 mkdir -p "$out"
 
 # One analysis, all formats: annotations to stdout, the rest to files.
-"${kc[@]}" report "$traces" --format github --fail-on "${FAIL_ON:-error}" \
+"${kc[@]}" report "$traces" --strict --format github --fail-on "${FAIL_ON:-error}" \
     --also "json=$out/report.json" --also "sarif=$out/report.sarif" \
     --also "html=$out/report.html" --also "markdown=$out/report.md" \
     --also "junit=$out/report.xml"

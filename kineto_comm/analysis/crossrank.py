@@ -13,8 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-import polars as pl
-
 from kineto_comm.analysis.align import estimate_offsets, hosts, no_offsets
 from kineto_comm.analysis.match import instances, keyed_calls, waits
 from kineto_comm.analysis.pipeline import pipeline
@@ -23,7 +21,7 @@ from kineto_comm.analysis.sizes import message_size_summary, message_sizes
 from kineto_comm.analysis.storms import storms
 from kineto_comm.analysis.stragglers import stragglers
 from kineto_comm.lazy import collect
-from kineto_comm.rank_store import TIME_COLUMNS, RankStore, SpillFolder
+from kineto_comm.rank_store import TIME_COLUMNS, SpillFolder
 from kineto_comm.timeshift import shift
 
 
@@ -33,7 +31,6 @@ def cross_rank(
     align: bool = True,
     folder: SpillFolder | None = None,
     ranks_per_host: int | None = None,
-    one_job: bool = True,
     ungrouped: Collection[int] = (),
 ) -> dict[str, Any]:
     """Aligned per-rank tables plus the cross-rank tables, from merged per-rank tables.
@@ -42,10 +39,10 @@ def cross_rank(
     they are read; the derived tables with a row per call and rank (the keyed calls, the
     waits) are kept in `folder` when given (a big job), so that the parent holds none of
     them whole. `ranks_per_host`: the user's word on which ranks share a clock
-    (kineto_comm.analysis.align.hosts), else it is read from the traces. `one_job` False
-    (files of different jobs, kineto_comm.analysis.jobs): no call is matched across ranks,
-    so no skew, wait, straggler or offset compares them. `ungrouped`: the ranks whose calls
-    without a group are matched with no other rank's (match.ranks_in_several_groups)."""
+    (kineto_comm.analysis.align.hosts), else it is read from the traces. The tables are
+    of one job (another job's files are left out before: kineto_comm.analysis.jobs).
+    `ungrouped`: the ranks whose calls without a group are matched with no other rank's
+    (match.ranks_in_several_groups)."""
     ranks = tables["ranks"]["rank"].to_list() if tables["ranks"].height else []
     calls = tables["collectives"]
     # The pipeline table and the groups' roles compare no times across ranks (each rank's
@@ -60,9 +57,7 @@ def cross_rank(
     with ThreadPoolExecutor(2) as side:
         stages = side.submit(pipeline_of) if folder is None else None
         roles = side.submit(roles_of) if folder is None else None
-        keyed = keyed_calls(
-            calls if one_job else RankStore.from_frame(_none(calls)), folder, ungrouped
-        )
+        keyed = keyed_calls(calls, folder, ungrouped)
         devices = collect(keyed.lazy(["rank", "device"]).unique(), keyed.height)
         grouping = hosts(tables["ranks"], devices, ranks_per_host)
         offsets = estimate_offsets(keyed, ranks, grouping) if align else no_offsets(ranks, grouping)
@@ -86,8 +81,3 @@ def cross_rank(
         out["pipeline"] = pipeline_of() if stages is None else stages.result()
         out["process_groups"] = roles_of() if roles is None else roles.result()
     return out
-
-
-def _none(calls: RankStore) -> pl.DataFrame:
-    """The calls' columns without a row: nothing to match."""
-    return calls.lazy().head(0).collect()
