@@ -71,6 +71,21 @@ def parse_severity(value: str | Severity) -> Severity:
         raise ValueError(f"unknown severity {value!r}; choose one of {choices}") from None
 
 
+def parse_fail_on(value: str | Severity | None, name: str = "fail_on") -> Severity | None:
+    """The level at or above which findings fail: a severity, or `never` (None: none fails);
+    case-insensitive. The one reading of report's --fail-on and diff's --fail-on-new;
+    ValueError naming `name` and the choices."""
+    if value is None or isinstance(value, Severity):
+        return value
+    if value.strip().lower() == "never":
+        return None
+    try:
+        return Severity(value.strip().lower())
+    except ValueError:
+        choices = ", ".join([*(s.value for s in Severity), "never"])
+        raise ValueError(f"{name}: unknown severity {value!r}; choose one of {choices}") from None
+
+
 def render(report: Report, fmt: str, *, fail_on: Severity | str = Severity.error) -> str:
     """`report` rendered in format `fmt` (a key of FORMATS)."""
     return _renderer(fmt)(report, parse_severity(fail_on))
