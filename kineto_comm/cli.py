@@ -486,12 +486,13 @@ def synth(
     """Write a synthetic multi-rank job with one known problem and its truth.json."""
     from kineto_comm.synth import generate
 
+    scenario, layout = scenario.strip().lower(), layout.strip().lower()  # any case
     try:
         truth = generate(
-            scenario.strip().lower(),
+            scenario,
             out,
             ranks=ranks,
-            layout=layout.strip().lower(),
+            layout=layout,
             seed=seed,
             size_mb=size_mb,
             steps=steps,
@@ -503,7 +504,7 @@ def synth(
     # The layout written, which a scenario may change (bubble needs pipeline stages).
     wrote, par = truth["layout"], truth["parallelism"]
     shape = " x ".join(f"{k} {v}" for k, v in par.items() if v > 1) or "1 rank"
-    moved = f"; asked for {layout}" if wrote != layout.strip().lower() else ""
+    moved = f"; asked for {layout}" if wrote != layout else ""
     print(
         f"wrote {scenario} ({wrote}: {shape}{moved}, {truth['world_size']} ranks) to {out}",
         file=sys.stderr,

@@ -422,6 +422,11 @@ def test_choices_and_rule_codes_are_case_insensitive_everywhere(tmp_path):
         assert same.exit_code == 0 and same.stdout.startswith("kineto-comm diff"), same.output
     as_json = runner.invoke(app, ["diff", str(saved), str(saved), "-f", "JSON"])
     assert json.loads(as_json.stdout)["failed"] is False
+    wrote = runner.invoke(
+        app, ["synth", "Baseline", "--layout", "DP", "--ranks", "2", "--out", str(tmp_path / "j")]
+    )
+    assert wrote.exit_code == 0 and "wrote baseline (dp:" in wrote.output, wrote.output
+    assert json.loads((tmp_path / "j" / "truth.json").read_text())["scenario"] == "baseline"
     # One line naming the option, its value and the choices; exit 2.
     for args, option, value in (
         (["diff", str(saved), str(saved), "--fail-on-new", "bogus"], "--fail-on-new", "bogus"),
