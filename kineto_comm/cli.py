@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,6 +19,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from kineto_comm import __version__
 from kineto_comm.errors import TraceError, UsageError, one_line
+from kineto_comm.findings import Severity
 
 # What an option's value is, in its help: words, not Python's type tags (<list[Path]>).
 VALUE_NAMES = {"int": "N", "float": "NUMBER", "Path": "PATH"}
@@ -41,23 +43,45 @@ class Command(TyperCommand):
                 continue
             if isinstance(p, TyperArgument):
                 # Its name shows in its own column; Typer prints its type tag whatever the
-                # metavar, so this argument object prints none.
+                # metavar, so this argument object prints none. Errors name it as the usage
+                # line does ("Missing argument 'PATHS...'"), not by the empty metavar.
                 p.metavar = ""
                 p.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+                hint = f"'{_argument_name(p)}'"
+                p.get_error_hint = lambda ctx=None, hint=hint: hint  # type: ignore[method-assign]
             elif getattr(p, "is_flag", False):
                 p.metavar = ""  # a flag takes no value
             else:
                 bare = p.bare_type()
                 p.metavar = VALUE_NAMES.get(bare.removeprefix("list[").rstrip("]"), "TEXT")
+            if getattr(p, "min", None) is not None or getattr(p, "max", None) is not None:
+                # A bound in words at the end of the help ("(at least 1)"), not Typer's tag
+                # beside the metavar ("N [x>=1]").
+                words = f"({_range_words(p.min, p.max)})"
+                if not (p.help or "").endswith(words):  # params are asked for more than once
+                    p.help = f"{p.help or ''} {words}".strip()
+                p._get_number_range_help_str = lambda: None  # type: ignore[method-assign]
         return params
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for p in self.get_params(ctx):
             if isinstance(p, TyperArgument) and p.name:
-                name = p.name.upper() + ("..." if p.nargs != 1 else "")
+                name = _argument_name(p)
                 pieces.append(name if p.required else f"[{name}]")
         return pieces
+
+
+def _argument_name(p: Any) -> str:
+    """An argument as the usage line and errors name it: PATHS..., CODE."""
+    return str(p.name).upper() + ("..." if p.nargs != 1 else "")
+
+
+def _range_words(low: float | None, high: float | None) -> str:
+    """An option's bounds as words: 'at least 1', 'at most 9', '1 to 9'."""
+    if low is not None and high is not None:
+        return f"{low} to {high}"
+    return f"at least {low}" if low is not None else f"at most {high}"
 
 
 class Group(TyperGroup):
@@ -101,6 +125,15 @@ def _main_options(
 def _fail(message: str) -> typer.Exit:
     print(f"error: {message}", file=sys.stderr)
     return typer.Exit(2)
+
+
+def _choice(value: str, choices: Sequence[str], option: str) -> str:
+    """`value` as one of `choices`, whatever its case (the one rule for every choice and
+    rule code: case-insensitive); ValueError naming the option and the choices."""
+    chosen = value.strip().lower()
+    if chosen not in choices:
+        raise ValueError(f"{option}: unknown value {value!r}; choose one of {', '.join(choices)}")
+    return chosen
 
 
 FORMATS_HELP = (
@@ -165,7 +198,10 @@ def report(
         typer.Option("--also", help="Also write FORMAT=FILE from the same analysis (repeatable)."),
     ] = None,
     fail_on: Annotated[
-        str, typer.Option("--fail-on", help="Exit 1 on findings at or above: info, warning, error.")
+        str,
+        typer.Option(
+            "--fail-on", help="Exit 1 on findings at or above: info, warning, error or never."
+        ),
     ] = "error",
     exit_zero: Annotated[
         bool, typer.Option("--exit-zero", help="Exit 0 whatever the findings (2 on errors).")
@@ -254,16 +290,17 @@ def report(
         FORMATS,
         exit_code,
         parse_also,
-        parse_severity,
+        parse_fail_on,
         write,
     )
 
     try:
-        severity = parse_severity(fail_on)
+        # never: no finding fails the run (as --exit-zero); the formats still mark errors.
+        fails_at = parse_fail_on(fail_on, "--fail-on")
+        severity = fails_at or Severity.error
+        exit_zero = exit_zero or fails_at is None
         extra = [parse_also(item) for item in also or ()]
-        if format not in FORMATS and format not in EXPORTS:
-            choices = ", ".join((*FORMATS, *EXPORTS))
-            raise ValueError(f"unknown format {format!r}; choose one of {choices}")
+        format = _choice(format, (*FORMATS, *EXPORTS), "--format")
         from kineto_comm.render.perfetto import parse_numbers
 
         shown_ranks = parse_numbers(timeline_ranks)
@@ -330,23 +367,30 @@ def diff(
     ],
     new: Annotated[Path, typer.Argument(help="New run: trace directory or saved JSON report.")],
     max_regression: Annotated[
-        str, typer.Option("--max-regression", help="Fail if step time grows more (e.g. 5%).")
+        str,
+        typer.Option(
+            "--max-regression",
+            help="Fail if step time grows by more than this percentage (5 or 5%).",
+        ),
     ] = "5%",
     max_exposed_regression: Annotated[
         str | None,
         typer.Option(
             "--max-exposed-regression",
-            help="Fail if exposed communication grows by more than this share of the step.",
+            help="Fail if exposed communication grows by more than this percentage of the step.",
         ),
     ] = None,
     max_busbw_drop: Annotated[
         str | None,
-        typer.Option("--max-busbw-drop", help="Fail if a collective's bus bandwidth drops more."),
+        typer.Option(
+            "--max-busbw-drop",
+            help="Fail if a collective's bus bandwidth drops by more than this percentage.",
+        ),
     ] = None,
     fail_on_new: Annotated[
         str,
         typer.Option(
-            "--fail-on-new", help="Fail on new findings at or above: info|warning|error|never."
+            "--fail-on-new", help="Fail on new findings at or above: info, warning, error or never."
         ),
     ] = "never",
     format: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
@@ -371,11 +415,19 @@ def diff(
     Trace directories are analysed as `report` would (the same rules, config and rule
     options), so they give the verdict their saved JSON reports give."""
     from kineto_comm.diff import diff as run_diff
-    from kineto_comm.diff import render_diff_json, render_diff_text
+    from kineto_comm.diff import parse_percent, render_diff_json, render_diff_text
+    from kineto_comm.render.formats import open_output, parse_fail_on
 
     try:
-        if format not in ("text", "json"):
-            raise ValueError(f"unknown format {format!r}; choose text or json")
+        format = _choice(format, ("text", "json"), "--format")
+        # Checked here to name the option; the library reads the same values the same way.
+        for option, value in (
+            ("--max-regression", max_regression),
+            ("--max-exposed-regression", max_exposed_regression),
+            ("--max-busbw-drop", max_busbw_drop),
+        ):
+            parse_percent(value, option)
+        parse_fail_on(fail_on_new, "--fail-on-new")
         result = run_diff(
             baseline,
             new,
@@ -390,8 +442,8 @@ def diff(
         raise _fail(str(exc)) from None
     text = render_diff_json(result) if format == "json" else render_diff_text(result)
     if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
+        with open_output(output) as stream:
+            stream.write(text)
     else:
         sys.stdout.write(text)
     raise typer.Exit(0 if exit_zero or not result.failed else 1)
@@ -464,6 +516,7 @@ def synth(
     """Write a synthetic multi-rank job with one known problem and its truth.json."""
     from kineto_comm.synth import generate
 
+    scenario, layout = scenario.strip().lower(), layout.strip().lower()  # any case
     try:
         truth = generate(
             scenario,
@@ -516,11 +569,11 @@ def capture(
         from kineto_comm.capture import capture as run_capture
 
         files = run_capture(
-            layout,
+            layout.strip().lower(),
             out,
             ranks=ranks,
             steps=steps,
-            backend=backend,
+            backend=backend.strip().lower() if backend else None,
             bucket_cap_mb=bucket_cap_mb,
             micro_batches=micro_batches,
             seed=seed,

@@ -12,18 +12,24 @@ Compared:
     report's per-rank table takes them): exposed communication, communication, idle;
     bus bandwidth per (collective, process group) (median over matched calls, `skew`);
     findings, matched by (code, process group, ranks): new and resolved.
-Gates (each optional) make `DiffResult.failed` true, which the CLI turns into exit 1:
-    max_regression          step time may grow by at most this fraction ("5%", 0.05)
-    max_exposed_regression  exposed communication per step may grow by at most this fraction
-                            of the baseline's step time (a share, so a tiny exposure
-                            doubling does not fail a job)
-    max_busbw_drop          busbw of any (collective, group) may fall by at most this fraction
-    fail_on_new             a new finding at or above this severity fails
+Gates (each optional) make `DiffResult.failed` true, which the CLI turns into exit 1. Every
+threshold is a percentage, with or without its sign: "5%", "5" and 5 all mean 5 % (0.5 is
+half a percent, never 50 %); one reading for every gate, here and on the command line:
+    max_regression          step time may grow by at most this percentage
+    max_exposed_regression  exposed communication per step may grow by at most this
+                            percentage of the baseline's step time (a share, so a tiny
+                            exposure doubling does not fail a job)
+    max_busbw_drop          busbw of any (collective, group) may fall by at most this percentage
+    fail_on_new             a new finding at or above this severity fails (never: no gate)
+Each gate given is also kept as a `Gate`: its threshold beside the value measured against it,
+whether it passed or not (the PASSED/FAILED line prints them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,26 +46,25 @@ Side = Report | dict[str, Any] | str | Path | Sequence[str | Path]
 DIFF_SCHEMA_VERSION = 1
 
 
-def parse_fraction(value: str | float | int | None) -> float | None:
-    """'5%' -> 0.05, '0.05' -> 0.05, 5 -> 0.05 (bare numbers above 1 are percents)."""
+def parse_percent(value: str | float | int | None, name: str = "threshold") -> float | None:
+    """A gate's threshold, a percentage, as a fraction: '5%', '5' and 5 -> 0.05; '0.5' ->
+    0.005 (a bare number is a percentage too, whatever its size: one reading for every gate).
+    None or '' -> None (no gate). ValueError naming `name` when it is not a percentage >= 0."""
     if value is None:
         return None
     if isinstance(value, str):
         text = value.strip()
         if not text:
             return None
-        percent = text.endswith("%")
         try:
-            number = float(text[:-1] if percent else text)
+            number = float(text.removesuffix("%").strip())
         except ValueError:
-            raise ValueError(
-                f"expected a percentage like 5% or a fraction, got {value!r}"
-            ) from None
+            raise ValueError(f"{name}: expected a percentage like 5 or 5%, got {value!r}") from None
     else:
-        percent, number = False, float(value)
-    if not number >= 0:
-        raise ValueError(f"threshold must be >= 0, got {value!r}")
-    return number / 100 if percent or number > 1 else number
+        number = float(value)
+    if not (number >= 0 and math.isfinite(number)):
+        raise ValueError(f"{name}: a percentage must be >= 0 and finite, got {value!r}")
+    return number / 100
 
 
 def is_report_json(path: Path) -> bool:
@@ -181,6 +186,32 @@ class Change:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """One gate as applied: its threshold beside the value measured against it.
+
+    `threshold` and `measured` are fractions (step growth over the baseline step; growth of
+    exposed communication as a share of the baseline step; the largest busbw drop, negative
+    when every bandwidth rose) or, for fail_on_new, the severity and the number of new
+    findings at or above it. `measured` is None when one side lacks the number."""
+
+    name: str
+    subject: str
+    threshold: float | str
+    measured: float | int | None
+    failed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "gate": self.name,
+            "subject": self.subject,
+            "threshold": self.threshold,
+            "measured": self.measured,
+            "failed": self.failed,
+        }
+
+
+@dataclass(frozen=True)
 class DiffResult:
     """What changed between two runs and whether any gate failed (`failed` -> exit 1)."""
 
@@ -193,6 +224,7 @@ class DiffResult:
     failures: tuple[str, ...]
     notes: tuple[str, ...] = ()
     gates: dict[str, Any] = field(default_factory=dict)
+    checks: tuple[Gate, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -209,6 +241,7 @@ class DiffResult:
                 "failed": self.failed,
                 "failures": list(self.failures),
                 "gates": self.gates,
+                "checks": [g.to_dict() for g in self.checks],
                 "changes": [c.to_dict() for c in self.changes],
                 "bandwidth": [c.to_dict() for c in self.bandwidth],
                 "new_findings": [f.to_dict() for f in self.new_findings],
@@ -229,13 +262,15 @@ def diff(
     jobs: int | None = None,
     analysis: Mapping[str, Any] | None = None,
 ) -> DiffResult:
-    """Compare `new` against `baseline` and apply the gates (see the module docstring).
-    `analysis`: keyword arguments of `analyze()` for a side given as traces (the rule
-    selection, config and options; the rules run by default)."""
-    step_gate = parse_fraction(max_regression)
-    exposed_gate = parse_fraction(max_exposed_regression)
-    bw_gate = parse_fraction(max_busbw_drop)
-    new_gate = Severity(fail_on_new) if fail_on_new not in (None, "never") else None
+    """Compare `new` against `baseline` and apply the gates (see the module docstring:
+    thresholds are percentages). `analysis`: keyword arguments of `analyze()` for a side
+    given as traces (the rule selection, config and options; the rules run by default)."""
+    from kineto_comm.render.formats import parse_fail_on
+
+    step_gate = parse_percent(max_regression, "max_regression")
+    exposed_gate = parse_percent(max_exposed_regression, "max_exposed_regression")
+    bw_gate = parse_percent(max_busbw_drop, "max_busbw_drop")
+    new_gate = parse_fail_on(fail_on_new, "fail_on_new")
     base_doc, base_label = load_side(baseline, jobs=jobs, analysis=analysis)
     new_doc, new_label = load_side(new, jobs=jobs, analysis=analysis)
     b, n = step_means(base_doc), step_means(new_doc)
@@ -243,29 +278,37 @@ def diff(
     step_key = "step_ns" if b["step_ns"] and n["step_ns"] else "wall_ns"
     failures: list[str] = []
     notes: list[str] = []
+    checks: list[Gate] = []
     bw_ranks = [len(d.get("ranks", [])) for d in (base_doc, new_doc)]
     if bw_ranks[0] != bw_ranks[1]:
         notes.append(f"rank counts differ: {bw_ranks[0]} (baseline) vs {bw_ranks[1]} (new)")
 
     def change(name: str, key: str, gate: float | None, basis: str = "relative") -> Change:
         c = Change(name, "ns", b[key], n[key], gate=gate, gate_basis=basis)
-        regressed = False
-        if gate is not None and c.delta is not None:
-            if basis == "relative" and c.relative is not None:
-                regressed = c.relative > gate
-            elif basis == "share_of_step" and b[step_key]:
-                regressed = c.delta / b[step_key] > gate
+        if gate is None:
+            return c
+        # The measured value the gate reads: growth over the baseline (relative), or over
+        # the baseline's step time (share_of_step).
+        measured = (
+            c.relative
+            if basis == "relative"
+            else c.delta / b[step_key]  # type: ignore[operator]
+            if c.delta is not None and b[step_key]
+            else None
+        )
+        regressed = measured is not None and measured > gate
+        checks.append(Gate(gate_of[basis], name, gate, measured, regressed))
         if regressed:
-            what = (
-                f"{100 * (c.relative or 0):+.1f}%"
-                if basis == "relative"
-                else f"{100 * c.delta / (b[step_key] or 1):+.1f}% of the baseline step"  # type: ignore[operator]
+            what = f"{100 * measured:+.1f}%" + (
+                "" if basis == "relative" else " of the baseline step"
             )
-            failures.append(f"{name} {fmt_ns(c.delta)} ({what}) exceeds {100 * gate:.1f}%")  # type: ignore[operator]
-        return Change(name, "ns", b[key], n[key], True, gate, basis, regressed)
+            failures.append(f"{name} {fmt_ns(c.delta)} ({what}) exceeds {pct(gate)}")
+        return dataclasses.replace(c, regressed=regressed)
 
+    step_name = "step time" if step_key == "step_ns" else "mean step time"
+    gate_of = {"relative": "max_regression", "share_of_step": "max_exposed_regression"}
     changes = (
-        change("step time" if step_key == "step_ns" else "mean step time", step_key, step_gate),
+        change(step_name, step_key, step_gate),
         change("exposed communication per step", "exposed_comm_ns", exposed_gate, "share_of_step"),
         change("communication per step", "comm_ns", None),
         change("idle per step", "idle_ns", None),
@@ -289,10 +332,21 @@ def diff(
         if regressed:
             failures.append(
                 f"{c.name} fell {100 * -(c.relative or 0):.1f}% "
-                f"({fmt_bw(c.baseline)} -> {fmt_bw(c.new)}), more than {100 * bw_gate:.1f}%"  # type: ignore[operator]
+                f"({fmt_bw(c.baseline)} -> {fmt_bw(c.new)}), more than {pct(bw_gate)}"  # type: ignore[arg-type]
             )
-        bandwidth.append(
-            Change(c.name, c.unit, c.baseline, c.new, False, bw_gate, "relative", regressed)
+        bandwidth.append(dataclasses.replace(c, regressed=regressed))
+    if bw_gate is not None:
+        # The gate reads the largest drop over every (collective, group) both sides have.
+        compared = [c for c in bandwidth if c.relative is not None]
+        worst = min(compared, key=lambda c: c.relative or 0.0) if compared else None
+        checks.append(
+            Gate(
+                "max_busbw_drop",
+                worst.name if worst else "busbw",
+                bw_gate,
+                -worst.relative if worst and worst.relative is not None else None,
+                any(c.regressed for c in bandwidth),
+            )
         )
 
     base_f = {finding_key(f): f for f in map(as_finding, base_doc.get("findings") or [])}
@@ -301,6 +355,15 @@ def diff(
     resolved = tuple(f for k, f in base_f.items() if k not in new_f)
     if new_gate is not None:
         bad = [f for f in added if f.severity.level >= new_gate.level]
+        checks.append(
+            Gate(
+                "fail_on_new",
+                f"new findings at or above {new_gate.value}",
+                new_gate.value,
+                len(bad),
+                bool(bad),
+            )
+        )
         if bad:
             codes = ", ".join(sorted({f.code for f in bad}))
             failures.append(f"{len(bad)} new finding(s) at or above {new_gate.value}: {codes}")
@@ -320,7 +383,34 @@ def diff(
         tuple(failures),
         tuple(notes),
         gates,
+        tuple(checks),
     )
+
+
+def pct(fraction: float) -> str:
+    """A threshold as the percentage it was given as: 0.02 -> '2%', 0.005 -> '0.5%'."""
+    return f"{100 * fraction:g}%"
+
+
+def gate_text(gate: Gate) -> str:
+    """A gate's measured value beside its threshold, for the PASSED/FAILED line:
+    'step time +14.4%, exceeds max 2%'; 'busbw all_reduce group 0 -79.7%, within max drop
+    90%'; 'new findings at or above error: 1, exceeds max 0'."""
+    verdict = "exceeds" if gate.failed else "within"
+    m = gate.measured
+    if gate.name == "fail_on_new":
+        value, limit = f"{gate.subject}: {m}", "0"
+    else:
+        limit = pct(gate.threshold)  # type: ignore[arg-type]
+        if m is None:
+            return f"{gate.subject} not measured (max {limit})"
+        if gate.name == "max_busbw_drop":
+            value, limit = f"{gate.subject} {-100 * m:+.1f}%", f"drop {limit}"
+        elif gate.name == "max_exposed_regression":
+            value = f"{gate.subject} {100 * m:+.1f}% of the baseline step"
+        else:
+            value = f"{gate.subject} {100 * m:+.1f}%"
+    return f"{value}, {verdict} max {limit}"
 
 
 def _fmt(value: float | None, unit: str) -> str:
@@ -365,11 +455,9 @@ def render_diff_text(result: DiffResult) -> str:
     for note in result.notes:
         lines.append(f"note: {note}")
     lines.append("")
-    if result.failed:
-        lines.append("FAILED: " + "; ".join(result.failures))
-    else:
-        active = [k for k, v in result.gates.items() if v is not None]
-        lines.append("PASSED" + (f" (gates: {', '.join(active)})" if active else " (no gates)"))
+    verdict = "FAILED" if result.failed else "PASSED"
+    checked = "; ".join(map(gate_text, result.checks)) or "no gates"
+    lines.append(f"{verdict}: {checked}")
     return "\n".join(lines) + "\n"
 
 

@@ -390,14 +390,14 @@ class Registry:
                 f"({old.source} {old.origin}): codes must be unique"
             )
         for other in self.rules.values():
-            if other.name == r.name:
+            if other.name.lower() == r.name.lower():
                 raise RuleError(f"rule {r.code}: name {r.name!r} already used by {other.code}")
         self.rules[r.code] = r
 
     def get(self, key: str) -> Rule:
-        """A rule by code or name (case-insensitive code)."""
+        """A rule by code or name (both case-insensitive, as every choice is)."""
         for r in self.rules.values():
-            if r.code == key.upper() or r.name == key:
+            if r.code == key.upper() or r.name.lower() == key.lower():
                 return r
         raise RuleError(f"unknown rule {key!r}; `kineto-comm rules` lists them")
 
@@ -406,7 +406,7 @@ class Registry:
         s = selector.strip()
         if s.upper() == "ALL":
             return list(self.rules.values())
-        by_name = [r for r in self.rules.values() if r.name == s]
+        by_name = [r for r in self.rules.values() if r.name.lower() == s.lower()]
         if by_name:
             return by_name
         return [r for r in self.rules.values() if r.code.startswith(s.upper()) and s]

@@ -283,6 +283,18 @@ def test_a_path_it_cannot_write_is_one_line_naming_it(tmp_path):
         assert str(blocker) in out.stderr and "internal error" not in out.stderr, out.stderr
         assert out.stderr.strip().count("\n") == 0
         assert_no_traceback(out)
+    # Issue 75, item 7: an output under a regular file said "File exists" (mkdir's word).
+    saved = run("report", SAMPLES / "tp-2", "-f", "json", "-o", tmp_path / "r.json", "--exit-zero")
+    assert saved.returncode == 0, saved.stderr
+    for target, args in (
+        (blocker / "x", ("report", SAMPLES / "tp-2", "-f", "json", "-o")),
+        (blocker / "deeper" / "x.json", ("report", SAMPLES / "tp-2", "--also", "json=")),
+        (blocker / "x", ("diff", tmp_path / "r.json", tmp_path / "r.json", "-o")),
+    ):
+        last = f"{args[-1]}{target}" if args[-1].endswith("=") else target
+        out = run(*args[:-1], *([args[-1], target] if last == target else [last]))
+        assert out.returncode == 2 and "File exists" not in out.stderr, out.stderr
+        assert out.stderr.strip() == f"error: {target}: {blocker} is a file, not a directory"
 
 
 def test_memory_limit_option():
@@ -368,3 +380,96 @@ def test_terminal_output_is_clean(tmp_path):
     wrote = runner.invoke(app, ["synth", "bubble", "--ranks", "4", "--out", str(tmp_path / "b")])
     truth = json.loads((tmp_path / "b" / "truth.json").read_text())
     assert truth["layout"] != "dp" and f"({truth['layout']}:" in wrote.output
+
+
+def test_missing_arguments_are_named():
+    """Issue 75, item 7: `report`, `explain`, `model` and `diff a` said `Missing argument ''.`"""
+    runner = CliRunner()
+    for args, name in (
+        (["report"], "PATHS..."),
+        (["explain"], "CODE"),
+        (["model"], "CONFIG"),
+        (["diff", "a"], "NEW"),
+    ):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2 and f"Missing argument '{name}'." in out.output, out.output
+
+
+def test_choices_and_rule_codes_are_case_insensitive_everywhere(tmp_path):
+    """Issue 75, item 7: `-f JSON` was rejected while `--fail-on WARNING` and `--select
+    comm101` were accepted; `--fail-on never` worked for diff, not for report; a bad
+    `--fail-on-new` printed Python's `'bogus' is not a valid Severity`."""
+    runner = CliRunner()
+    sample = str(SAMPLES / "tp-2")
+    lower = runner.invoke(app, ["report", sample, "-f", "json", "--fail-on", "warning"])
+    upper = runner.invoke(app, ["report", sample, "-f", "JSON", "--fail-on", "WARNING"])
+    doc = json.loads(lower.stdout)
+    assert doc["summary"]["failing_findings"] > 0  # the sample's tensor-parallel warning
+    assert lower.exit_code == upper.exit_code == 1
+    assert json.loads(upper.stdout)["findings"] == doc["findings"]
+    some = doc["findings"][0]["code"]
+    for code in (some.lower(), some.upper(), some.title()):
+        picked = runner.invoke(
+            app, ["report", sample, "-f", "Json", "--select", code, "--exit-zero"]
+        )
+        assert {f["code"] for f in json.loads(picked.stdout)["findings"]} == {some}
+    name = doc["findings"][0]["rule"]
+    assert runner.invoke(app, ["explain", name.upper()]).stdout.startswith(some)
+    # never: nothing fails the report (as --exit-zero), in report as in diff.
+    never = runner.invoke(app, ["report", sample, "-f", "json", "--fail-on", "NEVER"])
+    assert never.exit_code == 0 and json.loads(never.stdout)["findings"] == doc["findings"]
+    saved = tmp_path / "r.json"
+    saved.write_text(lower.stdout)
+    for value in ("never", "Never", "ERROR", "info"):
+        same = runner.invoke(app, ["diff", str(saved), str(saved), "--fail-on-new", value])
+        assert same.exit_code == 0 and same.stdout.startswith("kineto-comm diff"), same.output
+    as_json = runner.invoke(app, ["diff", str(saved), str(saved), "-f", "JSON"])
+    assert json.loads(as_json.stdout)["failed"] is False
+    wrote = runner.invoke(
+        app, ["synth", "Baseline", "--layout", "DP", "--ranks", "2", "--out", str(tmp_path / "j")]
+    )
+    assert wrote.exit_code == 0 and "wrote baseline (dp:" in wrote.output, wrote.output
+    assert json.loads((tmp_path / "j" / "truth.json").read_text())["scenario"] == "baseline"
+    # One line naming the option, its value and the choices; exit 2.
+    for args, option, value in (
+        (["diff", str(saved), str(saved), "--fail-on-new", "bogus"], "--fail-on-new", "bogus"),
+        (["report", sample, "--fail-on", "loud"], "--fail-on", "loud"),
+        (["report", sample, "-f", "xml"], "--format", "xml"),
+        (["diff", str(saved), str(saved), "-f", "html"], "--format", "html"),
+        (["diff", str(saved), str(saved), "--max-regression", "five"], "--max-regression", "five"),
+        (["diff", str(saved), str(saved), "--max-busbw-drop", "-3"], "--max-busbw-drop", "-3"),
+    ):
+        out = run(*args)
+        assert out.returncode == 2 and out.stdout == "", out.stderr
+        line = out.stderr.strip()
+        assert "\n" not in line and line.startswith(f"error: {option}: "), line
+        assert repr(value) in line and "Severity" not in line, line
+    # Help names values in words: no Typer range tag (`N [x>=1]`).
+    shown = runner.invoke(app, ["report", "--help"], terminal_width=200).output
+    assert "x>=" not in shown and "[x" not in shown
+    assert "(at least 1)" in shown
+
+
+@pytest.mark.parametrize("fmt", ["json", "text", "markdown"])
+def test_an_output_named_gz_is_gzip(tmp_path, fmt):
+    """Issue 75, item 7: `-o r.json.gz` wrote plain text into a .gz name; now gzip (any
+    format, --also and diff -o too), holding what the plain file holds."""
+    import gzip
+
+    sample = str(SAMPLES / "tp-2")
+    plain = tmp_path / ("r.json" if fmt == "json" else "r.out")  # diff reads a .json report
+    packed, also = tmp_path / "r.out.gz", tmp_path / "a" / "r.gz"
+    args = ["report", sample, "-f", fmt, "--exit-zero"]
+    assert run(*args, "-o", plain).returncode == 0
+    assert run(*args, "-o", packed, "--also", f"{fmt}={also}").returncode == 0
+    for path in (packed, also):
+        assert path.read_bytes()[:2] == b"\x1f\x8b"  # the gzip magic
+        text = gzip.decompress(path.read_bytes()).decode()
+        if fmt == "json":
+            assert json.loads(text)["findings"] == json.loads(plain.read_text())["findings"]
+        else:
+            assert text == plain.read_text()
+    if fmt == "json":
+        out = tmp_path / "d.json.gz"
+        assert run("diff", plain, plain, "-f", "json", "-o", out).returncode == 0
+        assert json.loads(gzip.decompress(out.read_bytes()))["failed"] is False

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import kineto_comm
-from kineto_comm.diff import diff, parse_fraction, render_diff_json, render_diff_text
+from kineto_comm.diff import diff, parse_percent, render_diff_json, render_diff_text
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.json_doc import document, render_json
 from kineto_comm.synth import generate
@@ -65,13 +65,20 @@ def test_identical_runs_pass(runs: dict[str, Path]) -> None:
     assert not result.failed, result.failures
     assert all(c.delta == 0 for c in result.changes)
     assert result.bandwidth and all(c.delta == 0 for c in result.bandwidth)
-    assert (
-        render_diff_text(result)
-        .rstrip()
-        .endswith(
-            "PASSED (gates: max_regression, max_exposed_regression, max_busbw_drop, fail_on_new)"
-        )
+    # The verdict line: every gate given, its measured value beside its threshold.
+    verdict = render_diff_text(result).rstrip().splitlines()[-1]
+    assert verdict == (
+        "PASSED: step time +0.0%, within max 1%; exposed communication per step +0.0% of the"
+        " baseline step, within max 1%; "
+        + "; ".join(f"{c.name} +0.0%, within max drop 1%" for c in result.bandwidth[:1])
+        + "; new findings at or above info: 0, within max 0"
     )
+    assert [g.name for g in result.checks] == [
+        "max_regression",
+        "max_exposed_regression",
+        "max_busbw_drop",
+        "fail_on_new",
+    ]
 
 
 def test_saved_json_equals_fresh_analysis(runs: dict[str, Path]) -> None:
@@ -94,7 +101,10 @@ def test_new_and_resolved_findings_and_gate(runs: dict[str, Path]) -> None:
     assert [f.code for f in result.resolved_findings] == ["SYNC101"]
     assert not result.failed
     assert diff(base, after, fail_on_new="error").failed
+    assert diff(base, after, fail_on_new="ERROR").failed  # choices are case-insensitive
     assert not diff(base, after, fail_on_new="never").failed
+    with pytest.raises(ValueError, match="fail_on_new: unknown severity 'bogus'; choose one of"):
+        diff(base, after, fail_on_new="bogus")
     assert not diff(after, after, fail_on_new="info").failed
 
 
@@ -108,14 +118,16 @@ def test_busbw_drop_gate(runs: dict[str, Path]) -> None:
     assert not diff(doc, slower, max_busbw_drop="60%").failed
 
 
-def test_parse_fraction_and_bad_inputs(tmp_path: Path) -> None:
-    assert parse_fraction("5%") == pytest.approx(0.05)
-    assert parse_fraction("0.05") == pytest.approx(0.05)
-    assert parse_fraction(5) == pytest.approx(0.05)
-    assert parse_fraction(None) is None
-    for bad in ("five", "-1%"):
-        with pytest.raises(ValueError):
-            parse_fraction(bad)
+def test_parse_percent_and_bad_inputs(tmp_path: Path) -> None:
+    # One reading: a threshold is a percentage, with its sign or without, whatever its size.
+    for five in ("5%", "5", " 5 % ", 5, 5.0):
+        assert parse_percent(five) == pytest.approx(0.05)
+    assert parse_percent("1") == pytest.approx(0.01)  # not 100 %
+    assert parse_percent(0.5) == parse_percent("0.5%") == pytest.approx(0.005)
+    assert parse_percent(None) is None and parse_percent("") is None
+    for bad in ("five", "-1%", "nan", "inf", "5%%"):
+        with pytest.raises(ValueError, match="max_regression: "):
+            parse_percent(bad, "max_regression")
     with pytest.raises(ValueError, match="no such file"):
         diff(tmp_path / "missing", tmp_path / "missing")
     (tmp_path / "empty").mkdir()
@@ -194,3 +206,74 @@ def test_per_step_means_are_those_of_the_report() -> None:
         ("wall_ns", "mean_step_ns"),
     ):
         assert means[mine] == pytest.approx(summary[theirs], abs=1.0), mine
+
+
+@pytest.fixture(scope="module")
+def gloo_to_nccl(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Saved reports of two real captures of one DDP job (4 ranks, same model and seed): on
+    gloo (sample_traces/ddp-4) and on NCCL (tests/data/h100-nccl/ddp-4), which is slower per
+    step and moves all-reduces at a lower bus bandwidth."""
+    root = tmp_path_factory.mktemp("ddp4")
+    here = Path(__file__).resolve().parent
+    out = {}
+    for name, path in (
+        ("gloo", here.parent / "sample_traces" / "ddp-4"),
+        ("nccl", here / "data" / "h100-nccl" / "ddp-4"),
+    ):
+        out[name] = root / f"{name}.json"
+        out[name].write_text(render_json(kineto_comm.analyze(path, jobs=1)))
+    return out
+
+
+def test_every_gate_reads_a_bare_number_as_a_percentage(gloo_to_nccl: dict[str, Path]) -> None:
+    """Issue 75, item 3: `--max-regression 1` passed a step regression of more than 1 % (a
+    bare number up to 1 was read as a fraction, 100 %) while `2` failed it as 2 %; and
+    `--max-busbw-drop 1` passed a large bandwidth drop. Now a number is a percentage, as
+    `N%` is, for every gate, and the verdict line prints each threshold beside its value."""
+    from typer.testing import CliRunner
+
+    from kineto_comm.cli import app
+
+    base, new = gloo_to_nccl["gloo"], gloo_to_nccl["nccl"]
+    plain = diff(base, new)
+    step, bw = plain.changes[0], plain.bandwidth[0]
+    assert step.relative is not None and bw.relative is not None  # both sides have them
+    growth, drop = step.relative, -bw.relative
+    assert growth > 0.02 and drop > 0.02  # slower, lower busbw
+    runner = CliRunner()
+
+    def verdict(*gates: str) -> tuple[int, dict, str]:
+        args = ["diff", str(base), str(new), *gates]
+        text = runner.invoke(app, args)
+        doc = json.loads(runner.invoke(app, [*args, "-f", "json"]).stdout)
+        return text.exit_code, doc, text.stdout.rstrip().splitlines()[-1]
+
+    below = f"{int(100 * growth) - 1}"  # a whole percent under the growth: fails
+    above = f"{int(100 * growth) + 2}"  # over it: passes
+    for gate, threshold, fails in (
+        ("--max-regression", "1", True),
+        ("--max-regression", "1%", True),
+        ("--max-regression", below, True),
+        ("--max-regression", f"{below}%", True),
+        ("--max-regression", above, False),
+        ("--max-regression", f"{above}%", False),
+        ("--max-busbw-drop", "1", True),
+        ("--max-busbw-drop", "0.5", True),
+        ("--max-busbw-drop", f"{int(100 * drop) + 2}", False),
+    ):
+        # the step gate defaults to 5 %: set it out of the way for the busbw gate
+        others = ["--max-regression", "1000"] if gate == "--max-busbw-drop" else []
+        code, doc, line = verdict(gate, threshold, *others)
+        assert code == (1 if fails else 0), (gate, threshold, line)
+        key = gate[2:].replace("-", "_")
+        assert doc["gates"][key] == pytest.approx(float(threshold.rstrip("%")) / 100)
+        check = next(c for c in doc["checks"] if c["gate"] == key)
+        assert check["failed"] is fails
+        limit = f"{'exceeds' if fails else 'within'} max {float(threshold.rstrip('%')):g}%"
+        if key == "max_regression":
+            assert check["measured"] == pytest.approx(growth)
+            said = f"step time {100 * growth:+.1f}%, {limit}"
+        else:
+            assert check["measured"] == pytest.approx(drop) and check["subject"] == bw.name
+            said = f"{bw.name} {-100 * drop:+.1f}%, {limit}".replace(" max ", " max drop ")
+        assert line.startswith("FAILED: " if fails else "PASSED: ") and said in line, line

@@ -9,6 +9,8 @@ one is. Exit code 2 (tool or input errors) is the CLI's own decision and comes b
 
 from __future__ import annotations
 
+import errno
+import gzip
 import io
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -71,6 +73,21 @@ def parse_severity(value: str | Severity) -> Severity:
         raise ValueError(f"unknown severity {value!r}; choose one of {choices}") from None
 
 
+def parse_fail_on(value: str | Severity | None, name: str = "fail_on") -> Severity | None:
+    """The level at or above which findings fail: a severity, or `never` (None: none fails);
+    case-insensitive. The one reading of report's --fail-on and diff's --fail-on-new;
+    ValueError naming `name` and the choices."""
+    if value is None or isinstance(value, Severity):
+        return value
+    if value.strip().lower() == "never":
+        return None
+    try:
+        return Severity(value.strip().lower())
+    except ValueError:
+        choices = ", ".join([*(s.value for s in Severity), "never"])
+        raise ValueError(f"{name}: unknown severity {value!r}; choose one of {choices}") from None
+
+
 def render(report: Report, fmt: str, *, fail_on: Severity | str = Severity.error) -> str:
     """`report` rendered in format `fmt` (a key of FORMATS)."""
     return _renderer(fmt)(report, parse_severity(fail_on))
@@ -108,16 +125,33 @@ def parse_also(spec: str) -> tuple[str, Path]:
 def write(
     report: Report, fmt: str, out: Path | TextIO, *, fail_on: Severity | str = Severity.error
 ) -> None:
-    """Render `fmt` into `out`: a path (UTF-8, its parent directory created) or a text
-    stream. The same text as `render`, written in pieces where the format has them
-    (PIECES), so that the whole text of a big job's JSON is never held at once."""
+    """Render `fmt` into `out`: a path (`open_output`: UTF-8, gzip when its name ends in
+    .gz) or a text stream. The same text as `render`, written in pieces where the format has
+    them (PIECES), so that the whole text of a big job's JSON is never held at once."""
     renderer, severity = _renderer(fmt), parse_severity(fail_on)
     pieces = PIECES[fmt](report, severity) if fmt in PIECES else [renderer(report, severity)]
     if isinstance(out, Path):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w", encoding="utf-8") as stream:
+        with open_output(out) as stream:
             for piece in pieces:
                 stream.write(piece)
     else:
         for piece in pieces:
             out.write(piece)
+
+
+def open_output(path: Path, compresslevel: int = 6) -> TextIO:
+    """`path` opened to write UTF-8 text: gzip-compressed when its name ends in .gz (any
+    format: `-o report.json.gz` is a gzip file, as its name says), its missing parent
+    directories made. NotADirectoryError naming `path` when a parent is a regular file
+    (mkdir would say "File exists", which names neither the path nor the problem)."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(
+                    errno.ENOTDIR, f"{parent} is a file, not a directory", str(path)
+                )
+            break
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "wt", encoding="utf-8", compresslevel=compresslevel)
+    return path.open("w", encoding="utf-8")

@@ -41,7 +41,6 @@ report without one (rules not run) gets no such track, and the file says so.
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -837,16 +836,12 @@ def write_timeline(
     stream) and return what it holds."""
     selection = selection or select(report)
     if isinstance(out, Path):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.name.endswith(".gz"):
-            # Level 3: within a few percent of level 6's size at a third of its time.
-            with gzip.open(out, "wt", encoding="utf-8", compresslevel=3) as stream:
-                for piece in timeline_pieces(report, selection):
-                    stream.write(piece)
-        else:
-            with out.open("w", encoding="utf-8") as stream:
-                for piece in timeline_pieces(report, selection):
-                    stream.write(piece)
+        from kineto_comm.render.formats import open_output
+
+        # Level 3: within a few percent of level 6's size at a third of its time.
+        with open_output(out, compresslevel=3) as stream:
+            for piece in timeline_pieces(report, selection):
+                stream.write(piece)
     else:
         for piece in timeline_pieces(report, selection):
             out.write(piece)
