@@ -1,7 +1,8 @@
 """The `kineto-comm` command: a thin layer over `kineto_comm.analyze`.
 
-Exit codes: 0 report produced; 2 nothing could be analysed (with `report --strict`: a file
-was left out), or bad arguments. Problems are printed as one line `error: <file>:
+Exit codes: 0 report produced, nothing at or above `--fail-on`; 1 findings at or above it (diff:
+a gate exceeded); 2 nothing could be analysed (with `report --strict`: a file was left out),
+or bad arguments. Problems are printed as one line `error: <file>:
 <problem>`; never a Python traceback.
 """
 
