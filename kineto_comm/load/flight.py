@@ -141,12 +141,10 @@ def read_dump(path: str | Path) -> FlightDump:
     if not data:
         raise TraceError(file, "empty file")
     try:
-        if data[:1] == PICKLE_MAGIC:
-            obj = safe_loads(data)
-        else:
-            obj = json.loads(data)
+        obj = safe_loads(data) if data[:1] == PICKLE_MAGIC else json.loads(data)
     except pickle.UnpicklingError as exc:
-        raise TraceError(file, str(exc) if "refused" in str(exc) else f"bad pickle ({exc})")
+        text = str(exc) if "refused" in str(exc) else f"bad pickle ({exc})"
+        raise TraceError(file, text) from None
     except EOFError:
         raise TraceError(file, "truncated pickle (ends early)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
