@@ -27,7 +27,7 @@ def _root_lines(report: HangReport) -> list[str]:
     for r in report.analysis.roots.to_dicts():
         stuck = (
             f"stuck in {r['stuck_op']} #{r['stuck_seq']} of {r['stuck_group_desc']}"
-            f" ({r['stuck_group']}), {r['stuck_state']}, for at least {_secs(r["stuck_for_ns"])}"
+            f" ({r['stuck_group']}), {r['stuck_state']}, for at least {_secs(r['stuck_for_ns'])}"
             f"{', thread ' + r['thread_name'] if r.get('thread_name') else ''}"
             if r.get("stuck_op")
             else "nothing pending"
