@@ -285,6 +285,10 @@ def report(
     rule_option: RuleOptionOption = None,
 ) -> None:
     """Analyse traces: where each rank's time went, what communication costs, what to change."""
+    from kineto_comm.hang import has_dumps
+
+    if has_dumps(paths):  # Flight Recorder dumps: the hang report (kineto-comm hang)
+        _hang_report(paths, format, output, fail_on, exit_zero, select, ignore, rule_option)
     from kineto_comm.analyze import analyze
     from kineto_comm.render.formats import (
         EXPORTS,
@@ -614,6 +618,83 @@ def _registry(rules: list[str] | None, config: Path | None) -> Any:
     from kineto_comm.rules_engine import load_config, registry
 
     return registry(rules or (), load_config(config))
+
+
+# --- kineto-comm hang: Flight Recorder dumps of a hung job (kineto_comm.hang) ---
+
+
+def _hang_report(
+    paths: list[Path],
+    format: str,
+    output: Path | None,
+    fail_on: str,
+    exit_zero: bool,
+    select: list[str] | None,
+    ignore: list[str] | None,
+    rule_option: list[str] | None,
+) -> None:
+    """Print the hang report of the FR dumps under `paths`; exit 2 when none could be
+    read, 1 on findings at or above `fail_on`, else 0."""
+    from kineto_comm.hang import analyze_hang, exit_code
+    from kineto_comm.render.formats import parse_severity
+    from kineto_comm.render.hang import HANG_FORMATS, render_hang
+    from kineto_comm.rules_engine import parse_rule_options
+
+    try:
+        severity = parse_severity(fail_on)
+        if format not in HANG_FORMATS:
+            raise ValueError(
+                f"unknown format {format!r} for a hang report; choose one of "
+                + ", ".join(HANG_FORMATS)
+            )
+        result = analyze_hang(
+            paths,
+            select=select or (),
+            ignore=ignore or (),
+            rule_options=parse_rule_options(rule_option),
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    for file, problem in result.errors:
+        print(f"error: {file}: {problem}", file=sys.stderr)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if result.analysed == 0:
+        if not result.errors:
+            print("error: no Flight Recorder dumps found", file=sys.stderr)
+        raise typer.Exit(2)
+    text = render_hang(result, format)
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    raise typer.Exit(exit_code(result, severity, exit_zero))
+
+
+@app.command(cls=Command)
+def hang(
+    paths: Annotated[
+        list[Path], typer.Argument(help="Flight Recorder dumps, or folders of them (one per rank).")
+    ],
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="text, json, markdown or github.")
+    ] = "text",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")
+    ] = None,
+    fail_on: Annotated[
+        str, typer.Option("--fail-on", help="Exit 1 on findings at or above: info, warning, error.")
+    ] = "error",
+    exit_zero: Annotated[
+        bool, typer.Option("--exit-zero", help="Exit 0 whatever the findings (2 on errors).")
+    ] = False,
+    select: SelectOption = None,
+    ignore: IgnoreOption = None,
+    rule_option: RuleOptionOption = None,
+) -> None:
+    """Name the rank(s) a hung job waits for, from PyTorch Flight Recorder dumps."""
+    _hang_report(paths, format, output, fail_on, exit_zero, select, ignore, rule_option)
 
 
 def main() -> None:

@@ -13,4 +13,5 @@ MODULES = (
     "pipeline",
     "host",
     "model_deviation",
+    "hang",
 )

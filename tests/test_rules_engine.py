@@ -40,6 +40,11 @@ BUILTIN = {
     "SYNC104",
     "SYNC105",
     "SYNC106",
+    "HANG101",
+    "HANG102",
+    "HANG103",
+    "HANG104",
+    "HANG105",
 }
 DOC = "What it does: x.\nWhy is this bad? y.\nHow to fix: z."
 STEPS = pl.DataFrame(

@@ -1,0 +1,73 @@
+"""`analyze_hang(paths) -> HangReport`: the hang report of a folder of Flight Recorder dumps.
+
+Dumps are found by content (kineto_comm.load.flight), decoded safely, one job kept; the
+hang tables are built (kineto_comm.analysis.hang) and the HANG rules turn the root ranks
+into findings. A file that cannot be used is one line in `errors`; the others are still
+analysed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kineto_comm.analysis.hang import HangAnalysis, analyse, tables_of
+from kineto_comm.findings import Finding, Severity
+from kineto_comm.load.flight import find_dumps, read_dumps
+
+
+@dataclass(frozen=True)
+class HangReport:
+    """The hang analysis, its findings, and the files that could not be used."""
+
+    analysis: HangAnalysis
+    findings: tuple[Finding, ...]
+    errors: tuple[tuple[str, str], ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def analysed(self) -> int:
+        """How many dumps were analysed."""
+        return self.analysis.tables.dumps.height
+
+
+def has_dumps(paths: Sequence[str | Path]) -> bool:
+    """Whether the paths hold Flight Recorder dumps (so `report` gives the hang report)."""
+    return bool(find_dumps(list(paths)))
+
+
+def analyze_hang(
+    paths: Sequence[str | Path],
+    *,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    rule_options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> HangReport:
+    """Read every FR dump under `paths`, find the ranks the hang starts from, run HANG rules."""
+    from kineto_comm.rules_engine import run_rules
+
+    dumps, bad, warnings = read_dumps(list(paths))
+    analysis = analyse(tables_of(dumps))
+    findings: tuple[Finding, ...] = ()
+    if dumps:
+        findings = run_rules(
+            analysis.as_dict(),
+            select=tuple(select) or ("HANG",),
+            ignore=ignore,
+            options=rule_options,
+        )
+    errors = tuple((e.file, e.problem) for e in bad)
+    return HangReport(analysis, findings, errors, tuple(warnings))
+
+
+def exit_code(
+    report: HangReport, fail_on: Severity = Severity.error, exit_zero: bool = False
+) -> int:
+    """2: nothing analysed; 1: a finding at or above `fail_on` (unless exit_zero); else 0."""
+    if report.analysed == 0:
+        return 2
+    if exit_zero:
+        return 0
+    return int(any(f.severity.level >= fail_on.level for f in report.findings))

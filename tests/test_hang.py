@@ -1,0 +1,222 @@
+"""Flight Recorder dumps of hung jobs: the safe reader, the ranks named as roots (real runs
+with their fault_injection.log, generated hangs with their truth), bad input, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from kineto_comm.analysis.hang import analyse, tables_of
+from kineto_comm.errors import TraceError
+from kineto_comm.hang import analyze_hang
+from kineto_comm.load.flight import SafeUnpickler, rank_from_file_name, read_dump, read_dumps
+from kineto_comm.synth.flight import FAULTS, job_dumps, write_dumps
+
+from .conftest import SHARED_TRACES
+
+FR = SHARED_TRACES / "flight-recorder"
+RUNS = sorted(p for p in FR.glob("*") if (p / "fault_injection.log").is_file())
+CLI = [sys.executable, "-m", "kineto_comm.cli"]
+
+
+def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [*CLI, *map(str, args)], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def faulted(run_dir: Path) -> set[int]:
+    """The faulted ranks, as the run's fault_injection.log records them."""
+    text = (run_dir / "fault_injection.log").read_text()
+    return {int(m) for m in re.findall(r"Rank (\d+), fault_type", text)}
+
+
+def roots_of(paths: list[Path]) -> pl.DataFrame:
+    dumps, errors, _ = read_dumps(paths)
+    assert not errors
+    return analyse(tables_of(dumps)).roots
+
+
+@pytest.mark.skipif(not RUNS, reason="../shared/traces/flight-recorder not present")
+@pytest.mark.parametrize("run_dir", RUNS, ids=lambda p: p.name)
+def test_every_faulted_rank_is_a_root_and_no_healthy_rank_is(run_dir):
+    truth = faulted(run_dir)
+    assert truth, "the log names the faulted ranks"
+    roots = roots_of([run_dir])
+    assert set(roots["rank"].to_list()) == truth
+    # The kind follows the fault: a GPU error stops completions, a held GIL stops issuing.
+    kinds = set(roots["kind"].to_list())
+    log = (run_dir / "fault_injection.log").read_text()
+    if "GPU_ERROR" in log:
+        assert kinds == {"device"}
+    if "LOCK_GIL" in log:
+        assert kinds == {"idle"}
+
+
+@pytest.mark.skipif(not RUNS, reason="../shared/traces/flight-recorder not present")
+@pytest.mark.parametrize("run_dir", RUNS, ids=lambda p: p.name)
+def test_pickle_and_json_dumps_of_the_same_buffers_give_the_same_report(run_dir, tmp_path):
+    for dump in sorted(run_dir.glob("_dump_*")):
+        with open(dump, "rb") as f:
+            data = SafeUnpickler(f).load()
+        (tmp_path / dump.name).write_text(json.dumps(data))
+    a = analyze_hang([run_dir])
+    b = analyze_hang([tmp_path])
+    assert a.analysed == b.analysed == 16
+    for name in ("roots", "frontier", "waits", "lagging", "mismatches"):
+        assert getattr(a.analysis, name).equals(getattr(b.analysis, name)), name
+    assert [f.to_dict() for f in a.findings] == [f.to_dict() for f in b.findings]
+
+
+@pytest.mark.parametrize("version", ["2.2", "2.4", "2.7", "2.9", "2.10"])
+@pytest.mark.parametrize("fault", FAULTS)
+def test_generated_hangs_name_their_faulty_rank(tmp_path, fault, version):
+    truth = write_dumps(tmp_path, ranks=8, fault=fault, faulty=5, version=version)
+    roots = roots_of([tmp_path])
+    assert roots.select("rank", "kind").rows() == [(r, truth["kind"]) for r in truth["roots"]]
+
+
+@pytest.mark.parametrize("fault", ["size", "dtype", "type"])
+def test_a_diverged_call_is_categorised_as_fr_trace_does(tmp_path, fault):
+    write_dumps(tmp_path, ranks=4, fault=fault, faulty=2)
+    odd = analyse(tables_of(read_dumps([tmp_path])[0])).mismatches
+    expected = {
+        "size": "SIZE_OR_SYNTAX_MISMATCH",
+        "dtype": "COLLECTIVE_DTYPE_MISMATCH",
+        "type": "COLLECTIVE_TYPE_MISMATCH",
+    }[fault]
+    assert set(odd["kind"]) == {expected}
+    assert set(odd["rank"]) == {2}
+
+
+def test_a_pickle_naming_a_class_is_refused_and_never_run(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    bad = tmp_path / "_dump_0"
+    bad.write_bytes(pickle.dumps({"version": "2.9", "entries": [Payload()]}))
+    with pytest.raises(TraceError, match=r"refused: the pickle names a class \((posix|os)\.system"):
+        read_dump(bad)
+    proc = run("hang", bad)
+    assert proc.returncode == 2
+    assert not marker.exists()
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "refused" in lines[0]
+
+
+def test_bad_files_are_one_line_each_and_the_rest_is_analysed(tmp_path):
+    write_dumps(tmp_path, ranks=4, fault="idle", faulty=1)
+    good = (tmp_path / "_dump_2").read_bytes()
+    (tmp_path / "_dump_2").write_bytes(good[: len(good) // 2])  # truncated
+    (tmp_path / "_dump_3").write_bytes(b"\x80\x04garbage that is no pickle")
+    proc = run("hang", tmp_path)
+    assert "Traceback" not in proc.stderr
+    errs = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errs) == 2 and all("_dump_2" in e or "_dump_3" in e for e in errs)
+    # Two dumps remain: the hang is still analysed, and the damaged ranks are not silent.
+    assert proc.returncode == 1
+    assert "no dump from ranks 2, 3" in proc.stdout
+
+
+def test_nothing_analysable_exits_2(tmp_path):
+    (tmp_path / "_dump_0").write_bytes(b"\x80\x04\x95")
+    proc = run("hang", tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run("hang", empty)
+    assert proc.returncode == 2 and "no Flight Recorder dumps" in proc.stderr
+
+
+def test_ranks_that_never_dumped_are_suspects_not_absent(tmp_path):
+    write_dumps(tmp_path, ranks=16, fault="idle", faulty=6)
+    for r in (6, 9, 13):
+        (tmp_path / f"_dump_{r}").unlink()
+    report = analyze_hang([tmp_path])
+    roots = dict(report.analysis.roots.select("rank", "kind").rows())
+    # Everyone waits on the three: each is a root without a dump.
+    assert roots == {6: "no_dump", 9: "no_dump", 13: "no_dump"}
+    assert {r for f in report.findings if f.code == "HANG104" for r in f.ranks} == {6, 9, 13}
+
+
+def test_a_dump_of_another_job_is_set_aside(tmp_path):
+    write_dumps(tmp_path / "a", ranks=8, fault="idle", faulty=3)
+    write_dumps(tmp_path / "b", ranks=4, fault="idle", faulty=1)
+    (tmp_path / "a" / "_dump_9").write_bytes((tmp_path / "b" / "_dump_2").read_bytes())
+    dumps, errors, _ = read_dumps([tmp_path / "a"])
+    assert [Path(e.file).name for e in errors] == ["_dump_9"]
+    assert "another job" in errors[0].problem
+    assert len(dumps) == 8
+
+
+def test_twenty_thousand_entries_per_rank(tmp_path):
+    dumps, truth = job_dumps(ranks=4, fault="gpu", faulty=2, entries_per_rank=20_000)
+    for r, d in dumps.items():
+        (tmp_path / f"_dump_{r}").write_bytes(pickle.dumps(d))
+    roots = roots_of([tmp_path])
+    assert roots["rank"].to_list() == [2]
+    assert read_dumps([tmp_path])[0][0].rows.__len__() >= 20_000
+
+
+@pytest.mark.parametrize(
+    ("name", "rank"),
+    [
+        ("_dump_12", 12),
+        ("nccl_trace_rank_7", 7),
+        ("node-03_rank5.pkl", 5),
+        ("host12-rank_3", 3),
+        ("fr_dump_host7_rank-11.json", 11),
+    ],
+)
+def test_rank_from_file_names(name, rank):
+    assert rank_from_file_name(name) == rank
+
+
+@pytest.mark.skipif(not RUNS, reason="../shared/traces/flight-recorder not present")
+def test_rank_from_process_groups_when_the_name_has_none(tmp_path):
+    for rank in (3, 14):
+        path = tmp_path / f"dump-of-host-{chr(97 + rank)}"
+        path.write_bytes((RUNS[0] / f"_dump_{rank}").read_bytes())
+        d = read_dump(path)
+        assert (d.rank, d.rank_source) == (rank, "process groups")
+    # Groups that leave two ranks possible: an error naming the file, not a guess.
+    dumps, _ = job_dumps(ranks=4, fault="idle", faulty=1)
+    path = tmp_path / "dump-of-some-host"
+    path.write_bytes(pickle.dumps(dumps[3]))
+    with pytest.raises(TraceError, match="no rank in the file name"):
+        read_dump(path)
+
+
+@pytest.mark.skipif(not RUNS, reason="../shared/traces/flight-recorder not present")
+def test_report_on_a_folder_of_dumps_is_the_hang_report_in_every_format(tmp_path):
+    run_dir = RUNS[0]
+    hang = run("hang", run_dir)
+    report = run("report", run_dir)
+    assert report.returncode == hang.returncode == 1
+    assert report.stdout == hang.stdout
+    doc = json.loads(run("report", run_dir, "-f", "json").stdout)
+    assert sorted(r["rank"] for r in doc["roots"]) == sorted(faulted(run_dir))
+    for fmt in ("markdown", "github"):
+        proc = run("hang", run_dir, "-f", fmt)
+        assert proc.returncode == 1 and proc.stdout.strip()
+    assert run("hang", run_dir, "--exit-zero").returncode == 0
+    bad = run("hang", run_dir, "-f", "nope")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_hang_rules_find_nothing_on_kineto_reports():
+    from kineto_comm.rules_engine import run_rules
+
+    assert run_rules({}, select=("HANG",)) == ()
