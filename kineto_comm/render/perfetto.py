@@ -212,24 +212,25 @@ def select(
     if ranks == ALL:
         ranks = all_ranks
     if ranks is None:
-        per_step = _kernels_per_step(report, all_ranks) if all_ranks else {}
-        every = sorted(s for s in per_step if s >= 0)
-        per_kernel = _bytes_per_kernel(report, all_ranks, every)
-        total = int(sum(per_step.values()) * per_kernel)
+        # Every rank's kernels (the store's row count, nothing read) at the first rank's
+        # bytes per kernel.
+        first = _kernels_per_step(report, all_ranks[:1]) if all_ranks else {}
+        per_kernel = _bytes_per_kernel(report, all_ranks[:1], sorted(s for s in first if s >= 0))
+        total = int(report.rank_kernels.height * per_kernel)
         labels = default_ranks(report)
-        if total <= max_bytes or len(all_ranks) <= 1:
+        if total <= max_bytes:
             why = {r: labels.get(r, []) for r in all_ranks}
             if steps is None:
-                if total > max_bytes:
-                    notes.append(f"estimated {total / 1e6:.0f} MB, above {max_bytes / 1e6:.0f} MB")
+                every = sorted(s for s in _kernels_per_step(report, all_ranks) if s >= 0)
                 return Selection(all_ranks, why, None, all_ranks, every, notes)
         else:
             why = labels
-            notes.append(
-                f"all {len(all_ranks)} ranks would be about {total / 1e6:.0f} MB: kept the"
-                f" median rank, each group's slowest and fastest and every straggler under"
-                f" {max_bytes / 1e6:.0f} MB (--ranks to choose)"
-            )
+            if len(why) < len(all_ranks):
+                notes.append(
+                    f"all {len(all_ranks)} ranks would be about {total / 1e6:.0f} MB, above"
+                    f" {max_bytes / 1e6:.0f} MB: kept the median rank, each group's slowest"
+                    " and fastest and every straggler (--ranks to choose)"
+                )
     else:
         asked = sorted(set(ranks))  # type: ignore[arg-type]
         missing = [r for r in asked if r not in set(all_ranks)]
