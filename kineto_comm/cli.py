@@ -266,8 +266,9 @@ def report(
         str | None,
         typer.Option(
             "--ranks",
-            help="perfetto: ranks to include, e.g. 0,3,8-11 or all (default: the median"
-            " rank, the slowest and fastest of each group, every straggler).",
+            help="perfetto: ranks to include, e.g. 0,3,8-11 or all (default: every rank"
+            " under about 200 MB, else the median rank, each group's slowest and fastest,"
+            " every straggler).",
         ),
     ] = None,
     timeline_steps: Annotated[
@@ -342,12 +343,17 @@ def report(
             print("error: no trace files found", file=sys.stderr)
         raise typer.Exit(2)
 
+    from kineto_comm.render.perfetto import select as choose
+    from kineto_comm.render.perfetto import write_timeline
+
+    try:  # before anything is written: ranks or steps the job lacks are a usage error
+        shown = choose(result, shown_ranks, shown_steps) if exported else None
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
     def export(out: Path | Any) -> None:
         """The perfetto timeline of the ranks and steps asked for (render.perfetto)."""
-        from kineto_comm.render.perfetto import select as choose
-        from kineto_comm.render.perfetto import write_timeline
-
-        write_timeline(result, out, choose(result, shown_ranks, shown_steps))
+        write_timeline(result, out, shown)
 
     for fmt, path in extra:
         if fmt in EXPORTS:

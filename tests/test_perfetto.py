@@ -210,8 +210,16 @@ def test_arrows_of_every_call_start_at_the_injected_straggler(straggler_job, tmp
 def test_default_selection_and_what_is_left_out(straggler_job, tmp_path):
     folder, truth = straggler_job
     report = analyze(folder)
-    chosen = select(report)
-    assert 1 < len(chosen.ranks) < 8
+    # Every rank fits the size budget: every rank is shown, the chosen ones labelled.
+    (problem,) = truth["problems"]
+    (late,) = problem["ranks"]
+    whole = select(report)
+    assert whole.ranks == list(range(8)) and whole.steps is None
+    assert "straggler" in whole.why[late]
+    # Beyond the budget the ranks are sampled (then the steps), and the file says so.
+    chosen = select(report, max_bytes=1)
+    assert 1 < len(chosen.ranks) < 8 and late in chosen.ranks
+    assert any("ranks would be about" in n for n in chosen.notes)
     write_timeline(report, tmp_path / "d.json", chosen)
     doc = load(tmp_path / "d.json")
     validate(doc)
@@ -235,6 +243,50 @@ def test_default_selection_and_what_is_left_out(straggler_job, tmp_path):
     # 'all' is every rank and every step, whatever the size.
     every = select(report, ranks="all", steps="all", max_bytes=1)
     assert every.ranks == list(range(8)) and every.steps is None
+
+
+def test_the_default_shows_every_rank_of_a_job_that_fits(tp_dp):
+    """An 8-rank real capture is far under the size budget: all 8 ranks, every step."""
+    chosen = select(tp_dp)
+    assert chosen.ranks == sorted(tp_dp.ranks["rank"].to_list()) and len(chosen.ranks) == 8
+    assert chosen.steps is None and chosen.metadata()["ranks_left_out"] == []
+
+
+def test_ranks_or_steps_the_job_lacks_are_errors_naming_those_it_has(tp_dp):
+    ranks = sorted(tp_dp.ranks["rank"].to_list())
+    steps = select(tp_dp).all_steps
+    assert ranks == list(range(8)) and steps
+    with pytest.raises(ValueError, match=r"--ranks: rank 9 not in the job, which has ranks 0-7"):
+        select(tp_dp, ranks=[9])
+    with pytest.raises(ValueError, match=r"ranks 8-9 not in the job"):
+        select(tp_dp, ranks=[1, 8, 9])
+    last = max(steps)
+    with pytest.raises(ValueError, match=rf"--steps: step {last + 90} not in .* steps {steps[0]}"):
+        select(tp_dp, steps=[last, last + 90])
+
+
+def test_cli_refuses_ranks_and_steps_the_job_lacks(tmp_path):
+    """`--ranks 9` on a 4-rank job, `--steps 99`: exit 2 with one line naming what exists,
+    and no file; without them every rank of the job is in the file."""
+    job = SAMPLES / "ddp-4"
+    out = tmp_path / "t.json"
+    base = [sys.executable, "-m", "kineto_comm.cli", "report", str(job), "-f", "perfetto"]
+    for extra, named in (
+        (["--ranks", "9"], "which has ranks 0-3"),
+        (["--steps", "99"], "which has steps"),
+    ):
+        run = subprocess.run(
+            [*base, "-o", str(out), *extra], capture_output=True, text=True, cwd=REPO
+        )
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert run.returncode == 2, run.stderr
+        assert len(errors) == 1 and extra[0] in errors[0] and named in errors[0], run.stderr
+        assert "Traceback" not in run.stderr and not out.exists()
+    run = subprocess.run(
+        [*base, "-o", str(out), "--exit-zero"], capture_output=True, text=True, cwd=REPO
+    )
+    assert run.returncode == 0, run.stderr
+    assert load(out)["otherData"]["ranks_included"] == [0, 1, 2, 3]
 
 
 def test_ranks_are_chosen_by_the_per_rank_tables_mean_step():

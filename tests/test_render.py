@@ -441,12 +441,25 @@ def test_rank_means_are_the_means_of_the_documents_steps():
             assert got[col] == sum(s[col] for s in rows) / len(rows), col
 
 
+def _table(text: str, title: str) -> list[list[str]]:
+    """The rows (cells stripped) of the text report's table under `title`."""
+    table = text[text.index(title) :].split("└")[0]
+    return [
+        [c.strip() for c in line.split("│")[1:-1]]
+        for line in table.splitlines()
+        if line.startswith("│")
+    ]
+
+
 def test_text_shows_a_big_jobs_extreme_ranks_and_median(tmp_path: Path) -> None:
     """Above MAX_RANK_ROWS ranks the per-rank table holds the ranks with the most and the
-    least exposed communication around a median row, and the clock-offset line names the
-    largest offsets only (32 ranks, 24 of them shifted: three hosts of 8 off rank 0's)."""
+    least exposed communication around a median row, and so do the offsets (largest and
+    smallest) and stragglers tables (most and least delay); the roles' evidence is one
+    phrase while the JSON keeps it whole (32 ranks, 24 of them shifted: three hosts of 8
+    off rank 0's)."""
     import io
 
+    from kineto_comm.analysis.roles import evidence_phrase
     from kineto_comm.render.text import EXTREME_RANKS, MAX_RANK_ROWS, render_text
     from kineto_comm.synth import Hardware, ModelConfig, generate
 
@@ -476,12 +489,97 @@ def test_text_shows_a_big_jobs_extreme_ranks_and_median(tmp_path: Path) -> None:
     assert cells[EXTREME_RANKS + 1 :] == ranks[-EXTREME_RANKS:]
     offsets = report.offsets.filter(pl.col("offset_ns") != 0)
     assert offsets.height == 24
-    # The offsets table lists the largest offsets first (25 rows, the rest in the JSON).
-    table = text[text.index("Clock offsets:") :].split("└")[0]
-    shown = [int(line.split("│")[1]) for line in table.splitlines() if line.startswith("│")]
-    assert len(shown) == 25 and "7 more rank(s) in --format json" in text
-    largest = offsets.sort(pl.col("offset_ns").abs(), "rank", descending=[True, False])
-    assert shown[:24] == largest["rank"].to_list()
+    # Offsets: the largest first, the median, the smallest (every rank in the JSON).
+    shown = [row[0] for row in _table(text, "Clock offsets:")]
+    largest = report.offsets.sort(pl.col("offset_ns").abs(), "rank", descending=[True, False])
+    order = [str(r) for r in largest["rank"]]
+    assert shown == [*order[:EXTREME_RANKS], "median", *order[-EXTREME_RANKS:]]
+    assert "32 ranks: the 5 with the largest offsets" in text
+    # Stragglers likewise: the most delaying ranks first.
+    shown = [row[0] for row in _table(text, "Stragglers:")]
+    delay = report.stragglers.sort(
+        ["is_straggler", "delay_ns", "rank"], descending=[True, True, False]
+    )
+    order = [str(r) for r in delay["rank"]]
+    assert shown == [*order[:EXTREME_RANKS], "median", *order[-EXTREME_RANKS:]]
+    # Roles: the evidence column holds each group's deciding phrase, the JSON the whole.
+    groups = {row[0]: row[-1] for row in _table(text, "Process groups and their inferred")}
+    for name, evidence in report.process_groups.select("process_group", "evidence").iter_rows():
+        phrase = evidence_phrase(evidence)
+        assert groups[name] == phrase and 0 < len(phrase) < len(evidence) / 3
+    doc = json.loads(render(report, "json"))
+    assert [g["evidence"] for g in doc["process_groups"]] == report.process_groups[
+        "evidence"
+    ].to_list()
+
+
+def test_a_32_rank_jobs_text_is_a_screenful_not_a_scroll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor x data parallel job of 32 ranks (18 groups): at the default width each
+    group's evidence is one line (one phrase, where the whole evidence took ten), and the
+    offsets and stragglers tables hold 2 x EXTREME_RANKS + 1 rows, not 25 each."""
+    from kineto_comm.render.text import DEFAULT_WIDTH, EXTREME_RANKS
+    from kineto_comm.synth import generate
+
+    generate("straggler", tmp_path, ranks=32, layout="tp-dp", steps=3, seed=0)
+    report = kineto_comm.analyze(tmp_path, jobs=1)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    text = render(report, "text")
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= DEFAULT_WIDTH
+    roles = text[text.index("Process groups and their inferred") :].split("└")[0]
+    body = [line.split("│")[-2].strip() for line in roles.splitlines() if line.startswith("│")]
+    evidence = [cell for cell in body if cell]  # the evidence cells' lines: one a group
+    assert len(evidence) == report.process_groups.height == 18 and len(body) < 2 * 18
+    for title in ("Clock offsets:", "Stragglers:"):
+        assert len(_table(text, title)) == 2 * EXTREME_RANKS + 1
+
+
+def test_text_fits_an_80_column_terminal_without_cutting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns (a terminal, or COLUMNS for piped and -o output) no line is wider, no
+    cell ends in '…', and every word and number is one printed at 250 columns: names and
+    numbers are wrapped at spaces or their column left out (named), never cut; advice
+    wraps at words under its arrow."""
+    import io
+    import re
+
+    from kineto_comm.render.formats import render_text_str
+    from kineto_comm.render.text import render_text
+
+    report = kineto_comm.analyze(REPO / "sample_traces" / "ddp-4", jobs=1)
+    wide = io.StringIO()
+    render_text(report, wide, width=250)
+
+    def words(text: str) -> set[str]:
+        return set(re.split(r"[\s│┃┏┓┗┛┡┩┳┻╇━─└┘┴┬┼├┤┌┐]+", text)) - {""}
+
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = io.StringIO()
+    render_text(report, narrow, width=80)
+    for text in (narrow.getvalue(), render_text_str(report)):
+        lines = text.splitlines()
+        assert max(len(line) for line in lines) <= 80
+        assert "…" not in text
+        flat = " ".join(text.split())
+        notes = re.findall(r"\(left out at 80 columns: ([^;]*);[^)]*\)", flat)
+        assert notes and words(re.sub(r"\(left out at 80 columns: [^)]*\)", "", flat)) <= words(
+            wide.getvalue()
+        )
+        for finding in report.findings[:5]:
+            assert "-> " + " ".join(finding.advice[0].split()) in flat
+        # A column left out is named, and only one the wide text shows.
+        headers = {
+            cell.strip()
+            for line in wide.getvalue().splitlines()
+            if line.startswith("┃")
+            for cell in line.split("┃")
+        }
+        for note in notes:
+            assert set(note.split(", ")) <= headers
+    # Piped output follows COLUMNS, not a fixed width.
+    monkeypatch.setenv("COLUMNS", "200")
+    assert max(len(line) for line in render_text_str(report).splitlines()) > 140
 
 
 def test_point_to_point_rows_show_their_matched_transfers_bus_bandwidth() -> None:

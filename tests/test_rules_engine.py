@@ -3,6 +3,7 @@ plugins), failures and the CLI commands. Uses small hand-made tables, no traces.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -564,10 +565,13 @@ def test_custom_savings_are_replayed_or_capped_at_the_step(tmp_path: Path, monke
     assert report.to_dict()["summary"]["sum_of_savings_ns"] == s["sum_of_savings_ns"]
 
     text = render_text_str(report).split("`kineto-comm explain CODE`")[0]
-    for line in text.split("\n1. ")[1].split("\n"):
-        if " SQL101 " in line:
-            assert "claimed by the rule (not replayed" in line
-    joint = text[text.index("All fixes together") :]
+    # Each numbered item (wrapped at words to the output's width) as one line.
+    items = [" ".join(item.split()) for item in re.split(r"\n\d+\. ", text)[1:]]
+    sql_items = [item for item in items if " SQL101 " in item]
+    assert sql_items
+    for item in sql_items:
+        assert "claimed by the rule (not replayed" in item
+    joint = " ".join(text[text.index("All fixes together") :].split())
     assert f"not in it: {len(sql)} findings whose saving is the rule's own claim" in joint
     claims_added = sum(f.evidence["impact_ns_per_step"] for f in sql) + s["sum_of_savings_ns"]
     assert f"{claims_added / 1e6:,.2f} ms" not in joint  # the old note: 11 steps' worth

@@ -510,6 +510,20 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
     return feats.with_columns(role=role, evidence=evidence)
 
 
+def evidence_phrase(evidence: str | None) -> str:
+    """The deciding phrase of an `evidence` text (`_decide` writes "mix per step, sizes;
+    placement; ranks; reason"): its reason up to the first detail ("tensor-parallel score
+    5/5", "100% of calls are send/recv"). A terminal's table holds one short phrase; the
+    whole evidence stays in the JSON and HTML."""
+    if not evidence:
+        return ""
+    parts = evidence.split("; ", 3)
+    reason = parts[3] if len(parts) == 4 else evidence
+    for stop in ("; ", " (", ": ", ", "):
+        reason = reason.split(stop, 1)[0]
+    return reason
+
+
 def process_groups(
     collectives: pl.DataFrame | RankStore,
     steps: pl.DataFrame | RankStore,

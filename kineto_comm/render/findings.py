@@ -6,6 +6,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
+
+from kineto_comm.render.text import print_prose
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -32,20 +35,21 @@ def render_findings(report: Any, console: Console, limit: int = 5) -> None:
         ranks = ",".join(map(str, f.ranks[:8])) + ("..." if len(f.ranks) > 8 else "")
         where = f" (ranks {ranks})" if ranks else ""
         style = SEVERITY_STYLE.get(sev, "")
-        console.print(
+        # Wrapped at words, each item's lines under its text and the advice under its own.
+        head = Text.from_markup(
             f"{i}. [{style}]{sev}[/] {f.code} {escape(f.title)} - saves up to "
-            f"{_ms(f.impact_ns_per_step)} per step{share}{escape(claim_note(f))}{where}",
-            markup=True,
-            highlight=False,
+            f"{_ms(f.impact_ns_per_step)} per step{share}{escape(claim_note(f))}{where}"
         )
+        print_prose(console, head, hang=len(f"{i}. "))
         if f.advice:
-            console.print(f"   -> {f.advice[0]}", markup=False, highlight=False)
+            print_prose(console, f"-> {f.advice[0]}", indent=3, hang=3)
     if len(findings) > limit:
-        console.print(f"({len(findings) - limit} more findings in --format json)")
+        print_prose(console, f"({len(findings) - limit} more findings in --format json)")
     line = all_fixes_line(report)
     if line:
-        console.print(line, markup=False, highlight=False)
-    console.print("`kineto-comm explain CODE` documents a rule.\n")
+        print_prose(console, line)
+    print_prose(console, "`kineto-comm explain CODE` documents a rule.")
+    console.print()
 
 
 def claim_note(f: Any) -> str:

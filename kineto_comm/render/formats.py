@@ -29,11 +29,12 @@ Renderer = Callable[[Report, Severity], str]
 
 
 def render_text_str(report: Report, fail_on: Severity = Severity.error) -> str:
-    """The rich text report as plain text (140 columns), for files and non-terminals."""
+    """The rich text report as plain text, for files and non-terminals: COLUMNS wide when
+    set, else render.text.DEFAULT_WIDTH."""
     from kineto_comm.render.text import render_text
 
     buf = io.StringIO()
-    render_text(report, out=buf, width=140)
+    render_text(report, out=buf)
     return buf.getvalue()
 
 

@@ -200,22 +200,45 @@ def select(
     steps: Iterable[int] | str | None = None,
     max_bytes: int = MAX_BYTES,
 ) -> Selection:
-    """The ranks and steps to write: those asked for ('all': every one), else the default
-    ranks (`default_ranks`) and every step, or the middle steps when all of them would
-    make the text longer than `max_bytes` (estimated from kernel counts and the bytes per
-    kernel of a sample, `_bytes_per_kernel`)."""
+    """The ranks and steps to write: those asked for ('all': every one), else every rank
+    and every step when their estimated text fits under `max_bytes` (kernel counts times
+    the bytes per kernel of a sample, `_bytes_per_kernel`); beyond it the default ranks
+    (`default_ranks`), and the middle steps when all of theirs would not fit either.
+    ValueError naming what the job has when a rank or step asked for is not in it: a
+    timeline of nothing is a mistake in the question, not an answer."""
     all_ranks = sorted(int(r) for r in report.ranks["rank"])
     notes: list[str] = []
     if ranks == ALL:
         ranks = all_ranks
     if ranks is None:
-        why = default_ranks(report)
+        # Every rank's kernels (the store's row count, nothing read) at the first rank's
+        # bytes per kernel.
+        first = _kernels_per_step(report, all_ranks[:1]) if all_ranks else {}
+        per_kernel = _bytes_per_kernel(report, all_ranks[:1], sorted(s for s in first if s >= 0))
+        total = int(report.rank_kernels.height * per_kernel)
+        labels = default_ranks(report)
+        if total <= max_bytes:
+            why = {r: labels.get(r, []) for r in all_ranks}
+            if steps is None:
+                every = sorted(s for s in _kernels_per_step(report, all_ranks) if s >= 0)
+                return Selection(all_ranks, why, None, all_ranks, every, notes)
+        else:
+            why = labels
+            if len(why) < len(all_ranks):
+                notes.append(
+                    f"all {len(all_ranks)} ranks would be about {total / 1e6:.0f} MB, above"
+                    f" {max_bytes / 1e6:.0f} MB: kept the median rank, each group's slowest"
+                    " and fastest and every straggler (--ranks to choose)"
+                )
     else:
         asked = sorted(set(ranks))  # type: ignore[arg-type]
         missing = [r for r in asked if r not in set(all_ranks)]
         if missing:
-            notes.append(f"ranks not in the job: {', '.join(map(str, missing))}")
-        why = {r: ["asked for"] for r in asked if r in set(all_ranks)}
+            raise ValueError(
+                f"--ranks: {_numbers(missing, 'rank')} not in the job, which has"
+                f" {_numbers(all_ranks, 'rank')}"
+            )
+        why = {r: ["asked for"] for r in asked}
     chosen = sorted(why)
     per_step = _kernels_per_step(report, chosen) if chosen else {}
     all_steps = sorted(s for s in per_step if s >= 0)
@@ -223,6 +246,13 @@ def select(
         return Selection(chosen, why, None, all_ranks, all_steps, notes)
     if steps is not None:
         wanted = sorted(set(steps))  # type: ignore[arg-type]
+        missing = [s for s in wanted if s not in set(all_steps)]
+        if missing:
+            has = _numbers(all_steps, "step") if all_steps else "no steps"
+            raise ValueError(
+                f"--steps: {_numbers(missing, 'step')} not in the trace of the ranks shown,"
+                f" which has {has}"
+            )
         return Selection(chosen, why, wanted, all_ranks, all_steps, notes)
     per_kernel = _bytes_per_kernel(report, chosen, all_steps)
     total = int(sum(per_step.values()) * per_kernel)
@@ -251,6 +281,18 @@ def select(
         f" under {max_bytes / 1e6:.0f} MB (--steps to choose)"
     )
     return Selection(chosen, why, sorted(kept), all_ranks, all_steps, notes)
+
+
+def _numbers(values: list[int], what: str) -> str:
+    """'rank 9', 'ranks 0-3', 'steps 1-2, 5': numbers as compact ranges, with their noun."""
+    spans: list[list[int]] = []
+    for v in sorted(values):
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"{what}{'s' if len(values) != 1 else ''} {text}"
 
 
 def _bytes_per_kernel(report: Report, ranks: list[int], steps: list[int]) -> float:

@@ -21,8 +21,9 @@ from typing import Any
 import polars as pl
 
 from kineto_comm.analysis import steptime
+from kineto_comm.analysis.roles import evidence_phrase
 from kineto_comm.render.json_doc import collective_totals
-from kineto_comm.render.text import fmt_bytes, fmt_ns
+from kineto_comm.render.text import EXTREME_RANKS, MAX_RANK_ROWS, fmt_bytes, fmt_ns
 from kineto_comm.report import Report
 
 # How an unknown process group is written in every human format.
@@ -165,8 +166,9 @@ def skew(report: Report) -> Section | None:
     )
 
 
-def process_groups(report: Report) -> Section | None:
-    """Each process group, its members and its inferred role (json `process_groups`)."""
+def process_groups(report: Report, brief: bool = False) -> Section | None:
+    """Each process group, its members and its inferred role (json `process_groups`);
+    `brief`: the evidence as its deciding phrase (roles.evidence_phrase), for the terminal."""
     table = report.process_groups
     if table.height == 0:
         return None
@@ -179,7 +181,7 @@ def process_groups(report: Report) -> Section | None:
             ranks_text(r.get("ranks")),
             _num(r["calls_per_step"]),
             fmt_bytes(r["bytes_per_step"]),
-            r["evidence"] or "",
+            (evidence_phrase(r["evidence"]) if brief else r["evidence"]) or "",
         )
         for r in table.iter_rows(named=True)
     ]
@@ -307,15 +309,41 @@ def storms(report: Report) -> Section | None:
     )
 
 
-def offsets(report: Report) -> Section | None:
-    """Per-rank clock offsets put on rank 0's clock (json `offsets`), largest first."""
+def _summarised(table: pl.DataFrame, what: str, brief: bool) -> tuple[pl.DataFrame, str]:
+    """A per-rank `table` (sorted, most telling first) as the text report's per-rank table
+    shows a big job (`brief`, above MAX_RANK_ROWS ranks): the first and the last
+    EXTREME_RANKS rows around a "median" row (each numeric column's median, the other
+    columns' most common value); `rank` becomes text. With the note that says so."""
+    if not brief or table.height <= MAX_RANK_ROWS:
+        return table.with_columns(pl.col("rank").cast(pl.String)), ""
+    numeric = [c for c, t in table.schema.items() if t.is_numeric() and c != "rank"]
+    median = table.select(
+        pl.lit("median").alias("rank"),
+        *[pl.col(c).median().cast(table.schema[c]) for c in numeric],
+        *[pl.col(c).mode().sort().first() for c in table.columns if c not in (*numeric, "rank")],
+    ).select(table.columns)
+    ends = [
+        part.with_columns(pl.col("rank").cast(pl.String))
+        for part in (table.head(EXTREME_RANKS), table.tail(EXTREME_RANKS))
+    ]
+    note = (
+        f"{table.height} ranks: the {EXTREME_RANKS} with the {what[0]} and the {EXTREME_RANKS}"
+        f" with the {what[1]}, and each column's median (every rank: --format json or html)"
+    )
+    return pl.concat([ends[0], median, ends[1]], how="vertical_relaxed"), note
+
+
+def offsets(report: Report, brief: bool = False) -> Section | None:
+    """Per-rank clock offsets put on rank 0's clock (json `offsets`), largest first;
+    `brief`: a big job's largest and smallest around the median (`_summarised`)."""
     table = report.offsets
     if table.height == 0:
         return None
     table = table.sort(pl.col("offset_ns").abs(), "rank", descending=[True, False])
+    table, summary = _summarised(table, ("largest offsets", "smallest"), brief)
     rows = [
         (
-            str(r["rank"]),
+            r["rank"],
             fmt_ns(r["offset_ns"]),
             fmt_ns(r["residual_ns"]),
             str(r["matched"]),
@@ -324,6 +352,7 @@ def offsets(report: Report) -> Section | None:
         for r in table.iter_rows(named=True)
     ]
     rows, note = _cut(rows, "rank(s)")
+    note = summary or note
     return Section(
         "offsets",
         "Clock offsets: each rank's clock against rank 0's (from collective end times)",
@@ -334,16 +363,18 @@ def offsets(report: Report) -> Section | None:
     )
 
 
-def stragglers(report: Report) -> Section | None:
+def stragglers(report: Report, brief: bool = False) -> Section | None:
     """How often each rank arrives last and what that costs the others (json
-    `stragglers`): stragglers first, then by delay."""
+    `stragglers`): stragglers first, then by delay; `brief`: a big job's most and least
+    delaying ranks around the median (`_summarised`)."""
     table = report.stragglers
     if table.height == 0:
         return None
     table = table.sort(["is_straggler", "delay_ns", "rank"], descending=[True, True, False])
+    table, summary = _summarised(table, ("most delay", "least"), brief)
     rows = [
         (
-            str(r["rank"]),
+            r["rank"],
             "yes" if r["is_straggler"] else "no",
             pct(r["last_share"]),
             fmt_ns(r["delay_ns"]),
@@ -353,6 +384,7 @@ def stragglers(report: Report) -> Section | None:
         for r in table.iter_rows(named=True)
     ]
     rows, note = _cut(rows, "rank(s)")
+    note = summary or note
     return Section(
         "stragglers",
         "Stragglers: ranks that arrive last in shared calls",
@@ -507,6 +539,14 @@ BUILDERS = (
 )
 
 
-def sections(report: Report) -> list[Section]:
-    """Every section with content, in the order the human formats show them."""
-    return [s for s in (build(report) for build in BUILDERS) if s is not None]
+# The sections that take `brief` (the terminal's shorter form).
+BRIEF = (process_groups, offsets, stragglers)
+
+
+def sections(report: Report, brief: bool = False) -> list[Section]:
+    """Every section with content, in the order the human formats show them. `brief` (the
+    text report): the roles' evidence as one phrase and, above MAX_RANK_ROWS ranks, the
+    per-rank offsets and stragglers summarised as the per-rank table is; the JSON, HTML and
+    Markdown keep them whole."""
+    built = (build(report, brief) if build in BRIEF else build(report) for build in BUILDERS)
+    return [s for s in built if s is not None]

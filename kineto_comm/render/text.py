@@ -2,18 +2,26 @@
 
 Times print in ms (or us for small values), sizes in decimal units (1 MB = 1e6 bytes),
 bandwidth in GB/s with 1 GB = 1e9 bytes. Plain text when the output is not a terminal.
+
+Width: the terminal's (rich reads `COLUMNS`, then the terminal); piped or written to a file,
+`COLUMNS` when set, else DEFAULT_WIDTH. Nothing is cut to fit: a table's cells wrap at
+spaces, never inside a name or a number (`fit_table`), and when the table is still too wide
+its least useful columns are left out, saying which; prose wraps at words.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TextIO
 
 import polars as pl
+from rich.cells import cell_len
 from rich.console import Console
 from rich.segment import Segment
 from rich.table import Table
+from rich.text import Text
 
 from kineto_comm.render.json_doc import rank_means
 from kineto_comm.report import Report
@@ -42,6 +50,20 @@ class TraceConsole(Console):
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         clean = (s if s.control else Segment(printable(s.text), s.style) for s in buffer)
         return super()._render_buffer(clean)
+
+
+# Columns of piped or file output when COLUMNS is not set: wide enough that the usual
+# tables keep every column, narrow enough to read in a pager or a CI log.
+DEFAULT_WIDTH = 120
+
+
+def output_width(console: Console) -> int:
+    """The width to render at: a terminal's own (rich honours COLUMNS), else COLUMNS when
+    it is a number, else DEFAULT_WIDTH."""
+    if console.is_terminal:
+        return console.width
+    columns = os.environ.get("COLUMNS", "").strip()
+    return int(columns) if columns.isdigit() and int(columns) > 0 else DEFAULT_WIDTH
 
 
 def fmt_ns(ns: int | float | None) -> str:
@@ -110,7 +132,7 @@ def render_text(
     errors (problem_lines)."""
     console = TraceConsole(file=out, width=width)
     if width is None and not console.is_terminal:
-        console = TraceConsole(file=out, width=140)
+        console = TraceConsole(file=out, width=output_width(console))
     from kineto_comm.render.findings import render_findings  # rules engine: what to do first
 
     render_findings(report, console)
@@ -136,8 +158,7 @@ def render_text(
             f"{EXTREME_RANKS} with the least exposed communication, and each column's median "
             "(every rank: --format json or html)"
         )
-    table = Table(title=title)
-    for col in (
+    header = (
         "rank",
         "device",
         "steps",
@@ -148,49 +169,173 @@ def render_text(
         "overlap",
         "exposed comm",
         "idle",
-    ):
-        table.add_column(col, justify="left" if col == "device" else "right")
+    )
+    rows = []
     for r in ranks.iter_rows(named=True):
         wall = r.get("wall_ns")
-        table.add_row(
-            str(r["rank"]),
-            (r["device"] or r["timeline"] or "-")[:28],
-            str(r.get("n_steps") or 0),
-            fmt_ns(r.get("mean_step_ns")),
-            fmt_ns(wall),
-            fmt_ns(r.get("compute_ns")),
-            fmt_ns(r.get("comm_ns")),
-            pct(r.get("overlap_ns"), r.get("comm_ns")),
-            f"{fmt_ns(r.get('exposed_comm_ns'))} ({pct(r.get('exposed_comm_ns'), wall)})",
-            f"{fmt_ns(r.get('idle_ns'))} ({pct(r.get('idle_ns'), wall)})",
+        rows.append(
+            (
+                str(r["rank"]),
+                (r["device"] or r["timeline"] or "-")[:28],
+                str(r.get("n_steps") or 0),
+                fmt_ns(r.get("mean_step_ns")),
+                fmt_ns(wall),
+                fmt_ns(r.get("compute_ns")),
+                fmt_ns(r.get("comm_ns")),
+                pct(r.get("overlap_ns"), r.get("comm_ns")),
+                f"{fmt_ns(r.get('exposed_comm_ns'))} ({pct(r.get('exposed_comm_ns'), wall)})",
+                f"{fmt_ns(r.get('idle_ns'))} ({pct(r.get('idle_ns'), wall)})",
+            )
         )
-    console.print(table)
-    console.print(
+    print_table(console, "ranks", header, rows, frozenset(i for i in range(10) if i != 1), title)
+    print_prose(
+        console,
         "overlap = share of communication time hidden behind compute; exposed comm = "
         "communication with no compute kernel running (it adds to step time); steps, step "
         "(mean) = the rank's windows of the job's complete steps (a last step, cut at its last "
-        "kernel, left out) and their mean."
+        "kernel, left out) and their mean.",
     )
 
     from kineto_comm.render.sections import sections
 
-    shown = sections(report)
+    shown = sections(report, brief=True)
     if not any(section.key == "collective_totals" for section in shown):
         console.print("No communication kernels found.")
     for section in shown:
-        # The title on its own line, whole: a table's title wraps to the table's width.
-        console.print(section.title, style="italic", markup=False, soft_wrap=True)
-        table = Table()
-        for i, col in enumerate(section.header):
-            table.add_column(col, justify="right" if i in section.right else "left")
-        for row in section.rows:
-            table.add_row(*row)
-        console.print(table, markup=False)
+        # The title on its own line, wrapped at words to the output's width.
+        print_prose(console, Text(section.title, style="italic"))
+        print_table(console, section.key, section.header, section.rows, section.right)
         if section.note:
-            console.print(section.note, markup=False)
+            print_prose(console, section.note)
     _render_hosts(report, console)
     _render_clock_sets(report, console)
     _render_problems(report, console, problems)
+
+
+# Which columns a table leaves out first when the output is too narrow for all of them, by
+# the table's key (the per-rank table, the sections' JSON keys); a name that appears twice
+# in a header leaves its last copy first. Tables not named here drop from the right.
+DROP_FIRST: dict[str, tuple[str, ...]] = {
+    "ranks": ("device", "steps", "wall", "compute", "comm", "idle", "overlap"),
+    "collective_totals": ("algbw", "dtype", "volume", "mean size", "calls", "ranks", "group"),
+    "skew": ("p95 skew", "calls", "ranks", "last rank"),
+    "step_blame": ("share", "share", "category"),
+    "process_groups": ("size", "calls/step", "bytes/step", "ranks", "evidence"),
+    "pipeline": ("m", "p", "theory"),
+    "message_size_summary": ("volume", "calls < 1 MB", "calls < 64 KB", "calls", "time"),
+    "storms": ("large-message busbw", "runs", "calls"),
+    "offsets": ("method", "residual", "matched calls"),
+    "stragglers": ("confidence", "others' wait/step", "last in"),
+    "model_comparison": (
+        "calls expected",
+        "calls measured",
+        "bytes expected",
+        "bytes measured",
+        "dtype",
+        "flagged",
+        "calls dev",
+        "likely causes",
+    ),
+}
+
+
+def _pieces(text: str, numeric: bool) -> list[str]:
+    """What a cell may not be broken inside: its words, or in a numeric column the number
+    with its unit and the bracket after it ('17.98 ms', '(47.7%)')."""
+    if numeric:
+        return [p if i == 0 else "(" + p for i, p in enumerate(text.split(" ("))]
+    return text.split() or [""]
+
+
+def fit_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    right: Iterable[int],
+    width: int,
+    drop_first: Sequence[str] = (),
+) -> tuple[Table, list[str]]:
+    """A rich table of `rows` no wider than `width` where it can be: each column as wide as
+    its longest line, then the widest narrowed, but never below its longest unbreakable
+    piece (a word, a number with its unit: `_pieces`), so wrapping happens at spaces and
+    nothing is cut. When even that is too wide, columns are left out, `drop_first` (by
+    name) first, then from the right, never the first. Returns the table and the names of
+    the columns left out."""
+    right = set(right)
+    n = len(header)
+    longest = [max([cell_len(header[i]), *(cell_len(row[i]) for row in rows)]) for i in range(n)]
+    least = [
+        max(
+            [cell_len(w) for w in header[i].split()]
+            + [cell_len(p) for row in rows for p in _pieces(row[i], i in right)]
+        )
+        for i in range(n)
+    ]
+    kept = list(range(n))
+
+    def frame(columns: list[int]) -> int:  # borders and padding: "│ a │ b │"
+        return 3 * len(columns) + 1
+
+    order = [i for name in drop_first for i in reversed(range(n)) if header[i] == name]
+    order = list(dict.fromkeys(order)) + [i for i in reversed(range(1, n)) if i not in order]
+    for i in order:
+        if sum(least[k] for k in kept) + frame(kept) <= width or len(kept) == 1:
+            break
+        if i in kept and i != 0:
+            kept.remove(i)
+    widths = {k: longest[k] for k in kept}
+    excess = sum(widths.values()) + frame(kept) - width
+    while excess > 0:
+        wide = [k for k in kept if widths[k] > least[k]]
+        if not wide:
+            break
+        k = max(wide, key=lambda c: (widths[c] - least[c], widths[c]))
+        widths[k] -= 1
+        excess -= 1
+    table = Table()
+    for k in kept:
+        table.add_column(
+            header[k],
+            justify="right" if k in right else "left",
+            width=widths[k],
+            overflow="fold",  # a piece wider than the whole output: folded, never cut
+            no_wrap=False,
+        )
+    for row in rows:
+        table.add_row(*(row[k] for k in kept))
+    return table, [header[i] for i in range(n) if i not in kept]
+
+
+def print_table(
+    console: Console,
+    key: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    right: Iterable[int],
+    title: str | None = None,
+) -> None:
+    """`fit_table` at the console's width (under `title`, wrapped to the table's width),
+    then a line naming any column left out."""
+    table, left_out = fit_table(header, rows, right, console.width, DROP_FIRST.get(key, ()))
+    table.title = title
+    console.print(table, markup=False)
+    if left_out:
+        print_prose(
+            console,
+            f"(left out at {console.width} columns: {', '.join(left_out)}; a wider terminal"
+            " or COLUMNS, or --format json, shows them)",
+        )
+
+
+def print_prose(console: Console, text: str | Text, indent: int = 0, hang: int = 0) -> None:
+    """A paragraph wrapped at words to the console's width: `indent` spaces before its
+    first line, `indent + hang` before the others (a list item's text under its text)."""
+    body = Text(text) if isinstance(text, str) else text
+    lead = indent + hang
+    lines = body.wrap(console, max(console.width - lead, 10), overflow="fold")
+    for i, line in enumerate(lines):
+        line.rstrip()
+        pad = indent if i == 0 else lead
+        console.print(Text(" " * pad) + line, soft_wrap=True)
 
 
 # How the ranks were grouped into hosts (offsets.host_source), as the report says it.
@@ -217,7 +362,7 @@ def _render_hosts(report: Report, console: Console) -> None:
     """One line: how many hosts (one clock each) and how that was inferred."""
     line = hosts_line(report)
     if line is not None:
-        console.print(line, markup=False)
+        print_prose(console, line)
 
 
 def _render_problems(report: Report, console: Console, problems: bool) -> None:
@@ -245,4 +390,4 @@ def _render_clock_sets(report: Report, console: Console) -> None:
     """The clock sets' note (clock_sets_line), when there is one."""
     line = clock_sets_line(report)
     if line is not None:
-        console.print(line)
+        print_prose(console, line)
