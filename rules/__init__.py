@@ -5,6 +5,7 @@ named in MODULES and collects their Rule objects.
 """
 
 MODULES = (
+    "capture",
     "exposed_comm",
     "small_messages",
     "straggler",

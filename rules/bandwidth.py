@@ -24,6 +24,7 @@ from kineto_comm.rules_api import (
 )
 
 from ._common import share_severity, with_roles
+from .capture import contention
 
 
 def _link_advice(backend: str | None, nccl_tests: str) -> tuple[str, ...]:
@@ -83,12 +84,19 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     Large messages should run at link speed. A group far below its peers points at a slow or
     degraded link (a NIC at lower speed, a missing NVLink, PCIe instead of NVLink, traffic
     through the wrong NIC or GPU-direct RDMA disabled) and slows every collective on it.
+    Ranks that share one GPU (CAPT101) move data at the capture's speed: the rule stands
+    down there.
 
     How to fix:
     Check that group's hosts: nccl-tests all_reduce_perf across them, NCCL_DEBUG=INFO
     (transport: NVLS/P2P/NET-IB vs SOCKET), NCCL_IB_HCA / NCCL_SOCKET_IFNAME, GPU-NIC
     affinity and PCIe topology (nvidia-smi topo -m), link errors (ibstat, ethtool).
     """
+    c = contention(tables)
+    if c is not None and c.kind == "device":
+        # Ranks time-slicing one GPU move data at the capture's speed, not the links':
+        # CAPT101 reports the capture; link speeds are not read off it.
+        return []
     out = _collective_findings(tables, options) + _p2p_findings(tables, options)
     return sorted(out, key=lambda f: -f.impact_ns_per_step)
 

@@ -22,6 +22,7 @@ from kineto_comm.rules_api import (
     mean_step_ns,
     queue_shift,
     replay_saving,
+    replay_timeline,
     rule,
     severity_for,
     step_blame,
@@ -29,6 +30,7 @@ from kineto_comm.rules_api import (
 )
 
 from ._common import SHARE_OPTIONS, STORM_MAX_BYTES, STORM_MIN_CALLS, share_severity, storm_keys
+from .capture import contention
 
 OPTIONS = (
     Option("min_gap_ns", 5_000, "Ignore device gaps shorter than this (launch latency)."),
@@ -358,7 +360,11 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     Measures the model of time's `queued` time: the device runs nothing of this rank's, the
     next kernel's launch call returned more than rules_api.LAUNCH_LATENCY_NS before, and it
     has not started. The device was running work the trace does not show. The impact is
-    the replayed saving of that time removed (the device given to this rank alone).
+    the replayed saving of that time removed (the device given to this rank alone). When
+    most of that time lies before the rank's own CUDA graph nodes (several kernels of one
+    launch correlation), the finding says so and names their launching threads instead of
+    another process. Where the ranks share one GPU, CAPT101 reports this time and this rule
+    stands down.
 
     Why is this bad?
     Another process on the same GPU (several ranks on one device, a second job, an
@@ -370,7 +376,9 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     One training process per GPU (torchrun --nproc-per-node equal to the GPUs, LOCAL_RANK
     for torch.cuda.set_device); no other process on the training GPUs (nvidia-smi lists
     them); if ranks must share a device, NVIDIA MPS. A sampled or filtered trace, with
-    events left out, shows such gaps too: profile again without sampling.
+    events left out, shows such gaps too: profile again without sampling. Queued CUDA graph
+    nodes wait on the graph's own dependencies: trace the nodes (nsys
+    --cuda-graph-trace=node) and what the launching thread's graph waits for.
     """
     queued = pl.col("category") == "queued"
     # No kernel starts before its launch, and a queue before a step's first kernel moves
@@ -382,40 +390,74 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         queued,
         shift.select("rank", "step", fraction="share"),
     )
+    c = contention(tables)
+    if c is not None and c.kind == "device":
+        # Ranks sharing one GPU: CAPT101 reports this time (the other ranks held the
+        # device), its saving replayed with the waits it causes.
+        return []
     saving, step_ns, share, sev = _replayed(tables, edit, options)
     if sev is None:
         return []
     per = _per_rank(tables, queued)
+    graph = _own_graphs(tables)
     worst = per.sort("ns", descending=True).row(0, named=True) if per.height else None
     shared = tables.has("offsets", "host_source") and bool(
         (tables["offsets"]["host_source"] == "shared_device").any()
     )
-    advice = (
-        (
-            "Every rank here runs on the same device id: if they share one GPU, give each "
-            "rank its own (one process per GPU: torchrun --nproc-per-node = GPUs, "
-            "torch.cuda.set_device(LOCAL_RANK)), or run them under NVIDIA MPS.",
-        )
-        if shared
-        else ()
-    ) + (
-        "Look for other processes on the training GPUs (nvidia-smi): another job, an "
-        "evaluation or data-loading process using CUDA.",
+    own = graph["share"] >= 0.5
+    sampled = (
         "A sampled or filtered trace leaves events out and shows such gaps: profile again "
-        "without sampling before acting on this.",
+        "without sampling before acting on this."
     )
+    if own:
+        # The waiting kernels are the rank's own graph's: no other process to look for.
+        advice: tuple[str, ...] = (
+            "Most of the waiting kernels are this rank's own CUDA graph nodes (many kernels "
+            f"from one launch call, launched from thread(s) {graph['threads']}): the graph's "
+            "nodes wait for each other and for the events they depend on, not for another "
+            "process. Trace the graph's nodes (nsys --cuda-graph-trace=node) and look at what "
+            "the launching thread's graph waits for (cudaStreamWaitEvent, work on other "
+            "streams); a graph replayed from a side thread runs when that thread gets to it.",
+            sampled,
+        )
+    else:
+        advice = (
+            (
+                "Every rank here runs on the same device id: if they share one GPU, give each "
+                "rank its own (one process per GPU: torchrun --nproc-per-node = GPUs, "
+                "torch.cuda.set_device(LOCAL_RANK)), or run them under NVIDIA MPS.",
+            )
+            if shared
+            else ()
+        ) + (
+            "Look for other processes on the training GPUs (nvidia-smi): another job, an "
+            "evaluation or data-loading process using CUDA.",
+            sampled,
+        )
     per_step = worst["ns"] / max(1, worst["steps"]) if worst else 0.0
     return [
         make_finding(
             device_contention,
             sev,
-            f"Kernels wait on a device that runs nothing of this rank's: {saving / 1e6:.2f} "
-            "ms per step",
+            (
+                f"Kernels of the rank's own CUDA graphs wait to start: {saving / 1e6:.2f} ms "
+                "per step"
+                if own
+                else f"Kernels wait on a device that runs nothing of this rank's: "
+                f"{saving / 1e6:.2f} ms per step"
+            ),
             f"Kernels whose launch returned more than {LAUNCH_LATENCY_NS / 1e3:.0f} us before "
             f"wait to start on a device running none of this rank's work, "
             f"{per_step / 1e6:.2f} ms per step "
-            f"on the worst rank (rank {worst['rank'] if worst else '-'}): the device runs work "
-            f"the trace does not show. Without it the step would be {saving / 1e6:.2f} ms "
+            f"on the worst rank (rank {worst['rank'] if worst else '-'}): "
+            + (
+                f"{graph['share']:.0%} of it before kernels of the rank's own CUDA graphs "
+                f"(launched from thread(s) {graph['threads']}), which wait for the graph's "
+                "other nodes and events, not for another process"
+                if own
+                else "the device runs work the trace does not show"
+            )
+            + f". Without it the step would be {saving / 1e6:.2f} ms "
             f"shorter ({share:.1%} of {step_ns / 1e6:.2f} ms)"
             + (
                 "; the kernels after the queues hold the rest, as the CPU launched them no earlier."
@@ -429,6 +471,8 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "queued_ns_per_step_worst_rank": int(per_step),
                 "worst_rank": worst["rank"] if worst else None,
                 "shared_device_id": shared,
+                "own_graph_share": round(graph["share"], 3),
+                "own_graph_threads": graph["threads"],
                 "step_ns": step_ns,
                 "saving_method": f"replay: {edit.name}",
             },
@@ -436,6 +480,43 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             advice=advice,
         )
     ]
+
+
+def _own_graphs(tables: Tables) -> dict[str, Any]:
+    """Of the model of time's queued pieces (replay_timeline's `queued` events, each ending
+    where the kernel it delays starts), the `share` of their time before kernels of the
+    rank's own CUDA graphs (a launch correlation shared by several kernels: one
+    cudaGraphLaunch), and the launching `threads` of those kernels, most queued first."""
+    none: dict[str, Any] = {"share": 0.0, "threads": ""}
+    if not tables.has("kernels", "rank", "start_ns", "correlation", "launch_tid"):
+        return none
+    pieces = tables.collect(
+        replay_timeline(tables)
+        .filter((pl.col("part") == "event") & (pl.col("category") == "queued"))
+        .select(pl.col("rank").cast(pl.Int64), "end_ns", "ns")
+    )
+    if pieces.height == 0 or pieces["ns"].sum() <= 0:
+        return none
+    ranks = pieces["rank"].unique().implode()
+    kernels = tables.lazy("kernels", ["rank", "start_ns", "correlation", "launch_tid"]).filter(
+        pl.col("rank").cast(pl.Int64).is_in(ranks) & pl.col("correlation").is_not_null()
+    )
+    rows = tables.collect(
+        kernels.with_columns(
+            pl.col("rank").cast(pl.Int64),
+            graph=pl.len().over("rank", "correlation") > 1,
+        ).select("rank", end_ns="start_ns", graph="graph", tid=pl.col("launch_tid").cast(pl.String))
+    ).unique(["rank", "end_ns"], keep="first")
+    hit = pieces.join(rows, on=["rank", "end_ns"], how="left").filter(
+        pl.col("graph").fill_null(False)
+    )
+    threads = (
+        hit.group_by("tid").agg(ns=pl.col("ns").sum()).sort("ns", "tid", descending=[True, False])
+    )
+    return {
+        "share": float(hit["ns"].sum()) / float(pieces["ns"].sum()),
+        "threads": ", ".join(t for t in threads["tid"].drop_nulls().to_list()),
+    }
 
 
 @rule(

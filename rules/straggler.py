@@ -33,6 +33,7 @@ from ._common import (
     share_severity,
     storm_keys,
 )
+from .capture import Contention, contention, queued_per_step
 
 
 def _stragglers(tables: Tables) -> pl.DataFrame:
@@ -83,6 +84,8 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         return []
     step_ns = mean_step_ns(tables)
     uneven = uneven_all_to_all(tables)
+    capture = contention(tables)
+    queued = queued_per_step(tables)
     out = []
     for r in named.sort("delay_ns", "rank", descending=[True, False]).iter_rows(named=True):
         edit = straggler_fixed(r["rank"], r["delay_ns"])
@@ -92,6 +95,9 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         impact = replay_saving(tables, edit)
         share = impact / step_ns if step_ns else 0.0
         sev = severity_for(share, options["warn_share"], options["error_share"]) or Severity.info
+        why = _not_its_work(r["rank"], r["delay_ns"], queued.get(r["rank"], 0), capture)
+        if why and capture is not None and capture.same_work:
+            sev = Severity.info  # the capture's turns, not the rank's work: CAPT101 leads
         out.append(
             make_finding(
                 straggler,
@@ -100,7 +106,7 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 f"Rank {r['rank']} arrived last at {r['times_last']} of {r['instances']} "
                 f"shared collective calls and caused {r['late_share']:.0%} of all arrival "
                 f"lateness: {impact / 1e6:.2f} ms per step ({share:.1%} of step time; "
-                f"confidence {r['confidence']:.2f}).",
+                f"confidence {r['confidence']:.2f})." + (f" {why}" if why else ""),
                 impact_ns_per_step=impact,
                 step_ns=step_ns,
                 ranks=[r["rank"]],
@@ -108,21 +114,69 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     **r,
                     "step_ns": step_ns,
                     "uneven_all_to_all": _uneven_evidence(busiest),
+                    "queued_ns_per_step": queued.get(r["rank"], 0),
+                    "capture_contention": capture.kind if capture else None,
                     "saving_method": f"replay: {edit.name}",
                 },
                 edit=edit,
                 advice=(
-                    *(_uneven_line(g) for g in busiest.iter_rows(named=True)),
-                    f"Profile rank {r['rank']}'s CPU side before its first collective of a step:"
-                    " data loading (num_workers, pin_memory, prefetch_factor), rank-0-only "
-                    "logging, evaluation or checkpointing.",
-                    _check_the_rank(job_platform(tables).host),
-                    "Balance the work: equal sequence lengths/packing per rank, balanced "
-                    "pipeline stages.",
+                    (_capture_line(capture) if capture else why,)
+                    if why
+                    else (
+                        *(_uneven_line(g) for g in busiest.iter_rows(named=True)),
+                        f"Profile rank {r['rank']}'s CPU side before its first collective of "
+                        "a step: data loading (num_workers, pin_memory, prefetch_factor), "
+                        "rank-0-only logging, evaluation or checkpointing.",
+                        _check_the_rank(job_platform(tables).host),
+                        "Balance the work: equal sequence lengths/packing per rank, balanced "
+                        "pipeline stages.",
+                    )
                 ),
             )
         )
     return out
+
+
+def _not_its_work(rank: int, delay_ns: int, queued_ns: int, c: Contention | None) -> str:
+    """Why a late rank's lateness is not its own work, in a sentence; "" when it may be:
+    its own queued time (its launched kernels waited on a device running none of its work)
+    is at least half its delay, or it shares the hardware with ranks of the same work
+    (CAPT101) and has less compute than another of them."""
+    if queued_ns * 2 >= delay_ns > 0:
+        held = (
+            "the other ranks on its GPU held it"
+            if c and c.kind == "device"
+            else ("other work held it")
+        )
+        return (
+            f"Its lateness is its own queued time: its launched kernels waited "
+            f"{queued_ns / 1e6:.2f} ms per step for a device running none of its work ({held}),"
+            " not its data loader or its CPU side."
+        )
+    if c is not None and c.same_work and rank in c.ranks:
+        mine = c.compute_ns.get(rank, 0)
+        most = max(c.compute_ns.get(r, 0) for r in c.ranks)
+        if mine < most:
+            return (
+                f"Its lateness is not its own work: it runs the same work as the others with "
+                f"less compute ({mine / 1e6:.1f} ms against up to {most / 1e6:.1f} ms), and "
+                f"{c.words()} (CAPT101)."
+            )
+    return ""
+
+
+def _capture_line(c: Contention) -> str:
+    """The advice for a late rank whose lateness the capture explains."""
+    if c.kind == "device":
+        return (
+            "Capture again with one rank per GPU (torchrun --nproc-per-node = GPUs) before "
+            "profiling this rank: on a shared GPU the ranks are late in the device's turns "
+            "(CAPT101)."
+        )
+    return (
+        "Capture again with no more ranks per host than it has cores to spare before "
+        "profiling this rank: the ranks compete for the host's cores (CAPT101)."
+    )
 
 
 def _check_the_rank(host: bool) -> str:
@@ -386,6 +440,12 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     sev = share_severity(share, options)
     if sev is None:
         return []
+    # Ranks that share their hardware (CAPT101) with the same work arrive late in the
+    # hardware's turns: no work to balance; the finding stays, qualified, as information.
+    capture = contention(tables)
+    turns = capture is not None and capture.same_work
+    if turns:
+        sev = Severity.info
     lasts = late.filter(pl.col("times_last") > 0)
     uneven = uneven_all_to_all(tables)
     culprit = (
@@ -406,7 +466,13 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             f"work spread evenly over the {n} ranks (their lateness and the waits for them "
             f"shrink by (n-1)/n), the step would be {impact / 1e6:.2f} ms shorter ({share:.1%} of "
             f"{step_ns / 1e6:.2f} ms). {lasts.height} of {late.height} ranks arrived last at "
-            f"some call; {culprit}",
+            f"some call; {culprit}"
+            + (
+                f" But {capture.words()} (CAPT101) with the same work: the late ranks are late "
+                "in its turns, not by their work, and no balancing buys this time back."
+                if turns and capture is not None
+                else ""
+            ),
             impact_ns_per_step=impact,
             step_ns=step_ns,
             ranks=lasts.sort("rank")["rank"].to_list(),
@@ -420,19 +486,28 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "most_late_share": round(top_share, 3),
                 "step_ns": step_ns,
                 "uneven_all_to_all": _uneven_evidence(uneven),
+                "capture_contention": capture.kind if capture else None,
                 "saving_method": f"replay: {edit.name}",
             },
             edit=edit,
             advice=(
-                *_balance_advice(tables, uneven),
-                "Keep the data loader ahead of the step on every rank (num_workers, "
-                "pin_memory, prefetch_factor).",
-                "Collect garbage at the same step on every rank: gc.freeze() after start-up "
-                "and gc.disable() with a gc.collect() every N steps (Megatron-LM: "
-                "--manual-gc --manual-gc-interval N).",
-                "Pin each rank to its own CPU cores and NUMA node (numactl, taskset), with "
-                f"cores to spare for {_comm_threads(job_platform(tables).backend)} and the "
-                "data loader workers; run no more ranks on a host than it has cores for.",
+                *((_capture_line(capture),) if capture else ()),
+                *(
+                    ()
+                    if turns
+                    else (
+                        *_balance_advice(tables, uneven),
+                        "Keep the data loader ahead of the step on every rank (num_workers, "
+                        "pin_memory, prefetch_factor).",
+                        "Collect garbage at the same step on every rank: gc.freeze() after "
+                        "start-up and gc.disable() with a gc.collect() every N steps "
+                        "(Megatron-LM: --manual-gc --manual-gc-interval N).",
+                        "Pin each rank to its own CPU cores and NUMA node (numactl, taskset), "
+                        f"with cores to spare for {_comm_threads(job_platform(tables).backend)}"
+                        " and the data loader workers; run no more ranks on a host than it has "
+                        "cores for.",
+                    )
+                ),
             ),
         )
     ]
