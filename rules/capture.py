@@ -77,8 +77,8 @@ class Contention:
         if self.kind == "device":
             return f"the {len(self.ranks)} ranks share {self.where} and take turns on it"
         return (
-            f"the {len(self.ranks)} ranks share the CPU cores of {self.where}: with the same "
-            f"work their compute differs {self.spread:.1f}x"
+            f"the {len(self.ranks)} ranks share the CPU cores of {self.where} (the same work "
+            f"takes {self.spread:.1f}x as long on one as on another)"
         )
 
 
@@ -298,9 +298,13 @@ def capture_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]
                 )
             elif max(c.last_share.values()) <= 1.5 / max(1, len(c.ranks)):
                 fact += " (the last rank rotates: contention, not imbalance)"
+    gone = (
+        "each rank's queued time" if c.kind == "device" else "",
+        "the ranks' waits for each other" if c.same_work else "",
+    )
     fact += (
-        f". Alone on its hardware each rank would lose that time"
-        f"{' and the waits for the others' if c.same_work else ''}: the step would be "
+        f". With hardware of its own for each rank, {' and '.join(g for g in gone if g)} "
+        "would go: the step would be "
         f"{saving / 1e6:.2f} ms shorter ({share:.1%} of {step_ns / 1e6:.2f} ms), replayed. "
         "Straggler, imbalance and bandwidth figures of this capture measure the sharing, "
         "not the job."

@@ -165,17 +165,16 @@ def _not_its_work(rank: int, delay_ns: int, queued_ns: int, c: Contention | None
     return ""
 
 
-def _capture_line(c: Contention) -> str:
-    """The advice for a late rank whose lateness the capture explains."""
+def _capture_line(c: Contention, before: str = "profiling this rank") -> str:
+    """The advice for lateness the capture explains: capture again, then act (`before`)."""
     if c.kind == "device":
         return (
-            "Capture again with one rank per GPU (torchrun --nproc-per-node = GPUs) before "
-            "profiling this rank: on a shared GPU the ranks are late in the device's turns "
-            "(CAPT101)."
+            f"Capture again with one rank per GPU (torchrun --nproc-per-node = GPUs) before "
+            f"{before}: on a shared GPU the ranks are late in the device's turns (CAPT101)."
         )
     return (
-        "Capture again with no more ranks per host than it has cores to spare before "
-        "profiling this rank: the ranks compete for the host's cores (CAPT101)."
+        f"Capture again with no more ranks per host than it has cores to spare before "
+        f"{before}: the ranks compete for the host's cores (CAPT101)."
     )
 
 
@@ -468,8 +467,9 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             f"{step_ns / 1e6:.2f} ms). {lasts.height} of {late.height} ranks arrived last at "
             f"some call; {culprit}"
             + (
-                f" But {capture.words()} (CAPT101) with the same work: the late ranks are late "
-                "in its turns, not by their work, and no balancing buys this time back."
+                f" But {capture.words()} (CAPT101), and every rank has the same work: the late "
+                "ranks are late in the hardware's turns, not by their work, and no balancing "
+                "buys this time back."
                 if turns and capture is not None
                 else ""
             ),
@@ -491,7 +491,7 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             },
             edit=edit,
             advice=(
-                *((_capture_line(capture),) if capture else ()),
+                *((_capture_line(capture, "balancing the work"),) if capture else ()),
                 *(
                     ()
                     if turns
