@@ -226,14 +226,16 @@ def capture_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]
     Judges the capture before the workload. Ranks on one host that use the same one device
     id share a GPU (the report's footer says so) when they take turns on it: their queued
     time (kernels launched while the device runs none of their work) sums to 5% of the step
-    or more; CPU-only ranks (gloo) of one host whose
-    work is the same (compute ops within 2% in number) but whose compute time differs 1.3x
-    or more share too few cores. The saving is replayed on the model of time: each rank
-    alone on its hardware, its `queued` time (kernels launched while other ranks held the
-    device) removed and, where the ranks have the same work, their waits for each other and
-    each late rank's lateness too (they arrived late in turn). The straggler (SYNC101),
-    imbalance (SYNC104) and device-contention (SYNC105) findings read this rule's verdict
-    and qualify or stand down.
+    or more. CPU-only ranks (gloo) of one host whose work is the same (compute ops within 2%
+    in number) but whose compute time differs 1.3x or more share too few cores. The saving
+    is replayed on the model of time: each rank alone on its hardware, its `queued` time
+    (kernels launched while other ranks held the device) removed and, where the ranks have
+    the same work, their waits for each other and each late rank's lateness too (they
+    arrived late in turn). The message gives the share of calls each rank arrived last at
+    and whether the rank most often late has the least compute. The straggler (SYNC101),
+    imbalance (SYNC104), device-contention (SYNC105) and bandwidth (NET101) findings read
+    this rule's verdict and qualify or stand down; `--ranks-per-host 1` (one GPU per host)
+    turns the shared-GPU reading off.
 
     Why is this bad?
     Ranks that take turns on one device (or on too few cores) arrive at collectives in the

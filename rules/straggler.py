@@ -65,7 +65,12 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     averaged over the steps. A rank is a straggler when it caused the most lateness in most
     steps and most of all
     lateness (`confidence` >= 0.5) and its delay is at least 20 us. The finding is an
-    error or a warning by the delay's share of step time, else information.
+    error or a warning by the delay's share of step time, else information. When the
+    rank's own queued time (its launched kernels waiting on a device running none of its
+    work) is at least half its delay, or it shares its hardware with ranks of the same work
+    (CAPT101) and has less compute than one of them, its lateness is not its own work: the
+    finding says so and gives the capture's advice, not the data loader's (information
+    where CAPT101's ranks have the same work).
 
     Why is this bad?
     Collectives are synchronous: every rank waits in the collective until the last one
@@ -369,7 +374,11 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     what the edit adds to SYNC101's fixes: a straggler's delay passed on to the ranks
     waiting for it is its own); what remains are waits no one rank is to blame for: the
     ranks take turns arriving last.
-    Point-to-point calls and message storms are left to PIPE101 and COMM201.
+    Point-to-point calls and message storms are left to PIPE101 and COMM201. On a capture
+    CAPT101 judges contended (ranks on one GPU, or on too few cores) the advice opens with
+    capturing again; where those ranks have the same work, they are late in the hardware's
+    turns, not by their work: the finding is information, says so, and advises no
+    balancing.
 
     Why is this bad?
     A collective finishes only when its last rank arrives, so every step runs at the pace

@@ -112,7 +112,9 @@ def test_selection_by_code_prefix_and_name() -> None:
     assert {r.code for r in reg.select(["SYNC"])} == sync
     assert {r.code for r in reg.select(["COMM1"])} == {"COMM101", "COMM102"}
     assert [r.code for r in reg.select(["straggler"])] == ["SYNC101"]
-    assert {r.code for r in reg.select([], ["CAPT", "COMM", "NET", "PIPE", "MODEL", "HANG"])} == sync
+    assert {
+        r.code for r in reg.select([], ["CAPT", "COMM", "NET", "PIPE", "MODEL", "HANG"])
+    } == sync
     assert {r.code for r in reg.select(["ALL"], ["pipeline-bubble"])} == BUILTIN - {"PIPE101"}
     with pytest.raises(RuleError, match="unknown rule or prefix 'NOPE9'"):
         reg.select(["NOPE9"])
