@@ -21,8 +21,9 @@ kind       framework (name: fsdp1, fsdp2, ddp, torchrec, torchrec_pipeline), opt
            the optimizer class, `Shampoo`, `FusedAdam`), phase (name: a `## ... ##` or
            `Optimizer.*` annotation: the CPU phases of a step), blocking_copy (a copy whose
            launch returned only when it ended: `.item()`, `.cpu()`, `.to()` of a device
-           tensor; `within`: the innermost phase around it), p2p (name: batched: a send and a
-           receive in flight together, `batch_isend_irecv` / isend+irecv), schedule (name:
+           tensor; `within`: the innermost phase around it), p2p (name: batched, one NCCL
+           kernel for a send and a receive; overlapped, a send and a receive in flight
+           together as separate calls: batch_isend_irecv, isend/irecv), schedule (name:
            gpipe, 1f1b, interleaved; on every rank of the pipeline).
 count      how many times it occurs in the rank's trace.
 ns_per_step  CPU time inside the rank's steps per step (phases, optimizer steps, blocking
@@ -228,23 +229,28 @@ def framework_table(
 
 
 def _batched(p2p: pl.DataFrame) -> pl.DataFrame:
-    """Per rank, its point-to-point calls issued as batches: one NCCL kernel for a send and
-    a receive (`send_recv`), or a send and a receive in flight together (a call that starts
-    before the rank's previous call of the other direction ended: gloo's isend/irecv)."""
+    """Per rank, its point-to-point calls issued together: `batched`, one NCCL kernel for a
+    send and a receive (`send_recv`: NCCL's batch_isend_irecv), or `overlapped`, a send and
+    a receive in flight together as separate calls (a call that starts before the rank's
+    previous call of the other direction ended: gloo's batch_isend_irecv, isend/irecv)."""
     ordered = p2p.sort("rank", "start_ns")
     before = pl.col("end_ns").cum_max().shift(1).over("rank")
     other = pl.col("collective") != pl.col("collective").shift(1).over("rank")
-    batched = (pl.col("collective") == "send_recv") | (
-        other & (pl.col("start_ns") < before)
-    ).fill_null(False)
+    kind = (
+        pl.when(pl.col("collective") == "send_recv")
+        .then(pl.lit("batched"))
+        .when((other & (pl.col("start_ns") < before)).fill_null(False))
+        .then(pl.lit("overlapped"))
+    )
     return (
-        ordered.filter(batched)
-        .group_by("rank")
+        ordered.with_columns(name=kind)
+        .drop_nulls("name")
+        .group_by("rank", "name")
         .agg(count=pl.len())
         .select(
             "rank",
             kind=pl.lit("p2p"),
-            name=pl.lit("batched"),
+            name="name",
             within=pl.lit(None, pl.String),
             count="count",
             ns_per_step=pl.lit(None, pl.Int64),
