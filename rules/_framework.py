@@ -29,6 +29,53 @@ OPTIMIZER_ADVICE["Shampoo"] = (
 )
 
 
+# FSDP2's (fully_shard's) own knobs, by what they hide: its parameter gathers, or its
+# gradient reductions.
+FSDP2_GATHER = (
+    "FSDP2 (fully_shard, as the trace shows): prefetch the next blocks' parameters during "
+    "the current block's compute (module.set_modules_to_forward_prefetch([...]) and "
+    "set_modules_to_backward_prefetch([...])); reshard_after_forward=False (or an int) for "
+    "the last blocks keeps their parameters gathered for the backward; fully_shard bigger "
+    "units so fewer gathers run."
+)
+FSDP2_REDUCE = (
+    "FSDP2 (fully_shard, as the trace shows): fully_shard each transformer block, so its "
+    "gradients are reduce-scattered while the earlier blocks' backward runs; with gradient "
+    "accumulation, model.set_requires_gradient_sync(False) on all but the last micro-batch."
+)
+TORCHREC_PIPELINED = (
+    "torchrec: the sparse-feature all-to-all is already pipelined (TrainPipelineSparseDist's "
+    "stages are in the trace: `## sparse_data_dist ##`); what stays exposed is the "
+    "embedding exchange of the current batch: cut or balance its volume (below)."
+)
+# Roles whose advice names the wrapper that issues their calls.
+_WRAPPED = ("data_parallel", "fsdp")
+
+
+def fit_advice(
+    tables: Tables, ranks: Sequence[int] | None, role: str, collective: str, lines: Sequence[str]
+) -> tuple[str, ...]:
+    """`lines` of advice for a (role, collective) fitted to the framework the trace shows on
+    `ranks`: FSDP2's knobs (not FSDP1's flags) on an FSDP2 model and the reverse; no
+    DeepSpeed or Megatron-LM line for the gradients of a job that wraps its model in
+    PyTorch's DDP or FSDP; no TrainPipelineSparseDist where it runs. Unchanged where the
+    trace shows no framework."""
+    seen = set(markers(tables, "framework", ranks)["name"].to_list())
+    out = list(lines)
+    if not seen:
+        return tuple(out)
+    if "fsdp2" in seen and role == "fsdp":
+        fsdp2 = FSDP2_GATHER if collective == "all_gather" else FSDP2_REDUCE
+        out = [fsdp2] + [line for line in out if not line.startswith(("FSDP:", "FSDP2:"))]
+    elif "fsdp1" in seen:
+        out = [line for line in out if not line.startswith("FSDP2:")]
+    if role in _WRAPPED and seen & {"fsdp1", "fsdp2", "ddp"}:
+        out = [line for line in out if not line.startswith(("DeepSpeed", "Megatron-LM"))]
+    if "torchrec_pipeline" in seen:
+        out = [TORCHREC_PIPELINED if "TrainPipelineSparseDist" in line else line for line in out]
+    return tuple(out)
+
+
 def markers(tables: Tables, kind: str, ranks: Sequence[int] | None = None) -> pl.DataFrame:
     """The framework table's rows of one kind (of `ranks` when given)."""
     table = tables["framework"]
@@ -87,13 +134,14 @@ def cpu_holders(
                 f"({ns / step_ns:.0%} of the step)" + OPTIMIZER_ADVICE.get(name, ""),
             )
         )
-    copies = markers(tables, "blocking_copy", ranks)
-    for within, ns, _ in mean(copies, "within").iter_rows():
+    copies = markers(tables, "blocking_copy", ranks).with_columns(what=pl.struct("name", "within"))
+    for what, ns, _ in mean(copies, "what").iter_rows():
+        within = what["within"]
         where = "" if within in (None, "-") else f" in `{within}`"
         out.append(
             (
                 ns,
-                f"a device-to-host copy{where} blocks the CPU {ns / 1e6:.2f} ms per step "
+                f"a copy ({what['name']}){where} blocks the CPU {ns / 1e6:.2f} ms per step "
                 f"({ns / step_ns:.0%}) until the device catches up (.item(), .cpu(), "
                 ".to() of a device tensor): copy into pinned memory with non_blocking=True "
                 "and read it later, or drop the sync",

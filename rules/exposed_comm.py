@@ -30,6 +30,7 @@ from ._common import (
     share_severity,
     single_call_steps,
 )
+from ._framework import fit_advice
 
 NVLINK_TP = "Keep tensor-parallel groups inside one NVLink domain (one host)."
 ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
@@ -276,6 +277,8 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                     "hide, so the saving is a bound (the last bucket stays exposed)."
                 )
             advice = advice_for(platform, ADVICE.get((c["role"], c["collective"]), GENERIC))
+            # Only what fits the framework the trace shows (rules/_framework.py).
+            advice = fit_advice(tables, c["ranks"], c["role"], c["collective"], advice)
         out.append(
             make_finding(
                 rule_,

@@ -117,12 +117,20 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     " data loading (num_workers, pin_memory, prefetch_factor), rank-0-only "
                     "logging, evaluation or checkpointing.",
                     _check_the_rank(job_platform(tables).host),
-                    "Balance the work: equal sequence lengths/packing per rank, balanced "
-                    "pipeline stages.",
+                    _balance_line(tables),
                 ),
             )
         )
     return out
+
+
+def _balance_line(tables: Tables) -> str:
+    """SYNC101's work-balancing line: sequence packing, except where every group is
+    tensor-parallel (its ranks share one batch)."""
+    roles = set(group_roles(tables)["role"].drop_nulls().to_list())
+    if roles == {"tensor_parallel"}:
+        return _TENSOR_PARALLEL
+    return "Balance the work: equal sequence lengths/packing per rank, balanced pipeline stages."
 
 
 def _check_the_rank(host: bool) -> str:
@@ -273,11 +281,29 @@ def _uneven_line(group: dict[str, Any]) -> str:
     )
 
 
-def _balance_advice(tables: Tables, uneven: pl.DataFrame) -> tuple[str, ...]:
+_TENSOR_PARALLEL = (
+    "The waits are on tensor-parallel groups, whose ranks share one batch (no sequence "
+    "packing evens them): what differs is each rank's shard (heads, vocabulary, experts "
+    "split unevenly) or its host (CPU launch speed, contention, rank-0-only work): shard "
+    "evenly and give each rank's process the same CPU room."
+)
+
+
+def _balance_advice(
+    tables: Tables, uneven: pl.DataFrame, waited: pl.DataFrame | None = None
+) -> tuple[str, ...]:
     """The work-balancing advice that fits the job: what its uneven all-to-alls show, then
-    the line for its process-group roles."""
+    the line for the roles of the groups the ranks wait in (`waited`'s process_group; all
+    the job's groups without it). Tensor-parallel ranks share one batch: packing sequences
+    cannot even them."""
     lines = tuple(_uneven_line(g) for g in uneven.iter_rows(named=True))
-    roles = set(group_roles(tables)["role"].drop_nulls().to_list())
+    roles_of = group_roles(tables).select("process_group", "role")
+    if waited is not None and waited.height and "process_group" in waited.columns:
+        groups = waited["process_group"].cast(pl.String).unique().implode()
+        roles_of = roles_of.filter(pl.col("process_group").cast(pl.String).is_in(groups))
+    roles = set(roles_of["role"].drop_nulls().to_list())
+    if roles == {"tensor_parallel"}:
+        return (*lines, _TENSOR_PARALLEL)
     for wanted, text in _BALANCE:
         if roles & ({wanted} if isinstance(wanted, str) else set(wanted)):
             return lines if wanted in ("expert", "embedding") and lines else (*lines, text)
@@ -424,7 +450,7 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             },
             edit=edit,
             advice=(
-                *_balance_advice(tables, uneven),
+                *_balance_advice(tables, uneven, waits),
                 "Keep the data loader ahead of the step on every rank (num_workers, "
                 "pin_memory, prefetch_factor).",
                 "Collect garbage at the same step on every rank: gc.freeze() after start-up "

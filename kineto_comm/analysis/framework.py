@@ -21,7 +21,8 @@ kind       framework (name: fsdp1, fsdp2, ddp, torchrec, torchrec_pipeline), opt
            the optimizer class, `Shampoo`, `FusedAdam`), phase (name: a `## ... ##` or
            `Optimizer.*` annotation: the CPU phases of a step), blocking_copy (a copy whose
            launch returned only when it ended: `.item()`, `.cpu()`, `.to()` of a device
-           tensor; `within`: the innermost phase around it), p2p (name: batched, one NCCL
+           tensor; name: the copy's, `Memcpy DtoH (Device -> Pageable)`; `within`: the
+           innermost phase around it), p2p (name: batched, one NCCL
            kernel for a send and a receive; overlapped, a send and a receive in flight
            together as separate calls: batch_isend_irecv, isend/irecv), schedule (name:
            gpipe, 1f1b, interleaved; on every rank of the pipeline).
@@ -153,11 +154,12 @@ def _blocking_copies(
         )
         .select(
             "rank",
+            "name",
             tid=pl.col("launch_tid").cast(pl.String),
             start_ns=pl.col("launch_ns"),
             end_ns=pl.col("launch_end_ns"),
         )
-        .drop_nulls()
+        .drop_nulls(["tid", "start_ns", "end_ns"])
         .sort("start_ns")
     )
     around = (
@@ -182,14 +184,14 @@ def _blocking_copies(
         within=pl.when(pl.col("upto") >= pl.col("end_ns")).then("within").otherwise(pl.lit("-"))
     )
     return (
-        _in_steps(named.select("rank", "within", "start_ns", "end_ns"), marks)
-        .group_by("rank", "within")
+        _in_steps(named.select("rank", "name", "within", "start_ns", "end_ns"), marks)
+        .group_by("rank", "name", "within")
         .agg(count=pl.len(), ns=pl.col("ns").sum())
         .join(steps, on="rank", how="left")
         .select(
             "rank",
             kind=pl.lit("blocking_copy"),
-            name=pl.lit("device-to-host copy"),
+            name="name",
             within="within",
             count="count",
             ns_per_step=pl.col("ns") // pl.col("n_steps").fill_null(1),
