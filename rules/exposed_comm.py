@@ -344,7 +344,9 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     How to fix:
     Overlap it with compute: DDP bucket_cap_mb and gradient_as_bucket_view, Megatron
     --overlap-grad-reduce / --tp-comm-overlap, ZeRO overlap_comm and reduce_bucket_size.
-    The finding's advice is specific to the collective and group role.
+    The finding's advice is specific to the collective and group role, and fits the
+    framework the trace shows (the framework table: no TrainPipelineSparseDist where it
+    runs; no DeepSpeed or Megatron-LM line for a job wrapped in PyTorch's DDP).
     """
     return _findings(exposed_communication, tables, options, sharded=False)
 
@@ -376,6 +378,9 @@ def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[
 
     How to fix:
     FSDP forward_prefetch=True, backward_prefetch=BACKWARD_PRE, limit_all_gathers=True;
-    ZeRO overlap_comm: true, stage3_prefetch_bucket_size, reduce_bucket_size.
+    FSDP2 (fully_shard) set_modules_to_forward_prefetch / set_modules_to_backward_prefetch,
+    reshard_after_forward; ZeRO overlap_comm: true, stage3_prefetch_bucket_size,
+    reduce_bucket_size. The advice fits the framework the trace shows (the framework table):
+    FSDP2's knobs first and no FSDP1 flag on a fully_shard model, and the reverse.
     """
     return _findings(sharded_collective_exposed, tables, options, sharded=True)

@@ -470,7 +470,10 @@ def launch_bound(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     torch.cuda.make_graphed_callables); fuse kernels (torch.compile, fused optimizers:
     fused=True / foreach=True); give each kernel more work (a larger micro-batch); keep
     host work off the launching thread (DataLoader workers, pin_memory, no per-step
-    .item() or logging).
+    .item() or logging). The advice first names what holds the CPU in the step (the
+    framework table: the optimizer step, a copy that blocked the thread, the largest other
+    CPU phase); on TorchRec it advises no CUDA graph (its all-to-alls move data-dependent
+    sizes), and no fused optimizer where the one in use is fused.
     """
     launch = (
         (pl.col("category") == "launch")

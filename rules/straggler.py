@@ -352,7 +352,8 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     every call.
 
     How to fix:
-    Equal work per rank and step (sequence packing or length bucketing; where a group's
+    Equal work per rank and step (sequence packing or length bucketing, except where the
+    waits are on tensor-parallel groups only, whose ranks share one batch; where a group's
     all-to-alls are uneven, the advice names its busiest receivers and how to even out the
     tokens per expert or the embedding rows per rank), a data loader that
     never starts a step empty, garbage collection at the same step on every rank
