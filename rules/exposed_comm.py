@@ -313,7 +313,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     code="COMM101",
     name="exposed-communication",
     summary="Communication that no compute hides, by collective and process-group role.",
-    tables=("collectives", "kernels", "steps", "process_groups", "storms"),
+    tables=("collectives", "kernels", "steps", "process_groups", "storms", "framework"),
     options=SHARE_OPTIONS,
 )
 def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -355,7 +355,7 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     code="COMM102",
     name="sharded-collective-exposed",
     summary="FSDP/ZeRO all-gathers or reduce-scatters that no compute hides.",
-    tables=("collectives", "kernels", "steps", "process_groups", "storms"),
+    tables=("collectives", "kernels", "steps", "process_groups", "storms", "framework"),
     options=SHARE_OPTIONS,
 )
 def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[Finding]:

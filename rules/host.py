@@ -351,7 +351,7 @@ def _per_rank(tables: Tables, where: pl.Expr) -> pl.DataFrame:
     code="SYNC105",
     name="device-contention",
     summary="Launched kernels wait on a device that runs nothing of this rank's.",
-    tables=("kernels", "steps", "offsets"),
+    tables=("kernels", "steps", "offsets", "framework"),
     options=SHARE_OPTIONS,
 )
 def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -445,7 +445,7 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     code="SYNC106",
     name="launch-bound",
     summary="The device idles while the CPU is still launching its next compute kernel.",
-    tables=("kernels", "steps"),
+    tables=("kernels", "steps", "framework"),
     options=SHARE_OPTIONS,
 )
 def launch_bound(tables: Tables, options: dict[str, Any]) -> list[Finding]:

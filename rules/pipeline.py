@@ -172,7 +172,7 @@ def _stage_steps(tables: Tables) -> pl.DataFrame:
     code="PIPE101",
     name="pipeline-bubble",
     summary="Pipeline stages idle in warm-up/cool-down: too few micro-batches or imbalance.",
-    tables=("pipeline", "process_groups", "collectives", "steps", "offsets"),
+    tables=("pipeline", "process_groups", "collectives", "steps", "offsets", "framework"),
     options=(
         Option("target_micro_batches", 0, "Micro-batches to aim for; 0: 4 x stages."),
         Option("imbalance_tolerance", 0.10, "Busy-time spread between stages tolerated."),

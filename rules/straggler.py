@@ -47,7 +47,7 @@ def _stragglers(tables: Tables) -> pl.DataFrame:
     code="SYNC101",
     name="straggler",
     summary="One rank arrives last at collectives and makes the others wait.",
-    tables=("stragglers", "steps"),
+    tables=("stragglers", "steps", "process_groups"),
     options=(
         Option("warn_share", 0.05, "Warn when the delay costs this share of step time."),
         Option("error_share", 0.15, "Error at this share of step time."),
