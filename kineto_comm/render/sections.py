@@ -480,7 +480,8 @@ def step_blame(report: Report) -> Section | None:
         f"{path(median)}); worst step {worst['step']} ({fmt_ns(worst['step_ns'])}, critical "
         f"path {path(worst)}). A step lasts as long as its longest rank's window; its time is "
         "split on that rank's timeline; the critical path's ranks follow it back in time, each "
-        "the one the rank before waited for at a collective or point-to-point call "
+        "the one the rank before waited for at a collective or point-to-point call; launch, "
+        "queued and other_idle are the window's idle time (nothing running) by cause "
         "(docs/tables.md step_blame, critical_path)."
     )
     return Section(
