@@ -162,6 +162,20 @@ def test_one_gradient_all_reduce_after_the_backward_is_exposed(tmp_path: Path) -
     assert truth <= f.impact_ns_per_step <= f.evidence["exposed_ns_per_step"]
 
 
+def test_a_cause_of_no_inferred_role_is_named_by_its_group_and_ranks() -> None:
+    """sample_traces/ep-4 (gloo): its all-to-all group is known (pg_config's group 0), its
+    role is not (no annotation names experts). COMM101 names the group and its ranks and
+    says the role is unknown, not "unknown groups"."""
+    report = analyze(REPO / "sample_traces" / "ep-4", jobs=1)
+    (f,) = [f for f in report.findings if f.code == "COMM101"]
+    assert f.evidence["role"] == "unknown"
+    (pg,) = f.evidence["process_groups"]
+    ranks = report.process_groups.filter(pl.col("process_group") == pg)["ranks"][0].to_list()
+    assert ranks == list(range(min(ranks), max(ranks) + 1))  # written as one range
+    assert f"all_to_all on group {pg} (ranks {min(ranks)}-{max(ranks)}, role unknown)" in f.title
+    assert "unknown groups" not in f.title
+
+
 def test_a_pipelines_gradient_all_reduce_after_the_flush_is_reported() -> None:
     """The real pp-dp NCCL capture (tests/data/h200-nccl): each stage all-reduces its
     gradients once a step after the pipeline flush, exposed (the step-time table's transfer
