@@ -150,7 +150,7 @@ def skew(report: Report) -> Section | None:
             fmt_ns(r["mean_skew_ns"]),
             fmt_ns(r["p95_skew_ns"]),
             fmt_bw(r["median_busbw_gbps"]),
-            "-" if r["most_often_last"] is None else str(r["most_often_last"]),
+            ", ".join(map(str, r["most_often_last_ranks"] or [])) or "-",
         )
         for r in table.iter_rows(named=True)
     ]
@@ -161,7 +161,10 @@ def skew(report: Report) -> Section | None:
         ("group", "collective", "calls", "ranks", "mean skew", "p95 skew", "busbw", "last rank"),
         rows,
         frozenset(range(2, 8)),
-        note,
+        (
+            note + " last rank = the rank that arrived last at the most calls (skew above 5 us); "
+            "ranks tied for it are all listed."
+        ).strip(),
     )
 
 
