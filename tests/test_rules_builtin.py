@@ -174,6 +174,13 @@ def test_a_cause_of_no_inferred_role_is_named_by_its_group_and_ranks() -> None:
     assert ranks == list(range(min(ranks), max(ranks) + 1))  # written as one range
     assert f"all_to_all on group {pg} (ranks {min(ranks)}-{max(ranks)}, role unknown)" in f.title
     assert "unknown groups" not in f.title
+    # The step table names its rows the same way.
+    from kineto_comm.render.sections import step_blame
+
+    section = step_blame(report)
+    assert section is not None
+    calls = [r[1] for r in section.rows if r[0] in ("transfer", "wait")]
+    assert calls and all(c.startswith(f"all_to_all on {pg} (role unknown)") for c in calls)
 
 
 @pytest.mark.parametrize("job", ["sample_traces/ddp-4", "tests/data/h100-nccl/tp-dp-8"])

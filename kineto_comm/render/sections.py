@@ -413,7 +413,8 @@ def _blame_detail() -> pl.Expr:
         pl.lit(" on "),
         grp,
         pl.lit(" ("),
-        pl.col("role").fill_null("unknown"),
+        # A group whose role was not inferred is still a known group: "role unknown".
+        pl.col("role").fill_null("unknown").replace("unknown", "role unknown"),
         pl.lit(")"),
     )
     cat = pl.col("category")
