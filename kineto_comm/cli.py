@@ -557,7 +557,7 @@ def capture(
     layout: Annotated[str, typer.Argument(help="ddp, fsdp, pp, pp-1f1b, pp-dp, tp, tp-dp or ep.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for the rank traces.")],
     ranks: Annotated[int, typer.Option("--ranks", help="World size (processes).")] = 2,
-    steps: Annotated[int, typer.Option("--steps", help="Profiled training steps.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="Profiled training steps.")] = 3,
     backend: Annotated[
         str | None, typer.Option("--backend", help="gloo or nccl (default: nccl with GPUs).")
     ] = None,
