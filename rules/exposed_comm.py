@@ -194,6 +194,36 @@ def _critical_share(tables: Tables, where: pl.Expr) -> float:
     return min(1.0, int(rows["ns"].sum()) / total)
 
 
+def _span(ranks: list[int]) -> str:
+    """Ranks as ranges: [0, 1, 2, 3, 8] -> '0-3, 8'."""
+    spans: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def cause_text(tables: Tables, collective: str, role: str, groups: list[str]) -> str:
+    """A cause as a title names it: its collective on groups of its role, or, where no role
+    was inferred (gloo names no group per call, no annotation names experts), on the groups
+    themselves and their ranks, with the role said to be unknown, never "unknown groups"."""
+    if role != "unknown":
+        return f"{collective} on {role.replace('_', '-')} groups"
+    named = [g for g in groups if g not in (None, "", "?")]
+    if not named:
+        return f"{collective} on groups the trace does not name (role unknown)"
+    pgs = tables["process_groups"] if tables.has("process_groups") else None
+    ranks: list[int] = []
+    if pgs is not None and pgs.height and "ranks" in pgs.columns:
+        for r in pgs.filter(pl.col("process_group").is_in(named))["ranks"].to_list():
+            ranks += r or []
+    which = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+    of = f"ranks {_span(ranks)}, " if ranks else ""
+    return f"{collective} on group{'s' if len(named) > 1 else ''} {which} ({of}role unknown)"
+
+
 def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool) -> list[Finding]:
     """Findings per (role, collective), for the sharded (FSDP/ZeRO) causes or the others."""
     causes = exposure_by_cause(tables)
@@ -206,7 +236,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
         groups = c["groups"] or []
-        what = f"{c['collective']} on {c['role'].replace('_', '-')} groups"
+        what = cause_text(tables, c["collective"], c["role"], groups)
         # Tensor-parallel all-reduces sit between dependent GEMMs: no reordering hides them,
         # only splitting them to overlap with the GEMMs (sequence parallelism, TP comm
         # overlap); the saving is what that would hide at best.

@@ -26,7 +26,7 @@ from kineto_comm.rules_api import (
 from ._common import free_compute
 from ._framework import SCHEDULES, p2p_together, schedule
 
-BUBBLE = ("pipeline_bubble", "idle")
+BUBBLE = ("pipeline_bubble", "other_idle")
 # The calls that receive a micro-batch's data: each transfer is counted once, where the
 # data arrives (the sender's time in the same transfer is the same time: counted on both
 # ends, the replay doubled it against synth jobs whose transfers were made free).
@@ -79,7 +79,7 @@ def _transfer_ns(tables: Tables, ranks: list[int], groups: list[str]) -> pl.Data
 
 def _bubble_ns(tables: Tables, ranks: list[int]) -> float:
     """Mean ns per (rank, step) of the pipeline ranks' bubble in the model of time
-    (step_blame categories pipeline_bubble and idle), over the complete steps."""
+    (step_blame categories pipeline_bubble and other_idle), over the complete steps."""
     complete = step_times(tables).filter(pl.col("complete")).select("step")
     rows = tables.collect(
         step_blame(tables)
@@ -97,7 +97,7 @@ def _stage_steps(tables: Tables) -> pl.DataFrame:
 
     The span of a step is the time from the pipeline's first kernel of the step to its last
     one over all stages (clock-aligned with the offsets table when present): the interval the
-    1F1B bubble formula (p-1)/(m+p-1) is a fraction of. Stages and micro-batches come from
+    GPipe/1F1B bubble formula (p-1)/(m+p-1) is a fraction of. Stages and micro-batches come from
     the pipeline table when present, else from the pipeline groups' size and send calls.
     """
     roles = group_roles(tables).filter(
@@ -186,7 +186,7 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     the title's percentage) with the theory (p-1)/(m+p-1) for p stages and m
     micro-batches, named after the schedule the trace shows (the framework table: GPipe
     or 1F1B, which share it). The saving is replayed on the model of time (step_blame's
-    pipeline_bubble and idle time of the pipeline ranks): `target_micro_batches` (default
+    pipeline_bubble and other_idle time of the pipeline ranks): `target_micro_batches` (default
     4p) shrink the schedule's bubble (p-1) x busy / m to (p-1) x busy / m'. Hiding the
     point-to-point transfers behind compute is replayed too, and advised where it saves 1%
     of the step: it removes the transfers' own time (each counted where its data arrives,
@@ -340,7 +340,9 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                         category=pl.lit("pipeline_bubble"),
                         fraction=mb_share + hide_share,
                     ),
-                    windows.select("rank", "step", category=pl.lit("idle"), fraction=mb_share),
+                    windows.select(
+                        "rank", "step", category=pl.lit("other_idle"), fraction=mb_share
+                    ),
                 ]
             )
 

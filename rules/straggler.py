@@ -368,10 +368,12 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     late = _stragglers(tables)
     if "delay_ns" not in late.columns or late["late_share"].sum() <= 0:
         return []
-    # Ties go to the lowest rank, and the sums run in step order: the same finding however
-    # the tables were gathered.
+    # Ties are listed, all of them (as the skew table lists the ranks tied for most often
+    # last), the lowest first; the sums run in step order: the same finding however the
+    # tables were gathered.
     top = late.sort(["late_share", "rank"], descending=[True, False]).row(0, named=True)
     top_share = top["late_share"]
+    tied = late.filter(pl.col("late_share") == top_share)["rank"].sort().to_list()
     waits = waits.sort("step")
     per_rank = waits.select(pl.col("wait_ns") / pl.col("ranks").clip(lower_bound=1))
     waited = float(per_rank.to_series().sum()) / waits.height
@@ -421,6 +423,9 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         if named.height
         else f"no one rank is to blame (rank {top['rank']}, the most late, caused "
         f"{top_share:.0%} of the lateness)."
+        if len(tied) == 1
+        else f"no one rank is to blame (ranks {', '.join(map(str, tied))}, tied for the most "
+        f"late, caused {top_share:.0%} of the lateness each)."
     )
     return [
         make_finding(
@@ -444,6 +449,7 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "ranks_ever_last": lasts.height,
                 "ranks": late.height,
                 "most_late_rank": top["rank"],
+                "most_late_ranks": tied,
                 "most_late_share": round(top_share, 3),
                 "step_ns": step_ns,
                 "uneven_all_to_all": _uneven_evidence(uneven),
