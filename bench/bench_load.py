@@ -42,7 +42,7 @@ print(dt, r.kernels.height, r.collectives.height)
 # (no columns, no analysis), measured in the same run so that the VM's mood is shared.
 FLOOR = """
 import gzip, sys, time
-from kineto_comm.load.decode import _TOP
+from kineto_comm.load.events import _TOP
 best = 0.0
 for path in sys.argv[1:]:
     data = gzip.open(path).read() if path.endswith(".gz") else open(path, "rb").read()

@@ -531,11 +531,12 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
 def _decode_all(path: Path) -> dict[str, Any]:
     """The file decoded four ways: scanner/pure x whole/pieces -> tables or error text."""
     from kineto_comm.load import decode
+    from kineto_comm.load import scan as scanner
 
     got: dict[str, Any] = {}
-    real = decode._scanner
+    real = scanner._scanner
     for scan in (True, False):
-        decode._scanner = real if scan else None
+        scanner._scanner = real if scan else None
         try:
             for piece in (None, PIECE):
                 key = f"{'scanner' if scan else 'pure'}/{'whole' if piece is None else 'pieces'}"
@@ -558,7 +559,7 @@ def _decode_all(path: Path) -> dict[str, Any]:
                     ),
                 )
         finally:
-            decode._scanner = real
+            scanner._scanner = real
     return got
 
 

@@ -11,8 +11,10 @@ import polars as pl
 import pytest
 
 from kineto_comm.errors import TraceError
-from kineto_comm.load import decode
+from kineto_comm.load import decode, read, scan
+from kineto_comm.load import pieces as decode_pieces
 from kineto_comm.load.decode import decode_file
+from kineto_comm.load.events import _BOUNDARY
 
 from .conftest import (
     all_real_traces,
@@ -63,7 +65,7 @@ def test_host_waits_are_kept_apart_from_the_launches(tmp_path, monkeypatch, scan
     runtime calls are not kept. A wait whose name is written with escapes is found too
     (the scanner hands such a file to msgspec)."""
     if not scanned:
-        monkeypatch.setattr(decode, "_scanner", None)
+        monkeypatch.setattr(scan, "_scanner", None)
     events = [
         kernel("gemm", 20.0, 10.0, corr=1),
         launch(5.0, 1),
@@ -170,8 +172,8 @@ def test_large_file_is_decoded_in_pieces_with_identical_results(tmp_path, monkey
     events += [launch(10.0 * i - 3, i) for i in range(4000)]
     path = write_trace(tmp_path / "t.json", events, baseTimeNanoseconds=5)
     whole = decode_file(path)
-    monkeypatch.setattr(decode, "PIECE_BYTES", 50_000)
-    monkeypatch.setattr(decode, "_READ_BYTES", 16_384)
+    monkeypatch.setattr(decode_pieces, "PIECE_BYTES", 50_000)
+    monkeypatch.setattr(read, "_READ_BYTES", 16_384)
     pieces = decode_file(path)
     assert pieces.gpu.equals(whole.gpu)  # linked by the scanner whole, by a join in pieces
     assert pieces.gpu["launch_ns"].is_not_null().all()
@@ -182,11 +184,11 @@ def test_nested_object_lists_in_args_survive_piece_cuts(tmp_path, monkeypatch):
     # `}, {` inside an event's args must not be taken for an event boundary.
     events = [cpu("op", float(i), 1.0, extra=[{"a": j} for j in range(50)]) for i in range(400)]
     path = write_trace(tmp_path / "t.json", events)
-    monkeypatch.setattr(decode, "PIECE_BYTES", 20_000)
-    monkeypatch.setattr(decode, "_READ_BYTES", 4_096)
+    monkeypatch.setattr(decode_pieces, "PIECE_BYTES", 20_000)
+    monkeypatch.setattr(read, "_READ_BYTES", 4_096)
     tries = []
-    real = decode._decode_events
-    monkeypatch.setattr(decode, "_decode_events", lambda *a: tries.append(1) or real(*a))
+    real = decode_pieces._decode_events
+    monkeypatch.setattr(decode_pieces, "_decode_events", lambda *a: tries.append(1) or real(*a))
     assert decode_file(path).host.height == 400
     # A cut inside an event is followed by one twice as far past it, not by every `}, {`
     # of the event's args (each try decodes the piece from its start again).
@@ -212,21 +214,21 @@ def test_damage_inside_a_large_file_is_reported_without_trying_every_later_cut(
     # pieces before the damage, where a smaller file read whole was rejected).
     events = [kernel(f"k{i}", 10.0 * i, 5.0, corr=i) for i in range(4000)]
     full = write_trace(tmp_path / "full.json", events).read_bytes()
-    at = decode._BOUNDARY.search(full, int(len(full) * 0.6)).end() - 1  # an event's `{`
+    at = _BOUNDARY.search(full, int(len(full) * 0.6)).end() - 1  # an event's `{`
     path = tmp_path / "bad.json"
     path.write_bytes(full[:at] + damage + full[at:])
-    monkeypatch.setattr(decode, "PIECE_BYTES", 50_000)
-    monkeypatch.setattr(decode, "_READ_BYTES", 16_384)
+    monkeypatch.setattr(decode_pieces, "PIECE_BYTES", 50_000)
+    monkeypatch.setattr(read, "_READ_BYTES", 16_384)
     tries = []
-    real = decode._decode_events
-    monkeypatch.setattr(decode, "_decode_events", lambda *a: tries.append(1) or real(*a))
+    real = decode_pieces._decode_events
+    monkeypatch.setattr(decode_pieces, "_decode_events", lambda *a: tries.append(1) or real(*a))
     with pytest.raises(TraceError, match=problem) as pieces:
         decode_file(path)
     assert len(tries) == 1  # msgspec decodes the damaged piece once: no retries
     assert str(path) in str(pieces.value) and "\n" not in str(pieces.value)
     # The same damage in the first piece, or in a file read whole: the same one line.
     for piece in (int(len(full) * 0.7), len(full) * 2):
-        monkeypatch.setattr(decode, "PIECE_BYTES", piece)
+        monkeypatch.setattr(decode_pieces, "PIECE_BYTES", piece)
         with pytest.raises(TraceError, match=problem) as info:
             decode_file(path)
         assert str(path) in str(info.value) and "\n" not in str(info.value)
@@ -248,7 +250,7 @@ def test_damage_in_the_last_part_is_damage_not_a_cut(
     at = full.index(b'"k3000"') + inside  # in the name, or in place of its opening quote
     path = tmp_path / "bad.json"
     path.write_bytes(full[:at] + damage + full[at + 1 :])
-    monkeypatch.setattr(decode, "PIECE_BYTES", len(full) // 2)
+    monkeypatch.setattr(decode_pieces, "PIECE_BYTES", len(full) // 2)
     with pytest.raises(TraceError, match=problem) as info:
         decode_file(path)
     assert "cut off" not in str(info.value)
@@ -371,9 +373,9 @@ def test_a_batchs_read_buffer_is_used_again_only_when_nothing_reads_it():
     """Whole rank files of a batch are read into one buffer, one after the other: a file
     whose bytes something still reads (a table, a closure, an exception) or views must not
     be overwritten by the next file."""
-    if not decode._PRIVATE:
+    if not read._PRIVATE:
         pytest.skip("no private anonymous maps here: every file gets a new bytearray")
-    buffer = decode._Buffer()
+    buffer = read._Buffer()
     first = buffer.take(100)
     first[:5] = b"first"
     held = first  # still read by someone: the next file gets new memory
@@ -394,9 +396,9 @@ def test_a_batchs_read_buffer_asks_for_huge_pages_where_linux_has_them():
     """The read buffer is marked for transparent huge pages (VmFlags `hg` in smaps): reading
     a file of a few MB into it then faults in 2 MB pages, not one fault per 4 kB page."""
     smaps, thp = Path("/proc/self/smaps"), Path("/sys/kernel/mm/transparent_hugepage")
-    if not decode._PRIVATE or decode._HUGE is None or not (smaps.exists() and thp.exists()):
+    if not read._PRIVATE or read._HUGE is None or not (smaps.exists() and thp.exists()):
         pytest.skip("no private anonymous maps or no transparent huge pages here")
-    buffer = decode._Buffer()
+    buffer = read._Buffer()
     mapped = buffer.take(4 << 20)
     at = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
     flags, inside = None, False
@@ -434,13 +436,13 @@ def test_a_file_that_grows_after_its_size_was_read_keeps_all_its_events(tmp_path
     events = [kernel(f"k{j}", 1000 * j, 10, corr=j) for j in range(400)]
     path = write_trace(tmp_path / "r0.json", events)
     alone = decode_file(path)
-    real = decode.os.fstat
+    real = read.os.fstat
 
     class Half:
         def __init__(self, fd: int) -> None:
             self.st_size = real(fd).st_size // 2
 
-    monkeypatch.setattr(decode.os, "fstat", Half)
+    monkeypatch.setattr(read.os, "fstat", Half)
     (grown,) = decode.decode_files([path])
     assert not isinstance(grown, Exception)
     assert grown.gpu.equals(alone.gpu) and grown.gpu.height == 400
@@ -457,7 +459,7 @@ def test_python_call_stacks_change_no_table(tmp_path, monkeypatch, pure):
     from .conftest import REPO
 
     if pure:
-        monkeypatch.setattr(decode, "_scanner", None)
+        monkeypatch.setattr(scan, "_scanner", None)
     src = REPO / "tests" / "data" / "gloo" / "ddp-stack-2"
     bare = tmp_path / "bare"
     bare.mkdir()

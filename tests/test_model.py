@@ -16,7 +16,7 @@ from kineto_comm.analysis.overlap import (
     merge_intervals,
     subtract_intervals,
 )
-from kineto_comm.load.decode import _join_launches
+from kineto_comm.load.assemble import _join_launches
 from kineto_comm.model.collectives import _compute_before
 from kineto_comm.model.names import kernel_fields, normalize_collective
 
@@ -242,7 +242,7 @@ def test_kernels_know_where_their_launching_thread_last_waited_for_the_device(tm
     returns at once waited for nothing; a run of event polls 13 us apart waited for the
     kernel that ended during it, and so did a copy whose call returned after the copy;
     another thread's waits are not this thread's. Found with the scanner and without it."""
-    from kineto_comm.load import decode
+    from kineto_comm.load import scan
 
     events = [
         kernel("gemm_a", 0.0, 100.0, corr=1),
@@ -268,13 +268,13 @@ def test_kernels_know_where_their_launching_thread_last_waited_for_the_device(tm
     # Where each kernel's thread last waited, in us from the first kernel's start.
     expect = {"gemm_a": None, "gemm_b": 100, "gemm_c": 100, "gemm_d": 390, "copy": 390}
     expect |= {"gemm_e": 555, "gemm_f": None}
-    for scanner in (decode._scanner, None):
-        decode_scanner = decode._scanner
-        decode._scanner = scanner
+    for scanner in (scan._scanner, None):
+        decode_scanner = scan._scanner
+        scan._scanner = scanner
         try:
             k = analyze(tmp_path, jobs=1, ignore=["ALL"]).kernels.sort("start_ns")
         finally:
-            decode._scanner = decode_scanner
+            scan._scanner = decode_scanner
         start = k["start_ns"].min()
         got = dict(
             zip(

@@ -18,7 +18,7 @@ import pytest
 from kineto_comm import analyze, budget, per_rank, workers
 from kineto_comm import cache as kineto_cache
 from kineto_comm.errors import UsageError
-from kineto_comm.load import decode
+from kineto_comm.load import assemble, decode
 from kineto_comm.synth import generate
 
 from .conftest import SAMPLES
@@ -365,13 +365,13 @@ def test_kernels_get_the_first_timed_runtime_call_with_their_correlation(tmp_pat
     """The scanner's links (whole files) and the join (msgspec's path) agree, and find what
     the trace says; a file with a B/E launch is joined instead, in a batch too."""
     joined = []
-    real = decode._join_launches
+    real = assemble._join_launches
 
     def spy(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
         joined.append(gpu.height)
         return real(gpu, runtime)
 
-    monkeypatch.setattr(decode, "_join_launches", spy)
+    monkeypatch.setattr(assemble, "_join_launches", spy)
     files = [_launches(tmp_path), *sorted((SAMPLES / "tp-2").iterdir())]
     with monkeypatch.context() as m:
         m.setattr(decode, "_scanner", None)

@@ -18,8 +18,9 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from kineto_comm.load import decode
-from kineto_comm.load.decode import Args, decode_file, decode_files
+from kineto_comm.load import decode, pieces, scan
+from kineto_comm.load.decode import decode_file, decode_files
+from kineto_comm.load.events import _EVENTS, Args
 from tests.conftest import all_shared_traces
 
 TABLES = ("gpu", "ops", "host", "threads", "waits")
@@ -27,11 +28,11 @@ TABLES = ("gpu", "ops", "host", "threads", "waits")
 
 @pytest.fixture
 def scanner():
-    if decode._scanner is None:
+    if scan._scanner is None:
         if os.environ.get("CI"):
             pytest.fail("the compiled scanner was not built (pip install -e . builds it)")
         pytest.skip("the compiled scanner is not built on this machine")
-    return decode._scanner
+    return scan._scanner
 
 
 def test_scanner_checks_exactly_the_args_fields_of_the_decoder(scanner):
@@ -64,7 +65,7 @@ def _tables(path: Any, **kw: Any) -> dict[str, pl.DataFrame]:
 
 def _pure(monkeypatch: pytest.MonkeyPatch, path: Any, **kw: Any) -> dict[str, pl.DataFrame]:
     with monkeypatch.context() as m:
-        m.setattr(decode, "_scanner", None)
+        m.setattr(scan, "_scanner", None)
         return _tables(path, **kw)
 
 
@@ -83,7 +84,7 @@ def test_every_real_trace_gives_the_same_tables_with_and_without_the_scanner(sca
         calls.append(got is not None)
         return got
 
-    monkeypatch.setattr(decode, "_scanner", type("Spy", (), {"scan": staticmethod(spy)}))
+    monkeypatch.setattr(scan, "_scanner", type("Spy", (), {"scan": staticmethod(spy)}))
     for path in all_shared_traces():
         calls.clear()
         try:
@@ -121,15 +122,15 @@ def test_a_file_of_a_few_pieces_is_scanned_whole_and_joins_the_batch(
     piece = paths[0].stat().st_size // 3
     assert 1 < paths[0].stat().st_size / piece <= decode.WHOLE_PIECES
     stops: list[int] = []
-    real_scan = decode._scan_piece
-    monkeypatch.setattr(decode, "_scan_piece", lambda *a: stops.append(a[2]) or real_scan(*a))
+    real_scan = pieces._scan_piece
+    monkeypatch.setattr(pieces, "_scan_piece", lambda *a: stops.append(a[2]) or real_scan(*a))
     batched: list[int] = []
     real_batch = decode._scanned_batch
     monkeypatch.setattr(decode, "_scanned_batch", lambda p: batched.append(len(p)) or real_batch(p))
     whole = [decode_files(paths, piece)[0], decode_file(paths[0], piece)]
     assert stops == [-1, -1, -1] and batched == [2]  # one scan of all of each file
     with monkeypatch.context() as m:
-        m.setattr(decode, "WHOLE_PIECES", 1)
+        m.setattr(pieces, "WHOLE_PIECES", 1)
         in_pieces = _tables(paths[0], piece_bytes=piece)
     assert len(stops) > 3 + 1 and min(stops[3:-1]) >= 0  # that one went piece by piece
     for raw in whole:
@@ -154,10 +155,10 @@ def _pieces(events_json: bytes, host: bool = True) -> tuple[Any, Any]:
     """Columns of one piece (`[...]` of events) by the scanner (None: handed back) and by
     msgspec (an exception: msgspec rejects it); `host`: whether every CPU op is kept (else
     the scanner drops most of them itself)."""
-    got = decode._scan_piece(events_json, 0, len(events_json) - 1, host)
+    got = scan._scan_piece(events_json, 0, len(events_json) - 1, host)
     patched = b"[" + events_json[1:-1] + b"]"  # as the reader patches a piece for msgspec
     try:
-        pure: Any = decode._columns(decode._EVENTS.decode(patched), host=host)
+        pure: Any = decode._columns(_EVENTS.decode(patched), host=host)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         pure = exc
     fast = None if got is None else decode._columns(got[0], host=host)
@@ -328,9 +329,9 @@ SPACE_BYTES = [b" ", b"\n", b"\r", b"\t", b"\x0b", b"\x00", b"x"]
 
 def _names_agree(scanner: Any, events_json: bytes) -> None:
     """The scanner takes the piece only where msgspec does, and then reads the same names."""
-    got = scanner.scan(events_json, 0, len(events_json) - 1, decode._SCAN_CODES, "s")
+    got = scanner.scan(events_json, 0, len(events_json) - 1, scan._SCAN_CODES, "s")
     try:
-        pure = decode._EVENTS.decode(events_json)
+        pure = _EVENTS.decode(events_json)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
         assert got is None, events_json
         return
@@ -461,7 +462,7 @@ def test_random_pieces_agree_with_msgspec(scanner, seed):
 
 
 def test_the_environment_can_turn_the_scanner_off(scanner):
-    code = "import kineto_comm.load.decode as d; print(d._scanner is None)"
+    code = "import kineto_comm.load.scan as s; print(s._scanner is None)"
     run = subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, "KINETO_COMM_PURE_DECODER": "1"},

@@ -1,7 +1,7 @@
 /*
  * _scan: read a piece of a Kineto `traceEvents` array straight into columns.
  *
- * The pure-Python path (decode.py) decodes events into msgspec Structs and then reads their
+ * The pure-Python path (load/columns.py) decodes events into msgspec Structs and then reads their
  * attributes column by column; most of its time goes into creating, reading and freeing
  * those millions of small objects. This scanner walks the JSON bytes once and appends the
  * fields the analyses use to typed columns, which Polars takes over through the Arrow C data
@@ -10,7 +10,7 @@
  * It is an accelerator, not a second decoder with its own rules: it accepts exactly the
  * events the phase-tagged msgspec decoder accepts in the shapes it supports, and for
  * anything else (invalid JSON, a field of an unexpected type, a string pid on a kept event,
- * an unknown phase, ...) scan() returns None and decode.py decodes the piece with msgspec
+ * an unknown phase, ...) scan() returns None and load/pieces.py decodes the piece with msgspec
  * as before, errors and all. Fields it does not extract are still checked the way msgspec
  * checks them (the `Args` fields' types, UTF-8 and surrogates in strings), so a piece it
  * accepts is one msgspec accepts too.
@@ -115,7 +115,7 @@ static const Col COLS[N_COLS] = {
 /* The details table: a row per kept event whose args name a collective field, with the
  * decoder's `Args` fields that the collectives table reads (text as ids of `names`). `raw`
  * marks a row with a value of a type the columns do not hold (a list of ranks, a string
- * Seq, an integer group name, an integer beyond int64): decode.py decodes that event with
+ * Seq, an integer group name, an integer beyond int64): load/scan.py decodes that event with
  * msgspec and takes its fields from there (only the collective name, text or null in
  * every event the scanner takes, is still read from this row). */
 enum {
@@ -781,7 +781,7 @@ static int skip_value(Cur *c, Value *v, int depth) {
 
 /* ----------------------------------------------------------------------- the events */
 
-/* The `Args` fields of decode.py (their JSON names) and the types msgspec accepts for each.
+/* The `Args` fields of load/events.py (their JSON names) and the types msgspec accepts for each.
  * The first five are kept as columns. tests/test_scan.py checks this list against Args. */
 #define STR_OK (V_STR | V_NULL)
 #define INT_OK (V_ANYINT | V_NULL)
@@ -971,7 +971,7 @@ static const int DETAIL_TEXT[D_RAW] = {1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0};
      (1u << A_DST) | (1u << A_WSTREAM) | (1u << A_WCORR))
 
 /* A details row for the event when its args give any of the fields a value: its row, -1
- * when they give none, -2 when out of memory. Text goes into `names` (decode.py reads ids
+ * when they give none, -2 when out of memory. Text goes into `names` (load/scan.py reads ids
  * of both kinds from one list). */
 static int64_t put_details(Table *d, const Event *ev, Interner *names) {
     static const Value absent = {.kind = V_ABSENT};
@@ -1005,10 +1005,10 @@ static int64_t put_details(Table *d, const Event *ev, Interner *names) {
 }
 
 /* Each device row's launch: the time, thread and duration of the first runtime call, in
- * file order, with its correlation and a time (the join decode.py would make: runtime calls without a
+ * file order, with its correlation and a time (the join load/assemble.py would make: runtime calls without a
  * time are dropped, the first of the others kept); then the runtime rows are let go: they
  * serve no table but this link (a batch of rank files spent a third of its rows and
- * queries on them, bench/README.md, forty-first session). Roles are code / 16 (decode.py's
+ * queries on them, bench/README.md, forty-first session). Roles are code / 16 (load/events.py's
  * _CODES): 0 device, 1 runtime. A hash table of the runtime calls, then a look-up per
  * device row: the same join in Polars cost a batch of rank files more than scanning its
  * runtime calls (bench/README.md, twenty-ninth session). Only for a whole file whose
@@ -1096,7 +1096,7 @@ static int link_launches(Table *t) {
 /* ------------------------------------------------------------------------- scan() */
 
 /* Whether a CPU op's name may make it an `ops` row: it starts with one of the prefixes, or
- * it has escapes (compared decoded, by decode.py). A missing or null name never does. */
+ * it has escapes (compared decoded, by load/scan.py). A missing or null name never does. */
 static int op_named(const Value *name, const Category *prefixes, int n) {
     if (name->kind != V_STR) return 0;
     if (name->flags & S_ESC) return 1;
@@ -1138,7 +1138,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
     }
     /* With a tuple of name prefixes: the CPU ops (role 2) kept are those of code `op_code`
-     * and those whose name starts with one of them (or has escapes: decode.py decides).
+     * and those whose name starts with one of them (or has escapes: load/scan.py decides).
      * The bytes objects live in the caller's arguments until the call returns. */
     Category ops[16];
     int n_ops = -1; /* -1: every CPU op kept */
@@ -1302,7 +1302,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         put_null(&t, COL_LAUNCH_TS); /* link_launches sets them */
         put_null(&t, COL_LAUNCH_TID);
         put_null(&t, COL_LAUNCH_DUR);
-        if (ph == 'M') { /* decode.py reads metadata from the span */
+        if (ph == 'M') { /* load/scan.py reads metadata from the span */
             for (int k = COL_NAME; k < COL_START; k++) put_null(&t, k);
             put_null(&t, COL_DETAIL);
             t.n++;
