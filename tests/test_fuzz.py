@@ -14,6 +14,7 @@ import pytest
 
 from kineto_comm import analyze
 from kineto_comm.load import decode
+from kineto_comm.load import scan as scanner
 from tests import fuzz
 from tests.conftest import H100_TRACES, SAMPLES, shared
 
@@ -213,7 +214,7 @@ def test_trace_events_twice_reads_the_last_in_every_path(tmp_path, monkeypatch):
     for scan in (True, False):
         with monkeypatch.context() as m:
             if not scan:
-                m.setattr(decode, "_scanner", None)
+                m.setattr(scanner, "_scanner", None)
             for piece in (None, 32 * 1024):
                 got = decode.decode_file(path, piece)
                 for table in ("gpu", "ops", "host", "threads"):

@@ -18,7 +18,7 @@ import pytest
 from kineto_comm import analyze, budget, per_rank, workers
 from kineto_comm import cache as kineto_cache
 from kineto_comm.errors import UsageError
-from kineto_comm.load import assemble, decode
+from kineto_comm.load import assemble, decode, scan
 from kineto_comm.synth import generate
 
 from .conftest import SAMPLES
@@ -374,7 +374,7 @@ def test_kernels_get_the_first_timed_runtime_call_with_their_correlation(tmp_pat
     monkeypatch.setattr(assemble, "_join_launches", spy)
     files = [_launches(tmp_path), *sorted((SAMPLES / "tp-2").iterdir())]
     with monkeypatch.context() as m:
-        m.setattr(decode, "_scanner", None)
+        m.setattr(scan, "_scanner", None)
         pure = {f: decode.decode_file(f).gpu for f in [*files, _launch_pairs(tmp_path)]}
     for batch, linked in ((files, True), ([*files, _launch_pairs(tmp_path)], False)):
         joined.clear()
