@@ -1,8 +1,6 @@
 """kineto-comm: where communication costs distributed training time, from Kineto traces."""
 
-__version__ = "0.1.0"
-
-from kineto_comm.analyze import analyze  # noqa: E402
-from kineto_comm.report import Report  # noqa: E402
+from kineto_comm.analyze import Report, analyze
+from kineto_comm.version import __version__
 
 __all__ = ["Report", "__version__", "analyze"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm import budget, cache
+from kineto_comm import budget, cache, report
 from kineto_comm.analysis.crossrank import cross_rank
 from kineto_comm.analysis.jobs import (
     conflicting_groups,
@@ -34,7 +34,8 @@ from kineto_comm.model.names import check_comm_patterns
 from kineto_comm.model.steps import one_step_warning
 from kineto_comm.per_rank import SPILLED, TABLES, RankTables, spill, tabulate
 from kineto_comm.rank_store import Part, RankStore, SpillFolder
-from kineto_comm.report import Report
+from kineto_comm.render.formats import parse_severity
+from kineto_comm.render.json_doc import document, render_json
 from kineto_comm.workers import (
     DIED,
     Outcome,
@@ -45,6 +46,22 @@ from kineto_comm.workers import (
     unpack,
     work_packed,
 )
+
+
+class Report(report.Report):
+    """What `analyze()` returns (`kineto_comm.Report`): report.Report's tables, errors and
+    findings, and their JSON document. Renderers and rules read report.Report, below them;
+    the document's methods live up here, so that report.py never imports a renderer."""
+
+    def to_dict(self, fail_on: str = "error") -> dict[str, Any]:
+        """The JSON document `kineto-comm report --format json` writes, as Python objects
+        (docs/json.md; field names are stable). `fail_on` sets the summary's verdict."""
+        return document(self, parse_severity(fail_on))
+
+    def to_json(self, fail_on: str = "error") -> str:
+        """The text `kineto-comm report --format json` writes (to_dict() as strict JSON)."""
+        return render_json(self, parse_severity(fail_on))
+
 
 # Rows per contiguous chunk of a merged per-rank table (steps, totals): see _contiguous.
 CHUNK_ROWS = 1_000_000

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import polars as pl
 
-from kineto_comm import __version__
 from kineto_comm.model.collectives import COLLECTIVE_COLUMNS
 from kineto_comm.model.kernels import KERNEL_COLUMNS
 from kineto_comm.per_rank import META_FIELDS, TABLES, RankTables
+from kineto_comm.version import __version__
 
 _BLOCK = 16 * 1024 * 1024
 

@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from kineto_comm.findings import Finding, Severity
+from kineto_comm.render.fmt import fmt_ns
 from kineto_comm.render.json_doc import as_finding, clean, document, finding_key
 from kineto_comm.render.sections import fmt_bw
 from kineto_comm.render.sections import group as group_name
-from kineto_comm.render.text import fmt_ns
 from kineto_comm.report import Report
 
 Side = Report | dict[str, Any] | str | Path | Sequence[str | Path]

@@ -33,11 +33,11 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm import __version__
 from kineto_comm.analysis.overlap import METRICS
 from kineto_comm.analysis.stragglers import NOISE_NS
 from kineto_comm.lazy import collect
 from kineto_comm.rank_store import RankStore
+from kineto_comm.version import __version__
 
 SCHEMA_VERSION = 1
 TABLE_NAMES = (
@@ -288,14 +288,6 @@ class Report:
                 at += n
         return by_rank
 
-    def to_dict(self, fail_on: str = "error") -> dict[str, Any]:
-        """The JSON document `kineto-comm report --format json` writes, as Python objects
-        (docs/json.md; field names are stable). `fail_on` sets the summary's verdict."""
-        from kineto_comm.render.formats import parse_severity
-        from kineto_comm.render.json_doc import document
-
-        return document(self, parse_severity(fail_on))
-
     def _to_dict(
         self, steps_of: Callable[[int, Callable[[], pl.DataFrame] | None], Any]
     ) -> dict[str, Any]:
@@ -341,13 +333,6 @@ class Report:
             "warnings": list(self.warnings),
             "findings": [f.to_dict() if hasattr(f, "to_dict") else f for f in self.findings],
         }
-
-    def to_json(self, fail_on: str = "error") -> str:
-        """The text `kineto-comm report --format json` writes (to_dict() as strict JSON)."""
-        from kineto_comm.render.formats import parse_severity
-        from kineto_comm.render.json_doc import render_json
-
-        return render_json(self, parse_severity(fail_on))
 
 
 def _rank_steps(store: RankStore, rank: int, columns: list[str]) -> pl.DataFrame:

@@ -15,10 +15,11 @@ import os
 import socket
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from kineto_comm.capture.config import CaptureConfig, CaptureError
 
 LAYOUTS: tuple[str, ...] = ("ddp", "fsdp", "pp", "pp-1f1b", "pp-dp", "tp", "tp-dp", "ep")
 """Parallelism layouts :func:`capture` knows how to run."""
@@ -33,25 +34,6 @@ STEPS = 3
 # Profiler schedule: one skipped step, one warm-up step, then ``steps`` recorded steps.
 _WAIT = 1
 _WARMUP = 1
-
-
-class CaptureError(RuntimeError):
-    """A capture could not run (bad arguments, torch missing, or a layout unsupported)."""
-
-
-@dataclass(frozen=True)
-class CaptureConfig:
-    """Everything a worker needs to know; picklable so it crosses ``spawn``."""
-
-    layout: str
-    out_dir: str
-    world_size: int
-    steps: int
-    backend: str
-    bucket_cap_mb: float
-    micro_batches: int
-    seed: int
-    with_stack: bool = False
 
 
 def trace_path(out_dir: str | Path, rank: int) -> Path:

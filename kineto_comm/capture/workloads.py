@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from kineto_comm.capture.runner import CaptureConfig
+from kineto_comm.capture.config import CaptureConfig, CaptureError
 
 VOCAB = 256
 HIDDEN = 64
@@ -227,8 +226,6 @@ def _ddp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
 def _fsdp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
     """FSDP2 ``fully_shard`` per block and at the root (all-gather / reduce-scatter)."""
     import torch
-
-    from kineto_comm.capture.runner import CaptureError
 
     try:
         from torch.distributed.fsdp import fully_shard

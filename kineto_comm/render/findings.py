@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from kineto_comm.render.text import print_prose
+from kineto_comm.render.fmt import print_prose
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 

@@ -9,8 +9,6 @@ one is. Exit code 2 (tool or input errors) is the CLI's own decision and comes b
 
 from __future__ import annotations
 
-import errno
-import gzip
 import io
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,6 +20,7 @@ from kineto_comm.render.html import render_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, json_pieces, render_json
 from kineto_comm.render.junit import render_junit
 from kineto_comm.render.markdown import render_markdown
+from kineto_comm.render.output import open_output
 from kineto_comm.render.sarif import render_sarif
 from kineto_comm.report import Report
 
@@ -138,21 +137,3 @@ def write(
     else:
         for piece in pieces:
             out.write(piece)
-
-
-def open_output(path: Path, compresslevel: int = 6) -> TextIO:
-    """`path` opened to write UTF-8 text: gzip-compressed when its name ends in .gz (any
-    format: `-o report.json.gz` is a gzip file, as its name says), its missing parent
-    directories made. NotADirectoryError naming `path` when a parent is a regular file
-    (mkdir would say "File exists", which names neither the path nor the problem)."""
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(
-                    errno.ENOTDIR, f"{parent} is a file, not a directory", str(path)
-                )
-            break
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "wt", encoding="utf-8", compresslevel=compresslevel)
-    return path.open("w", encoding="utf-8")

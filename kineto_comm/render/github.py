@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.findings import claim_note
+from kineto_comm.render.fmt import fmt_ns
 from kineto_comm.render.json_doc import findings_of
-from kineto_comm.render.text import fmt_ns
 from kineto_comm.report import Report
 
 COMMAND = {"error": "error", "warning": "warning", "info": "notice"}

@@ -19,7 +19,6 @@ Every string that comes from a trace goes through `esc` (html.escape with quotes
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from typing import Any
@@ -30,11 +29,13 @@ from kineto_comm.analysis.stragglers import NOISE_NS
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
 from kineto_comm.render.findings import all_fixes_line, claim_note
+from kineto_comm.render.fmt import fmt_bytes, fmt_ns
 from kineto_comm.render.html_timeline import timelines_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview, rank_means
 from kineto_comm.render.palette import COLORS, KIND
 from kineto_comm.render.sections import UNKNOWN_GROUP, Section, sections
-from kineto_comm.render.text import clock_sets_line, fmt_bytes, fmt_ns, hosts_line
+from kineto_comm.render.svg import esc, legend_html, tick_label, ticks
+from kineto_comm.render.text import clock_sets_line, hosts_line
 from kineto_comm.report import Report
 
 SEV_COLOR = {"error": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
@@ -60,32 +61,6 @@ td.l,th.l{text-align:left}
 .hists{display:flex;flex-wrap:wrap;gap:12px}
 pre{font-size:11px;background:#f4f4f4;padding:6px;overflow:auto;max-height:240px}
 """
-
-
-def esc(value: Any) -> str:
-    """Any value as HTML text or attribute content (quotes escaped too)."""
-    return html.escape("-" if value is None else str(value), quote=True)
-
-
-def _legend(items: list[tuple[str, str]]) -> str:
-    """An HTML legend: coloured squares with labels."""
-    spans = "".join(f'<span><i style="background:{c}"></i>{esc(t)}</span>' for t, c in items)
-    return f'<div class="legend">{spans}</div>'
-
-
-def _ticks(max_value: float, n: int = 5) -> list[float]:
-    """About `n` round tick values from 0 to max_value."""
-    if max_value <= 0:
-        return [0.0]
-    raw = max_value / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    return [i * step for i in range(int(max_value / step) + 1)]
-
-
-def _tick_label(ns: float) -> str:
-    """An escaped axis label: 0 at the origin, else a duration."""
-    return "0" if ns == 0 else esc(fmt_ns(ns))
 
 
 def _empty(plot_id: str, text: str) -> str:
@@ -148,14 +123,14 @@ def svg_step_time(report: Report) -> str:
             x += w
     y0 = top + n * (bar_h + gap)
     parts.append(f'<line x1="{LABEL_W}" y1="{y0}" x2="{PLOT_W - 20}" y2="{y0}" stroke="#999"/>')
-    for t in _ticks(vmax):
+    for t in ticks(vmax):
         x = LABEL_W + t * scale
         parts.append(f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y0 + 4}" stroke="#999"/>')
         parts.append(
-            f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle" {FONT}>{_tick_label(t)}</text>'
+            f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle" {FONT}>{tick_label(t)}</text>'
         )
     parts.append("</svg>")
-    legend = _legend([(lb, COLORS[nm]) for nm, lb in zip(names, labels, strict=True)])
+    legend = legend_html([(lb, COLORS[nm]) for nm, lb in zip(names, labels, strict=True)])
     return legend + "".join(parts)
 
 
@@ -517,17 +492,17 @@ def svg_pipeline(report: Report) -> str:
                 "</title></rect>"
             )
     y0 = top + len(lanes) * (lane_h + gap)
-    for t in _ticks(span / 1.0):
+    for t in ticks(span / 1.0):
         x = LABEL_W + t * usable / span
         parts.append(
             f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y0 + 4}" stroke="#999"/>'
-            f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle" {FONT}>{_tick_label(t)}</text>'
+            f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle" {FONT}>{tick_label(t)}</text>'
         )
     parts.append(
         f'<text x="{LABEL_W}" y="{y0 + 34}" {FONT} fill="#666">{esc(label)}, time from its '
         f"start on rank 0's clock</text></svg>"
     )
-    legend = _legend(
+    legend = legend_html(
         [("compute", COLORS["compute"]), ("communication", COLORS["communication"])]
         + [("memcpy/memset", COLORS["memory"])]
     )

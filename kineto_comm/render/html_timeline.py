@@ -23,8 +23,9 @@ import polars as pl
 
 from kineto_comm.analysis import steptime
 from kineto_comm.lazy import collect
+from kineto_comm.render.fmt import fmt_ns
 from kineto_comm.render.palette import COLORS
-from kineto_comm.render.text import fmt_ns
+from kineto_comm.render.svg import legend_html, tick_label, ticks
 from kineto_comm.report import Report
 
 PLOT_W = 900
@@ -274,13 +275,12 @@ def svg_step_timeline(report: Report, which: str, step: int, step_ns: float) -> 
             )
     y0 = ltop + len(shown) * (lane_h + gap)
     span = t1 - t0
-    from kineto_comm.render.html import _tick_label, _ticks
 
-    for t in _ticks(float(span)):
+    for t in ticks(float(span)):
         x = LABEL_W + t * scale
         parts.append(
             f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y0 + 4}" stroke="#999"/>'
-            f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle" {FONT}>{_tick_label(t)}</text>'
+            f'<text x="{x:.1f}" y="{y0 + 16}" text-anchor="middle" {FONT}>{tick_label(t)}</text>'
         )
     parts.append(
         f'<text x="{LABEL_W}" y="{y0 + 32}" {FONT} fill="#666">step {step} ({which}: '
@@ -295,10 +295,9 @@ def timelines_html(report: Report) -> str:
     chosen = chosen_steps(report)
     if not chosen:
         return '<p class="muted">No numbered steps: no per-step timeline.</p>'
-    from kineto_comm.render.html import _legend
 
     ranks, why = lanes(report)
-    legend = _legend(
+    legend = legend_html(
         [
             ("compute", COLORS["compute"]),
             ("exposed communication", COLORS["exposed"]),

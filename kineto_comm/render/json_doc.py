@@ -23,12 +23,12 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm import __version__
 from kineto_comm.analysis import steptime
 from kineto_comm.findings import Finding, Severity, rank_findings
 from kineto_comm.lazy import collect
 from kineto_comm.rank_store import RankStore
 from kineto_comm.report import SCHEMA_VERSION, Report
+from kineto_comm.version import __version__
 
 JSON_SCHEMA_URI = "https://kineto-comm.invalid/schemas/report-v1.json"
 # The step metrics averaged per step (summary) and per rank (rank_means).

@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.findings import claim_note
+from kineto_comm.render.fmt import fmt_ns
 from kineto_comm.render.json_doc import findings_of, rule_catalog
-from kineto_comm.render.text import fmt_ns
 from kineto_comm.report import Report
 
 _BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")

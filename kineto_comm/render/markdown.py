@@ -14,9 +14,10 @@ from typing import Any
 
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.findings import all_fixes_line, claim_note
+from kineto_comm.render.fmt import fmt_ns
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview
 from kineto_comm.render.sections import sections
-from kineto_comm.render.text import clock_sets_line, fmt_ns, hosts_line
+from kineto_comm.render.text import clock_sets_line, hosts_line
 from kineto_comm.report import Report
 
 MAX_CHARS = 60_000

@@ -51,6 +51,7 @@ import polars as pl
 
 from kineto_comm.lazy import collect
 from kineto_comm.render.json_doc import counted, findings_of
+from kineto_comm.render.output import open_output
 from kineto_comm.report import Report
 
 # The default ceiling on the uncompressed JSON (what the viewer holds): Perfetto UI in a
@@ -878,8 +879,6 @@ def write_timeline(
     stream) and return what it holds."""
     selection = selection or select(report)
     if isinstance(out, Path):
-        from kineto_comm.render.formats import open_output
-
         # Level 3: within a few percent of level 6's size at a third of its time.
         with open_output(out, compresslevel=3) as stream:
             for piece in timeline_pieces(report, selection):

@@ -16,10 +16,10 @@ from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 from urllib.parse import quote
 
-from kineto_comm import __version__
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.json_doc import clean, finding_key, findings_of, rule_catalog
 from kineto_comm.report import Report
+from kineto_comm.version import __version__
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVEL = {"error": "error", "warning": "warning", "info": "note"}

@@ -22,8 +22,8 @@ import polars as pl
 
 from kineto_comm.analysis import steptime
 from kineto_comm.analysis.roles import evidence_phrase
+from kineto_comm.render.fmt import EXTREME_RANKS, MAX_RANK_ROWS, fmt_bytes, fmt_ns
 from kineto_comm.render.json_doc import collective_totals
-from kineto_comm.render.text import EXTREME_RANKS, MAX_RANK_ROWS, fmt_bytes, fmt_ns
 from kineto_comm.report import Report
 
 # How an unknown process group is written in every human format.

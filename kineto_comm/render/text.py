@@ -23,7 +23,16 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from kineto_comm.render.findings import render_findings
+from kineto_comm.render.fmt import (
+    EXTREME_RANKS,
+    MAX_RANK_ROWS,
+    fmt_ns,
+    pct,
+    print_prose,
+)
 from kineto_comm.render.json_doc import rank_means
+from kineto_comm.render.sections import sections
 from kineto_comm.report import Report
 
 # Control characters (C0, DEL, C1) and the bidirectional overrides: none of them belongs in
@@ -66,38 +75,6 @@ def output_width(console: Console) -> int:
     return int(columns) if columns.isdigit() and int(columns) > 0 else DEFAULT_WIDTH
 
 
-def fmt_ns(ns: int | float | None) -> str:
-    """A duration for people: ms with 2 decimals, us below 0.1 ms."""
-    if ns is None:
-        return "-"
-    if abs(ns) < 100_000:
-        return f"{ns / 1e3:.1f} us"
-    return f"{ns / 1e6:,.2f} ms"
-
-
-def fmt_bytes(n: int | float | None) -> str:
-    """A size in decimal units (B, KB, MB, GB; 1 KB = 1000 bytes)."""
-    if n is None:
-        return "-"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def pct(part: float | None, whole: float | None) -> str:
-    """part/whole as a percentage, '-' when undefined."""
-    if part is None or not whole:
-        return "-"
-    return f"{100 * part / whole:.1f}%"
-
-
-# Above this many ranks the per-rank table shows the extremes and the median, not every rank:
-# a 2,048-rank job would print thousands of lines.
-MAX_RANK_ROWS = 16
-EXTREME_RANKS = 5
-
-
 def _extremes(ranks: pl.DataFrame) -> pl.DataFrame:
     """The ranks with the highest and the lowest share of exposed communication, with a
     "median" row between them (each numeric column's median over every rank)."""
@@ -133,7 +110,6 @@ def render_text(
     console = TraceConsole(file=out, width=width)
     if width is None and not console.is_terminal:
         console = TraceConsole(file=out, width=output_width(console))
-    from kineto_comm.render.findings import render_findings  # rules engine: what to do first
 
     render_findings(report, console)
     if report.ranks.height == 0:  # every file was unusable: what was wrong with each
@@ -196,8 +172,6 @@ def render_text(
         "(mean) = the rank's windows of the job's complete steps (a last step, cut at its last "
         "kernel, left out) and their mean.",
     )
-
-    from kineto_comm.render.sections import sections
 
     shown = sections(report, brief=True)
     if not any(section.key == "collective_totals" for section in shown):
@@ -325,18 +299,6 @@ def print_table(
             f"(left out at {console.width} columns: {', '.join(left_out)}; a wider terminal"
             " or COLUMNS, or --format json, shows them)",
         )
-
-
-def print_prose(console: Console, text: str | Text, indent: int = 0, hang: int = 0) -> None:
-    """A paragraph wrapped at words to the console's width: `indent` spaces before its
-    first line, `indent + hang` before the others (a list item's text under its text)."""
-    body = Text(text) if isinstance(text, str) else text
-    lead = indent + hang
-    lines = body.wrap(console, max(console.width - lead, 10), overflow="fold")
-    for i, line in enumerate(lines):
-        line.rstrip()
-        pad = indent if i == 0 else lead
-        console.print(Text(" " * pad) + line, soft_wrap=True)
 
 
 # How the ranks were grouped into hosts (offsets.host_source), as the report says it.
