@@ -28,13 +28,13 @@ from kineto_comm.analysis.jobs import (
 )
 from kineto_comm.analysis.match import ranks_in_several_groups, ungrouped_warning
 from kineto_comm.errors import UsageError
+from kineto_comm.findings import parse_severity
 from kineto_comm.load.decode import empty_trace
 from kineto_comm.load.discover import RankClaim, assign_ranks, discover
 from kineto_comm.model.names import check_comm_patterns
 from kineto_comm.model.steps import one_step_warning
 from kineto_comm.per_rank import SPILLED, TABLES, RankTables, spill, tabulate
 from kineto_comm.rank_store import Part, RankStore, SpillFolder
-from kineto_comm.render.formats import parse_severity
 from kineto_comm.render.json_doc import document, render_json
 from kineto_comm.workers import (
     DIED,

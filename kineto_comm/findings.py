@@ -24,6 +24,17 @@ class Severity(str, Enum):  # noqa: UP042 (StrEnum would change str() of a membe
         return {"info": 0, "warning": 1, "error": 2}[self.value]
 
 
+def parse_severity(value: str | Severity) -> Severity:
+    """A Severity from its name (case-insensitive); ValueError naming the choices."""
+    if isinstance(value, Severity):
+        return value
+    try:
+        return Severity(value.strip().lower())
+    except ValueError:
+        choices = ", ".join(s.value for s in Severity)
+        raise ValueError(f"unknown severity {value!r}; choose one of {choices}") from None
+
+
 @dataclass(frozen=True)
 class Finding:
     """One problem found in the traces.

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TextIO
 
-from kineto_comm.findings import Severity
+from kineto_comm.findings import Severity, parse_severity
 from kineto_comm.render.github import render_github
 from kineto_comm.render.html import render_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, json_pieces, render_json
@@ -60,17 +60,6 @@ EXTENSIONS = {
     "github": ".txt",
     "html": ".html",
 }
-
-
-def parse_severity(value: str | Severity) -> Severity:
-    """A Severity from its name (case-insensitive); ValueError naming the choices."""
-    if isinstance(value, Severity):
-        return value
-    try:
-        return Severity(value.strip().lower())
-    except ValueError:
-        choices = ", ".join(s.value for s in Severity)
-        raise ValueError(f"unknown severity {value!r}; choose one of {choices}") from None
 
 
 def parse_fail_on(value: str | Severity | None, name: str = "fail_on") -> Severity | None:
