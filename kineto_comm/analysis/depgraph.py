@@ -1,72 +1,18 @@
 """The kernel-level dependency graph of a job's steps and its critical path (issue #51).
 
-**The graph.** A node per kernel (the kernels table: memcpy, memset and communication
-kernels included), per rank in start order (`idx`). Each kernel has up to five candidate
-predecessors; the **binding** ones are the edge that explains when it could start (`via`:
-stream, launch or stream_wait) and, for a communication kernel that waited, the edge that
-explains when it could end (`late_via`: collective or p2p):
+A node per kernel, per rank in start order; each kernel's binding edge says when it could
+start (`stream`: its stream's previous kernel; `launch`: its CPU launch; `stream_wait`: a
+kernel of another stream, recorded in the trace or inferred by a conservative rule) and, for
+a communication kernel that waited, when it could end (`collective`, `p2p`: the late rank's
+kernel of the same instance). The critical path of a step walks binding edges back from
+the end of the critical rank's window (steptime.step_times), crossing ranks at the late
+arrivals, and never leaves that window (`critical_path` hops, `critical_path_kernels`).
 
-    stream       the previous kernel on the same stream ended (stream order)
-    launch       the CPU launched it (`launch_ns`) after its stream was free: a late launch
-                 delays its kernel. The CPU side is not in the tables, so the walk goes on
-                 at the rank's kernel (any stream) that ended last at or before the launch:
-                 the device work the CPU could have been waiting for; the gap between that
-                 kernel's end and this kernel's start is the CPU's (launch) time
-    stream_wait  a wait on another stream of the rank: recorded in the trace, or inferred
-                 (below)
-    collective   a collective kernel that waited for its group (`collective_waits.wait_ns`
-                 > 0): its transfer could only start when the last member arrived, so its
-                 end is bound by the last-arriving rank's kernel of the same instance
-                 (`collective_instances.last_rank`, which started at `last_start_ns`)
-    p2p          the same for a point-to-point call (an instance of key_kind p2p pairs a
-                 send with its peer's recv): bound by the peer's kernel when the peer
-                 arrived later
-
-A kernel with no start edge (the first on its stream, launch unknown) has `via` `start`:
-the walk ends there.
-
-**Recorded stream waits.** A trace with CUDA sync events names them: the kernels table's
-`waits_for` (model.kernels) is the kernel of another stream a recorded cudaStreamWaitEvent
-held a kernel back for. On a rank whose trace records them, those are the stream_wait
-edges (when the named kernel ended after the stream and the launch freed the kernel), a
-kernel no wait held back waited for none, and only a kernel held by a wait the trace does
-not resolve (`waits_for` -1: newer CUDA stacks name the event, not its stream) is left to
-the rule below.
-
-**The conservative stream-wait rule.** Without recorded waits, cross-stream waits are
-inferred: a kernel that starts more
-than TOLERANCE_NS after both its stream's previous kernel ended and its CPU launch waited
-for something else; it is taken to have waited for the kernel of another stream of the same
-rank whose end is the latest at or before its start (TOLERANCE_NS of overlap allowed for
-rounding): the event a cudaStreamWaitEvent would have named, when that end is later than
-both the stream and the launch (else the later of those binds). The rule never invents a
-wait where the stream or the launch explains the start; it may name a kernel that merely
-finished just before (an unrelated stream, or one that only competed for the device),
-which bounds the wait conservatively: the path then goes through work that did run there.
-
-The start edge is, in this order: stream_wait (the rule above), launch (launched at or
-after the stream's previous kernel ended), stream.
-
-**The critical path of a step.** From the end of the step's critical rank's window
-(steptime.step_times), take the kernel of that rank ending last in it and follow binding
-predecessors back: a call reached after its late rank's arrival crosses to that rank's
-kernel at the arrival (collective, p2p), any other kernel goes to its start edge's
-predecessor (a call reached at its start: what let it start). It stops when a predecessor
-ends at or before the step's start (the later of the critical rank's window start and the
-current rank's), or there is none, or it would come back to a kernel already on the path.
-Each element holds a stretch of the path: from its predecessor's end (a collective: the
-late rank's arrival) to where the path left it, so the elements tile the path in time;
-the walk's last element holds down to that step start. Consecutive elements on one rank
-make a hop (CRITICAL_PATH_SCHEMA); hops are contiguous and the whole path lies inside the
-critical rank's window: never longer than the step.
-
-The graph is computed per rank with vectorised numpy over the rank's kernel columns (a
-stable sort by stream for the stream order, binary searches in the kernels sorted by end
-for the waits and the launches; no loop over kernels: ~8 ms for a rank of 35k kernels);
-the walk follows the path along a rank in a compiled loop (_walk.c; the same loop in Python
-where it was not built) and hops between ranks in Python, building a rank's graph when the
-path first reaches it (a big job's kernels stay in files per rank).
-
+Why: the blame says where the critical rank's time went; the path says what it waited for
+across ranks and streams, kernel by kernel, as HTA's critical path does (compared in
+tests/test_depgraph.py). The graph is vectorised numpy per rank (no loop over kernels); the
+walk runs along a rank in _walk.c where built and builds a rank's graph only when the path
+reaches it. The full statement of the edges and the walk is docs/model-of-time.md.
 Pure functions of tables: Polars in, Polars out, no I/O.
 """
 

@@ -5,53 +5,11 @@ Why: traces name groups by number ("0", "5") and rarely by purpose (`pg_desc` is
 `default_pg` or missing, and gloo traces carry no group at all), yet every judgement about
 communication depends on the role: a slow tensor-parallel all-reduce sits on the critical path,
 a slow data-parallel one may hide behind backward. The role is inferred from what the group
-does, and the `evidence` column gives the numbers behind each decision.
-
-One row per process group (null `process_group` is the group "?", classified from its
-collectives like any other). Features, over all ranks that report the group:
-
-* the mix of collectives (share of calls) and the volume of all_gather, reduce_scatter and
-  all_reduce;
-* where in the step's work the calls start: each call's `compute_before` (the share of its
-  step's compute time that started before it). A step without compute places no call: its
-  wall clock tells forward from backward no better than a step that communication fills
-  (a trace of the collectives alone, hta/cpu_only). A call before a third of
-  the step's compute runs in the forward pass (backward takes about twice the forward's
-  compute); `forward` is the share of calls there, and `first call` the median over (rank,
-  step) of the position of the group's first call (of its first all_reduce for the
-  tensor-parallel score). A gradient reduction cannot start before backward, while
-  tensor-parallel reductions fire inside the first layer and half of them in the forward.
-  The compute share, not the wall clock: when communication takes most of the step,
-  backward starts a few percent of the wall time into it;
-* message sizes: the mean and the share of calls with the most common size (activations have
-  one shape, gradient buckets vary);
-* the ranks: from `pg_ranks` (text "[0, 2, 4, 6]") when the trace has it, else the ranks that
-  report the group; contiguous, strided (constant step > 1) or scattered.
-
-Decision, first match wins:
-
-1. >= 50 % of calls broadcast / barrier / reduce / gather / scatter / unknown -> unknown
-2. >= 50 % send / recv / send_recv -> pipeline
-3. >= 50 % all_to_all -> embedding when some of its calls sit in user annotations naming
-   embeddings or sparse features (torchrec's `## all2all_data:kjt values ##`), else expert
-   when some sit in annotations naming experts or token routing, else unknown (an all-to-all
-   of unknown purpose: the trace does not say, and the advice stays generic)
-4. all_gather and reduce_scatter both present, together >= 50 % of calls, volumes within 4x ->
-   fsdp; but tensor_parallel (sequence parallelism) when >= 25 % of the reduce_scatters run in
-   the forward (FSDP reduce-scatters only in backward)
-5. all_gather (>= 25 % of calls) with all_reduce and no reduce_scatter, volumes within 4x ->
-   fsdp, saying that the all_reduce stands in for the reduce-scatter (gloo runs FSDP's
-   reduce-scatter as an all_reduce), so data_parallel with sharded parameters is the reading
-6. all_gather / reduce_scatter alone >= 50 % -> fsdp
-7. >= 50 % all_reduce -> tensor_parallel when the score >= 3, else data_parallel. Score: first
-   all_reduce before 15 % of the step's compute: +2; >= 25 % of the all-reduces in the
-   forward: +1; >= 80 % of calls of one size: +1; contiguous ranks forming a proper sub-group
-   of the job: +1; strided ranks: -1
-8. anything else -> unknown
-
-`calls_per_step` and `bytes_per_step` are means per rank and step: a rank's calls inside
-ProfilerStep windows over its number of steps (all of its calls when it has no steps),
-averaged over the ranks that report the group.
+does (its mix of collectives and their volumes, where in the step's compute its calls start,
+its message sizes, its ranks), by an ordered list of decisions, first match wins, and the
+`evidence` column gives the numbers behind each one. One row per process group (the
+`process_groups` table, docs/tables.md). The features and the decisions in full: the
+comment below the imports.
 """
 
 from __future__ import annotations
@@ -63,6 +21,63 @@ from kineto_comm.lazy import collect, collect_all, sample
 from kineto_comm.model.collectives import parse_ranks
 from kineto_comm.model.steps import steps_per_rank
 from kineto_comm.rank_store import RankStore, as_store
+
+# In full (the module docstring says what and why):
+#
+# What each process group is for: data, tensor, pipeline or expert parallelism, embedding
+# exchange, or FSDP.
+#
+# Why: traces name groups by number ("0", "5") and rarely by purpose (`pg_desc` is often
+# `default_pg` or missing, and gloo traces carry no group at all), yet every judgement about
+# communication depends on the role: a slow tensor-parallel all-reduce sits on the critical path,
+# a slow data-parallel one may hide behind backward. The role is inferred from what the group
+# does, and the `evidence` column gives the numbers behind each decision.
+#
+# One row per process group (null `process_group` is the group "?", classified from its
+# collectives like any other). Features, over all ranks that report the group:
+#
+# * the mix of collectives (share of calls) and the volume of all_gather, reduce_scatter and
+#   all_reduce;
+# * where in the step's work the calls start: each call's `compute_before` (the share of its
+#   step's compute time that started before it). A step without compute places no call: its
+#   wall clock tells forward from backward no better than a step that communication fills
+#   (a trace of the collectives alone, hta/cpu_only). A call before a third of
+#   the step's compute runs in the forward pass (backward takes about twice the forward's
+#   compute); `forward` is the share of calls there, and `first call` the median over (rank,
+#   step) of the position of the group's first call (of its first all_reduce for the
+#   tensor-parallel score). A gradient reduction cannot start before backward, while
+#   tensor-parallel reductions fire inside the first layer and half of them in the forward.
+#   The compute share, not the wall clock: when communication takes most of the step,
+#   backward starts a few percent of the wall time into it;
+# * message sizes: the mean and the share of calls with the most common size (activations have
+#   one shape, gradient buckets vary);
+# * the ranks: from `pg_ranks` (text "[0, 2, 4, 6]") when the trace has it, else the ranks that
+#   report the group; contiguous, strided (constant step > 1) or scattered.
+#
+# Decision, first match wins:
+#
+# 1. >= 50 % of calls broadcast / barrier / reduce / gather / scatter / unknown -> unknown
+# 2. >= 50 % send / recv / send_recv -> pipeline
+# 3. >= 50 % all_to_all -> embedding when some of its calls sit in user annotations naming
+#    embeddings or sparse features (torchrec's `## all2all_data:kjt values ##`), else expert
+#    when some sit in annotations naming experts or token routing, else unknown (an all-to-all
+#    of unknown purpose: the trace does not say, and the advice stays generic)
+# 4. all_gather and reduce_scatter both present, together >= 50 % of calls, volumes within 4x ->
+#    fsdp; but tensor_parallel (sequence parallelism) when >= 25 % of the reduce_scatters run in
+#    the forward (FSDP reduce-scatters only in backward)
+# 5. all_gather (>= 25 % of calls) with all_reduce and no reduce_scatter, volumes within 4x ->
+#    fsdp, saying that the all_reduce stands in for the reduce-scatter (gloo runs FSDP's
+#    reduce-scatter as an all_reduce), so data_parallel with sharded parameters is the reading
+# 6. all_gather / reduce_scatter alone >= 50 % -> fsdp
+# 7. >= 50 % all_reduce -> tensor_parallel when the score >= 3, else data_parallel. Score: first
+#    all_reduce before 15 % of the step's compute: +2; >= 25 % of the all-reduces in the
+#    forward: +1; >= 80 % of calls of one size: +1; contiguous ranks forming a proper sub-group
+#    of the job: +1; strided ranks: -1
+# 8. anything else -> unknown
+#
+# `calls_per_step` and `bytes_per_step` are means per rank and step: a rank's calls inside
+# ProfilerStep windows over its number of steps (all of its calls when it has no steps),
+# averaged over the ranks that report the group.
 
 ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "embedding", "fsdp", "unknown")
 PROCESS_GROUP_SCHEMA: dict[str, pl.DataType] = {

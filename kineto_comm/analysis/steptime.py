@@ -1,113 +1,21 @@
 """The one model of step time: what a step is, where its time went (blame), and replay.
 
-**A step.** Each rank's step s is its device window (kineto_comm.model.steps: windows tile
-the rank's device timeline). The job's step s lasts as long as its longest rank's window
-(`step_ns`; that rank is the step's `critical_rank`, the lowest on a tie): a synchronous job
-waits for its slowest rank. The job's step time is the mean of `step_ns` over the complete
-steps: numbered ones (step >= 0) except the last when there are several (its window is cut at
-its last kernel). Without step markers the whole trace is one step (-1). Every rule,
-percentage and table that says "of the step" uses this number (`job_step_ns`).
+- A step: the job's step s lasts as long as its longest rank's device window
+  (`step_times`: step_ns, critical_rank); the job's step time is the mean over the complete
+  steps. Every rule, share and table that says "of the step" uses it (`job_step_ns`).
+- Blame: every (rank, step) window is split, in integer ns, into categories (compute,
+  memory, transfer, wait, pipeline_bubble, launch, queued, other_idle) that sum to it
+  exactly; `step_blame` is the critical rank's rows of each step.
+- Replay: an edit removes a share of some blame rows (and may shorten ranks' windows); each
+  rank's timeline is re-timed by a shift that crosses to the awaited rank at each exposed
+  wait, in the order the waits ended (_sweep.c where built); the saving is the job step time
+  less the new one. The tail chain and each kernel's launch bound what a fix can take out.
 
-**Blame.** Every (rank, step) window is split, in integer ns, into categories that sum
-exactly to its length. Each instant of the window goes to the first of these that covers it:
-
-    compute          a compute kernel runs
-    memory           a memcpy or memset runs (no compute)
-    transfer         a collective moves data (the call's last `transfer_ns`: the rule
-                     API's collective_waits, its time after the last member's arrival
-                     where the whole group was traced), no compute running
-    wait             a collective waits for its group's late rank (the rest of the call);
-                     `late_rank` is the rank that arrived last at the call's instance
-                     (collective_instances.last_rank, as the stragglers table and the
-                     critical path name it); none where the rank itself arrived last (a
-                     wait for an untraced rank); for a call in no instance, the rank of the
-                     group whose call was the shortest
-
-(`last_call`: the row is of a call nothing later in the step can hide: the rank's last
-collective of the step and, in an FSDP group, the step's last two gradient reductions
-(`_fsdp_tail`). `step_start`, of launch and queued rows: the gap delayed a step's first
-kernel, the host's work between steps (the previous step's synchronisation, the data
-loader, the optimizer) rather than the launch path inside a step.)
-    pipeline_bubble  a point-to-point call of a pipeline group (waiting for, or receiving
-                     from, the neighbouring stage); it names that stage (`late_rank`, the
-                     call's peer), which the critical path and the replay follow (PIPE101
-                     replays the schedule's share of it)
-    launch           nothing runs and the CPU was still launching the next kernel when the
-                     device went idle (a late launch delays its kernel), until its launch
-                     call returned and at most LAUNCH_LATENCY_NS after; when that kernel
-                     is a collective, the row names its collective and group
-    queued           the rest of such a gap, and of a gap before a kernel launched before
-                     the device went idle, from LAUNCH_LATENCY_NS after it did: the kernel
-                     was launched and the device ran nothing of this rank's, yet it did
-                     not start (the device ran work the trace does not show: another
-                     process on a shared GPU, events left out of a sampled trace); named
-                     as launch rows are
-    other_idle       nothing runs otherwise
-
-`launch`, `queued` and `other_idle` are the window's idle time (steps.idle_ns: nothing runs
-on the device) split by cause; they sum to it exactly, so "idle" means one thing across
-the report.
-
-Calls overlapping each other on one rank (several streams) are made disjoint in start
-order (the earlier call keeps the shared time). The `step_blame` table is the critical
-rank's rows of each step, so it sums to `step_ns` exactly; this is the critical rank's own
-timeline, with its waits charged to the late rank. The critical path across ranks and
-streams, kernel by kernel, is the dependency graph's (kineto_comm.analysis.depgraph).
-
-**Replay.** An edit removes a share (0..1) of some blame rows (a class of collectives
-hidden, or run at a reference bandwidth; waits for a rank removed; launch gaps removed; a
-share of the pipeline bubble) and may shorten given ranks' windows by a fixed time (a
-straggler's own lateness). The replay re-times each rank's timeline (rank_time's third
-table: its windows, and its communication, launch and queued pieces at their times) by a
-*shift*, how much earlier the rank runs: it grows by what each row loses as the timeline
-passes it (a fixed time at the window's start; compute, memory and other_idle rows, which have
-no single time, at the window's end), and at an exposed wait for another rank (a
-collective's wait for its `late_rank`; a pipeline call that waited for its peer) the wait
-ends as early as that rank arrives: the waiting rank's shift becomes the larger of the
-awaited rank's shift at that moment and its own (plus what an edit takes out of the wait
-itself), but never more than its own plus the wait (it cannot leave before it arrived). A
-pipeline call that waited for its peer is one row, the wait and then the transfer: what an
-edit that `shortens` transfers takes out of it comes after the peer's arrival, so the row
-ends that much earlier than the awaited rank's shift (a stage whose send runs under its
-compute, hidden, still moves the receiving stage's transfer).
-The waits are taken in the order they ended, across ranks (one pass: each wait reads the
-awaited rank's shift as of its end; compiled in _sweep.c where it was built, the same loop
-in Python otherwise; `timeline` prepares the rows once for a run's many replays). A
-window loses what its rank's shift grew by across it; each step lasts as long as its
-longest rank's new window; the saving is the old job step time less the new one. So a
-stage of a pipeline gains both its own removals and, at each wait, what the stage it
-waits for gained before it sent: not the larger of the two. A rank's shift never drops at
-a wait (a rank that gained and then waits for one that did not keeps its gain: optimistic
-for that rank, but the step is its longest window, which is the other's). Several edits
-replayed together remove, from each row, the largest share any of them removes (never
-more than the row), so the joint saving never exceeds the step; a rank's shift only
-grows with more removals (the tests check on every real trace here that all fixes
-together save at least as much as any one of them).
-
-**The tail chain.** The blame holds each call's exposed time only, but calls queued back to
-back on their group's stream up to the step's last call (each starting at most
-CHAIN_GAP_NS after the one before ended) form a chain whose end is the step's: a call of it
-made shorter, hidden parts included, moves every call after it and the step's end earlier.
-rank_time's third table holds those calls' rows with their whole time (`span_ns`). An edit
-that `shortens` calls (a faster link, merged calls) takes out of a window, besides its
-share of the exposed rows, its share of the chain's whole time, until the chain's exposed
-time is down to its last call's shortened transfer (that call's data is the last compute's:
-it cannot start earlier); and a late rank's gain shortens a waiting rank's window by the
-chain's waits for it, hidden parts included, down to the same floor (a DDP all-reduce that
-waits for a late rank under backward compute holds back the buckets queued behind it,
-which then run past the compute's end). On the timeline, the chain ends as much earlier as
-the awaited rank's shift when it ends, at most the rank's shift before the chain plus
-what the chain's waits hold: what the rank gained before the chain adds to it (a stage
-of a pipeline that waits less for its own neighbour and then less at its data-parallel
-all-reduce gains both).
-
-**Launches.** A fix that leaves the CPU's launches where they are (a faster link) cannot
-move a kernel before its launch: `launch_floor` bounds what such a fix takes out of a
-window, from where the time comes out (a call's end) and each kernel's slack (start less
-launch). A rule scales its edit's per-window share by it (NET101); a device that waited
-for its CPU only after the fix shows there, where the blame alone would claim the time.
-
-Pure functions of tables: Polars in, Polars out, no I/O.
+Why one model: every finding's saving is a replay of its fix on it, so savings, shares and
+the blame cannot disagree, and all fixes together never save more than the step. The full
+statement (each category's rule, the shift, the tail chain, launch floors) is
+docs/model-of-time.md; the tables' columns are docs/tables.md. Pure functions of tables:
+Polars in, Polars out, no I/O.
 """
 
 from __future__ import annotations
