@@ -53,7 +53,8 @@ def _name(folder: Path) -> str:
 
 
 def run_one(folder: Path, code: Path) -> tuple[bytes, bytes]:
-    """The JSON report of `folder` by the package at `code`, and its exit code and stderr."""
+    """The JSON report of `folder` by the package at `code`, and its exit code and stderr.
+    `-P`: the working directory (this tree) must not come before PYTHONPATH (`code`)."""
     proc = subprocess.run(
         [sys.executable, "-P", "-m", "kineto_comm", "report", str(folder), "--format", "json"]
         + ["--exit-zero"],
