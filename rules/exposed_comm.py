@@ -405,10 +405,16 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     little by overlap), with the CPU's launches where they are (the compute after a hidden
     transfer starts earlier only as far as its kernels were launched: the rules API's
     launch_floor, as NET101's faster links).
-    When the compute bound cuts the saving to under half of hiding it all, the finding
-    stands on the cause's share of the step on the critical ranks (the step-time table's
-    transfer rows), says so (`compute_bound_saving`) and advises making the communication
-    cheaper.
+    Where its calls are latency-bound (the cost fit, rules_api.cost_fit: latency + bytes /
+    bandwidth per group, the latency at least half the median call), it also replays
+    making them cheaper: the calls below 25 MiB merged into calls of about that size, each
+    paying the latency once, the CPU launching m calls instead of n; the finding is the fix
+    that buys more ("Merge the latency-bound ...: n calls per step into m", with the
+    setting: DDP bucket_cap_mb, FSDP wrapping, all_reduce_coalesced; `merge` in evidence).
+    When the compute bound cuts the hiding to under half of hiding it all and nothing
+    merges, the finding says so (`compute_bound_saving`) and advises making it cheaper. The
+    severity is what the fix saves; the cause's share of the step on the critical ranks
+    (the step-time table's transfer rows) is in the message (`exposed_share`).
 
     Why is this bad?
     Exposed communication adds straight to step time: the GPU sits idle until it finishes.
@@ -416,7 +422,8 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     How to fix:
     Overlap it with compute: DDP bucket_cap_mb and gradient_as_bucket_view, Megatron
     --overlap-grad-reduce / --tp-comm-overlap, ZeRO overlap_comm and reduce_bucket_size.
-    The finding's advice is specific to the collective and group role.
+    Latency-bound calls: fewer, bigger ones (raise bucket_cap_mb, wrap bigger FSDP units,
+    coalesce). The finding's advice is specific to the collective and group role.
     """
     return _findings(exposed_communication, tables, options, sharded=False)
 

@@ -67,11 +67,16 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
     Finds process groups that issue many small collectives per step (median message at or
     below `max_bytes`, at least `min_calls` per rank and step; or the analysis' storms
     table). The storms of one role's groups (the DP groups of each TP rank or pipeline stage)
-    are one cause, one setting away from fixed; a group of unknown role is its own. The
+    are one cause, one setting away from fixed; a group of unknown role is its own. Calls
+    of no known size are a storm by their times: at least `min_calls` per rank and step,
+    the median call no longer than 50 us (a call's fixed cost). The
     saving is replayed on the model of time: the calls merged into one of their
     summed size at the group's large-message bandwidth (the storms table's
     latency-bound share of their transfer, wait and launch-gap time is removed); with no
-    large-message bandwidth known, all of that time (a heuristic, said so in evidence).
+    large-message bandwidth known, the cost fit's merge (rules_api.cost_fit: without sizes,
+    the latency-sized calls merged into one, their latencies and that share of the launch
+    gaps removed; SYNC102 leaves a storm's launch gaps to this rule), else all of that time
+    (a heuristic, said so in evidence).
 
     Why is this bad?
     Every collective pays a fixed latency (launch, synchronisation, protocol handshakes of
@@ -82,7 +87,8 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
     Bucket gradients into larger messages: DDP bucket_cap_mb (default 25), ZeRO
     reduce_bucket_size / allgather_bucket_size, Megatron --ddp-bucket-size; coalesce manual
     collectives (torch.distributed all_reduce_coalesced or flatten tensors); wrap bigger
-    FSDP units.
+    FSDP units; per-tensor all-reduces after the backward: DDP's bucketed reduction, which
+    also overlaps them with the backward.
     """
     storms = storm_keys(tables, options["max_bytes"], options["min_calls"])
     if storms.height == 0:
