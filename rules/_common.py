@@ -139,13 +139,13 @@ def fit_words(facts: dict) -> str:
     how = (
         "fitted over its message sizes"
         if facts["fit_method"] == "fit"
-        else f"at a bandwidth of at least {facts['busbw_gbps']:.2g} GB/s, the most the "
-        "calls' one size allows"
+        else "its messages are of about one size, so the bandwidth is taken as at least "
+        f"{facts['busbw_gbps']:.2g} GB/s and the rest of each call as latency: a lower bound"
     )
     return (
-        f"per call {lat / 1e3:.2f} ms of fixed latency + bytes at "
-        f"{facts['busbw_gbps']:.3g} GB/s bus bandwidth ({how}): at its "
-        f"{size / 1024:.0f} KiB messages {facts['latency_share']:.0%} of a call is latency"
+        f"{lat / 1e3:.2f} ms of fixed latency + bytes at {facts['busbw_gbps']:.3g} GB/s bus "
+        f"bandwidth ({how}): at its {size / 1024:.0f} KiB messages "
+        f"{facts['latency_share']:.0%} of a call is latency"
     )
 
 

@@ -305,8 +305,8 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
             )
             size = _size(facts["median_bytes"])
             detail += (
-                f"Its cost per call is {fit_words(facts)}. Merged into about "
-                f"{facts['merged_calls_per_step']:.0f} calls per rank and step (of up to "
+                f"Its cost per call: {fit_words(facts)}. Merged into about "
+                f"{facts['merged_calls_per_step']:.0f} call(s) per rank and step (of up to "
                 f"{_size(facts['target_bytes'])}), the step would be {saving / 1e6:.2f} ms "
                 f"shorter ({share:.1%} of {step_ns / 1e6:.2f} ms); hiding it behind compute "
                 f"would save {hide_saving / 1e6:.2f} ms."

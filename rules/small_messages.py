@@ -196,9 +196,8 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
                 f"Merge the {c['calls']} small {c['collective']} calls per step on {where}",
                 f"{where[0].upper() + where[1:]} ({c['role']}) issue {c['calls']} "
                 f"{c['collective']} calls per rank and step with {size}; they cost "
-                f"{c['impact_ns'] / 1e6:.2f} ms per step on the worst rank, mostly fixed "
-                "latency"
-                + (f" ({fit_words(facts)})" if facts else "")
+                f"{c['impact_ns'] / 1e6:.2f} ms per step on the worst rank"
+                + (f" ({fit_words(facts)})" if facts else ", mostly fixed latency")
                 + f"; merged, the step would be {saving / 1e6:.2f} ms shorter ({share:.1%}).",
                 impact_ns_per_step=saving,
                 step_ns=step_ns,
