@@ -349,8 +349,14 @@ def analyze(
         from kineto_comm.analytic import with_model
 
         report = with_model(report, *model_config)
+    from kineto_comm.analysis.framework import P2P_COLUMNS, framework_table
     from kineto_comm.rules_api import Tables
     from kineto_comm.rules_engine import step_model
+
+    calls = report.rank_collectives
+    p2p = calls.lazy(list(P2P_COLUMNS)) if calls.height and calls.columns else None
+    used = framework_table(meta, p2p, report.pipeline)
+    report = replace(report, framework=used)
 
     # One Tables for the rules and the model of time: the blame is built once.
     tables = Tables(report)

@@ -557,7 +557,7 @@ def capture(
     layout: Annotated[str, typer.Argument(help="ddp, fsdp, pp, pp-1f1b, pp-dp, tp, tp-dp or ep.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for the rank traces.")],
     ranks: Annotated[int, typer.Option("--ranks", help="World size (processes).")] = 2,
-    steps: Annotated[int, typer.Option("--steps", help="Profiled training steps.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="Profiled training steps.")] = 3,
     backend: Annotated[
         str | None, typer.Option("--backend", help="gloo or nccl (default: nccl with GPUs).")
     ] = None,
@@ -703,6 +703,22 @@ def hang(
     _hang_report(paths, format, output, fail_on, exit_zero, select, ignore, rule_option)
 
 
+def _usage_error(exc: Exception) -> bool:
+    """Print the command line's own usage error (Click's, vendored by newer Typer) as one
+    line naming the command; help asked for by giving no arguments is printed whole."""
+    if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+        return False
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        print(ctx.get_help())
+        return True
+    where = ctx.command_path if ctx is not None else "kineto-comm"
+    print(
+        f"error: {where}: {one_line(exc.format_message())} (see '{where} --help')", file=sys.stderr
+    )
+    return True
+
+
 def main() -> None:
     """Console entry point: no tracebacks, one line per problem, exit 2 on errors."""
     if sys.stdout is sys.__stdout__ and hasattr(signal, "SIGPIPE"):
@@ -710,7 +726,10 @@ def main() -> None:
         # cat or git (status 141), not with exit 1, which means "findings" here.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
-        app()
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
     except (TraceError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -722,10 +741,13 @@ def main() -> None:
         print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:  # never show a traceback to users
+        if _usage_error(exc):
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
         print(
             f"error: {one_line(f'internal error ({type(exc).__name__}: {exc})')}", file=sys.stderr
         )
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm.analysis.framework import rank_markers
 from kineto_comm.analysis.overlap import COMPUTE_EDGES, breakdowns
 from kineto_comm.frames import read_frame, write_frame
 from kineto_comm.lazy import collect_all, split
@@ -201,6 +202,8 @@ def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTab
         waits=stacked.waits.clear(),
     )
     kernels = rows.select(KERNEL_COLUMNS)
+    # The framework's markers: from the CPU annotations, which are not kept after this.
+    found = rank_markers(stacked.ops, kernels, marks, len(raws))
     collectives = build_collectives(rows, stacked, groups)
     del rows
     windows = device_windows(kernels, marks)
@@ -230,7 +233,12 @@ def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTab
     calls = _collective_spans(stacked.ops, raws)
     return [
         _rank_tables(
-            raw, {name: parts[name][i] for name in parts}, on_device, i in marked, calls[i]
+            raw,
+            {name: parts[name][i] for name in parts},
+            on_device,
+            i in marked,
+            calls[i],
+            found[i],
         )
         for i, raw in enumerate(raws)
     ]
@@ -257,7 +265,12 @@ def _collective_spans(ops: pl.DataFrame, raws: list[RawTrace]) -> list[int]:
 
 
 def _rank_tables(
-    raw: RawTrace, frames: dict[str, pl.DataFrame], on_device: bool, marked: bool, calls: int
+    raw: RawTrace,
+    frames: dict[str, pl.DataFrame],
+    on_device: bool,
+    marked: bool,
+    calls: int,
+    markers: list[dict[str, Any]] | None = None,
 ) -> RankTables:
     """One file's RankTables from its part of the model's tables (their rank: `provisional`)."""
     kernels, collectives = frames["kernels"], frames["collectives"]
@@ -287,6 +300,8 @@ def _rank_tables(
         # How many different rank lists its groups have (empty lists: unknown, not one).
         "pg_rank_sets": len({tuple(sorted(g["ranks"])) for g in raw.process_groups if g["ranks"]})
         or None,
+        # What the trace shows of the framework (kineto_comm.analysis.framework).
+        "framework": markers or [],
     }
     # Not the process groups' rank lists: every rank's copy would hold ranks x group size
     # values in the parent (they are in the calls' pg_ columns); a digest of each will do.

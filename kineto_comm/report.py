@@ -60,6 +60,7 @@ TABLE_NAMES = (
     "critical_path",
     "critical_path_kernels",
     "step_blame",
+    "framework",
 )
 
 # The tables kept per rank (kineto_comm.rank_store), by name -> the Report's field for them.
@@ -100,6 +101,8 @@ class Report:
     pipeline: pl.DataFrame = field(default_factory=pl.DataFrame)
     storms: pl.DataFrame = field(default_factory=pl.DataFrame)
     model_comparison: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # What the trace shows of the framework: the settings in use (analysis.framework).
+    framework: pl.DataFrame = field(default_factory=pl.DataFrame)
     # The model of time (kineto_comm.analysis.steptime): per step its time and critical
     # rank, the critical rank's blame rows, and the savings of the findings' fixes.
     step_times: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -249,12 +252,18 @@ class Report:
                 p95_skew_ns=shared.quantile(0.95, interpolation="linear").round().cast(pl.Int64),
                 median_busbw_gbps=pl.col("busbw_gbps").median(),
                 # The calls the stragglers table counts (two ranks or more, a skew above
-                # its noise); ties: the lowest such rank (mode() lists them in no fixed order).
-                most_often_last=pl.col("last_rank")
+                # its noise). Ties are listed, all of them (as SYNC104 lists the ranks tied
+                # for the most lateness): `most_often_last` is the lowest of them.
+                most_often_last_ranks=pl.col("last_rank")
                 .filter((pl.col("ranks_seen") > 1) & (pl.col("arrival_skew_ns") >= NOISE_NS))
                 .mode()
-                .min(),
+                .sort(),
             )
+            .with_columns(
+                most_often_last=pl.col("most_often_last_ranks").list.first(),
+                most_often_last_ranks=pl.col("most_often_last_ranks").cast(pl.List(pl.Int64)),
+            )
+            .select(pl.exclude("most_often_last_ranks"), "most_often_last_ranks")
             .sort(-pl.col("mean_skew_ns"), "process_group", "collective", nulls_last=True)
         )
 

@@ -1301,7 +1301,8 @@ def make_finding(
     advice: Sequence[str] = (),
     edit: Edit | None = None,
 ) -> Finding:
-    """A Finding with `step_share = impact / step_ns` and JSON-safe ints, sorted ranks.
+    """A Finding with `step_share = impact / step_ns` (unrounded: each format rounds it once,
+    so a message and its annotation give one number) and JSON-safe ints, sorted ranks.
 
     `edit`: the change that fixes the cause, as the model of time replays it (its saving
     is what `replay_saving(tables, edit)` gives); the report replays every finding's edit
@@ -1314,7 +1315,7 @@ def make_finding(
         title=title,
         message=message,
         impact_ns_per_step=impact,
-        step_share=round(impact / step_ns, 4) if step_ns > 0 else None,
+        step_share=impact / step_ns if step_ns > 0 else None,
         ranks=tuple(sorted({int(r) for r in ranks})),
         steps=tuple(sorted({int(s) for s in steps})),
         process_group=process_group,

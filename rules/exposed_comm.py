@@ -32,6 +32,7 @@ from ._common import (
     share_severity,
     single_call_steps,
 )
+from ._framework import fit_advice
 
 NVLINK_TP = "Keep tensor-parallel groups inside one NVLink domain (one host)."
 ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
@@ -233,6 +234,36 @@ def _critical_share(tables: Tables, where: pl.Expr) -> float:
     return min(1.0, int(rows["ns"].sum()) / total)
 
 
+def _span(ranks: list[int]) -> str:
+    """Ranks as ranges: [0, 1, 2, 3, 8] -> '0-3, 8'."""
+    spans: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def cause_text(tables: Tables, collective: str, role: str, groups: list[str]) -> str:
+    """A cause as a title names it: its collective on groups of its role, or, where no role
+    was inferred (gloo names no group per call, no annotation names experts), on the groups
+    themselves and their ranks, with the role said to be unknown, never "unknown groups"."""
+    if role != "unknown":
+        return f"{collective} on {role.replace('_', '-')} groups"
+    named = [g for g in groups if g not in (None, "", "?")]
+    if not named:
+        return f"{collective} on groups the trace does not name (role unknown)"
+    pgs = tables["process_groups"] if tables.has("process_groups") else None
+    ranks: list[int] = []
+    if pgs is not None and pgs.height and "ranks" in pgs.columns:
+        for r in pgs.filter(pl.col("process_group").is_in(named))["ranks"].to_list():
+            ranks += r or []
+    which = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+    of = f"ranks {_span(ranks)}, " if ranks else ""
+    return f"{collective} on group{'s' if len(named) > 1 else ''} {which} ({of}role unknown)"
+
+
 def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool) -> list[Finding]:
     """Findings per (role, collective), for the sharded (FSDP/ZeRO) causes or the others."""
     causes = exposure_by_cause(tables)
@@ -245,7 +276,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
         groups = c["groups"] or []
-        what = f"{c['collective']} on {c['role'].replace('_', '-')} groups"
+        what = cause_text(tables, c["collective"], c["role"], groups)
         # Tensor-parallel all-reduces sit between dependent GEMMs: no reordering hides them,
         # only splitting them to overlap with the GEMMs (sequence parallelism, TP comm
         # overlap); the saving is what that would hide at best.
@@ -348,6 +379,8 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
             if facts is not None:
                 # Latency-bound buckets: smaller ones would cost more, not start earlier.
                 advice = tuple(a.replace(SMALLER_BUCKETS, BIGGER_BUCKETS) for a in advice)
+            # Only what fits the framework the trace shows (rules/_framework.py).
+            advice = fit_advice(tables, c["ranks"], c["role"], c["collective"], advice)
         out.append(
             make_finding(
                 rule_,
@@ -385,7 +418,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     code="COMM101",
     name="exposed-communication",
     summary="Communication that no compute hides, by collective and process-group role.",
-    tables=("collectives", "kernels", "steps", "process_groups", "storms"),
+    tables=("collectives", "kernels", "steps", "process_groups", "storms", "framework"),
     options=SHARE_OPTIONS,
 )
 def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -423,7 +456,9 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     Overlap it with compute: DDP bucket_cap_mb and gradient_as_bucket_view, Megatron
     --overlap-grad-reduce / --tp-comm-overlap, ZeRO overlap_comm and reduce_bucket_size.
     Latency-bound calls: fewer, bigger ones (raise bucket_cap_mb, wrap bigger FSDP units,
-    coalesce). The finding's advice is specific to the collective and group role.
+    coalesce). The finding's advice is specific to the collective and group role, and fits
+    the framework the trace shows (the framework table: no TrainPipelineSparseDist where it
+    runs; no DeepSpeed or Megatron-LM line for a job wrapped in PyTorch's DDP).
     """
     return _findings(exposed_communication, tables, options, sharded=False)
 
@@ -432,7 +467,7 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     code="COMM102",
     name="sharded-collective-exposed",
     summary="FSDP/ZeRO all-gathers or reduce-scatters that no compute hides.",
-    tables=("collectives", "kernels", "steps", "process_groups", "storms"),
+    tables=("collectives", "kernels", "steps", "process_groups", "storms", "framework"),
     options=SHARE_OPTIONS,
 )
 def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -455,6 +490,9 @@ def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[
 
     How to fix:
     FSDP forward_prefetch=True, backward_prefetch=BACKWARD_PRE, limit_all_gathers=True;
-    ZeRO overlap_comm: true, stage3_prefetch_bucket_size, reduce_bucket_size.
+    FSDP2 (fully_shard) set_modules_to_forward_prefetch / set_modules_to_backward_prefetch,
+    reshard_after_forward; ZeRO overlap_comm: true, stage3_prefetch_bucket_size,
+    reduce_bucket_size. The advice fits the framework the trace shows (the framework table):
+    FSDP2's knobs first and no FSDP1 flag on a fully_shard model, and the reverse.
     """
     return _findings(sharded_collective_exposed, tables, options, sharded=True)

@@ -29,6 +29,7 @@ from kineto_comm.rules_api import (
 )
 
 from ._common import SHARE_OPTIONS, STORM_MAX_BYTES, STORM_MIN_CALLS, share_severity, storm_keys
+from ._framework import cpu_holders, markers, uses
 
 OPTIONS = (
     Option("min_gap_ns", 5_000, "Ignore device gaps shorter than this (launch latency)."),
@@ -353,7 +354,7 @@ def _per_rank(tables: Tables, where: pl.Expr) -> pl.DataFrame:
     code="SYNC105",
     name="device-contention",
     summary="Launched kernels wait on a device that runs nothing of this rank's.",
-    tables=("kernels", "steps", "offsets"),
+    tables=("kernels", "steps", "offsets", "framework"),
     options=SHARE_OPTIONS,
 )
 def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -407,6 +408,8 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         "A sampled or filtered trace leaves events out and shows such gaps: profile again "
         "without sampling before acting on this.",
     )
+    # What holds the CPU meanwhile: a copy that waits for the queue, a long phase.
+    advice += _cpu_line(tables, per["rank"].to_list(), step_ns)
     per_step = worst["ns"] / max(1, worst["steps"]) if worst else 0.0
     return [
         make_finding(
@@ -445,7 +448,7 @@ def device_contention(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     code="SYNC106",
     name="launch-bound",
     summary="The device idles while the CPU is still launching its next compute kernel.",
-    tables=("kernels", "steps"),
+    tables=("kernels", "steps", "framework"),
     options=SHARE_OPTIONS,
 )
 def launch_bound(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -470,7 +473,10 @@ def launch_bound(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     torch.cuda.make_graphed_callables); fuse kernels (torch.compile, fused optimizers:
     fused=True / foreach=True); give each kernel more work (a larger micro-batch); keep
     host work off the launching thread (DataLoader workers, pin_memory, no per-step
-    .item() or logging).
+    .item() or logging). The advice first names what holds the CPU in the step (the
+    framework table: the optimizer step, a copy that blocked the thread, the largest other
+    CPU phase); on TorchRec it advises no CUDA graph (its all-to-alls move data-dependent
+    sizes), and no fused optimizer where the one in use is fused.
     """
     launch = (
         (pl.col("category") == "launch")
@@ -512,15 +518,50 @@ def launch_bound(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "saving_method": f"replay: {edit.name}",
             },
             edit=edit,
-            advice=(
-                'Launch the step as a CUDA graph: torch.compile(mode="reduce-overhead") or '
-                "torch.cuda.make_graphed_callables.",
-                "Fewer, bigger kernels: torch.compile fusion, fused optimizers (fused=True, "
-                "foreach=True), a larger micro-batch.",
-                "Keep host work off the launching thread: DataLoader workers and "
-                "pin_memory, no per-step .item() / .cpu() / logging.",
-                "A sampled or filtered trace that leaves kernels out shows such gaps too: "
-                "confirm on a trace without sampling.",
-            ),
+            advice=_launch_advice(tables, per["rank"].to_list(), step_ns),
         )
     ]
+
+
+def _cpu_line(tables: Tables, ranks: list[int], step_ns: int) -> tuple[str, ...]:
+    """One line naming what holds the CPU of `ranks` in a step (the framework table's
+    optimizer steps, blocking copies, phases: rules/_framework.py), none if nothing does."""
+    held = cpu_holders(tables, ranks, step_ns)
+    return ("What holds the CPU in the step: " + "; ".join(held) + ".",) if held else ()
+
+
+def _launch_advice(tables: Tables, ranks: list[int], step_ns: int) -> tuple[str, ...]:
+    """SYNC106's advice, fitted to what the trace shows (rules/_framework.py): what holds the
+    CPU first (the optimizer step, a blocking copy, the largest other phase); no CUDA graph
+    for TorchRec, whose sparse all-to-alls move data-dependent sizes; no fused optimizer
+    where the one in use is fused already."""
+    advice = list(_cpu_line(tables, ranks, step_ns))
+    if uses(tables, "framework", "torchrec", ranks) or uses(
+        tables, "framework", "torchrec_pipeline", ranks
+    ):
+        advice.append(
+            "TorchRec (in the trace): no CUDA graph, its sparse all-to-alls move sizes that "
+            "depend on each batch (the KJT splits), which a graph cannot capture; shorten "
+            "the CPU phases named above instead."
+        )
+    else:
+        advice.append(
+            'Launch the step as a CUDA graph: torch.compile(mode="reduce-overhead") or '
+            "torch.cuda.make_graphed_callables."
+        )
+    optimizers = markers(tables, "optimizer", ranks)["name"].unique().to_list()
+    fused = bool(optimizers) and all("fused" in n.lower() for n in optimizers)
+    advice.append(
+        "Fewer, bigger kernels: torch.compile fusion, "
+        + ("" if fused else "fused optimizers (fused=True, foreach=True), ")
+        + "a larger micro-batch."
+    )
+    advice.append(
+        "Keep host work off the launching thread: DataLoader workers and pin_memory, no "
+        "per-step .item() / .cpu() / logging."
+    )
+    advice.append(
+        "A sampled or filtered trace that leaves kernels out shows such gaps too: confirm on "
+        "a trace without sampling."
+    )
+    return tuple(advice)

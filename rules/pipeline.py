@@ -24,8 +24,9 @@ from kineto_comm.rules_api import (
 )
 
 from ._common import free_compute
+from ._framework import SCHEDULES, p2p_together, schedule
 
-BUBBLE = ("pipeline_bubble", "idle")
+BUBBLE = ("pipeline_bubble", "other_idle")
 # The calls that receive a micro-batch's data: each transfer is counted once, where the
 # data arrives (the sender's time in the same transfer is the same time: counted on both
 # ends, the replay doubled it against synth jobs whose transfers were made free).
@@ -78,7 +79,7 @@ def _transfer_ns(tables: Tables, ranks: list[int], groups: list[str]) -> pl.Data
 
 def _bubble_ns(tables: Tables, ranks: list[int]) -> float:
     """Mean ns per (rank, step) of the pipeline ranks' bubble in the model of time
-    (step_blame categories pipeline_bubble and idle), over the complete steps."""
+    (step_blame categories pipeline_bubble and other_idle), over the complete steps."""
     complete = step_times(tables).filter(pl.col("complete")).select("step")
     rows = tables.collect(
         step_blame(tables)
@@ -96,7 +97,7 @@ def _stage_steps(tables: Tables) -> pl.DataFrame:
 
     The span of a step is the time from the pipeline's first kernel of the step to its last
     one over all stages (clock-aligned with the offsets table when present): the interval the
-    1F1B bubble formula (p-1)/(m+p-1) is a fraction of. Stages and micro-batches come from
+    GPipe/1F1B bubble formula (p-1)/(m+p-1) is a fraction of. Stages and micro-batches come from
     the pipeline table when present, else from the pipeline groups' size and send calls.
     """
     roles = group_roles(tables).filter(
@@ -171,7 +172,7 @@ def _stage_steps(tables: Tables) -> pl.DataFrame:
     code="PIPE101",
     name="pipeline-bubble",
     summary="Pipeline stages idle in warm-up/cool-down: too few micro-batches or imbalance.",
-    tables=("pipeline", "process_groups", "collectives", "steps", "offsets"),
+    tables=("pipeline", "process_groups", "collectives", "steps", "offsets", "framework"),
     options=(
         Option("target_micro_batches", 0, "Micro-batches to aim for; 0: 4 x stages."),
         Option("imbalance_tolerance", 0.10, "Busy-time spread between stages tolerated."),
@@ -182,9 +183,10 @@ def _stage_steps(tables: Tables) -> pl.DataFrame:
 def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
     For each pipeline, compares the measured bubble (the pipeline table's bubble fraction,
-    the title's percentage) with the 1F1B theory (p-1)/(m+p-1) for p stages and m
-    micro-batches. The saving is replayed on the model of time (step_blame's
-    pipeline_bubble and idle time of the pipeline ranks): `target_micro_batches` (default
+    the title's percentage) with the theory (p-1)/(m+p-1) for p stages and m
+    micro-batches, named after the schedule the trace shows (the framework table: GPipe
+    or 1F1B, which share it). The saving is replayed on the model of time (step_blame's
+    pipeline_bubble and other_idle time of the pipeline ranks): `target_micro_batches` (default
     4p) shrink the schedule's bubble (p-1) x busy / m to (p-1) x busy / m'. Hiding the
     point-to-point transfers behind compute is replayed too, and advised where it saves 1%
     of the step: it removes the transfers' own time (each counted where its data arrives,
@@ -206,7 +208,10 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     batch); interleaved (virtual) pipeline stages (Megatron
     --num-layers-per-virtual-pipeline-stage) divide the bubble by the number of virtual
     stages; balance layers between stages (Megatron --decoder-first/last-pipeline-num-layers,
-    the embedding and loss on lighter stages); zero-bubble schedules.
+    the embedding and loss on lighter stages); zero-bubble schedules. The advice fits what
+    the trace shows: GPipe is told of 1F1B; batch_isend_irecv is not advised where sends
+    and receives already go together; Megatron's --overlap-p2p-communication only on the
+    interleaved schedule, the only one that honours it (it replaces batched p2p).
     """
     per = _stage_steps(tables)
     if per.height == 0:
@@ -335,7 +340,9 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                         category=pl.lit("pipeline_bubble"),
                         fraction=mb_share + hide_share,
                     ),
-                    windows.select("rank", "step", category=pl.lit("idle"), fraction=mb_share),
+                    windows.select(
+                        "rank", "step", category=pl.lit("other_idle"), fraction=mb_share
+                    ),
                 ]
             )
 
@@ -367,6 +374,10 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         if sev is None:
             continue
         advice = []
+        # What the trace shows in use: never advised again, nor what the schedule rejects.
+        seen = schedule(tables, s["ranks"])
+        named = SCHEDULES.get(seen or "", "GPipe/1F1B")
+        together = p2p_together(tables, s["ranks"])
         # Micro-batches unknown (e.g. one stage's file alone): no theory to compare with.
         theory = s["theory"]
         if theory is not None and theory - s["theory_target"] > 0.02:
@@ -375,11 +386,12 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 f"global batch, smaller micro-batch): theory bubble {s['theory']:.0%} -> "
                 f"{s['theory_target']:.0%}, about {saved_mb / 1e6:.2f} ms per step."
             )
-            advice.append(
-                "Use interleaved (virtual) pipeline stages: Megatron "
-                "--num-layers-per-virtual-pipeline-stage divides the bubble by the virtual "
-                "stages per GPU."
-            )
+            if seen != "interleaved":
+                advice.append(
+                    "Use interleaved (virtual) pipeline stages: Megatron "
+                    "--num-layers-per-virtual-pipeline-stage divides the bubble by the "
+                    "virtual stages per GPU."
+                )
         if s["imbalance"] > options["imbalance_tolerance"]:
             advice.append(
                 f"Balance the stages: the busiest is {s['imbalance']:.0%} above the mean "
@@ -392,16 +404,16 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             # above theory is waiting for neighbours held up by other work.
             above_ns = max(excess, 0.0) * float(s["wall"])
             p2p = (
-                f"The bubble is {excess:.0%} of the step above 1F1B theory; more "
+                f"The bubble is {excess:.0%} of the step above {named} theory; more "
                 "micro-batches shrink only the schedule's part of it. "
                 if excess > 0.05
                 else ""
             ) + (
                 "The point-to-point transfers take "
                 f"{transfers_ns / 1e6:.2f} ms per stage and step where their data arrives: "
-                "overlap them with compute (Megatron-LM --overlap-p2p-communication, "
-                "torch.distributed.batch_isend_irecv) and keep neighbouring stages on fast "
-                f"links ({links}): about {saved_hide / 1e6:.2f} ms per step"
+                + _overlap_advice(seen, together)
+                + f"; keep neighbouring stages on fast links ({links}): about "
+                f"{saved_hide / 1e6:.2f} ms per step"
                 + (
                     f", as the stages hold only {hideable_ns / 1e6:.2f} ms per step of compute "
                     "no communication overlaps to hide them behind."
@@ -416,7 +428,7 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     "path and the other findings name it), which overlapping does not hide."
                 )
             advice.insert(0 if saved_hide > saved_mb else len(advice), p2p)
-        advice.append("Consider a zero-bubble / 1F1B-interleaved schedule.")
+        advice.append(_next_schedule(seen))
         out.append(
             make_finding(
                 pipeline_bubble,
@@ -424,7 +436,11 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 f"Pipeline bubble {s['measured']:.0%} of the step ({p} stages, "
                 + (f"{m} micro-batches)" if theory is not None else "micro-batches unknown)"),
                 f"Stages are idle {s['measured']:.0%} of each pipeline step"
-                + (f" (1F1B theory for p={p}, m={m}: {theory:.0%})" if theory is not None else "")
+                + (
+                    f" ({named} theory for p={p}, m={m}: {theory:.0%})"
+                    if theory is not None
+                    else ""
+                )
                 + (f", {excess:.0%} of the step above theory" if excess > 0.05 else "")
                 + f"; with {int(s['mt'])} micro-batches"
                 + (" and the transfers hidden," if hide else ",")
@@ -451,6 +467,8 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     "transfer_ns_per_stage_step": int(transfers_ns),
                     "hidden_transfers_saving_ns": saved_hide,
                     "pipeline_groups": s["groups"],
+                    "schedule": seen,
+                    "p2p_issued_together": together,
                     "saving_method": f"replay: {edit.name}",
                 },
                 advice=advice,
@@ -458,3 +476,44 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             )
         )
     return out
+
+
+def _overlap_advice(seen: str | None, together: bool) -> str:
+    """How to hide the transfers, fitting what the trace shows: batch_isend_irecv is never
+    advised where sends and receives already go together, and Megatron's
+    --overlap-p2p-communication only on the interleaved schedule (the only one that
+    honours it; it replaces batched p2p)."""
+    used = (
+        "sends and receives already go out together (batch_isend_irecv or isend/irecv in "
+        "the trace) and still wait, so "
+        if together
+        else ""
+    )
+    if seen == "interleaved":
+        return used + (
+            "overlap them with the other virtual stage's compute (Megatron-LM "
+            "--overlap-p2p-communication, which replaces batched p2p)"
+        )
+    if seen in ("gpipe", "1f1b"):
+        return used + (
+            "hiding them needs compute of another micro-batch or virtual stage to run "
+            "meanwhile: the interleaved schedule (Megatron "
+            "--num-layers-per-virtual-pipeline-stage) overlaps them with the other virtual "
+            "stage's compute"
+        )
+    batch = "" if together else ", torch.distributed.batch_isend_irecv"
+    return used + f"overlap them with compute (post the receives early{batch})"
+
+
+def _next_schedule(seen: str | None) -> str:
+    """The schedule to consider next, from the one the trace shows."""
+    if seen == "gpipe":
+        return (
+            "The trace runs GPipe (every forward before any backward): 1F1B has the same "
+            "bubble but holds at most p micro-batches' activations instead of m, which "
+            "leaves the memory for more micro-batches; then interleaved or zero-bubble "
+            "schedules."
+        )
+    if seen == "interleaved":
+        return "Consider a zero-bubble schedule (zero bubble pipeline parallelism, ZB-H1)."
+    return "Consider an interleaved 1F1B or zero-bubble schedule."

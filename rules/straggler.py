@@ -47,7 +47,7 @@ def _stragglers(tables: Tables) -> pl.DataFrame:
     code="SYNC101",
     name="straggler",
     summary="One rank arrives last at collectives and makes the others wait.",
-    tables=("stragglers", "steps"),
+    tables=("stragglers", "steps", "process_groups"),
     options=(
         Option("warn_share", 0.05, "Warn when the delay costs this share of step time."),
         Option("error_share", 0.15, "Error at this share of step time."),
@@ -117,12 +117,20 @@ def straggler(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     " data loading (num_workers, pin_memory, prefetch_factor), rank-0-only "
                     "logging, evaluation or checkpointing.",
                     _check_the_rank(job_platform(tables).host),
-                    "Balance the work: equal sequence lengths/packing per rank, balanced "
-                    "pipeline stages.",
+                    _balance_line(tables),
                 ),
             )
         )
     return out
+
+
+def _balance_line(tables: Tables) -> str:
+    """SYNC101's work-balancing line: sequence packing, except where every group is
+    tensor-parallel (its ranks share one batch)."""
+    roles = set(group_roles(tables)["role"].drop_nulls().to_list())
+    if roles == {"tensor_parallel"}:
+        return _TENSOR_PARALLEL
+    return "Balance the work: equal sequence lengths/packing per rank, balanced pipeline stages."
 
 
 def _check_the_rank(host: bool) -> str:
@@ -273,11 +281,29 @@ def _uneven_line(group: dict[str, Any]) -> str:
     )
 
 
-def _balance_advice(tables: Tables, uneven: pl.DataFrame) -> tuple[str, ...]:
+_TENSOR_PARALLEL = (
+    "The waits are on tensor-parallel groups, whose ranks share one batch (no sequence "
+    "packing evens them): what differs is each rank's shard (heads, vocabulary, experts "
+    "split unevenly) or its host (CPU launch speed, contention, rank-0-only work): shard "
+    "evenly and give each rank's process the same CPU room."
+)
+
+
+def _balance_advice(
+    tables: Tables, uneven: pl.DataFrame, waited: pl.DataFrame | None = None
+) -> tuple[str, ...]:
     """The work-balancing advice that fits the job: what its uneven all-to-alls show, then
-    the line for its process-group roles."""
+    the line for the roles of the groups the ranks wait in (`waited`'s process_group; all
+    the job's groups without it). Tensor-parallel ranks share one batch: packing sequences
+    cannot even them."""
     lines = tuple(_uneven_line(g) for g in uneven.iter_rows(named=True))
-    roles = set(group_roles(tables)["role"].drop_nulls().to_list())
+    roles_of = group_roles(tables).select("process_group", "role")
+    if waited is not None and waited.height and "process_group" in waited.columns:
+        groups = waited["process_group"].cast(pl.String).unique().implode()
+        roles_of = roles_of.filter(pl.col("process_group").cast(pl.String).is_in(groups))
+    roles = set(roles_of["role"].drop_nulls().to_list())
+    if roles == {"tensor_parallel"}:
+        return (*lines, _TENSOR_PARALLEL)
     for wanted, text in _BALANCE:
         if roles & ({wanted} if isinstance(wanted, str) else set(wanted)):
             return lines if wanted in ("expert", "embedding") and lines else (*lines, text)
@@ -326,7 +352,8 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     every call.
 
     How to fix:
-    Equal work per rank and step (sequence packing or length bucketing; where a group's
+    Equal work per rank and step (sequence packing or length bucketing, except where the
+    waits are on tensor-parallel groups only, whose ranks share one batch; where a group's
     all-to-alls are uneven, the advice names its busiest receivers and how to even out the
     tokens per expert or the embedding rows per rank), a data loader that
     never starts a step empty, garbage collection at the same step on every rank
@@ -341,10 +368,12 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     late = _stragglers(tables)
     if "delay_ns" not in late.columns or late["late_share"].sum() <= 0:
         return []
-    # Ties go to the lowest rank, and the sums run in step order: the same finding however
-    # the tables were gathered.
+    # Ties are listed, all of them (as the skew table lists the ranks tied for most often
+    # last), the lowest first; the sums run in step order: the same finding however the
+    # tables were gathered.
     top = late.sort(["late_share", "rank"], descending=[True, False]).row(0, named=True)
     top_share = top["late_share"]
+    tied = late.filter(pl.col("late_share") == top_share)["rank"].sort().to_list()
     waits = waits.sort("step")
     per_rank = waits.select(pl.col("wait_ns") / pl.col("ranks").clip(lower_bound=1))
     waited = float(per_rank.to_series().sum()) / waits.height
@@ -394,6 +423,9 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         if named.height
         else f"no one rank is to blame (rank {top['rank']}, the most late, caused "
         f"{top_share:.0%} of the lateness)."
+        if len(tied) == 1
+        else f"no one rank is to blame (ranks {', '.join(map(str, tied))}, tied for the most "
+        f"late, caused {top_share:.0%} of the lateness each)."
     )
     return [
         make_finding(
@@ -417,6 +449,7 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "ranks_ever_last": lasts.height,
                 "ranks": late.height,
                 "most_late_rank": top["rank"],
+                "most_late_ranks": tied,
                 "most_late_share": round(top_share, 3),
                 "step_ns": step_ns,
                 "uneven_all_to_all": _uneven_evidence(uneven),
@@ -424,7 +457,7 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
             },
             edit=edit,
             advice=(
-                *_balance_advice(tables, uneven),
+                *_balance_advice(tables, uneven, waits),
                 "Keep the data loader ahead of the step on every rank (num_workers, "
                 "pin_memory, prefetch_factor).",
                 "Collect garbage at the same step on every rank: gc.freeze() after start-up "

@@ -365,6 +365,43 @@ def test_pipeline_and_data_parallel_capture_on_gloo(tmp_path: Path) -> None:
     ).all()
 
 
+def test_every_capture_entry_point_records_two_complete_steps_by_default() -> None:
+    """The last profiled step is cut at its last kernel and left out of the step time, so
+    the default must record 3 for 2 complete steps: the library, `python -m
+    kineto_comm.capture` and `kineto-comm capture` agree on it (no torch needed)."""
+    import inspect
+
+    import typer.main
+
+    from kineto_comm.capture.__main__ import build_parser
+    from kineto_comm.capture.runner import STEPS, capture
+    from kineto_comm.cli import app
+
+    assert STEPS >= 3
+    assert inspect.signature(capture).parameters["steps"].default == STEPS
+    assert build_parser().parse_args(["--layout", "ddp", "--out", "x"]).steps == STEPS
+    command = typer.main.get_command(app).commands["capture"]  # type: ignore[attr-defined]
+    (option,) = [p for p in command.params if p.name == "steps"]
+    assert option.default == STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.capture
+def test_a_default_capture_has_two_complete_steps_and_no_step_warning(tmp_path: Path) -> None:
+    """A gloo DDP capture with the default steps: the report finds two complete steps and
+    says nothing about resting on one."""
+    pytest.importorskip("torch")
+    from kineto_comm import analyze
+    from kineto_comm.capture import capture
+
+    out = tmp_path / "ddp"
+    capture("ddp", out, ranks=2, backend="gloo", bucket_cap_mb=0.1)
+    report = analyze(out, jobs=1)
+    complete = report.step_times.filter(pl.col("complete") & (pl.col("step") >= 0))
+    assert complete.height >= 2
+    assert not [w for w in report.warnings if "profiled step" in w]
+
+
 @pytest.mark.slow
 @pytest.mark.capture
 def test_capture_cli(tmp_path: Path) -> None:

@@ -506,6 +506,29 @@ def test_files_of_different_jobs_are_not_compared():
     assert not [w for w in analyze(SAMPLES / "tp-2", jobs=1).warnings if "jobs" in w]
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        shared("hta/call_stack"),  # one profiled step: it is the complete one
+        shared("hta/amd_trace"),  # two: the last is cut, one complete
+        shared("hta/trace_filter"),  # two ranks of two steps
+        shared("hta/nccl_parser_config"),  # three: two complete
+        SAMPLES / "tp-2",
+    ],
+    ids=lambda p: p.name,
+)
+def test_fewer_than_two_complete_steps_are_said(path) -> None:
+    """The report warns exactly when the model of time has one complete step to take every
+    per-step figure from (two profiled steps leave one: `capture --steps 2` did, silently)."""
+    report = analyze(path, jobs=1)
+    complete = report.step_times.filter(pl.col("complete") & (pl.col("step") >= 0)).height
+    said = [w for w in report.warnings if "profiled step" in w]
+    assert complete >= 1
+    assert bool(said) == (complete < 2), (complete, said)
+    if said:
+        assert "every per-step figure rests on that one step" in said[0]
+
+
 def test_a_trace_of_one_step_says_its_figures_rest_on_it() -> None:
     """HTA's call_stack trace profiles one ProfilerStep: the report says every per-step
     figure rests on that step; a capture of three steps says nothing of the kind."""

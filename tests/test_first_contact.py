@@ -85,3 +85,21 @@ def test_every_import_is_declared(tmp_path: Path) -> None:
     broken = _deptry(copy)
     assert broken.returncode != 0
     assert "'numpy'" in broken.stdout + broken.stderr
+
+
+def test_usage_errors_are_one_line_naming_the_command() -> None:
+    """A missing argument or a bad option value is one `error:` line (no boxed panel, no
+    traceback), naming the command and the argument, exit 2; no arguments prints the help."""
+    for args, words in (
+        (["report"], ["report", "PATHS"]),
+        (["diff", "a"], ["diff", "NEW"]),
+        (["report", "x", "--ranks-per-host", "0"], ["report", "--ranks-per-host"]),
+        (["--bogus"], ["--bogus"]),
+    ):
+        out = _run(*args)
+        assert out.returncode == 2, (args, out.stderr)
+        lines = out.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args, out.stderr)
+        assert all(w in lines[0] for w in words), (args, lines[0])
+    bare = _run()
+    assert "Usage:" in bare.stdout and "report" in bare.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -235,6 +236,24 @@ def test_github_one_escaped_line_per_finding(ddp: Report) -> None:
     assert "%0D%0Anext" in message and "%25" in message and "\r" not in lines[0]
     assert github.escape_property("a:b,c%d\ne") == "a%3Ab%2Cc%25d%0Ae"
     assert github.escape_data("a:b,c%d\r") == "a:b,c%25d%0D"
+
+
+@pytest.mark.parametrize("job", ["sample_traces/ddp-4", "tests/data/h100-nccl/tp-dp-8"])
+def test_github_annotation_gives_each_share_once(job: str) -> None:
+    """One saving, one number: a finding's message and its annotation's "Estimated cost"
+    round the same share once (ddp-4's COMM101 said 18.3% in one and 18.2% in the other:
+    the share was rounded to 4 places and then to one decimal)."""
+    report = kineto_comm.analyze(REPO / job, jobs=1)
+    assert report.findings
+    lines = github.render_github(report).splitlines()
+    for f, line in zip(json_doc.findings_of(report), lines, strict=True):
+        assert f.step_share is not None
+        shown = f"{100 * f.step_share:.1f}%25 of step"
+        assert shown in line, (f.code, line)
+        # Every one-decimal percentage of the line near the share is that share.
+        for pct in re.findall(r"(\d+\.\d)%25", line):
+            if abs(float(pct) - 100 * f.step_share) < 0.2:
+                assert f"{pct}%25 of step" in shown, (f.code, pct, line)
 
 
 def test_github_empty_without_findings(clean_report: Report) -> None:

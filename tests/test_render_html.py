@@ -4,6 +4,7 @@ resources; and, when a chromium binary is installed, that it loads and renders h
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -106,6 +107,49 @@ def test_html_has_four_plots_and_findings(pipeline_report: Report) -> None:
     assert p.count("rect", "k-compute") >= 4 and p.count("rect", "k-communication") >= 4
     text = "".join(p.text)
     assert "Findings (1)" in text and "Raise micro-batches" in text
+
+
+def test_each_colour_means_one_thing_in_every_chart(pipeline_report: Report) -> None:
+    """Red meant exposed communication in the step-time bars and waiting in the timelines.
+    Now, over the whole page: every legend label has one colour, a category drawn in several
+    charts (compute, exposed communication, idle) has the same colour in each, and the
+    waiting colour (the heat map's hottest) is used for nothing else."""
+    page = render_html(pipeline_report, Severity.error)
+    p = Collector()
+    p.feed(page)
+    p.close()
+    fills: dict[str, set[str]] = {}
+    for tag, attrs in p.tags:
+        if tag == "rect" and attrs.get("fill") and attrs.get("class"):
+            for cls in (attrs["class"] or "").split():
+                fills.setdefault(cls, set()).add(attrs["fill"] or "")
+    # The same category, chart by chart (step-time bars, pipeline chart, timelines).
+    for a, b in [
+        ("seg-compute", "k-compute"),
+        ("seg-compute", "tl-compute"),
+        ("seg-exposed", "tl-exposed"),
+        ("seg-idle", "tl-idle"),
+    ]:
+        assert a in fills and b in fills, (a, b, sorted(fills))
+        assert len(fills[a]) == 1 and fills[a] == fills[b], (a, fills[a], b, fills[b])
+    (wait,) = fills["tl-wait"]
+    others = {c for cls, cs in fills.items() if cls not in ("tl-wait", "cell") for c in cs}
+    assert wait not in others
+    # The heat map's scale runs to the same red.
+    stops = re.findall(r'stop-color="(#[0-9a-f]{6})"', page)
+    assert stops and stops[-1] == wait
+    # Legends: a label has one colour, a colour one label, but for the names of one
+    # category (exposed comm, exposed communication; communication, its orange).
+    legend = re.findall(r'<i style="background:(#[0-9a-f]{6})"></i>([^<]+)</span>', page)
+    same = {"exposed communication": "exposed comm", "communication": "exposed comm"}
+    by_label: dict[str, set[str]] = {}
+    by_colour: dict[str, set[str]] = {}
+    for colour, label in legend:
+        by_label.setdefault(label, set()).add(colour)
+        by_colour.setdefault(colour, set()).add(same.get(label, label))
+    assert all(len(c) == 1 for c in by_label.values()), by_label
+    assert all(len(n) == 1 for n in by_colour.values()), by_colour
+    assert by_label["waiting for the last rank"] == {wait}
 
 
 def test_html_escapes_every_trace_string(pipeline_report: Report) -> None:

@@ -54,6 +54,14 @@ def _check(report: Report) -> None:
         )
         assert (blame["ns"] >= 0).all()
         assert set(blame["category"].unique()) <= set(steptime.CATEGORIES)
+        # (g) one meaning of idle: the per-rank tables' idle_ns (nothing runs on the
+        # device) is the blame's launch, queued and other_idle rows, window by window.
+        idle = blame.filter(pl.col("category").is_in(["launch", "queued", "other_idle"]))
+        idle = idle.group_by("rank", "step").agg(ns=pl.col("ns").sum())
+        split = steps.select("rank", "step", "idle_ns").join(idle, on=["rank", "step"], how="left")
+        assert (split["ns"].fill_null(0) == split["idle_ns"]).all(), split.filter(
+            pl.col("ns").fill_null(0) != pl.col("idle_ns")
+        )
     # ... and the report's blame table (the critical ranks') sums to each step's time.
     if report.step_times.height:
         per = report.step_blame.group_by("step").agg(ns=pl.col("ns").sum())
@@ -542,18 +550,18 @@ def test_a_kernel_launched_early_that_starts_late_was_queued(tmp_path: Path) -> 
     report = analyze(tmp_path, jobs=1, ignore=["ALL"])
     got = dict(report.step_blame.group_by("category").agg(pl.col("ns").sum()).iter_rows())
     assert got["queued"] == (7105 - 205 - lat) * 1000
-    assert got["idle"] == (5 + lat) * 1000 and "launch" not in got
+    assert got["other_idle"] == (5 + lat) * 1000 and "launch" not in got
     assert sum(got.values()) == report.step_times["step_ns"].sum()
 
 
 @pytest.mark.parametrize("job", ["pp-4", "ddp-4"])
 def test_a_cpu_only_trace_has_no_launch_or_queue(job: str) -> None:
     """The gloo captures' "kernels" are CPU ops, with no launch call: the time between
-    them is idle, never launch or queued time (nor SYNC105's or SYNC106's)."""
+    them is other_idle, never launch or queued time (nor SYNC105's or SYNC106's)."""
     report = analyze(SAMPLES / job, jobs=1)
     assert report.kernels["launch_ns"].null_count() == report.kernels.height
     cats = set(report.step_blame["category"])
-    assert "idle" in cats and not cats & {"launch", "queued"}
+    assert "other_idle" in cats and not cats & {"launch", "queued"}
     assert not [f for f in report.findings if f.code in ("SYNC105", "SYNC106")]
 
 
@@ -622,7 +630,7 @@ def test_a_launch_gap_ends_at_the_launch_s_way_to_the_device(tmp_path: Path) -> 
     got = dict(blame.iter_rows())
     launch_us = (215 - 100) + (402 + lat - 265) + (8610 - 5500)
     assert got["launch"] == launch_us * 1000
-    assert got["queued"] == (5400 - 402 - lat) * 1000 and got.get("idle", 0) == 0
+    assert got["queued"] == (5400 - 402 - lat) * 1000 and got.get("other_idle", 0) == 0
     assert got["compute"] == 340_000
     assert sum(got.values()) == report.step_times["step_ns"].sum() == 8_700_000
 

@@ -42,7 +42,11 @@ loader, the optimizer) rather than the launch path inside a step.)
                      not start (the device ran work the trace does not show: another
                      process on a shared GPU, events left out of a sampled trace); named
                      as launch rows are
-    idle             nothing runs otherwise
+    other_idle       nothing runs otherwise
+
+`launch`, `queued` and `other_idle` are the window's idle time (steps.idle_ns: nothing runs
+on the device) split by cause; they sum to it exactly, so "idle" means one thing across
+the report.
 
 Calls overlapping each other on one rank (several streams) are made disjoint in start
 order (the earlier call keeps the shared time). The `step_blame` table is the critical
@@ -56,7 +60,7 @@ share of the pipeline bubble) and may shorten given ranks' windows by a fixed ti
 straggler's own lateness). The replay re-times each rank's timeline (rank_time's third
 table: its windows, and its communication, launch and queued pieces at their times) by a
 *shift*, how much earlier the rank runs: it grows by what each row loses as the timeline
-passes it (a fixed time at the window's start; compute, memory and idle rows, which have
+passes it (a fixed time at the window's start; compute, memory and other_idle rows, which have
 no single time, at the window's end), and at an exposed wait for another rank (a
 collective's wait for its `late_rank`; a pipeline call that waited for its peer) the wait
 ends as early as that rank arrives: the waiting rank's shift becomes the larger of the
@@ -129,7 +133,7 @@ CATEGORIES = (
     "pipeline_bubble",
     "launch",
     "queued",
-    "idle",
+    "other_idle",
 )
 # The blame table's columns (docs/tables.md `step_blame`).
 BLAME_SCHEMA: dict[str, pl.DataType] = {
@@ -167,7 +171,7 @@ CHAIN_GAP_NS = 5_000
 # neighbouring pipeline stage; a rank that gains shortens them.
 WAITS = ("wait", "pipeline_bubble")
 # The rows the replay re-times at their times (rank_time's events); the others (compute,
-# memory, idle) come out at the window's end.
+# memory, other_idle) come out at the window's end.
 TIMED = ("transfer", "wait", "pipeline_bubble", "launch", "queued")
 _KEYS = ["category", "collective", "process_group", "role", "late_rank", "last_call"]
 
@@ -523,7 +527,7 @@ def rank_time(
         .select(
             "rank",
             "step",
-            category=pl.lit("idle"),
+            category=pl.lit("other_idle"),
             ns=(pl.col("end_ns") - pl.col("start_ns") - pl.col("_used").fill_null(0)).cast(
                 pl.Int64
             ),
@@ -1071,7 +1075,7 @@ def _removed(
     timed = pl.col("category").is_in(TIMED)
     per = rows.group_by("rank", "step").agg(
         wall_ns=pl.col("ns").sum(),
-        # Rows without times (compute, memory, idle) come out at the window's end.
+        # Rows without times (compute, memory, other_idle) come out at the window's end.
         _untimed=pl.col("_rm").filter(~timed).sum(),
         _timed=pl.col("_rm").filter(timed).sum(),
     )

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kineto_comm.capture.runner import LAYOUTS, CaptureError, capture
+from kineto_comm.capture.runner import LAYOUTS, STEPS, CaptureError, capture
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--layout", choices=LAYOUTS, required=True, help="parallelism layout")
     p.add_argument("--ranks", type=int, default=2, help="number of processes (world size)")
-    p.add_argument("--steps", type=int, default=2, help="profiler steps recorded (active)")
+    p.add_argument("--steps", type=int, default=STEPS, help="profiler steps recorded (active)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size (MB)")
     p.add_argument("--micro-batches", type=int, default=4, help="pipeline micro-batches")

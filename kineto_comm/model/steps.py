@@ -131,14 +131,31 @@ def steps_per_rank(steps: RankStore, numbered_only: bool = True) -> pl.DataFrame
     )
 
 
+def job_steps(steps: RankStore) -> int:
+    """How many distinct numbered steps (step >= 0) the job's ranks hold together: the
+    steps the model of time takes the job's step over (steptime.step_times)."""
+    if steps.height == 0:
+        return 0
+    found = steps.per_window(lambda view: view.lazy(["step"]).filter(pl.col("step") >= 0).unique())
+    return found.get_column("step").n_unique() if found.height else 0
+
+
 def one_step_warning(steps: RankStore) -> list[str]:
-    """A warning when no rank has more than one profiled step: every per-step figure (means,
-    savings per step, shares of the step) then rests on that one step, whose noise nothing
-    averages out."""
-    counts = steps_per_rank(steps)
-    if counts.height == 0 or counts.get_column("n_steps").max() != 1:
-        return []
-    return [
-        "the trace holds one profiled step per rank: every per-step figure rests on that "
-        "one step (profile several, e.g. schedule(active=3), for averages)"
-    ]
+    """A warning when the job has fewer than two complete steps: every per-step figure
+    (means, savings per step, shares of the step) then rests on one step, whose noise
+    nothing averages out. A step is complete as steptime.step_times counts it: numbered,
+    and not the last of several (cut at its last kernel), so two profiled steps leave one
+    (`kineto-comm capture --steps 2` did)."""
+    n = job_steps(steps)
+    if n == 1:
+        return [
+            "the trace holds one profiled step per rank: every per-step figure rests on that "
+            "one step (profile 3 or more, e.g. schedule(active=3), for averages)"
+        ]
+    if n == 2:
+        return [
+            "the trace holds two profiled steps, one complete (the last, cut at its last "
+            "kernel, is left out): every per-step figure rests on that one step (profile 3 "
+            "or more, e.g. schedule(active=3) or kineto-comm capture --steps 3, for averages)"
+        ]
+    return []

@@ -32,20 +32,11 @@ from kineto_comm.lazy import collect
 from kineto_comm.render.findings import all_fixes_line, claim_note
 from kineto_comm.render.html_timeline import timelines_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview, rank_means
+from kineto_comm.render.palette import COLORS, KIND
 from kineto_comm.render.sections import UNKNOWN_GROUP, Section, sections
 from kineto_comm.render.text import clock_sets_line, fmt_bytes, fmt_ns, hosts_line
 from kineto_comm.report import Report
 
-COLORS = {
-    "compute": "#4e79a7",
-    "overlap": "#59a14f",
-    "exposed": "#e15759",
-    "idle": "#d3d3d3",
-    "other": "#f2b447",
-    "communication": "#e15759",
-    "memcpy": "#f2b447",
-    "memset": "#b07aa1",
-}
 SEV_COLOR = {"error": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
 MAX_HEAT_COLS = 200
 MAX_HEAT_ROWS = 64
@@ -123,7 +114,7 @@ def svg_step_time(report: Report) -> str:
         idle = r["idle_ns"] or 0.0
         other = max(0.0, wall - compute - overlap - exposed - idle)
         rows.append((r["rank"], wall, [compute, overlap, exposed, idle, other]))
-    names = ["compute", "overlap", "exposed", "idle", "other"]
+    names = ["compute", "overlap", "exposed", "idle", "memory"]
     labels = ["compute", "overlapped comm", "exposed comm", "idle", "memcpy/memset"]
     n = len(rows)
     bar_h = max(3, min(18, 900 // max(n, 1)))
@@ -239,7 +230,8 @@ def svg_histograms(report: Report) -> str:
             if c:
                 parts.append(
                     f'<rect class="bar" x="{x + 1:.1f}" y="{20 + ph - bh:.1f}" '
-                    f'width="{max(bw - 2, 1):.1f}" height="{bh:.1f}" fill="#4e79a7"><title>'
+                    f'width="{max(bw - 2, 1):.1f}" height="{bh:.1f}" '
+                    f'fill="{COLORS["communication"]}"><title>'
                     f"{esc(fmt_bytes(2**b))} to {esc(fmt_bytes(2 ** (b + 1)))}: {c} calls"
                     "</title></rect>"
                 )
@@ -267,14 +259,16 @@ def svg_histograms(report: Report) -> str:
 
 
 def _heat_color(x: float) -> str:
-    """White -> yellow -> red for x in [0, 1]."""
+    """White -> yellow -> the palette's waiting red for x in [0, 1]: the heat map's colour is
+    the time a rank waited for the group's last arrival, red as the timelines' waits."""
     x = min(max(x, 0.0), 1.0)
+    red = tuple(int(COLORS["wait"][i : i + 2], 16) for i in (1, 3, 5))
     if x < 0.5:
         t = x / 0.5
         r, g, b = 255, 255 - int(35 * t), 255 - int(200 * t)
     else:
         t = (x - 0.5) / 0.5
-        r, g, b = 255 - int(55 * t), 220 - int(200 * t), 55 - int(40 * t)
+        r, g, b = (round(a + (z - a) * t) for a, z in zip((255, 220, 55), red, strict=True))
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
@@ -512,14 +506,15 @@ def svg_pipeline(report: Report) -> str:
         for b in px.iter_rows(named=True):
             if b["rank"] not in lane_of:
                 continue
-            kind = b["kind"] if b["kind"] in COLORS else "other"
+            kind = b["kind"] if b["kind"] in KIND else "memcpy"
             y = top + lane_of[b["rank"]] * (lane_h + gap)
             inset = 0 if kind == "compute" else 4
             parts.append(
                 f'<rect class="k-{esc(kind)}" x="{LABEL_W + b["x0"]:.2f}" y="{y + inset}" '
                 f'width="{max(b["x1"] - b["x0"], 0.5):.2f}" height="{lane_h - 2 * inset}" '
-                f'fill="{COLORS[kind]}"><title>rank {esc(b["rank"])} · {esc(kind)} · {b["n"]} '
-                f"kernel(s), {esc(fmt_ns(b['busy']))}; longest: {esc(b['name'])}</title></rect>"
+                f'fill="{COLORS[KIND[kind]]}"><title>rank {esc(b["rank"])} · {esc(kind)} · '
+                f"{b['n']} kernel(s), {esc(fmt_ns(b['busy']))}; longest: {esc(b['name'])}"
+                "</title></rect>"
             )
     y0 = top + len(lanes) * (lane_h + gap)
     for t in _ticks(span / 1.0):
@@ -534,7 +529,7 @@ def svg_pipeline(report: Report) -> str:
     )
     legend = _legend(
         [("compute", COLORS["compute"]), ("communication", COLORS["communication"])]
-        + [("memcpy/memset", COLORS["memcpy"])]
+        + [("memcpy/memset", COLORS["memory"])]
     )
     more = len(ranks) - len(lanes)
     note = f'<p class="muted">{more} more pipeline rank(s) left out.</p>' if more > 0 else ""

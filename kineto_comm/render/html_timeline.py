@@ -23,6 +23,7 @@ import polars as pl
 
 from kineto_comm.analysis import steptime
 from kineto_comm.lazy import collect
+from kineto_comm.render.palette import COLORS
 from kineto_comm.render.text import fmt_ns
 from kineto_comm.report import Report
 
@@ -32,13 +33,6 @@ FONT = 'font-family="system-ui, sans-serif" font-size="11"'
 ALL_RANKS = 16
 MAX_LANES = 24
 MAX_FINDING_ROWS = 12
-COLORS = {
-    "idle": "#e4e4e4",
-    "compute": "#4e79a7",
-    "exposed": "#f28e2b",
-    "wait": "#d62728",
-    "critical": "#111111",
-}
 Intervals = list[tuple[float, float]]
 
 
@@ -242,7 +236,8 @@ def svg_step_timeline(report: Report, which: str, step: int, step_ns: float) -> 
         ranks_txt = ", ".join(map(str, f.ranks[:16])) if f.ranks else "all ranks"
         parts.append(
             f'<a href="#finding-{i + 1}"><rect class="tl-finding" x="{x0:.2f}" y="{y}" '
-            f'width="{max(x1 - x0, 1):.2f}" height="{band}" fill="#fff3cd" stroke="#b8860b">'
+            f'width="{max(x1 - x0, 1):.2f}" height="{band}" fill="{COLORS["window"]}" '
+            'stroke="#b8860b">'
             f"<title>{_esc(f.code)} {_esc(f.title)} · {_esc(ranks_txt)}</title></rect>"
             f'<text x="{x0 + 3:.2f}" y="{y + band - 3}" {FONT}>{_esc(f.code)}</text></a>'
             f'<text x="{LABEL_W - 6}" y="{y + band - 3}" text-anchor="end" {FONT} '
@@ -310,7 +305,7 @@ def timelines_html(report: Report) -> str:
             ("waiting for the last rank", COLORS["wait"]),
             ("idle", COLORS["idle"]),
             ("critical path (under the lanes)", COLORS["critical"]),
-            ("finding's window (links to it)", "#fff3cd"),
+            ("finding's window (links to it)", COLORS["window"]),
         ]
     )
     out = [legend]

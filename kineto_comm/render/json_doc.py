@@ -33,7 +33,14 @@ from kineto_comm.report import SCHEMA_VERSION, Report
 JSON_SCHEMA_URI = "https://kineto-comm.invalid/schemas/report-v1.json"
 # The step metrics averaged per step (summary) and per rank (rank_means).
 MEANS = ("wall_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns")
-OPTIONAL_TABLES = ("message_sizes", "message_size_summary", "process_groups", "pipeline", "storms")
+OPTIONAL_TABLES = (
+    "message_sizes",
+    "message_size_summary",
+    "process_groups",
+    "pipeline",
+    "storms",
+    "framework",
+)
 
 
 def as_finding(item: Finding | dict[str, Any]) -> Finding:

@@ -151,7 +151,7 @@ def skew(report: Report) -> Section | None:
             fmt_ns(r["mean_skew_ns"]),
             fmt_ns(r["p95_skew_ns"]),
             fmt_bw(r["median_busbw_gbps"]),
-            "-" if r["most_often_last"] is None else str(r["most_often_last"]),
+            ", ".join(map(str, r["most_often_last_ranks"] or [])) or "-",
         )
         for r in table.iter_rows(named=True)
     ]
@@ -162,7 +162,10 @@ def skew(report: Report) -> Section | None:
         ("group", "collective", "calls", "ranks", "mean skew", "p95 skew", "busbw", "last rank"),
         rows,
         frozenset(range(2, 8)),
-        note,
+        (
+            note + " last rank = the rank that arrived last at the most calls (skew above 5 us); "
+            "ranks tied for it are all listed."
+        ).strip(),
     )
 
 
@@ -442,7 +445,8 @@ def _blame_detail() -> pl.Expr:
         pl.lit(" on "),
         grp,
         pl.lit(" ("),
-        pl.col("role").fill_null("unknown"),
+        # A group whose role was not inferred is still a known group: "role unknown".
+        pl.col("role").fill_null("unknown").replace("unknown", "role unknown"),
         pl.lit(")"),
     )
     cat = pl.col("category")
@@ -512,7 +516,8 @@ def step_blame(report: Report) -> Section | None:
         f"{path(median)}); worst step {worst['step']} ({fmt_ns(worst['step_ns'])}, critical "
         f"path {path(worst)}). A step lasts as long as its longest rank's window; its time is "
         "split on that rank's timeline; the critical path's ranks follow it back in time, each "
-        "the one the rank before waited for at a collective or point-to-point call "
+        "the one the rank before waited for at a collective or point-to-point call; launch, "
+        "queued and other_idle are the window's idle time (nothing running) by cause "
         "(docs/tables.md step_blame, critical_path)."
     )
     return Section(

@@ -191,7 +191,8 @@ def render_text(
     print_prose(
         console,
         "overlap = share of communication time hidden behind compute; exposed comm = "
-        "communication with no compute kernel running (it adds to step time); steps, step "
+        "communication with no compute kernel running (it adds to step time); idle = nothing "
+        "running on the device (the step table splits it: launch, queued, other_idle); steps, step "
         "(mean) = the rank's windows of the job's complete steps (a last step, cut at its last "
         "kernel, left out) and their mean.",
     )
