@@ -10,6 +10,7 @@ from kineto_comm.rules_api import (
     Edit,
     Finding,
     Platform,
+    Severity,
     Tables,
     job_platform,
     launch_floor,
@@ -320,6 +321,10 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
             edit, saving = merge[0], merged
         share = saving / step_ns if step_ns else 0.0
         sev = share_severity(share, options)
+        if sev is None and bound and exposed_share >= options["info_share"]:
+            # Its fix buys little, yet the cause holds much of the step: said, as info,
+            # with the advice to make it cheaper (the step-time table's row has its reason).
+            sev = Severity.info
         if sev is None:
             continue
         detail = (
@@ -445,7 +450,8 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     that buys more ("Merge the latency-bound ...: n calls per step into m", with the
     setting: DDP bucket_cap_mb, FSDP wrapping, all_reduce_coalesced; `merge` in evidence).
     When the compute bound cuts the hiding to under half of hiding it all and nothing
-    merges, the finding says so (`compute_bound_saving`) and advises making it cheaper. The
+    merges, the finding says so (`compute_bound_saving`) and advises making it cheaper; it
+    is info at least while the cause's exposed share is above `info_share`. The
     severity is what the fix saves; the cause's share of the step on the critical ranks
     (the step-time table's transfer rows) is in the message (`exposed_share`).
 

@@ -95,7 +95,9 @@ def test_tp_dp8_errors_are_the_fixes_that_buy_most() -> None:
     findings = analyze(H100 / "tp-dp-8", jobs=1).findings
     _check_graded(findings)
     assert "SYNC105" in [f.code for f in findings[:3]]
-    assert not [f for f in findings if f.code == "COMM101" and "tensor-parallel" in f.title]
+    # The tensor-parallel all-reduce (no setting merges it) stays, as info: hiding buys 0.1%.
+    tp = [f for f in findings if f.code == "COMM101" and "tensor-parallel" in f.title]
+    assert [f.severity for f in tp] == [Severity.info] and "too little compute" in tp[0].title
 
 
 @pytest.mark.slow

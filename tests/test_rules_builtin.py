@@ -1019,6 +1019,8 @@ GPU_ONLY = ("NCCL_", "nccl-tests", "nvidia-smi", "NVLink", "its own stream", "pr
 @pytest.mark.parametrize(
     ("path", "codes_", "options"),
     [
+        # gloo on CPUs (host timelines): COMM101 with too little compute to hide it (info).
+        (shared("hta/cpu_only"), {"COMM101"}, None),
         # The README's sample: COMM101, SYNC104; NET101 against a 100 GB/s link (its
         # buckets are under NET101's 1 MB default).
         (REPO / "sample_traces/ddp-4", {"COMM101", "SYNC104", "NET101"}, 100.0),
@@ -1026,7 +1028,7 @@ GPU_ONLY = ("NCCL_", "nccl-tests", "nvidia-smi", "NVLink", "its own stream", "pr
         (REPO / "sample_traces/fsdp-2", {"SYNC101", "COMM102"}, None),
         (REPO / "tests/data/gloo/tp-dp-4", {"COMM101"}, None),  # tensor parallel
     ],
-    ids=["ddp-4", "ep-4", "fsdp-2", "gloo-tp-dp-4"],
+    ids=["hta-cpu_only", "ddp-4", "ep-4", "fsdp-2", "gloo-tp-dp-4"],
 )
 def test_advice_on_gloo_cpu_jobs_names_no_nccl_or_gpu_remedy(path, codes_, options) -> None:
     """A gloo job on CPUs is advised for what it runs on: no NCCL knob, no GPU tool, no stream
