@@ -30,7 +30,7 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm.analysis import steptime
+from kineto_comm.analysis import costfit, steptime
 from kineto_comm.analysis.bandwidth import busbw_factor, group_size
 from kineto_comm.analysis.match import last_arrivals, ranks_in_several_groups
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP
@@ -56,6 +56,7 @@ __all__ = [
     "collective_exposure_lazy",
     "collective_waits",
     "collective_waits_lazy",
+    "cost_fit",
     "group_roles",
     "group_size",
     "hosts_of",
@@ -66,6 +67,7 @@ __all__ = [
     "make_finding",
     "mean_step_ns",
     "median_of_counts",
+    "merge_removal",
     "n_steps",
     "parse_ranks",
     "queue_shift",
@@ -73,6 +75,7 @@ __all__ = [
     "replay_saving",
     "replay_timeline",
     "rule",
+    "saving_severity",
     "severity_for",
     "step_blame",
     "step_time_ns",
@@ -421,6 +424,27 @@ def severity_for(share: float, warn: float, error: float) -> Severity | None:
     if share >= warn:
         return Severity.warning
     return None
+
+
+# A finding's default floor: below this share of the step its fix buys too little to be
+# more than info (a rule's own `info_share` option wins).
+INFO_SHARE = 0.01
+
+
+def saving_severity(share: float, options: Mapping[str, Any]) -> Severity | None:
+    """The severity a fix that saves `share` of the step earns on a rule's ladder: error from
+    its `error_share`, warning from its `warn_share`, info from its `info_share` (default
+    INFO_SHARE), None below. The engine caps the severity of every finding of a rule with
+    such options at this (rules_engine.settle_severity): a finding is as bad as what fixing
+    it buys, whatever share of the step its cause shows."""
+    floor = float(options.get("info_share", INFO_SHARE))
+    warn, error = options.get("warn_share"), options.get("error_share")
+    sev = None
+    if warn is not None and error is not None:
+        sev = severity_for(share, float(warn), float(error))
+    if sev is None and share >= floor:
+        sev = Severity.info
+    return sev
 
 
 def mean_step_ns(tables: Tables) -> int:
@@ -777,6 +801,68 @@ def replay_saving(tables: Tables, *edits: Edit) -> int:
         lambda: steptime.timeline(tables.collect(replay_timeline(tables))),
     )
     return steptime.saving(blame, step_times(tables), edits, line)
+
+
+# What any link of the platform moves at least (GB/s of bus bandwidth): NCCL's links (PCIe,
+# NVLink, InfiniBand, even 10 GbE) and gloo's TCP. The cost fit's bandwidth where the
+# message sizes do not span enough to fit one: a floor, so the latency is not overstated.
+PRIOR_BUSBW_GBPS = {"device": 1.0, "host": 0.1}
+
+
+def _fit_calls(tables: Tables) -> pl.LazyFrame:
+    """Every call with what the cost fit reads: its group ("?" unnamed), collective, size,
+    group size n and transfer time (after the last rank arrived), rank and step."""
+    return collective_exposure_lazy(tables, transfer_only=False).select(
+        "rank",
+        "step",
+        pl.col("process_group").cast(pl.String).fill_null(UNKNOWN_GROUP),
+        "collective",
+        "bytes",
+        "transfer_ns",
+        n=group_size(),
+    )
+
+
+def cost_fit(tables: Tables) -> pl.DataFrame:
+    """Per (process_group, collective): its calls' cost as latency + bytes / bandwidth
+    (kineto_comm.analysis.costfit: calls, sizes, median_bytes, median_ns, latency_ns,
+    busbw_gbps, latency_share, method). Where the sizes do not span enough for a fit, the
+    bandwidth is at least the platform's PRIOR_BUSBW_GBPS. Computed once per rules run."""
+    platform = job_platform(tables)
+    gloo = platform.host or platform.backend == "gloo"
+    prior = PRIOR_BUSBW_GBPS["host" if gloo else "device"]
+    if not tables.has("collectives"):
+        return pl.DataFrame(schema=costfit.FIT_SCHEMA)
+    return tables.once(
+        ("rules_api", "cost_fit"), lambda: costfit.cost_fit(_fit_calls(tables), prior)
+    )
+
+
+def merge_removal(tables: Tables, target_bytes: int) -> pl.DataFrame:
+    """rank, step, process_group, collective, n, m, transfer_ns, removed_ns: per rank and
+    step, each (process_group, collective)'s calls below `target_bytes` merged into calls of
+    about that size (without sizes: its latency-sized calls into one), and the transfer time
+    the latencies saved remove, on `cost_fit`'s latency (kineto_comm.analysis.costfit)."""
+    fit = cost_fit(tables)
+    if fit.height == 0:
+        return costfit.merge_removal(
+            pl.DataFrame(
+                schema={
+                    "rank": pl.Int64,
+                    "step": pl.Int64,
+                    "process_group": pl.String,
+                    "collective": pl.String,
+                    "bytes": pl.Int64,
+                    "transfer_ns": pl.Int64,
+                }
+            ),
+            fit,
+            target_bytes,
+        )
+    return tables.once(
+        ("rules_api", "merge_removal", int(target_bytes)),
+        lambda: costfit.merge_removal(_fit_calls(tables), fit, target_bytes),
+    )
 
 
 def all_to_all_volume(tables: Tables) -> pl.DataFrame:

@@ -37,6 +37,7 @@ from kineto_comm.rules_api import (
     make_finding,
     mean_step_ns,
     replay_saving,
+    saving_severity,
 )
 
 BUILTIN_PACKAGE = "kineto_comm_builtin_rules"
@@ -500,6 +501,7 @@ class RuleSet:
                 settled = [settle_saving(f, r, tables, step_ns or 0) for f in result]
             except Exception as exc:
                 raise RuleError(f"rule {r.code} ({r.name}): its edit failed: {_one(exc)}") from exc
+            settled = [settle_severity(f, self.options[r.code]) for f in settled]
             findings.extend(
                 f if f.rule and f.code == r.code else replace(f, code=r.code, rule=r.name)
                 for f in settled
@@ -541,6 +543,24 @@ def settle_saving(f: Finding, r: Rule, tables: Tables, step_ns: int) -> Finding:
         return f
     share = round(saving / step_ns, 4) if step_ns > 0 else f.step_share
     return replace(f, impact_ns_per_step=saving, step_share=share, evidence=evidence)
+
+
+def settle_severity(f: Finding, options: Mapping[str, Any]) -> Finding:
+    """A finding's severity as the report states it: never worse than its saving's share of
+    the step earns on its rule's ladder (rules_api.saving_severity: the rule's warn_share,
+    error_share and info_share options), info where the saving is below the ladder. A
+    fix that buys nothing is no error, whatever share of the step its cause shows (that
+    share is evidence, in the finding's text). Findings that claim no step time (no edit,
+    no saving: a hang, a configuration), and those of a rule with no ladder of shares (a
+    custom rule's declared severity), keep their rule's severity."""
+    if f.edit is None and int(f.impact_ns_per_step) <= 0:
+        return f
+    if not any(k in options for k in ("warn_share", "error_share", "info_share")):
+        return f
+    earned = saving_severity(float(f.step_share or 0.0), options) or Severity.info
+    if f.severity.level <= earned.level:
+        return f
+    return replace(f, severity=earned)
 
 
 def _graph_loader(tables: Tables) -> Any:
