@@ -34,6 +34,7 @@ from ._common import (
     single_call_steps,
 )
 from ._framework import fit_advice
+from .capture import contention
 
 NVLINK_TP = "Keep tensor-parallel groups inside one NVLink domain (one host)."
 ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
@@ -273,6 +274,10 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     is_sharded = (pl.col("role") == "fsdp") & pl.col("collective").is_in(SHARDED)
     causes = causes.filter(is_sharded if sharded else ~is_sharded)
     step_ns = mean_step_ns(tables)
+    # Ranks time-slicing one GPU (CAPT101) pay each call's turn on the device, which the cost
+    # fit would read as the call's latency: merging calls is not offered on such a capture.
+    capture = contention(tables)
+    shared_device = capture is not None and capture.kind == "device"
     platform = job_platform(tables)
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
@@ -311,7 +316,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
         # they are latency-bound; the finding is the fix that buys more.
         merge = (
             merge_fix(tables, c["collective"], groups)
-            if c["collective"] in MERGEABLE and c["role"] != "tensor_parallel"
+            if c["collective"] in MERGEABLE and c["role"] != "tensor_parallel" and not shared_device
             else None
         )
         merged = replay_saving(tables, merge[0]) if merge else 0
