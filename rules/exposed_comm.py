@@ -453,7 +453,8 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     making them cheaper: the calls below 25 MiB merged into calls of about that size, each
     paying the latency once, the CPU launching m calls instead of n; the finding is the fix
     that buys more ("Merge the latency-bound ...: n calls per step into m", with the
-    setting: DDP bucket_cap_mb, FSDP wrapping, all_reduce_coalesced; `merge` in evidence).
+    setting: DDP bucket_cap_mb, FSDP wrapping, all_reduce_coalesced; `merge` in evidence);
+    not where the ranks time-slice one GPU (CAPT101), whose turns the fit would read as latency.
     When the compute bound cuts the hiding to under half of hiding it all and nothing
     merges, the finding says so (`compute_bound_saving`) and advises making it cheaper; it
     is info at least while the cause's exposed share is above `info_share`. The
