@@ -44,11 +44,13 @@ def analyze_hang(
     select: Sequence[str] = (),
     ignore: Sequence[str] = (),
     rule_options: Mapping[str, Mapping[str, Any]] | None = None,
+    jobs: int | None = None,
 ) -> HangReport:
-    """Read every FR dump under `paths`, find the ranks the hang starts from, run HANG rules."""
+    """Read every FR dump under `paths`, find the ranks the hang starts from, run HANG rules.
+    `jobs`: processes decoding the dumps (default: the cores, on big jobs only)."""
     from kineto_comm.rules_engine import run_rules
 
-    dumps, bad, warnings = read_dumps(list(paths))
+    dumps, bad, warnings = read_dumps(list(paths), jobs)
     analysis = analyse(tables_of(dumps))
     findings: tuple[Finding, ...] = ()
     if dumps:

@@ -167,7 +167,7 @@ def test_twenty_thousand_entries_per_rank(tmp_path):
         (tmp_path / f"_dump_{r}").write_bytes(pickle.dumps(d))
     roots = roots_of([tmp_path])
     assert roots["rank"].to_list() == [2]
-    assert read_dumps([tmp_path])[0][0].rows.__len__() >= 20_000
+    assert read_dumps([tmp_path])[0][0].entries.height >= 20_000
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,22 +72,22 @@ def _entry(
     return e
 
 
-def job_dumps(
+def iter_dumps(
     ranks: int = 8,
     fault: str = "idle",
     faulty: int = 3,
     steps: int = 4,
     version: str = "2.9",
     entries_per_rank: int | None = None,
-) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
-    """The dumps (rank -> dump dict) and the truth of one generated hang."""
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(rank, dump dict) of one generated hang, a rank at a time (big jobs need not be held
+    whole)."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
     if ranks < 2 or ranks % 2 or not 0 <= faulty < ranks:
         raise ValueError("ranks must be even and at least 2, faulty one of them")
     v = tuple(int(p) for p in version.split("."))
     world = ("0", "default_pg")
-    dumps: dict[int, dict[str, Any]] = {}
     steps = entries_per_rank // 2 if entries_per_rank else steps
     for r in range(ranks):
         pair = (str(1 + r // 2), "PAIR_GROUP")
@@ -169,8 +170,25 @@ def job_dumps(
             "entries": entries,
         }
         dump["comm_lib_version" if v >= (2, 10) else "nccl_version"] = "2.21.5"
-        dumps[r] = dump
-    truth = {
+        yield r, dump
+
+
+def job_dumps(
+    ranks: int = 8,
+    fault: str = "idle",
+    faulty: int = 3,
+    steps: int = 4,
+    version: str = "2.9",
+    entries_per_rank: int | None = None,
+) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """The dumps (rank -> dump dict) and the truth of one generated hang."""
+    dumps = dict(iter_dumps(ranks, fault, faulty, steps, version, entries_per_rank))
+    return dumps, truth_of(ranks, fault, faulty, version)
+
+
+def truth_of(ranks: int, fault: str, faulty: int, version: str) -> dict[str, Any]:
+    """What the analysis should find in a generated hang: the roots and their kind."""
+    return {
         "fault": fault,
         "faulty": faulty,
         "roots": [faulty],
@@ -186,7 +204,6 @@ def job_dumps(
             "type": "diverged",
         }[fault],
     }
-    return dumps, truth
 
 
 def write_dumps(
@@ -201,12 +218,12 @@ def write_dumps(
     """Write `_dump_N` files (pickle or JSON) and truth.json into `out`; the truth."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    dumps, truth = job_dumps(ranks, fault, faulty, version=version, **kw)
-    for r, d in dumps.items():
+    for r, d in iter_dumps(ranks, fault, faulty, version=version, **kw):
         path = out / f"_dump_{r}"
         if fmt == "json":
             path.write_text(json.dumps(d))
         else:
             path.write_bytes(pickle.dumps(d))
+    truth = truth_of(ranks, fault, faulty, version)
     (out / "truth.json").write_text(json.dumps(truth))
     return truth
