@@ -436,16 +436,23 @@ _INTS = {
 _NO_GROUP = ("?", "")
 
 
-def _sizes(entries: list[dict[str, Any]], key: str) -> tuple[list[str], list[int]]:
-    """A sizes field as JSON text and element count. Each entry's value is only printed
-    (repr); the few distinct texts are then parsed as literals (never evaluated) and
-    measured once, so pickle and JSON dumps give the same text."""
-    texts = [repr(e.get(key)) for e in entries]
-    canon: dict[str, tuple[str, int]] = {}
+def _sizes(entries: list[dict[str, Any]], key: str) -> tuple[list[str], pl.Expr, pl.Expr]:
+    """A sizes field printed per entry (repr), and the expressions that turn that text into
+    JSON text and an element count: the few distinct texts are parsed as literals (never
+    evaluated) and measured once, so pickle and JSON dumps give the same text."""
+    texts = list(map(repr, [e.get(key) for e in entries]))
+    canon: dict[str, str] = {}
+    numel: dict[str, int] = {}
     for text in set(texts):
         value = ast.literal_eval(text)
-        canon[text] = (json.dumps(value), _numel(value))
-    return [canon[t][0] for t in texts], [canon[t][1] for t in texts]
+        canon[text] = json.dumps(value)
+        numel[text] = _numel(value)
+    column = pl.col(key)
+    return (
+        texts,
+        column.replace_strict(canon, return_dtype=pl.String),
+        column.replace_strict(numel, return_dtype=pl.Int64),
+    )
 
 
 def _dtypes(entries: list[dict[str, Any]], key: str) -> list[str]:
@@ -462,6 +469,8 @@ def entries_frame(rank: int, entries: list[dict[str, Any]]) -> pl.DataFrame:
     distinct value. Stacks are kept only for entries not completed (what a root is stuck
     in is the only place they are read), which spares most of the work on deep buffers."""
     n = len(entries)
+    if n == 0:
+        return pl.DataFrame(schema=ENTRY_SCHEMA)
     cols: dict[str, Any] = {
         "rank": pl.Series([rank] * n, dtype=pl.Int64),
         "pos": pl.Series(range(n), dtype=pl.Int64),
@@ -476,8 +485,8 @@ def entries_frame(rank: int, entries: list[dict[str, Any]]) -> pl.DataFrame:
     parts = {name: _op_parts(name) for name in set(names)}
     for i, col in enumerate(("backend", "op", "src_local", "dst_local")):
         cols[col] = [parts[name][i] for name in names]
-    cols["input_sizes"], cols["input_numel"] = _sizes(entries, "input_sizes")
-    cols["output_sizes"], cols["output_numel"] = _sizes(entries, "output_sizes")
+    cols["input_sizes"], in_text, in_numel = _sizes(entries, "input_sizes")
+    cols["output_sizes"], out_text, out_numel = _sizes(entries, "output_sizes")
     cols["input_dtypes"] = _dtypes(entries, "input_dtypes")
     cols["output_dtypes"] = _dtypes(entries, "output_dtypes")
     states = [str(e.get("state", "")) for e in entries]
@@ -496,7 +505,10 @@ def entries_frame(rank: int, entries: list[dict[str, Any]]) -> pl.DataFrame:
         None if s == "completed" else _frames_text(e.get("frames"))
         for s, e in zip(states, entries, strict=True)
     ]
-    return pl.DataFrame(cols, schema=ENTRY_SCHEMA, strict=False)
+    frame = pl.DataFrame(cols, schema={k: ENTRY_SCHEMA[k] for k in cols}, strict=False)
+    return frame.with_columns(
+        input_sizes=in_text, output_sizes=out_text, input_numel=in_numel, output_numel=out_numel
+    ).select(list(ENTRY_SCHEMA))
 
 
 def entries_table(dumps: list[FlightDump]) -> pl.DataFrame:
