@@ -17,6 +17,7 @@ import pytest
 from kineto_comm.analysis.hang import analyse, tables_of
 from kineto_comm.errors import TraceError
 from kineto_comm.hang import analyze_hang
+from kineto_comm.load import flight
 from kineto_comm.load.flight import SafeUnpickler, rank_from_file_name, read_dump, read_dumps
 from kineto_comm.synth.flight import FAULTS, job_dumps, write_dumps
 
@@ -168,6 +169,19 @@ def test_twenty_thousand_entries_per_rank(tmp_path):
     roots = roots_of([tmp_path])
     assert roots["rank"].to_list() == [2]
     assert read_dumps([tmp_path])[0][0].entries.height >= 20_000
+
+
+def test_decoding_in_worker_processes_gives_what_one_process_gives(tmp_path, monkeypatch):
+    write_dumps(tmp_path, ranks=8, fault="gpu", faulty=5)
+    (tmp_path / "_dump_3").write_bytes(b"\x80\x04garbage that is no pickle")
+    one = read_dumps([tmp_path], jobs=1)
+    monkeypatch.setattr(flight, "PARALLEL_ABOVE", 0)  # a worker even for this small job
+    two = read_dumps([tmp_path], jobs=2)
+    assert [(e.file, e.problem) for e in one[1]] == [(e.file, e.problem) for e in two[1]]
+    assert len(one[0]) == len(two[0]) == 7
+    for a, b in zip(one[0], two[0], strict=True):
+        assert (a.rank, a.file, a.pg_status) == (b.rank, b.file, b.pg_status)
+        assert a.entries.equals(b.entries)
 
 
 @pytest.mark.parametrize(
