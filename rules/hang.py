@@ -128,7 +128,7 @@ def gpu_or_nccl_stopped(tables: Tables, options: dict[str, Any]) -> list[Finding
 )
 def rank_stopped_issuing(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
-    Names the ranks (kind `idle`) that other ranks wait for in a collective or send/recv
+    Names the ranks (kind `stopped`) that other ranks wait for in a collective or send/recv
     they never issued, while they themselves have nothing pending and wait for nobody.
 
     Why is this bad?
@@ -142,7 +142,7 @@ def rank_stopped_issuing(tables: Tables, options: dict[str, Any]) -> list[Findin
     return _root_findings(
         tables,
         "HANG102",
-        ("idle",),
+        ("stopped",),
         "stopped issuing work",
         "has nothing pending while others wait for a call it never made",
         (
@@ -276,7 +276,7 @@ def rank_without_dump(tables: Tables, options: dict[str, Any]) -> list[Finding]:
 )
 def wait_cycle(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
-    Where no rank stopped on its own (no GPU stop, idle rank, missing dump or diverged
+    Where no rank stopped on its own (no GPU stop, stopped rank, missing dump or diverged
     call), names the ranks everything waits for: those blocked in operations every peer
     posted (kind `blocked`), or the ranks of a cycle of waits (kind `deadlock`).
 

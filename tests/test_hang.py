@@ -60,7 +60,7 @@ def test_every_faulted_rank_is_a_root_and_no_healthy_rank_is(run_dir):
     if "GPU_ERROR" in log:
         assert kinds == {"device"}
     if "LOCK_GIL" in log:
-        assert kinds == {"idle"}
+        assert kinds == {"stopped"}
 
 
 @pytest.mark.skipif(not RUNS, reason="../shared/traces/flight-recorder not present")
@@ -118,7 +118,7 @@ def test_a_pickle_naming_a_class_is_refused_and_never_run(tmp_path):
 
 
 def test_bad_files_are_one_line_each_and_the_rest_is_analysed(tmp_path):
-    write_dumps(tmp_path, ranks=4, fault="idle", faulty=1)
+    write_dumps(tmp_path, ranks=4, fault="stopped", faulty=1)
     good = (tmp_path / "_dump_2").read_bytes()
     (tmp_path / "_dump_2").write_bytes(good[: len(good) // 2])  # truncated
     (tmp_path / "_dump_3").write_bytes(b"\x80\x04garbage that is no pickle")
@@ -142,7 +142,7 @@ def test_nothing_analysable_exits_2(tmp_path):
 
 
 def test_ranks_that_never_dumped_are_suspects_not_absent(tmp_path):
-    write_dumps(tmp_path, ranks=16, fault="idle", faulty=6)
+    write_dumps(tmp_path, ranks=16, fault="stopped", faulty=6)
     for r in (6, 9, 13):
         (tmp_path / f"_dump_{r}").unlink()
     report = analyze_hang([tmp_path])
@@ -153,8 +153,8 @@ def test_ranks_that_never_dumped_are_suspects_not_absent(tmp_path):
 
 
 def test_a_dump_of_another_job_is_set_aside(tmp_path):
-    write_dumps(tmp_path / "a", ranks=8, fault="idle", faulty=3)
-    write_dumps(tmp_path / "b", ranks=4, fault="idle", faulty=1)
+    write_dumps(tmp_path / "a", ranks=8, fault="stopped", faulty=3)
+    write_dumps(tmp_path / "b", ranks=4, fault="stopped", faulty=1)
     (tmp_path / "a" / "_dump_9").write_bytes((tmp_path / "b" / "_dump_2").read_bytes())
     dumps, errors, _ = read_dumps([tmp_path / "a"])
     assert [Path(e.file).name for e in errors] == ["_dump_9"]
@@ -206,7 +206,7 @@ def test_rank_from_process_groups_when_the_name_has_none(tmp_path):
         d = read_dump(path)
         assert (d.rank, d.rank_source) == (rank, "process groups")
     # Groups that leave two ranks possible: an error naming the file, not a guess.
-    dumps, _ = job_dumps(ranks=4, fault="idle", faulty=1)
+    dumps, _ = job_dumps(ranks=4, fault="stopped", faulty=1)
     path = tmp_path / "dump-of-some-host"
     path.write_bytes(pickle.dumps(dumps[3]))
     with pytest.raises(TraceError, match="no rank in the file name"):

@@ -13,7 +13,7 @@ Pure functions on the FR tables (kineto_comm.load.flight; columns in docs/hang.m
    operation, which is what a hang's cause looks like to the others.
 4. `roots`: the front of the wave. A rank is a root when (a) its peers completed a
    collective it did not (its GPU or NCCL stopped: "device"), (b) others wait for it and it
-   waits for nobody and has nothing pending ("idle": its Python thread stopped issuing
+   waits for nobody and has nothing pending ("stopped": its Python thread stopped issuing
    work), or no dump ("no_dump"), (c) its call differs from the others' at the group's
    first incomplete collective (type, sizes, dtypes: "diverged"). Where nothing of that is
    found, a cycle of waits ("deadlock") or the ranks everybody waits on ("blocked") are named.
@@ -415,7 +415,7 @@ def _stuck_in(entries: pl.DataFrame) -> pl.DataFrame:
 def roots(
     t: HangTables, m: pl.DataFrame, w: pl.DataFrame, lag: pl.DataFrame, odd: pl.DataFrame
 ) -> pl.DataFrame:
-    """The ranks the hang starts from: rank, kind (device | idle | no_dump | diverged |
+    """The ranks the hang starts from: rank, kind (device | stopped | no_dump | diverged |
     deadlock | blocked), waited_by (ranks waiting on it directly), groups (where it is
     waited for or lags), what it last completed and is stuck in, and for how long."""
     pending = (
@@ -460,7 +460,7 @@ def roots(
         .when(pl.col("lag_groups").is_not_null())
         .then(pl.lit("device"))
         .when(sink & ~pl.col("pending"))
-        .then(pl.lit("idle"))
+        .then(pl.lit("stopped"))
         .when(pl.col("odd_kinds").is_not_null())
         .then(pl.lit("diverged"))
     )

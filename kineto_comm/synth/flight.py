@@ -5,11 +5,11 @@ each pair group (ranks 2i, 2i+1); then one fault stops it:
 
 - `gpu`: the faulty rank issues the next collectives, its pair peer completes the first
   of them, but the faulty rank never sees it complete (a GPU or NCCL stop).
-- `idle`: the faulty rank stops issuing work (a Python thread that stopped).
+- `stopped`: the faulty rank stops issuing work (a Python thread that stopped).
 - `skip`: the faulty rank skips one world all_reduce, issues the next one, and stops there.
 - `size`, `dtype`, `type`: the faulty rank calls the next world collective with another
   size, dtype or collective type; every rank then waits in it.
-- `missing`: like `idle`, and the faulty rank leaves no dump.
+- `missing`: like `stopped`, and the faulty rank leaves no dump.
 
 `write_dumps` writes one dump per rank (`_dump_N`, pickle, or JSON with `fmt="json"`) in a
 chosen format version, and returns the truth: {"fault", "roots", "version", ...}.
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-FAULTS = ("gpu", "idle", "skip", "size", "dtype", "type", "missing")
+FAULTS = ("gpu", "stopped", "skip", "size", "dtype", "type", "missing")
 SIZE = 1024
 T0 = 1_700_000_000_000_000_000
 STEP_NS = 1_000_000
@@ -74,7 +74,7 @@ def _entry(
 
 def iter_dumps(
     ranks: int = 8,
-    fault: str = "idle",
+    fault: str = "stopped",
     faulty: int = 3,
     steps: int = 4,
     version: str = "2.9",
@@ -111,7 +111,7 @@ def iter_dumps(
         world_done = pair_done = steps
         w_next, p_next = steps + 1, steps + 1
         me = r == faulty
-        if fault in ("idle", "missing"):
+        if fault in ("stopped", "missing"):
             if not me:
                 add(world, 0, w_next, "scheduled")
         elif fault == "gpu":
@@ -175,7 +175,7 @@ def iter_dumps(
 
 def job_dumps(
     ranks: int = 8,
-    fault: str = "idle",
+    fault: str = "stopped",
     faulty: int = 3,
     steps: int = 4,
     version: str = "2.9",
@@ -196,8 +196,8 @@ def truth_of(ranks: int, fault: str, faulty: int, version: str) -> dict[str, Any
         "version": version,
         "kind": {
             "gpu": "device",
-            "idle": "idle",
-            "skip": "idle",
+            "stopped": "stopped",
+            "skip": "stopped",
             "missing": "no_dump",
             "size": "diverged",
             "dtype": "diverged",
@@ -209,7 +209,7 @@ def truth_of(ranks: int, fault: str, faulty: int, version: str) -> dict[str, Any
 def write_dumps(
     out: str | Path,
     ranks: int = 8,
-    fault: str = "idle",
+    fault: str = "stopped",
     faulty: int = 3,
     version: str = "2.9",
     fmt: str = "pickle",
