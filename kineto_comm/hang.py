@@ -26,6 +26,7 @@ class HangReport:
     findings: tuple[Finding, ...]
     errors: tuple[tuple[str, str], ...]
     warnings: tuple[str, ...]
+    rules_run: tuple[str, ...] = ()  # the codes of the rules that ran (SARIF, JUnit list them)
 
     @property
     def analysed(self) -> int:
@@ -48,20 +49,14 @@ def analyze_hang(
 ) -> HangReport:
     """Read every FR dump under `paths`, find the ranks the hang starts from, run HANG rules.
     `jobs`: processes decoding the dumps (default: the cores, on big jobs only)."""
-    from kineto_comm.rules_engine import run_rules
+    from kineto_comm.rules_engine import rule_set
 
+    chosen = rule_set(select=tuple(select) or ("HANG",), ignore=ignore, options=rule_options)
     dumps, bad, warnings = read_dumps(list(paths), jobs)
     analysis = analyse(tables_of(dumps))
-    findings: tuple[Finding, ...] = ()
-    if dumps:
-        findings = run_rules(
-            analysis.as_dict(),
-            select=tuple(select) or ("HANG",),
-            ignore=ignore,
-            options=rule_options,
-        )
+    findings = chosen.run(analysis.as_dict()) if dumps else ()
     errors = tuple((e.file, e.problem) for e in bad)
-    return HangReport(analysis, findings, errors, tuple(warnings))
+    return HangReport(analysis, findings, errors, tuple(warnings), tuple(chosen.codes))
 
 
 def exit_code(

@@ -9,6 +9,7 @@ import pickle
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import polars as pl
@@ -225,6 +226,25 @@ def test_report_on_a_folder_of_dumps_is_the_hang_report_in_every_format(tmp_path
     for fmt in ("markdown", "github"):
         proc = run("hang", run_dir, "-f", fmt)
         assert proc.returncode == 1 and proc.stdout.strip()
+    # SARIF: one result per root, each pointing at that rank's dump.
+    sarif = json.loads(run("hang", run_dir, "-f", "sarif").stdout)["runs"][0]
+    found = {r for res in sarif["results"] for r in res["properties"]["ranks"]}
+    assert found == faulted(run_dir)
+    for res in sarif["results"]:
+        uri = res["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+        assert uri.endswith(f"_dump_{res['properties']['ranks'][0]}")
+    assert {r["id"] for r in sarif["tool"]["driver"]["rules"]} >= {"HANG101", "HANG102"}
+    # JUnit: a case per HANG rule, failing where a root was named.
+    suite = ET.fromstring(run("hang", run_dir, "-f", "junit").stdout).find("testsuite")
+    failed = {c.get("name").split()[0] for c in suite if c.find("failure") is not None}
+    assert failed == {res["ruleId"] for res in sarif["results"]}
+    assert int(suite.get("tests")) == len(sarif["tool"]["driver"]["rules"])
+    # HTML: the roots' table names every root rank.
+    page = run("hang", run_dir, "-f", "html")
+    assert page.returncode == 1 and page.stdout.startswith("<!DOCTYPE html>")
+    roots_html = page.stdout.split("<h2>Root ranks</h2>")[1].split("</table>")[0]
+    cells = set(re.findall(r"<tr><td class=\"l\">(\d+)</td>", roots_html))
+    assert {int(c) for c in cells} == faulted(run_dir)
     assert run("hang", run_dir, "--exit-zero").returncode == 0
     bad = run("hang", run_dir, "-f", "nope")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
