@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from kineto_comm import analyze
 from kineto_comm.analysis.hang import analyse, tables_of
 from kineto_comm.errors import TraceError
 from kineto_comm.hang import analyze_hang
@@ -254,3 +255,50 @@ def test_hang_rules_find_nothing_on_kineto_reports():
     from kineto_comm.rules_engine import run_rules
 
     assert run_rules({}, select=("HANG",)) == ()
+
+
+def _beside(folder: Path, traces: list[Path], faulty: int) -> Path:
+    """A folder holding these Kineto traces (linked) and generated dumps of the same 4
+    ranks whose hang starts at `faulty`."""
+    folder.mkdir()
+    for trace in traces:
+        (folder / trace.name).symlink_to(trace.resolve())
+    write_dumps(folder, ranks=4, fault="stopped", faulty=faulty)
+    return folder
+
+
+@pytest.mark.parametrize("faulty", [1, 3])  # ddp-4: the most late rank, and one never late
+def test_kineto_traces_beside_the_dumps_say_whether_the_root_was_late_before(tmp_path, faulty):
+    ddp = Path(__file__).parent.parent / "sample_traces" / "ddp-4"
+    late = analyze(ddp, ignore=["ALL"]).stragglers
+    folder = _beside(tmp_path / "mix", sorted(ddp.glob("*.json.gz")), faulty)
+    mixed = analyze_hang([folder])
+    alone = analyze_hang(list(folder.glob("_dump_*")))
+    # The traces change nothing in the hang analysis; they add each root's history.
+    assert mixed.analysis.roots.equals(alone.analysis.roots)
+    assert mixed.kineto_traces == 4 and alone.kineto_traces == 0 and alone.history.height == 0
+    assert not mixed.errors
+    (h,) = mixed.history.to_dicts()
+    mine = late.filter(pl.col("rank") == faulty).to_dicts()[0]
+    assert h["rank"] == faulty and h["traced"]
+    for key in ("times_last", "instances", "late_share", "is_straggler"):
+        assert h[key] == mine[key]
+    assert h["most_late"] == (mine["late_share"] == late["late_share"].max() > 0)
+    (finding,) = mixed.findings
+    said = "most late rank" if h["most_late"] else "not a straggler"
+    assert said in finding.message and "before_the_hang" in finding.evidence
+    assert "before the hang (Kineto traces)" in run("report", folder).stdout
+
+
+def test_a_root_that_was_a_straggler_before_the_hang_is_said_to_be(tmp_path):
+    from kineto_comm.synth.generate import generate
+
+    truth = generate("straggler", tmp_path / "job", ranks=4, steps=3)
+    (straggler,) = truth["problems"][0]["ranks"]
+    traces = sorted((tmp_path / "job").glob("rank-*.json"))
+    for faulty in (straggler, (straggler + 1) % 4):
+        report = analyze_hang([_beside(tmp_path / f"hang-{faulty}", traces, faulty)])
+        (h,) = report.history.to_dicts()
+        assert (h["rank"], h["is_straggler"]) == (faulty, faulty == straggler)
+        verdict = "already a straggler" if faulty == straggler else "not a straggler"
+        assert verdict in report.findings[0].message

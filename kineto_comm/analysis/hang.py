@@ -516,6 +516,47 @@ def roots(
     ).sort("rank")
 
 
+HISTORY_SCHEMA = {
+    "rank": pl.Int64,
+    "traced": pl.Boolean,
+    "instances": pl.Int64,
+    "times_last": pl.Int64,
+    "late_share": pl.Float64,
+    "delay_ns": pl.Int64,
+    "confidence": pl.Float64,
+    "is_straggler": pl.Boolean,
+    "most_late": pl.Boolean,
+}
+
+
+def history(roots: pl.DataFrame, stragglers: pl.DataFrame | None) -> pl.DataFrame:
+    """Whether each root rank was already late before the hang, from the Kineto report of
+    the same job (its `stragglers` table, the one home of that verdict): rank, traced (the
+    Kineto traces hold the rank), instances, times_last, late_share, delay_ns, confidence,
+    is_straggler, most_late (it caused the largest share of the lateness, straggler or
+    not). Empty without Kineto traces."""
+    if stragglers is None or stragglers.height == 0 or roots.height == 0:
+        return pl.DataFrame(schema=HISTORY_SCHEMA)
+    late = stragglers.select(
+        "rank",
+        "instances",
+        "times_last",
+        "late_share",
+        "delay_ns",
+        "confidence",
+        "is_straggler",
+        most_late=(pl.col("late_share") > 0) & (pl.col("late_share") == pl.col("late_share").max()),
+        traced=pl.lit(True),
+    )
+    return (
+        roots.select("rank")
+        .join(late, on="rank", how="left")
+        .with_columns(pl.col("traced").fill_null(False))
+        .select(list(HISTORY_SCHEMA))
+        .cast(HISTORY_SCHEMA)  # type: ignore[arg-type]
+    )
+
+
 @dataclass(frozen=True)
 class HangAnalysis:
     """Every table of the hang analysis (docs/hang.md)."""

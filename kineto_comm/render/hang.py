@@ -28,8 +28,30 @@ def _secs(ns: int | None) -> str:
     return "?" if ns is None else f"{ns / 1e9:.1f} s"
 
 
+def _before(report: HangReport) -> dict[int, str]:
+    """Per root rank, its lateness before the hang (report.history) in a few words."""
+    out = {}
+    for h in report.history.to_dicts():
+        if not h["traced"]:
+            out[h["rank"]] = "no Kineto trace of it"
+            continue
+        verdict = (
+            "a straggler"
+            if h["is_straggler"]
+            else "the most late rank, not a straggler"
+            if h["most_late"]
+            else "not a straggler"
+        )
+        out[h["rank"]] = (
+            f"{verdict} (last at {h['times_last']} of {h['instances']} collectives,"
+            f" {100 * (h['late_share'] or 0):.0f}% of the lateness)"
+        )
+    return out
+
+
 def _root_lines(report: HangReport) -> list[str]:
     lines = []
+    before = _before(report)
     for r in report.analysis.roots.to_dicts():
         stuck = (
             f"stuck in {r['stuck_op']} #{r['stuck_seq']} of {r['stuck_group_desc']}"
@@ -47,6 +69,8 @@ def _root_lines(report: HangReport) -> list[str]:
             f"  rank {r['rank']:<5} {r['kind']:<9} waited for by {_ranks(r['waited_by'])}:"
             f" {stuck}{last}"
         )
+        if r["rank"] in before:
+            lines.append(f"      before the hang (Kineto traces): {before[r['rank']]}")
         for frame in (r.get("frames") or "").splitlines()[:4]:
             lines.append(f"      at {frame}")
     return lines
@@ -59,7 +83,8 @@ def render_hang_text(report: HangReport) -> str:
     missing = world.filter(~pl.col("has_dump"))["rank"].to_list()
     out = [
         f"Flight Recorder: {report.analysed} dumps of {world.height} ranks (format {a.version})"
-        + (f"; no dump from ranks {_ranks(missing)}" if missing else ""),
+        + (f"; no dump from ranks {_ranks(missing)}" if missing else "")
+        + (f"; {report.kineto_traces} Kineto traces beside them" if report.kineto_traces else ""),
         "",
     ]
     if a.roots.height:
@@ -104,6 +129,8 @@ def hang_document(report: HangReport) -> dict[str, Any]:
         "waits": a.waits.to_dicts(),
         "lagging": a.lagging.to_dicts(),
         "mismatches": a.mismatches.to_dicts(),
+        "kineto_traces": report.kineto_traces,
+        "history": report.history.to_dicts(),
         "findings": [f.to_dict() for f in report.findings],
         "errors": [{"file": f, "problem": p} for f, p in report.errors],
         "warnings": list(report.warnings),
@@ -116,9 +143,10 @@ def render_hang_json(report: HangReport) -> str:
 
 def render_hang_markdown(report: HangReport) -> str:
     """A Markdown summary (a CI job summary or PR comment)."""
+    before = _before(report)
     rows = [
-        "| rank | kind | waited for by | stuck in | for |",
-        "|---|---|---|---|---|",
+        "| rank | kind | waited for by | stuck in | for | before the hang |",
+        "|---|---|---|---|---|---|",
     ]
     for r in report.analysis.roots.to_dicts():
         stuck = (
@@ -128,7 +156,7 @@ def render_hang_markdown(report: HangReport) -> str:
         )
         rows.append(
             f"| {r['rank']} | {r['kind']} | {_ranks(r['waited_by'])} | {stuck}"
-            f" | {_secs(r['stuck_for_ns'])} |"
+            f" | {_secs(r['stuck_for_ns'])} | {before.get(r['rank'], '-')} |"
         )
     findings = [f"- **{f.code}** {f.title}: {f.message}" for f in report.findings]
     return "\n".join(["## kineto-comm hang report", "", *rows, "", *findings]) + "\n"
@@ -174,6 +202,7 @@ def render_hang_html(report: HangReport, fail_on: Severity = Severity.error) -> 
     a = report.analysis
     missing = a.tables.world.filter(~pl.col("has_dump"))["rank"].to_list()
     failing = [f for f in report.findings if f.severity.level >= fail_on.level]
+    before = _before(report)
     roots = [
         [
             r["rank"],
@@ -188,6 +217,7 @@ def render_hang_html(report: HangReport, fail_on: Severity = Severity.error) -> 
             f"#{r['last_completed_seq']} of {r['last_completed_group']}"
             if r.get("last_completed_seq") is not None
             else "-",
+            before.get(r["rank"], "-"),
             r.get("frames") or "",
         ]
         for r in a.roots.to_dicts()
@@ -224,7 +254,7 @@ def render_hang_html(report: HangReport, fail_on: Severity = Severity.error) -> 
         "<h2>Root ranks</h2>"
         + _table_html(
             ["rank", "kind", "waited for by", "stuck in", "for at least", "thread"]
-            + ["last completed", "stack"],
+            + ["last completed", "before the hang", "stack"],
             roots,
         )
         if roots
