@@ -302,3 +302,24 @@ def test_a_root_that_was_a_straggler_before_the_hang_is_said_to_be(tmp_path):
         assert (h["rank"], h["is_straggler"]) == (faulty, faulty == straggler)
         verdict = "already a straggler" if faulty == straggler else "not a straggler"
         assert verdict in report.findings[0].message
+
+
+GLOO = Path(__file__).parent / "data" / "flight-recorder-gloo"
+
+
+@pytest.mark.parametrize("fault", ["skip", "size"])
+def test_real_gloo_dumps_name_the_rank_that_hangs_pickle_and_json_alike(fault):
+    truth = json.loads((GLOO / fault / "truth.json").read_text())
+    a = analyze_hang([GLOO / fault / "pickle"])
+    b = analyze_hang([GLOO / fault / "json"])
+    assert not a.errors and not b.errors and a.analysed == b.analysed == 4
+    # Both stop issuing: the others wait in the next all_reduce for the faulty rank.
+    assert a.analysis.roots.select("rank", "kind").rows() == [
+        (r, "stopped") for r in truth["roots"]
+    ]
+    for name in ("roots", "frontier", "waits", "mismatches"):
+        assert getattr(a.analysis, name).equals(getattr(b.analysis, name)), name
+    assert [f.to_dict() for f in a.findings] == [f.to_dict() for f in b.findings]
+    # The odd size passed gloo's all_reduce; the call before the hung one shows it.
+    odd = a.analysis.mismatches.select("kind", "rank").rows()
+    assert odd == ([("SIZE_OR_SYNTAX_MISMATCH", *truth["roots"])] if fault == "size" else [])
