@@ -2,7 +2,9 @@
 
 Dumps are found by content (kineto_comm.load.flight), decoded safely, one job kept; the
 hang tables are built (kineto_comm.analysis.hang) and the HANG rules turn the root ranks
-into findings. A file that cannot be used is one line in `errors`; the others are still
+into findings. Kineto traces of the same job among the paths are analysed too, and their
+stragglers table says whether each root rank was already late before the hang
+(`history`). A file that cannot be used is one line in `errors`; the others are still
 analysed.
 """
 
