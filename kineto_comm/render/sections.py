@@ -520,6 +520,10 @@ def step_blame(report: Report) -> Section | None:
         "queued and other_idle are the window's idle time (nothing running) by cause "
         "(docs/tables.md step_blame, critical_path)."
     )
+    accounts = getattr(report, "blame_accounts", None)
+    if isinstance(accounts, pl.DataFrame) and accounts.height:
+        # The blame against the findings (kineto_comm.analysis.reconcile): one line each.
+        legend += " Against the findings: " + " ".join(accounts["text"].to_list())
     return Section(
         "step_blame",
         "Step time: where the median and the worst step went (critical rank)",
