@@ -185,7 +185,7 @@ def blame_accounts(
             ceiling = replay(
                 steptime.Edit(f"every {category} row removed", pl.col("category") == category)
             )
-            text = f"{head}, {_WHAT.get(category, category)}: no finding"
+            text = f"{head}, {_WHAT.get(category, category)}: no finding takes it out"
             if job_step and ceiling < SMALL_SHARE * job_step:
                 text += (
                     f": removing it on every rank would save at most {_ms(ceiling)} per step "
@@ -194,12 +194,19 @@ def blame_accounts(
             else:
                 text += f": removing all of it on every rank would save up to {_ms(ceiling)}"
                 ran = [c for c in _COVERED_BY.get(category, ()) if rules_run and c in rules_run]
-                if ran:
+                named = sorted({f.code for f in findings} & set(ran))
+                quiet = [c for c in ran if c not in named]
+                if named:
                     text += (
-                        f"; {', '.join(ran)}, which model{'s' if len(ran) == 1 else ''} its "
-                        "fix, found none worth a finding"
+                        f"; {', '.join(named)} report{'s' if len(named) == 1 else ''} it, but "
+                        "the fix takes none of it out of this step"
                     )
-                else:
+                if quiet:
+                    text += (
+                        f"; {', '.join(quiet)}, which model{'s' if len(quiet) == 1 else ''} "
+                        "its fix, found none worth a finding"
+                    )
+                if not ran:
                     text += "; no rule that ran models a fix for it"
                 if category == "transfer" and compute < 0.1 * step_ns:
                     text += (
