@@ -137,6 +137,51 @@ def test_last_in_is_per_group() -> None:
     )
 
 
+def test_pooled_groups_of_different_ranks_split_by_kind() -> None:
+    """gloo tp-dp-4: the calls name no group and the ranks' groups differ (tensor-parallel
+    pairs and data-parallel pairs): the pool is not one 'tensor_parallel, size 4' group.
+    The all-reduces split by size: the activations' (many per step, in the forward too)
+    tensor-parallel, the gradients' (once a step, after the backward) data-parallel, and
+    the blame and COMM101 name each call by its own kind's role."""
+    report = analysed(GLOO / "tp-dp-4")
+    assert int(report.ranks["pg_rank_sets"].max()) > 1
+    pgs = report.process_groups
+    assert set(pgs["process_group"]) == {"?"} and pgs.height == 2
+    assert pgs["size"].is_null().all()  # which ranks a pooled call joined is not known
+    calls = report.collectives.filter(pl.col("step") >= 0)
+    per_size = calls.group_by("bytes").agg(n=pl.len(), pos=pl.col("compute_before").min())
+    many = per_size.sort("n", descending=True).row(0, named=True)
+    once = per_size.sort("n").row(0, named=True)
+    assert many["pos"] < once["pos"]
+    role = dict(zip(pgs["pooled_bytes"], pgs["role"], strict=True))
+    assert role[many["bytes"]] == "tensor_parallel"
+    assert role[once["bytes"]] == "data_parallel"
+    blamed = set(report.step_blame.filter(pl.col("category") == "transfer")["role"])
+    assert blamed == {"tensor_parallel", "data_parallel"}
+    comm101 = [f.title for f in report.findings if f.code == "COMM101"]
+    assert any("data-parallel" in t for t in comm101)
+    assert any("tensor-parallel" in t for t in comm101)
+    text = render(report, "text")
+    assert f"? (all_reduce {many['bytes'] / 1e3:.1f} KB)" in text
+
+
+def test_dense_gradient_all_reduce_is_not_embedding() -> None:
+    """hta negative_queue_length: torchrec's embedding all-to-alls and the dense gradient
+    all-reduce name no group; the all-reduce is its own kind, not 'embedding'."""
+    report = analysed(HTA / "negative_queue_length_values_check")
+    pgs = report.process_groups
+    rest = pgs.filter(pl.col("pooled_collective").is_null()).row(0, named=True)
+    assert rest["role"] == "embedding" and "all_to_all" in rest["collectives"]
+    reduces = pgs.filter(pl.col("pooled_collective") == "all_reduce")
+    assert reduces.height >= 1 and "embedding" not in set(reduces["role"])
+    largest = reduces.sort("pooled_bytes").row(-1, named=True)
+    assert largest["role"] == "data_parallel"
+    titles = [f.title for f in report.findings if f.code == "COMM101"]
+    assert not any("all_reduce on embedding" in t for t in titles)
+    rows = report.step_blame.filter(pl.col("collective") == "all_reduce")
+    assert "embedding" not in set(rows["role"].drop_nulls())
+
+
 # Every real trace folder: the sample traces, this project's captures, HTA's traces.
 FOLDERS = sorted(
     [p for p in SAMPLES.iterdir() if p.is_dir()]

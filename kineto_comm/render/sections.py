@@ -179,9 +179,22 @@ def process_groups(report: Report, brief: bool = False) -> Section | None:
     if table.height == 0:
         return None
     table = table.sort("bytes_per_step", descending=True, nulls_last=True)
+    split = set()
+    if "pooled_collective" in table.columns:
+        split = set(table.filter(pl.col("pooled_collective").is_not_null())["process_group"])
+
+    def name(r: dict[str, Any]) -> str:
+        """The group, and for a pooled group split by kind of call (roles.py) the kind."""
+        if r["process_group"] not in split and not r.get("pooled_collective"):
+            return group(r["process_group"])
+        if not r.get("pooled_collective"):
+            return f"{group(r['process_group'])} (other calls)"
+        size = "" if r.get("pooled_bytes") is None else " " + fmt_bytes(r["pooled_bytes"])
+        return f"{group(r['process_group'])} ({r['pooled_collective']}{size})"
+
     rows = [
         (
-            group(r["process_group"]),
+            name(r),
             r["role"],
             "-" if r["size"] is None else str(r["size"]),
             ranks_text(r.get("ranks")),
