@@ -51,7 +51,7 @@ _WHAT = {
     "pipeline_bubble": "pipeline send/recv calls waiting for or receiving from a neighbour stage",
     "launch": "the device idle while the CPU launched the next kernel",
     "queued": "launched kernels waiting on a device that ran nothing of this rank's",
-    "idle": "the device idle with nothing launched (the CPU busy elsewhere)",
+    "other_idle": "the device idle with nothing launched (the CPU busy elsewhere)",
 }
 # The rules that model a fix for each category (their edits remove its rows).
 _COVERED_BY = {
@@ -70,7 +70,7 @@ _REST = {
     "launch": "the rest is before kernels the fixes do not cover",
     "queued": "the rest moves with the kernels launched after it, which the CPU launched no "
     "earlier",
-    "idle": "the rest is host time the trace does not explain",
+    "other_idle": "the rest is host time the trace does not explain",
     "memory": "the rest is copies no fix covers",
 }
 
