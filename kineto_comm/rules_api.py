@@ -58,6 +58,7 @@ __all__ = [
     "collective_waits_lazy",
     "cost_fit",
     "group_roles",
+    "call_roles",
     "group_size",
     "hosts_of",
     "impact_per_step",
@@ -574,7 +575,6 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
     }
     if not tables.has("steps", "step", "start_ns", "end_ns"):
         return pl.DataFrame(schema=schema).lazy()
-    roles = group_roles(tables).select("process_group", "role")
     has_calls = tables.has("collectives")
     durations = _call_durations(tables) if has_calls else None
     late = _call_last(tables) if has_calls else None
@@ -583,6 +583,10 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
     if tables.has("kernels", "launch_end_ns"):
         kcols += ("launch_end_ns",)
     ccols = (*CALL_KEY, "rank", "start_ns", "end_ns", "duration_ns", "launch_ns", "peer")
+    # A pooled group's calls take their kind's role, an all_reduce's by its size.
+    sized = tables.has("collectives", "bytes")
+    if sized:
+        ccols += ("bytes",)
     whole = _whole_instances(tables) if has_calls else None
     alone = _alone_ranks(tables)
 
@@ -613,7 +617,8 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
                     .then(pl.col("late_rank"))
                 )
                 .with_columns(pl.col("process_group").cast(pl.String))
-                .join(roles.lazy(), on="process_group", how="left")
+                .pipe(lambda frame: call_roles(tables, frame))
+                .drop("bytes", strict=False)
             )
             if last is not None and waits is not None:
                 calls = _named_by_instance(calls, waits, last)
@@ -1226,6 +1231,12 @@ def group_roles(tables: Tables) -> pl.DataFrame:
     """
     pgs = tables["process_groups"]
     if tables.has("process_groups", "process_group", "role"):
+        if "pooled_collective" in pgs.columns and "calls_per_step" in pgs.columns:
+            # A pooled group split by kind of call (roles.py): one row per group here, the
+            # kind with the most calls; call_roles gives each call its own kind's role.
+            pgs = pgs.sort(
+                "calls_per_step", descending=True, nulls_last=True, maintain_order=True
+            ).unique("process_group", keep="first", maintain_order=True)
         size = pl.col("size") if "size" in pgs.columns else pl.lit(None, dtype=pl.Int64)
         ranks = (
             pl.col("ranks").cast(pl.String).pipe(parse_ranks)
@@ -1275,6 +1286,59 @@ def group_roles(tables: Tables) -> pl.DataFrame:
             ranks=parse_ranks("ranks"),
         )
     )
+
+
+def call_roles(tables: Tables, frame: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame | pl.LazyFrame:
+    """`frame` (process_group, and collective and bytes where it has them) plus `role`: its
+    group's (group_roles), and for a call of a pooled group that the process_groups table
+    splits by kind of call (no group named per call: roles.py), its kind's role (an
+    all_to_all's, an all_reduce's of its size), so a dense gradient all-reduce pooled with
+    embedding all-to-alls is not 'embedding'. Null where the group is unknown."""
+    roles = group_roles(tables).select(pl.col("process_group").alias("_pg"), "role")
+    lazy = isinstance(frame, pl.LazyFrame)
+    pg = pl.col("process_group").cast(pl.String).fill_null(UNKNOWN_GROUP)
+    out = frame.lazy().with_columns(_pg=pg).join(roles.lazy(), on="_pg", how="left")
+    pgs = tables["process_groups"]
+    columns = frame.collect_schema().names() if lazy else frame.columns
+    if "pooled_collective" in pgs.columns and "collective" in columns:
+        pooled = pgs.filter(pl.col("pooled_collective").is_not_null()).select(
+            _pg="process_group", _pc="pooled_collective", _pb="pooled_bytes", _pr="role"
+        )
+        if pooled.height:
+            kinds = pooled.filter(pl.col("_pb").is_null()).select("_pg", "_pc", _kr="_pr")
+            out = out.join(
+                kinds.lazy(), left_on=["_pg", "collective"], right_on=["_pg", "_pc"], how="left"
+            )
+            sized = pooled.filter(pl.col("_pb").is_not_null())
+            if "bytes" in columns and sized.height:
+                out = out.join(
+                    sized.select("_pg", "_pc", "_pb", _sr="_pr").lazy(),
+                    left_on=["_pg", "collective", pl.col("bytes").cast(pl.Int64)],
+                    right_on=["_pg", "_pc", "_pb"],
+                    how="left",
+                )
+            else:
+                out = out.with_columns(_sr=pl.lit(None, dtype=pl.String))
+            # The rest of the pool: calls of a kind the split has no row for.
+            rest = pgs.filter(
+                pl.col("pooled_collective").is_null()
+                & pl.col("process_group").is_in(pooled["_pg"].unique().implode())
+            ).select(_pg="process_group", _rr="role")
+            split = pooled["_pc"].unique().to_list()
+            out = (
+                out.join(rest.lazy(), on="_pg", how="left")
+                .with_columns(
+                    role=pl.coalesce(
+                        "_sr",
+                        "_kr",
+                        pl.when(~pl.col("collective").is_in(split)).then(pl.col("_rr")),
+                        "role",
+                    )
+                )
+                .drop("_kr", "_sr", "_rr")
+            )
+    out = out.drop("_pg")
+    return out if lazy else out.collect()
 
 
 def _desc_role(desc: pl.Expr) -> pl.Expr:

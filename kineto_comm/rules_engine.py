@@ -609,18 +609,22 @@ def _graph_loader(tables: Tables) -> Any:
     return load
 
 
-def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
+def step_model(
+    report: Any, findings: Sequence[Finding] = (), rules_run: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The model of time of a Report (or Tables) with its findings: `step_times` (per
     step; `critical_path` the ranks of its critical path's hops), `critical_path` and
     `critical_path_kernels` (each step's critical path as hops on its ranks and kernel by
     kernel: kineto_comm.analysis.depgraph), `step_blame` (the critical rank's blame rows of
-    each step, summing to its `step_ns`) and `savings`: the job's `step_ns`,
+    each step, summing to its `step_ns`), `blame_accounts` (the median step's largest
+    costs and the findings that take them out, `rules_run` the codes of the rules that ran:
+    kineto_comm.analysis.reconcile) and `savings`: the job's `step_ns`,
     `joint_saving_ns` (every finding's fix replayed together: never more than the step),
     `sum_of_savings_ns` (the replayed findings' savings added up), `overlapping` (the sum is
     more than the joint saving: the fixes claim some of the same time), how many findings
     were `replayed` (carry an edit) and how many savings are `claimed` by their rules
     (no edit: `settle_saving`), which the joint saving and the sum leave out."""
-    from kineto_comm.analysis import depgraph, steptime
+    from kineto_comm.analysis import depgraph, reconcile, steptime
     from kineto_comm.rules_api import step_blame, step_times
 
     tables = report if isinstance(report, Tables) else Tables(report)
@@ -635,11 +639,21 @@ def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     kernels_path = depgraph.critical_walk(times, _graph_loader(tables))
     path = depgraph.segments(kernels_path)
     times = depgraph.chains(times, path)
+    critical = steptime.critical_blame(blame, times)
+    accounts = reconcile.blame_accounts(
+        critical,
+        times,
+        findings,
+        lambda *e: replay_saving(tables, *e),
+        tables["pipeline"] if tables.has("pipeline") else None,
+        rules_run,
+    )
     return {
         "step_times": times,
         "critical_path": path,
         "critical_path_kernels": kernels_path,
-        "step_blame": steptime.critical_blame(blame, times),
+        "step_blame": critical,
+        "blame_accounts": accounts,
         "savings": {
             "step_ns": step_ns,
             "joint_saving_ns": joint,

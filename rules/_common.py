@@ -9,9 +9,9 @@ from kineto_comm.rules_api import (
     Option,
     Severity,
     Tables,
+    call_roles,
     collective_exposure_lazy,
     cost_fit,
-    group_roles,
     impact_per_step,
     median_of_counts,
     merge_removal,
@@ -151,17 +151,8 @@ def fit_words(facts: dict) -> str:
 
 def with_roles(tables: Tables, frame: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame | pl.LazyFrame:
     """`frame` (with process_group) plus the group's role (unknown when not known)."""
-    roles = group_roles(tables).select("process_group", "role")
-    return (
-        frame.with_columns(pl.col("process_group").cast(pl.String))
-        .join(
-            roles.lazy() if isinstance(frame, pl.LazyFrame) else roles,
-            on="process_group",
-            how="left",
-            build_side="force_right",
-        )
-        .with_columns(pl.col("role").fill_null("unknown"))
-    )
+    frame = frame.with_columns(pl.col("process_group").cast(pl.String))
+    return call_roles(tables, frame).with_columns(pl.col("role").fill_null("unknown"))
 
 
 def storm_keys(tables: Tables, max_bytes: int, min_calls: int) -> pl.DataFrame:
