@@ -3,7 +3,10 @@ collectives that the NCCL watchdog writes when a job hangs.
 
 A pickle dump is read by `SafeUnpickler`, which refuses every class: only dicts, lists,
 tuples, strings, numbers, None and booleans load, so a file that names a class (and could
-run code on load) is an error, never executed. JSON dumps (`_dump_fr_trace_json`) hold the
+run code on load) is an error, never executed. Where the compiled reader (_frscan.c) is
+built, it reads the pickle opcodes of plain data first, straight into the entry columns;
+for anything else (a class, damage, an unusual field) it gives up and SafeUnpickler reads
+the file, errors and all, so both paths give the same tables and the same errors. JSON dumps (`_dump_fr_trace_json`) hold the
 same tables. A dump's rank comes from its file name (`_dump_3`, `nccl_trace_rank_3`,
 `host-a_rank3`), else from its process groups (the one rank in all of them). Format
 versions 2.2 to 2.10 are read; the library version key is `nccl_version` up to 2.9 and
@@ -28,9 +31,17 @@ from multiprocessing import current_process, get_context
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from kineto_comm.errors import TraceError
+
+try:  # the compiled reader (_frscan.c): pickle dumps straight into columns; optional.
+    from kineto_comm.load import _frscan
+except ImportError:  # pragma: no cover - not built on this machine
+    _frscan = None  # type: ignore[assignment]
+if os.environ.get("KINETO_COMM_PURE_DECODER"):  # only the Python readers (to compare)
+    _frscan = None  # type: ignore[assignment]
 
 # Pickle protocol 2+ starts with this opcode (PROTO); FR dumps use the default protocol.
 PICKLE_MAGIC = b"\x80"
@@ -168,8 +179,12 @@ def _read_dump(path: str | Path) -> FlightDump:
         raise TraceError(file, exc.strerror or str(exc)) from None
     if not data:
         raise TraceError(file, "empty file")
+    scanned = _frscan.scan(data) if _frscan is not None and data[:1] == PICKLE_MAGIC else None
     try:
-        obj = safe_loads(data) if data[:1] == PICKLE_MAGIC else json.loads(data)
+        if scanned is not None:
+            obj = scanned[0]
+        else:
+            obj = safe_loads(data) if data[:1] == PICKLE_MAGIC else json.loads(data)
     except pickle.UnpicklingError as exc:
         text = str(exc) if "refused" in str(exc) else f"bad pickle ({exc})"
         raise TraceError(file, text) from None
@@ -193,7 +208,10 @@ def _read_dump(path: str | Path) -> FlightDump:
         raise TraceError(file, "no rank in the file name, and its process groups do not tell")
     lib = obj.get("comm_lib_version", obj.get("nccl_version"))
     try:
-        entries = entries_frame(rank, obj["entries"])
+        if scanned is not None:
+            entries = scanned_frame(rank, scanned[1])
+        else:
+            entries = entries_frame(rank, obj["entries"])
     except (TypeError, ValueError, AttributeError, IndexError, SyntaxError, RecursionError) as exc:
         raise TraceError(file, f"malformed entry ({type(exc).__name__}: {exc})") from None
     return FlightDump(
@@ -564,6 +582,59 @@ def entries_frame(rank: int, entries: list[dict[str, Any]]) -> pl.DataFrame:
     return frame.with_columns(
         input_sizes=in_text, output_sizes=out_text, input_numel=in_numel, output_numel=out_numel
     ).select(list(ENTRY_SCHEMA))
+
+
+def scanned_frame(rank: int, cols: dict[str, Any]) -> pl.DataFrame:
+    """entries_frame from the compiled reader's columns (_frscan.scan): the same table,
+    from typed buffers and each string column's distinct texts (so the profiling names and
+    sizes are still parsed once per distinct value, by the same functions), in one query."""
+    n = cols["n"]
+    if n == 0:
+        return pl.DataFrame(schema=ENTRY_SCHEMA)
+    raw: dict[str, np.ndarray] = {}
+    for key, (values, valid) in cols["ints"].items():
+        raw[key] = np.frombuffer(values, np.int64)
+        raw[f"{key}?"] = np.frombuffer(valid, np.bool_)
+    texts: dict[str, list[Any]] = {}
+    for key, (codes, distinct) in cols["strings"].items():
+        raw[f"{key}#"] = np.frombuffer(codes, np.int32)
+        texts[key] = distinct
+    raw["is_p2p#"] = np.frombuffer(cols["is_p2p"], np.uint8)
+    raw["retired"] = np.frombuffer(cols["retired"], np.bool_)
+    frames: list[str | None] = [None] * n
+    for at, value in zip(cols["frames_at"], cols["frames"], strict=True):
+        frames[at] = _frames_text(value)
+    raw["frames"] = pl.Series(frames, dtype=pl.String)  # type: ignore[assignment]
+
+    def gather(key: str, values: list[Any], dtype: pl.DataType) -> pl.Expr:
+        return pl.lit(pl.Series(values, dtype=dtype)).gather(pl.col(f"{key}#"))
+
+    exprs: dict[str, pl.Expr] = {
+        "rank": pl.lit(rank, dtype=pl.Int64),
+        "pos": pl.int_range(n, dtype=pl.Int64),
+    }
+    for key, name in _INTS.items():
+        exprs[name] = pl.when(pl.col(f"{key}?")).then(pl.col(key))
+    for key in ("pg_id", "process_group", "group_desc", "input_dtypes", "output_dtypes"):
+        exprs[key] = gather(key, texts[key], pl.String)
+    for key in ("state", "thread_id", "thread_name"):
+        exprs[key] = gather(key, texts[key], pl.String)
+    parts = [None] + [_op_parts(name) for name in texts["profiling_name"][1:]]
+    for i, col in enumerate(("backend", "op", "src_local", "dst_local")):
+        exprs[col] = gather("profiling_name", [p and p[i] for p in parts], ENTRY_SCHEMA[col])
+    for key, numel in (("input_sizes", "input_numel"), ("output_sizes", "output_numel")):
+        values = [ast.literal_eval(t) for t in texts[key][1:]]
+        exprs[key] = gather(key, [None] + [json.dumps(v) for v in values], pl.String)
+        exprs[numel] = gather(key, [None] + [_numel(v) for v in values], pl.Int64)
+    # An entry that does not say whether it is p2p is one when it is a send or recv.
+    exprs["is_p2p"] = (
+        pl.when(pl.col("is_p2p#") == 2)
+        .then(exprs["op"].is_in(["send", "recv"]))
+        .otherwise(pl.col("is_p2p#") == 1)
+    )
+    exprs["retired"] = pl.col("retired")
+    exprs["frames"] = pl.col("frames")
+    return pl.DataFrame(raw).select(**{k: exprs[k] for k in ENTRY_SCHEMA})
 
 
 def entries_table(dumps: list[FlightDump]) -> pl.DataFrame:
