@@ -6,9 +6,11 @@ tuples, strings, numbers, None and booleans load, so a file that names a class (
 run code on load) is an error, never executed. Where the compiled reader (_frscan.c) is
 built, it reads the pickle opcodes of plain data first, straight into the entry columns;
 for anything else (a class, damage, an unusual field) it gives up and SafeUnpickler reads
-the file, errors and all, so both paths give the same tables and the same errors. JSON dumps (`_dump_fr_trace_json`) hold the
-same tables. A dump's rank comes from its file name (`_dump_3`, `nccl_trace_rank_3`,
-`host-a_rank3`), else from its process groups (the one rank in all of them). Format
+the file, errors and all, so both paths give the same tables and the same errors.
+
+JSON dumps (`_dump_fr_trace_json`) hold the same tables. A dump's rank comes from its file
+name (`_dump_3`, `nccl_trace_rank_3`, `host-a_rank3`), else from its process groups (the one
+rank in all of them). Format
 versions 2.2 to 2.10 are read; the library version key is `nccl_version` up to 2.9 and
 `comm_lib_version` from 2.10.
 """
