@@ -169,11 +169,18 @@ def _gc_paused() -> Iterator[None]:
 
 def read_dump(path: str | Path) -> FlightDump:
     """Decode one dump (pickle or JSON); TraceError naming the file and the problem."""
-    with _gc_paused():
-        return _read_dump(path)
+    got = _read_batch([str(path)])[0]
+    if isinstance(got, FlightDump):
+        return got
+    raise TraceError(*got)
 
 
-def _read_dump(path: str | Path) -> FlightDump:
+# A dump the compiled reader read: all but its entries, and their columns (_frscan.scan).
+Scanned = tuple[FlightDump, dict[str, Any]]
+_MALFORMED = (TypeError, ValueError, AttributeError, IndexError, SyntaxError, RecursionError)
+
+
+def _read_dump(path: str | Path) -> FlightDump | Scanned:
     file = str(path)
     try:
         data = Path(path).read_bytes()
@@ -210,13 +217,12 @@ def _read_dump(path: str | Path) -> FlightDump:
         raise TraceError(file, "no rank in the file name, and its process groups do not tell")
     lib = obj.get("comm_lib_version", obj.get("nccl_version"))
     try:
-        if scanned is not None:
-            entries = scanned_frame(rank, scanned[1])
-        else:
+        entries = pl.DataFrame(schema=ENTRY_SCHEMA)
+        if scanned is None:
             entries = entries_frame(rank, obj["entries"])
-    except (TypeError, ValueError, AttributeError, IndexError, SyntaxError, RecursionError) as exc:
-        raise TraceError(file, f"malformed entry ({type(exc).__name__}: {exc})") from None
-    return FlightDump(
+    except _MALFORMED as exc:
+        raise TraceError(file, _malformed(exc)) from None
+    dump = FlightDump(
         file=file,
         rank=rank,
         rank_source=source,
@@ -226,6 +232,11 @@ def _read_dump(path: str | Path) -> FlightDump:
         pg_status={str(k): v for k, v in (obj.get("pg_status") or {}).items()},
         entries=entries,
     )
+    return dump if scanned is None else (dump, scanned[1])
+
+
+def _malformed(exc: Exception) -> str:
+    return f"malformed entry ({type(exc).__name__}: {exc})"
 
 
 def looks_like_dump(path: Path) -> bool:
@@ -265,13 +276,33 @@ def find_dumps(paths: list[str | Path]) -> list[Path]:
 
 
 def _read_batch(paths: list[str]) -> list[FlightDump | tuple[str, str]]:
-    """Decode dumps one after the other: each a FlightDump, or (file, problem)."""
-    out: list[FlightDump | tuple[str, str]] = []
-    for path in paths:
+    """Decode dumps one after the other: each a FlightDump, or (file, problem). The entries
+    the compiled reader read are tabulated together at the end (scanned_frames)."""
+    got: list[FlightDump | Scanned | tuple[str, str]] = []
+    with _gc_paused():
+        for path in paths:
+            try:
+                got.append(_read_dump(path))
+            except TraceError as exc:
+                got.append((exc.file, exc.problem))
+        scanned = [g for g in got if isinstance(g, tuple) and isinstance(g[0], FlightDump)]
         try:
-            out.append(read_dump(path))
-        except TraceError as exc:
-            out.append((exc.file, exc.problem))
+            frames = scanned_frames([(d.rank, cols) for d, cols in scanned])  # type: ignore[misc]
+        except _MALFORMED:  # some dump's entries are: tabulate each alone to say which
+            frames = None
+    out: list[FlightDump | tuple[str, str]] = []
+    done = iter(frames or [])
+    for g in got:
+        if isinstance(g, FlightDump) or not isinstance(g[0], FlightDump):
+            out.append(g)  # type: ignore[arg-type]
+            continue
+        dump, cols = g
+        try:
+            out.append(
+                replace(dump, entries=next(done) if frames else scanned_frame(dump.rank, cols))
+            )
+        except _MALFORMED as exc:
+            out.append((dump.file, _malformed(exc)))
     return out
 
 
@@ -587,47 +618,65 @@ def entries_frame(rank: int, entries: list[dict[str, Any]]) -> pl.DataFrame:
 
 
 def scanned_frame(rank: int, cols: dict[str, Any]) -> pl.DataFrame:
-    """entries_frame from the compiled reader's columns (_frscan.scan): the same table,
-    from typed buffers and each string column's distinct texts (so the profiling names and
-    sizes are still parsed once per distinct value, by the same functions), in one query."""
-    n = cols["n"]
-    if n == 0:
-        return pl.DataFrame(schema=ENTRY_SCHEMA)
-    raw: dict[str, np.ndarray] = {}
-    for key, (values, valid) in cols["ints"].items():
-        raw[key] = np.frombuffer(values, np.int64)
-        raw[f"{key}?"] = np.frombuffer(valid, np.bool_)
+    """entries_frame from the compiled reader's columns (_frscan.scan): the same table."""
+    return scanned_frames([(rank, cols)])[0]
+
+
+def scanned_frames(dumps: list[tuple[int, dict[str, Any]]]) -> list[pl.DataFrame]:
+    """scanned_frame of many dumps (rank, columns) in one query: their buffers joined, each
+    string column's codes shifted onto the joined distinct texts, so the profiling names
+    and sizes are still parsed once per distinct text, by the same functions."""
+    sizes = [cols["n"] for _, cols in dumps]
+    if not any(sizes):
+        return [pl.DataFrame(schema=ENTRY_SCHEMA) for _ in dumps]
+    n = sum(sizes)
+    first = dumps[0][1]
+    raw: dict[str, Any] = {}
+    for key in first["ints"]:
+        raw[key] = _joined([cols["ints"][key][0] for _, cols in dumps], np.int64)
+        raw[f"{key}?"] = _joined([cols["ints"][key][1] for _, cols in dumps], np.bool_)
     texts: dict[str, list[Any]] = {}
-    for key, (codes, distinct) in cols["strings"].items():
-        raw[f"{key}#"] = np.frombuffer(codes, np.int32)
+    for key in first["strings"]:
+        codes, distinct, shift = [], [None], 0
+        for _, cols in dumps:
+            code, more = cols["strings"][key]
+            code = np.frombuffer(code, np.int32)
+            codes.append(np.where(code > 0, code + shift, 0) if shift else code)
+            distinct += more[1:]
+            shift += len(more) - 1
+        raw[f"{key}#"] = np.concatenate(codes)
         texts[key] = distinct
-    raw["is_p2p#"] = np.frombuffer(cols["is_p2p"], np.uint8)
-    raw["retired"] = np.frombuffer(cols["retired"], np.bool_)
+    raw["is_p2p#"] = _joined([cols["is_p2p"] for _, cols in dumps], np.uint8)
+    raw["retired"] = _joined([cols["retired"] for _, cols in dumps], np.bool_)
+    starts = np.cumsum([0, *sizes[:-1]])
+    raw["rank"] = np.repeat(np.array([rank for rank, _ in dumps], np.int64), sizes)
+    raw["pos"] = np.arange(n, dtype=np.int64) - np.repeat(starts, sizes)
     frames: list[str | None] = [None] * n
-    for at, value in zip(cols["frames_at"], cols["frames"], strict=True):
-        frames[at] = _frames_text(value)
-    raw["frames"] = pl.Series(frames, dtype=pl.String)  # type: ignore[assignment]
+    for (_, cols), start in zip(dumps, starts.tolist(), strict=True):
+        for at, value in zip(cols["frames_at"], cols["frames"], strict=True):
+            frames[start + at] = _frames_text(value)
+    raw["frames"] = pl.Series(frames, dtype=pl.String)
 
     def gather(key: str, values: list[Any], dtype: pl.DataType) -> pl.Expr:
         return pl.lit(pl.Series(values, dtype=dtype)).gather(pl.col(f"{key}#"))
 
-    exprs: dict[str, pl.Expr] = {
-        "rank": pl.lit(rank, dtype=pl.Int64),
-        "pos": pl.int_range(n, dtype=pl.Int64),
-    }
+    exprs: dict[str, pl.Expr] = {"rank": pl.col("rank"), "pos": pl.col("pos")}
     for key, name in _INTS.items():
         exprs[name] = pl.when(pl.col(f"{key}?")).then(pl.col(key))
     for key in ("pg_id", "process_group", "group_desc", "input_dtypes", "output_dtypes"):
         exprs[key] = gather(key, texts[key], pl.String)
     for key in ("state", "thread_id", "thread_name"):
         exprs[key] = gather(key, texts[key], pl.String)
-    parts = [None] + [_op_parts(name) for name in texts["profiling_name"][1:]]
+    parts = {name: _op_parts(name) for name in set(texts["profiling_name"][1:])}
     for i, col in enumerate(("backend", "op", "src_local", "dst_local")):
-        exprs[col] = gather("profiling_name", [p and p[i] for p in parts], ENTRY_SCHEMA[col])
+        values = [None] + [parts[name][i] for name in texts["profiling_name"][1:]]
+        exprs[col] = gather("profiling_name", values, ENTRY_SCHEMA[col])
     for key, numel in (("input_sizes", "input_numel"), ("output_sizes", "output_numel")):
-        values = [ast.literal_eval(t) for t in texts[key][1:]]
-        exprs[key] = gather(key, [None] + [json.dumps(v) for v in values], pl.String)
-        exprs[numel] = gather(key, [None] + [_numel(v) for v in values], pl.Int64)
+        parsed = {t: ast.literal_eval(t) for t in set(texts[key][1:])}
+        exprs[key] = gather(
+            key, [None] + [json.dumps(parsed[t]) for t in texts[key][1:]], pl.String
+        )
+        exprs[numel] = gather(key, [None] + [_numel(parsed[t]) for t in texts[key][1:]], pl.Int64)
     # An entry that does not say whether it is p2p is one when it is a send or recv.
     exprs["is_p2p"] = (
         pl.when(pl.col("is_p2p#") == 2)
@@ -636,7 +685,12 @@ def scanned_frame(rank: int, cols: dict[str, Any]) -> pl.DataFrame:
     )
     exprs["retired"] = pl.col("retired")
     exprs["frames"] = pl.col("frames")
-    return pl.DataFrame(raw).select(**{k: exprs[k] for k in ENTRY_SCHEMA})
+    table = pl.DataFrame(raw).select(**{k: exprs[k] for k in ENTRY_SCHEMA})
+    return [table.slice(start, size) for start, size in zip(starts.tolist(), sizes, strict=True)]
+
+
+def _joined(buffers: list[bytes], dtype: type) -> np.ndarray:
+    return np.concatenate([np.frombuffer(b, dtype) for b in buffers])
 
 
 def entries_table(dumps: list[FlightDump]) -> pl.DataFrame:
