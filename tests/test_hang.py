@@ -486,7 +486,8 @@ def test_damaged_and_refused_pickles_give_the_same_one_line_errors(frscan, tmp_p
         path = tmp_path / name / "_dump_2"
         path.parent.mkdir()
         path.write_bytes(data)
-        assert frscan.scan(data) is None, name
+        # Only a well-formed dump of another version is read here (flight.py checks that).
+        assert (frscan.scan(data) is None) == (name != "bad-version"), name
         a, b = _both_ways(path, frscan, monkeypatch)
         assert isinstance(a, str) and a == b and "\n" not in a, name
         assert str(path) in a

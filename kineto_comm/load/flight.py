@@ -177,7 +177,15 @@ def read_dump(path: str | Path) -> FlightDump:
 
 # A dump the compiled reader read: all but its entries, and their columns (_frscan.scan).
 Scanned = tuple[FlightDump, dict[str, Any]]
-_MALFORMED = (TypeError, ValueError, AttributeError, IndexError, SyntaxError, RecursionError)
+_MALFORMED = (
+    TypeError,
+    ValueError,
+    AttributeError,
+    IndexError,
+    KeyError,
+    SyntaxError,
+    RecursionError,
+)
 
 
 def _read_dump(path: str | Path) -> FlightDump | Scanned:
