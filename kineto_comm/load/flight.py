@@ -283,32 +283,48 @@ def find_dumps(paths: list[str | Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
+Decoded = FlightDump | Scanned | tuple[str, str]
+
+
 def _read_batch(paths: list[str]) -> list[FlightDump | tuple[str, str]]:
-    """Decode dumps one after the other: each a FlightDump, or (file, problem). The entries
-    the compiled reader read are tabulated together at the end (scanned_frames)."""
-    got: list[FlightDump | Scanned | tuple[str, str]] = []
+    """Decode dumps one after the other: each a FlightDump, or (file, problem)."""
+    return _finish(_decode_batch(paths))
+
+
+def _decode_batch(paths: list[str]) -> list[Decoded]:
+    """Each dump decoded, its entries tabulated unless the compiled reader read them."""
+    got: list[Decoded] = []
     with _gc_paused():
         for path in paths:
             try:
                 got.append(_read_dump(path))
             except TraceError as exc:
                 got.append((exc.file, exc.problem))
-        scanned = [g for g in got if isinstance(g, tuple) and isinstance(g[0], FlightDump)]
-        try:
-            frames = scanned_frames([(d.rank, cols) for d, cols in scanned])  # type: ignore[misc]
-        except _MALFORMED:  # some dump's entries are: tabulate each alone to say which
-            frames = None
+    return got
+
+
+def _is_scanned(got: Decoded) -> bool:
+    return isinstance(got, tuple) and isinstance(got[0], FlightDump)
+
+
+def _finish(got: list[Decoded]) -> list[FlightDump | tuple[str, str]]:
+    """The entries the compiled reader read tabulated, all in one query (scanned_frames);
+    where that fails, each dump alone, so each malformed one gets its own error."""
+    scanned = [g for g in got if _is_scanned(g)]
+    try:
+        frames = scanned_frames([(d.rank, cols) for d, cols in scanned])  # type: ignore[misc]
+    except _MALFORMED:
+        frames = None
     out: list[FlightDump | tuple[str, str]] = []
     done = iter(frames or [])
     for g in got:
-        if isinstance(g, FlightDump) or not isinstance(g[0], FlightDump):
+        if not _is_scanned(g):
             out.append(g)  # type: ignore[arg-type]
             continue
-        dump, cols = g
+        dump, cols = g  # type: ignore[misc]
         try:
-            out.append(
-                replace(dump, entries=next(done) if frames else scanned_frame(dump.rank, cols))
-            )
+            entries = next(done) if frames is not None else scanned_frame(dump.rank, cols)
+            out.append(replace(dump, entries=entries))
         except _MALFORMED as exc:
             out.append((dump.file, _malformed(exc)))
     return out
@@ -353,14 +369,15 @@ def _inheriting() -> bool:
     return bool(getattr(current_process(), "_inheriting", False))
 
 
-Packed = tuple[list[FlightDump | tuple[str, str]], list[int], pl.DataFrame]
+Packed = tuple[list[Decoded], list[int], pl.DataFrame]
 
 
 def _read_packed(paths: list[str]) -> Packed:
-    """_read_batch in the form that travels back from a worker: the dumps without their
-    entries, how many each had, and all their entries as one table (one Arrow buffer to
-    send, not one per dump)."""
-    got = _read_batch(paths)
+    """_decode_batch in the form that travels back from a worker: the dumps without their
+    entries, how many each had, and the entries Python tabulated as one table (one Arrow
+    buffer to send, not one per dump). What the compiled reader read travels as its
+    columns (compact buffers, quick to send) and is tabulated on arrival."""
+    got = _decode_batch(paths)
     frames = [d.entries for d in got if isinstance(d, FlightDump)]
     table = pl.concat(frames) if frames else pl.DataFrame(schema=ENTRY_SCHEMA)
     empty = table.clear()
@@ -372,10 +389,10 @@ def _read_packed(paths: list[str]) -> Packed:
 
 
 def _unpack(packed: Packed) -> list[FlightDump | tuple[str, str]]:
-    """The dumps of `_read_packed`, each with its slice of the entries again."""
+    """The dumps of `_read_packed`, each with its entries again."""
     got, heights, table = packed
     sizes = iter(heights)
-    out: list[FlightDump | tuple[str, str]] = []
+    out: list[Decoded] = []
     at = 0
     for d in got:
         if isinstance(d, FlightDump):
@@ -383,7 +400,7 @@ def _unpack(packed: Packed) -> list[FlightDump | tuple[str, str]]:
             d = replace(d, entries=table.slice(at, n))
             at += n
         out.append(d)
-    return out
+    return _finish(out)
 
 
 def _run_pool(batches: list[list[str]], workers: int) -> list[list[FlightDump | tuple[str, str]]]:
