@@ -46,7 +46,7 @@ static Node NODE_NONE = {K_NONE, 0, -1, 0, {0}, NULL, 0, 0};
 static Node NODE_TRUE = {K_TRUE, 0, -1, 0, {0}, NULL, 0, 0};
 static Node NODE_FALSE = {K_FALSE, 0, -1, 0, {0}, NULL, 0, 0};
 
-#define BLOCK 4096
+#define BLOCK 1024
 typedef struct Block {
     struct Block *next;
     Py_ssize_t used;
@@ -60,7 +60,7 @@ typedef struct Block {
 
 /* Container items come from big chunks (freed together): a container that grows takes a
  * bigger run and leaves the old one unused, which is cheaper than a malloc per container. */
-#define CHUNK 65536
+#define CHUNK 8192
 typedef struct Chunk {
     struct Chunk *next;
     Py_ssize_t used, cap;

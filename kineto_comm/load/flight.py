@@ -457,10 +457,21 @@ def _one_job(dumps: list[FlightDump]) -> tuple[list[FlightDump], list[TraceError
     ranks under the same name than the majority's (another job's) is set aside."""
     if len(dumps) < 2:
         return dumps, []
+    # Every rank lists the world group's ranks: each distinct text is parsed once.
+    parsed: dict[str, str] = {}
+
+    def ranks_of(cfg: dict[str, Any]) -> str:
+        text = cfg.get("ranks", "")
+        if not isinstance(text, str):
+            return str(parse_ranks(text))
+        if text not in parsed:
+            parsed[text] = str(parse_ranks(text))
+        return parsed[text]
+
     votes: Counter[tuple[str, str]] = Counter()
     for d in dumps:
         for name, cfg in d.pg_config.items():
-            votes[(name, str(parse_ranks(cfg.get("ranks", ""))))] += 1
+            votes[(name, ranks_of(cfg))] += 1
     best: dict[str, tuple[int, str]] = {}
     for (name, ranks), n in votes.items():
         if name not in best or n > best[name][0]:
@@ -468,11 +479,7 @@ def _one_job(dumps: list[FlightDump]) -> tuple[list[FlightDump], list[TraceError
     kept: list[FlightDump] = []
     rejected: list[TraceError] = []
     for d in dumps:
-        clash = [
-            name
-            for name, cfg in d.pg_config.items()
-            if str(parse_ranks(cfg.get("ranks", ""))) != best[name][1]
-        ]
+        clash = [name for name, cfg in d.pg_config.items() if ranks_of(cfg) != best[name][1]]
         if clash:
             rejected.append(
                 TraceError(
