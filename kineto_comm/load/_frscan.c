@@ -112,9 +112,13 @@ static Node *new_node(Parser *ps, uint8_t kind) {
         ps->blocks = b;
     }
     Node *n = &ps->blocks->nodes[ps->blocks->used++];
-    memset(n, 0, sizeof(Node));
     n->kind = kind;
+    n->ascii = 0;
     n->field = -2;
+    n->len = 0;
+    n->v.i = 0;
+    n->items = NULL;
+    n->n = n->cap = 0;
     return n;
 }
 
@@ -588,6 +592,7 @@ typedef struct {
     Py_ssize_t count, list_cap;
     int32_t *slots; /* code, 0 = empty */
     Py_ssize_t nslots;
+    int32_t recent[2]; /* the last two codes given: rows repeat or alternate their values */
 } Interner;
 
 static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
@@ -597,7 +602,30 @@ static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
     return h;
 }
 
+static int32_t intern_new(Interner *t, const char *s, Py_ssize_t n);
+
+static int same_text(Interner *t, int32_t c, const char *s, Py_ssize_t n) {
+    return c && t->len[c - 1] == n && memcmp(t->pool + t->off[c - 1], s, (size_t)n) == 0;
+}
+
 static int32_t intern(Interner *t, const char *s, Py_ssize_t n) {
+    if (same_text(t, t->recent[0], s, n))
+        return t->recent[0];
+    if (same_text(t, t->recent[1], s, n)) {
+        int32_t c = t->recent[1];
+        t->recent[1] = t->recent[0];
+        t->recent[0] = c;
+        return c;
+    }
+    int32_t c = intern_new(t, s, n);
+    if (c > 0) {
+        t->recent[1] = t->recent[0];
+        t->recent[0] = c;
+    }
+    return c;
+}
+
+static int32_t intern_new(Interner *t, const char *s, Py_ssize_t n) {
     if ((t->count + 1) * 2 > t->nslots) {
         Py_ssize_t ns = t->nslots ? t->nslots * 2 : 64;
         int32_t *slots = calloc((size_t)ns, sizeof(int32_t));
