@@ -323,3 +323,197 @@ def test_real_gloo_dumps_name_the_rank_that_hangs_pickle_and_json_alike(fault):
     # The odd size passed gloo's all_reduce; the call before the hung one shows it.
     odd = a.analysis.mismatches.select("kind", "rank").rows()
     assert odd == ([("SIZE_OR_SYNTAX_MISMATCH", *truth["roots"])] if fault == "size" else [])
+
+
+@pytest.fixture(scope="module")
+def frscan():
+    """The compiled FR reader (_frscan.c), built here if it is not yet: never skipped."""
+    try:
+        from kineto_comm.load import _frscan
+    except ImportError:
+        repo = Path(__file__).resolve().parent.parent
+        build = subprocess.run(
+            [sys.executable, "setup.py", "build_ext", "--inplace", "-q"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        try:
+            from kineto_comm.load import _frscan
+        except ImportError:
+            pytest.fail(f"the compiled FR reader cannot be built: {build.stderr[-2000:]}")
+    return _frscan
+
+
+def _both_ways(path: Path, frscan, monkeypatch) -> tuple[object, object]:
+    """read_dump with the compiled reader and without: a FlightDump or the error text."""
+    got = []
+    for module in (frscan, None):
+        monkeypatch.setattr(flight, "_frscan", module)
+        try:
+            got.append(read_dump(path))
+        except TraceError as exc:
+            got.append(str(exc))
+    return got[0], got[1]
+
+
+def _same(a, b) -> None:
+    if isinstance(a, str) or isinstance(b, str):
+        assert a == b
+        return
+    assert (a.rank, a.rank_source, a.version, a.lib_version) == (
+        b.rank,
+        b.rank_source,
+        b.version,
+        b.lib_version,
+    )
+    assert a.pg_config == b.pg_config and a.pg_status == b.pg_status
+    assert a.entries.schema == b.entries.schema
+    assert a.entries.equals(b.entries)
+
+
+def _generated(tmp_path: Path) -> list[Path]:
+    """Dumps of every format version and fault, pickled with every protocol pickle has."""
+    out = []
+    for version in ("2.2", "2.3", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10"):
+        for fault in FAULTS:
+            for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+                dumps, _ = job_dumps(ranks=4, fault=fault, faulty=1, version=version)
+                for r, d in dumps.items():
+                    path = tmp_path / f"{version}-{fault}-p{protocol}" / f"_dump_{r}"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(pickle.dumps(d, protocol=protocol))
+                    out.append(path)
+    return out
+
+
+def test_the_compiled_reader_gives_the_python_reader_s_tables(frscan, tmp_path, monkeypatch):
+    real = [p for run in RUNS for p in sorted(run.glob("_dump_*"))]
+    real += sorted(GLOO.glob("*/pickle/_dump_*"))
+    assert len(real) >= 8 + (32 if RUNS else 0)
+    for path in real + _generated(tmp_path):
+        # Every one of these is read by the compiled reader, not handed back to Python.
+        assert frscan.scan(path.read_bytes()) is not None, path
+        a, b = _both_ways(path, frscan, monkeypatch)
+        assert not isinstance(a, str), a
+        _same(a, b)
+
+
+def _odd_entries() -> list[dict]:
+    """Entries whose fields take the other shapes a dump may hold."""
+    dumps, _ = job_dumps(ranks=4, fault="gpu", faulty=1, version="2.10")
+    base = dumps[1]["entries"]
+    odd = [
+        {"pg_id": "7", "process_group": ["3", "SUB"], "input_sizes": ((2, 3), ())},
+        {"process_group": None, "thread_id": 140000, "state": "started"},
+        {"process_group": ("9",), "input_dtypes": ("Float", "Half"), "output_dtypes": None},
+        {"is_p2p": 0, "retired": None, "profiling_name": "nccl:send 0->3"},
+        {"profiling_name": "gloo:recv 1<-0", "time_created_ns": None, "thread_name": None},
+        {"input_sizes": [[2**40, 3]], "output_sizes": [], "record_id": -(2**62)},
+        {"frames": [], "state": "scheduled", "collective_seq_id": -1, "p2p_seq_id": 2**31},
+        {"output_sizes": [[1], [2, 2]], "pg_id": None, "timeout_ms": 0},
+    ]
+    out = [dict(e) for e in base]
+    for i, change in enumerate(odd):
+        out[i % len(out)].update(change)
+    out[-1].pop("is_p2p")
+    out[-1]["profiling_name"] = "nccl:recv 0<-2"
+    out[-2].pop("thread_id", None)
+    return out
+
+
+# Field values the compiled reader hands back to the Python reader (kinds it does not write).
+HANDED_BACK = [
+    ("record_id", 1.5),
+    ("record_id", True),
+    ("record_id", 2**70),
+    ("timeout_ms", "600000"),
+    ("input_sizes", [["1024"]]),
+    ("input_sizes", [[1.0]]),
+    ("input_dtypes", "Float"),
+    ("input_dtypes", [1, 2]),
+    ("process_group", "0"),
+    ("process_group", {"0": 1}),
+    ("pg_id", 1.0),
+    ("is_p2p", "yes"),
+    ("thread_name", 7),
+    ("state", ["completed"]),
+    ("profiling_name", None),
+    ("profiling_name", "nccl:send x->1"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), HANDED_BACK, ids=lambda v: repr(v)[:20])
+def test_odd_fields_give_the_same_table_or_error_either_way(
+    frscan, tmp_path, monkeypatch, key, value
+):
+    entries = _odd_entries()
+    path = tmp_path / "_dump_1"
+    dumps, _ = job_dumps(ranks=4, fault="gpu", faulty=1, version="2.10")
+    path.write_bytes(pickle.dumps({**dumps[1], "entries": entries}))
+    assert frscan.scan(path.read_bytes()) is not None, "the shapes it writes"
+    _same(*_both_ways(path, frscan, monkeypatch))
+    entries[3][key] = value
+    path.write_bytes(pickle.dumps({**dumps[1], "entries": entries}))
+    _same(*_both_ways(path, frscan, monkeypatch))
+
+
+def test_damaged_and_refused_pickles_give_the_same_one_line_errors(frscan, tmp_path, monkeypatch):
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    dumps, _ = job_dumps(ranks=4, fault="gpu", faulty=1)
+    good = pickle.dumps(dumps[2])
+    cases = {
+        "class": pickle.dumps({"version": "2.9", "entries": [Payload()]}),
+        "class-in-entry": pickle.dumps({**dumps[2], "pg_status": Payload()}),
+        "truncated": good[: len(good) // 2],
+        "garbage": b"\x80\x04garbage that is no pickle",
+        "no-stop": good[:-1],
+        "frame-too-long": b"\x80\x04\x95\xff\xff\x00\x00\x00\x00\x00\x00}.",
+        "not-a-dict": pickle.dumps([1, 2]),
+        "entries-tuple": pickle.dumps({**dumps[2], "entries": ()}),
+        "not-an-entry": pickle.dumps({**dumps[2], "entries": [{"state": "completed"}]}),
+        "bad-version": pickle.dumps({**dumps[2], "version": "1.0"}),
+        "bad-utf8": good.replace(b"default_pg", b"default\xff\xfe", 1),
+        "stack-underflow": b"\x80\x02Nu.",
+    }
+    for name, data in cases.items():
+        path = tmp_path / name / "_dump_2"
+        path.parent.mkdir()
+        path.write_bytes(data)
+        # Only a well-formed dump of another version is read here (flight.py checks that).
+        assert (frscan.scan(data) is None) == (name != "bad-version"), name
+        a, b = _both_ways(path, frscan, monkeypatch)
+        assert isinstance(a, str) and a == b and "\n" not in a, name
+        assert str(path) in a
+    assert not marker.exists()
+    refused = _both_ways(tmp_path / "class" / "_dump_2", frscan, monkeypatch)[0]
+    assert "refused: the pickle names a class" in refused
+
+
+def test_mutated_dumps_read_the_same_either_way(frscan, tmp_path, monkeypatch):
+    """Bytes flipped, dropped or cut anywhere in a dump: both readers agree on every one."""
+    import random
+
+    rng = random.Random(80)
+    dumps, _ = job_dumps(ranks=4, fault="size", faulty=1, version="2.10")
+    for protocol in (2, 4):
+        good = pickle.dumps(dumps[1], protocol=protocol)
+        for i in range(150):
+            at = rng.randrange(len(good))
+            kind = i % 3
+            if kind == 0:
+                data = good[:at] + bytes([rng.randrange(256)]) + good[at + 1 :]
+            elif kind == 1:
+                data = good[:at] + good[at + 1 :]
+            else:
+                data = good[:at]
+            path = tmp_path / f"p{protocol}-{i}" / "_dump_1"
+            path.parent.mkdir()
+            path.write_bytes(data)
+            _same(*_both_ways(path, frscan, monkeypatch))

@@ -3,9 +3,14 @@ collectives that the NCCL watchdog writes when a job hangs.
 
 A pickle dump is read by `SafeUnpickler`, which refuses every class: only dicts, lists,
 tuples, strings, numbers, None and booleans load, so a file that names a class (and could
-run code on load) is an error, never executed. JSON dumps (`_dump_fr_trace_json`) hold the
-same tables. A dump's rank comes from its file name (`_dump_3`, `nccl_trace_rank_3`,
-`host-a_rank3`), else from its process groups (the one rank in all of them). Format
+run code on load) is an error, never executed. Where the compiled reader (_frscan.c) is
+built, it reads the pickle opcodes of plain data first, straight into the entry columns;
+for anything else (a class, damage, an unusual field) it gives up and SafeUnpickler reads
+the file, errors and all, so both paths give the same tables and the same errors.
+
+JSON dumps (`_dump_fr_trace_json`) hold the same tables. A dump's rank comes from its file
+name (`_dump_3`, `nccl_trace_rank_3`, `host-a_rank3`), else from its process groups (the one
+rank in all of them). Format
 versions 2.2 to 2.10 are read; the library version key is `nccl_version` up to 2.9 and
 `comm_lib_version` from 2.10.
 """
@@ -24,13 +29,22 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import cache
 from multiprocessing import current_process, get_context
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from kineto_comm.errors import TraceError
+
+try:  # the compiled reader (_frscan.c): pickle dumps straight into columns; optional.
+    from kineto_comm.load import _frscan
+except ImportError:  # pragma: no cover - not built on this machine
+    _frscan = None  # type: ignore[assignment]
+if os.environ.get("KINETO_COMM_PURE_DECODER"):  # only the Python readers (to compare)
+    _frscan = None  # type: ignore[assignment]
 
 # Pickle protocol 2+ starts with this opcode (PROTO); FR dumps use the default protocol.
 PICKLE_MAGIC = b"\x80"
@@ -44,8 +58,9 @@ _TRAILING = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle|bin))?$")
 PEEK_BYTES = 65536
 MAX_RANK = 2**31
 # Dumps of more bytes than this are decoded by several processes (decode_dumps): starting a
-# worker costs about a second, which about 40 MB of dumps take to decode on one core.
-PARALLEL_ABOVE = 48 * 2**20
+# worker costs about a second, which about 40 MB of dumps take to decode on one core in
+# Python, about 80 MB with the compiled reader (372 MB in 4.6-5.2 CPU-seconds).
+PARALLEL_ABOVE = (80 if _frscan is not None else 48) * 2**20
 
 
 class SafeUnpickler(pickle.Unpickler):
@@ -156,11 +171,26 @@ def _gc_paused() -> Iterator[None]:
 
 def read_dump(path: str | Path) -> FlightDump:
     """Decode one dump (pickle or JSON); TraceError naming the file and the problem."""
-    with _gc_paused():
-        return _read_dump(path)
+    got = _read_batch([str(path)])[0]
+    if isinstance(got, FlightDump):
+        return got
+    raise TraceError(*got)
 
 
-def _read_dump(path: str | Path) -> FlightDump:
+# A dump the compiled reader read: all but its entries, and their columns (_frscan.scan).
+Scanned = tuple[FlightDump, dict[str, Any]]
+_MALFORMED = (
+    TypeError,
+    ValueError,
+    AttributeError,
+    IndexError,
+    KeyError,
+    SyntaxError,
+    RecursionError,
+)
+
+
+def _read_dump(path: str | Path) -> FlightDump | Scanned:
     file = str(path)
     try:
         data = Path(path).read_bytes()
@@ -168,8 +198,12 @@ def _read_dump(path: str | Path) -> FlightDump:
         raise TraceError(file, exc.strerror or str(exc)) from None
     if not data:
         raise TraceError(file, "empty file")
+    scanned = _frscan.scan(data) if _frscan is not None and data[:1] == PICKLE_MAGIC else None
     try:
-        obj = safe_loads(data) if data[:1] == PICKLE_MAGIC else json.loads(data)
+        if scanned is not None:
+            obj = scanned[0]
+        else:
+            obj = safe_loads(data) if data[:1] == PICKLE_MAGIC else json.loads(data)
     except pickle.UnpicklingError as exc:
         text = str(exc) if "refused" in str(exc) else f"bad pickle ({exc})"
         raise TraceError(file, text) from None
@@ -193,10 +227,12 @@ def _read_dump(path: str | Path) -> FlightDump:
         raise TraceError(file, "no rank in the file name, and its process groups do not tell")
     lib = obj.get("comm_lib_version", obj.get("nccl_version"))
     try:
-        entries = entries_frame(rank, obj["entries"])
-    except (TypeError, ValueError, AttributeError, IndexError, SyntaxError, RecursionError) as exc:
-        raise TraceError(file, f"malformed entry ({type(exc).__name__}: {exc})") from None
-    return FlightDump(
+        # What the compiled reader read is tabulated with its batch (_finish); until then
+        # one shared empty table stands in (building one per dump cost ~1 ms).
+        entries = _no_entries() if scanned is not None else entries_frame(rank, obj["entries"])
+    except _MALFORMED as exc:
+        raise TraceError(file, _malformed(exc)) from None
+    dump = FlightDump(
         file=file,
         rank=rank,
         rank_source=source,
@@ -206,6 +242,16 @@ def _read_dump(path: str | Path) -> FlightDump:
         pg_status={str(k): v for k, v in (obj.get("pg_status") or {}).items()},
         entries=entries,
     )
+    return dump if scanned is None else (dump, scanned[1])
+
+
+@cache
+def _no_entries() -> pl.DataFrame:
+    return pl.DataFrame(schema=ENTRY_SCHEMA)
+
+
+def _malformed(exc: Exception) -> str:
+    return f"malformed entry ({type(exc).__name__}: {exc})"
 
 
 def looks_like_dump(path: Path) -> bool:
@@ -244,14 +290,50 @@ def find_dumps(paths: list[str | Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
+Decoded = FlightDump | Scanned | tuple[str, str]
+
+
 def _read_batch(paths: list[str]) -> list[FlightDump | tuple[str, str]]:
     """Decode dumps one after the other: each a FlightDump, or (file, problem)."""
+    return _finish(_decode_batch(paths))
+
+
+def _decode_batch(paths: list[str]) -> list[Decoded]:
+    """Each dump decoded, its entries tabulated unless the compiled reader read them."""
+    got: list[Decoded] = []
+    with _gc_paused():
+        for path in paths:
+            try:
+                got.append(_read_dump(path))
+            except TraceError as exc:
+                got.append((exc.file, exc.problem))
+    return got
+
+
+def _is_scanned(got: Decoded) -> bool:
+    return isinstance(got, tuple) and isinstance(got[0], FlightDump)
+
+
+def _finish(got: list[Decoded]) -> list[FlightDump | tuple[str, str]]:
+    """The entries the compiled reader read tabulated, all in one query (scanned_frames);
+    where that fails, each dump alone, so each malformed one gets its own error."""
+    scanned = [g for g in got if _is_scanned(g)]
+    try:
+        frames = scanned_frames([(d.rank, cols) for d, cols in scanned])  # type: ignore[misc]
+    except _MALFORMED:
+        frames = None
     out: list[FlightDump | tuple[str, str]] = []
-    for path in paths:
+    done = iter(frames or [])
+    for g in got:
+        if not _is_scanned(g):
+            out.append(g)  # type: ignore[arg-type]
+            continue
+        dump, cols = g  # type: ignore[misc]
         try:
-            out.append(read_dump(path))
-        except TraceError as exc:
-            out.append((exc.file, exc.problem))
+            entries = next(done) if frames is not None else scanned_frame(dump.rank, cols)
+            out.append(replace(dump, entries=entries))
+        except _MALFORMED as exc:
+            out.append((dump.file, _malformed(exc)))
     return out
 
 
@@ -294,14 +376,15 @@ def _inheriting() -> bool:
     return bool(getattr(current_process(), "_inheriting", False))
 
 
-Packed = tuple[list[FlightDump | tuple[str, str]], list[int], pl.DataFrame]
+Packed = tuple[list[Decoded], list[int], pl.DataFrame]
 
 
 def _read_packed(paths: list[str]) -> Packed:
-    """_read_batch in the form that travels back from a worker: the dumps without their
-    entries, how many each had, and all their entries as one table (one Arrow buffer to
-    send, not one per dump)."""
-    got = _read_batch(paths)
+    """_decode_batch in the form that travels back from a worker: the dumps without their
+    entries, how many each had, and the entries Python tabulated as one table (one Arrow
+    buffer to send, not one per dump). What the compiled reader read travels as its
+    columns (compact buffers, quick to send) and is tabulated on arrival."""
+    got = _decode_batch(paths)
     frames = [d.entries for d in got if isinstance(d, FlightDump)]
     table = pl.concat(frames) if frames else pl.DataFrame(schema=ENTRY_SCHEMA)
     empty = table.clear()
@@ -313,10 +396,10 @@ def _read_packed(paths: list[str]) -> Packed:
 
 
 def _unpack(packed: Packed) -> list[FlightDump | tuple[str, str]]:
-    """The dumps of `_read_packed`, each with its slice of the entries again."""
+    """The dumps of `_read_packed`, each with its entries again."""
     got, heights, table = packed
     sizes = iter(heights)
-    out: list[FlightDump | tuple[str, str]] = []
+    out: list[Decoded] = []
     at = 0
     for d in got:
         if isinstance(d, FlightDump):
@@ -324,7 +407,7 @@ def _unpack(packed: Packed) -> list[FlightDump | tuple[str, str]]:
             d = replace(d, entries=table.slice(at, n))
             at += n
         out.append(d)
-    return out
+    return _finish(out)
 
 
 def _run_pool(batches: list[list[str]], workers: int) -> list[list[FlightDump | tuple[str, str]]]:
@@ -381,10 +464,21 @@ def _one_job(dumps: list[FlightDump]) -> tuple[list[FlightDump], list[TraceError
     ranks under the same name than the majority's (another job's) is set aside."""
     if len(dumps) < 2:
         return dumps, []
+    # Every rank lists the world group's ranks: each distinct text is parsed once.
+    parsed: dict[str, str] = {}
+
+    def ranks_of(cfg: dict[str, Any]) -> str:
+        text = cfg.get("ranks", "")
+        if not isinstance(text, str):
+            return str(parse_ranks(text))
+        if text not in parsed:
+            parsed[text] = str(parse_ranks(text))
+        return parsed[text]
+
     votes: Counter[tuple[str, str]] = Counter()
     for d in dumps:
         for name, cfg in d.pg_config.items():
-            votes[(name, str(parse_ranks(cfg.get("ranks", ""))))] += 1
+            votes[(name, ranks_of(cfg))] += 1
     best: dict[str, tuple[int, str]] = {}
     for (name, ranks), n in votes.items():
         if name not in best or n > best[name][0]:
@@ -392,11 +486,7 @@ def _one_job(dumps: list[FlightDump]) -> tuple[list[FlightDump], list[TraceError
     kept: list[FlightDump] = []
     rejected: list[TraceError] = []
     for d in dumps:
-        clash = [
-            name
-            for name, cfg in d.pg_config.items()
-            if str(parse_ranks(cfg.get("ranks", ""))) != best[name][1]
-        ]
+        clash = [name for name, cfg in d.pg_config.items() if ranks_of(cfg) != best[name][1]]
         if clash:
             rejected.append(
                 TraceError(
@@ -564,6 +654,82 @@ def entries_frame(rank: int, entries: list[dict[str, Any]]) -> pl.DataFrame:
     return frame.with_columns(
         input_sizes=in_text, output_sizes=out_text, input_numel=in_numel, output_numel=out_numel
     ).select(list(ENTRY_SCHEMA))
+
+
+def scanned_frame(rank: int, cols: dict[str, Any]) -> pl.DataFrame:
+    """entries_frame from the compiled reader's columns (_frscan.scan): the same table."""
+    return scanned_frames([(rank, cols)])[0]
+
+
+def scanned_frames(dumps: list[tuple[int, dict[str, Any]]]) -> list[pl.DataFrame]:
+    """scanned_frame of many dumps (rank, columns) in one query: their buffers joined, each
+    string column's codes shifted onto the joined distinct texts, so the profiling names
+    and sizes are still parsed once per distinct text, by the same functions."""
+    sizes = [cols["n"] for _, cols in dumps]
+    if not any(sizes):
+        return [pl.DataFrame(schema=ENTRY_SCHEMA) for _ in dumps]
+    n = sum(sizes)
+    first = dumps[0][1]
+    raw: dict[str, Any] = {}
+    for key in first["ints"]:
+        raw[key] = _joined([cols["ints"][key][0] for _, cols in dumps], np.int64)
+        raw[f"{key}?"] = _joined([cols["ints"][key][1] for _, cols in dumps], np.bool_)
+    texts: dict[str, list[Any]] = {}
+    for key in first["strings"]:
+        codes, distinct, shift = [], [None], 0
+        for _, cols in dumps:
+            code, more = cols["strings"][key]
+            code = np.frombuffer(code, np.int32)
+            codes.append(np.where(code > 0, code + shift, 0) if shift else code)
+            distinct += more[1:]
+            shift += len(more) - 1
+        raw[f"{key}#"] = np.concatenate(codes)
+        texts[key] = distinct
+    raw["is_p2p#"] = _joined([cols["is_p2p"] for _, cols in dumps], np.uint8)
+    raw["retired"] = _joined([cols["retired"] for _, cols in dumps], np.bool_)
+    starts = np.cumsum([0, *sizes[:-1]])
+    raw["rank"] = np.repeat(np.array([rank for rank, _ in dumps], np.int64), sizes)
+    raw["pos"] = np.arange(n, dtype=np.int64) - np.repeat(starts, sizes)
+    frames: list[str | None] = [None] * n
+    for (_, cols), start in zip(dumps, starts.tolist(), strict=True):
+        for at, value in zip(cols["frames_at"], cols["frames"], strict=True):
+            frames[start + at] = _frames_text(value)
+    raw["frames"] = pl.Series(frames, dtype=pl.String)
+
+    def gather(key: str, values: list[Any], dtype: pl.DataType) -> pl.Expr:
+        return pl.lit(pl.Series(values, dtype=dtype)).gather(pl.col(f"{key}#"))
+
+    exprs: dict[str, pl.Expr] = {"rank": pl.col("rank"), "pos": pl.col("pos")}
+    for key, name in _INTS.items():
+        exprs[name] = pl.when(pl.col(f"{key}?")).then(pl.col(key))
+    for key in ("pg_id", "process_group", "group_desc", "input_dtypes", "output_dtypes"):
+        exprs[key] = gather(key, texts[key], pl.String)
+    for key in ("state", "thread_id", "thread_name"):
+        exprs[key] = gather(key, texts[key], pl.String)
+    parts = {name: _op_parts(name) for name in set(texts["profiling_name"][1:])}
+    for i, col in enumerate(("backend", "op", "src_local", "dst_local")):
+        values = [None] + [parts[name][i] for name in texts["profiling_name"][1:]]
+        exprs[col] = gather("profiling_name", values, ENTRY_SCHEMA[col])
+    for key, numel in (("input_sizes", "input_numel"), ("output_sizes", "output_numel")):
+        parsed = {t: ast.literal_eval(t) for t in set(texts[key][1:])}
+        exprs[key] = gather(
+            key, [None] + [json.dumps(parsed[t]) for t in texts[key][1:]], pl.String
+        )
+        exprs[numel] = gather(key, [None] + [_numel(parsed[t]) for t in texts[key][1:]], pl.Int64)
+    # An entry that does not say whether it is p2p is one when it is a send or recv.
+    exprs["is_p2p"] = (
+        pl.when(pl.col("is_p2p#") == 2)
+        .then(exprs["op"].is_in(["send", "recv"]))
+        .otherwise(pl.col("is_p2p#") == 1)
+    )
+    exprs["retired"] = pl.col("retired")
+    exprs["frames"] = pl.col("frames")
+    table = pl.DataFrame(raw).select(**{k: exprs[k] for k in ENTRY_SCHEMA})
+    return [table.slice(start, size) for start, size in zip(starts.tolist(), sizes, strict=True)]
+
+
+def _joined(buffers: list[bytes], dtype: type) -> np.ndarray:
+    return np.concatenate([np.frombuffer(b, dtype) for b in buffers])
 
 
 def entries_table(dumps: list[FlightDump]) -> pl.DataFrame:
