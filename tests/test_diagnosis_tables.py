@@ -55,30 +55,33 @@ def median_costs(report: Report) -> pl.DataFrame:
     )
 
 
-def test_fsdp2_queued_time_is_reconciled_with_sync105() -> None:
-    """h100 fsdp-2: the blame puts most of the median step in `queued` while SYNC105 saves
-    7%: the report says how much of the queue SYNC105 takes out and what that buys."""
+def test_fsdp2_queued_time_is_reconciled_with_its_finding() -> None:
+    """h100 fsdp-2: the blame puts most of the median step in `queued`, while the finding
+    that covers it (CAPT101: the 2 ranks time-slice one GPU; SYNC105 stands down there)
+    takes only part of that queue out yet saves more, since it removes the waits too: the
+    report says how much of the queue it takes out and what that buys."""
     report = analysed(H100 / "fsdp-2")
     costs = median_costs(report)
     assert costs["category"][0] == "queued"
     queued = report.blame_accounts.filter(pl.col("category") == "queued").row(0, named=True)
     assert queued["ns"] == costs["ns"][0]
     assert queued["share"] > 0.5
-    sync105 = next(f for f in report.findings if f.code == "SYNC105")
-    assert queued["codes"] == ["SYNC105"]
-    # What SYNC105's edit takes out of these rows, recomputed from the finding's own edit.
+    capt = next(f for f in report.findings if f.code == "CAPT101")
+    assert "SYNC105" not in {f.code for f in report.findings}
+    assert queued["codes"] == ["CAPT101"]
+    # What CAPT101's edit takes out of these rows, recomputed from the finding's own edit.
     rows = report.step_blame.filter(
         (pl.col("step") == queued["step"])
         & (pl.col("rank") == queued["rank"])
         & (pl.col("category") == "queued")
     )
-    assert queued["removed_ns"] == steptime.removed_ns(rows, [sync105.edit])
-    assert queued["saving_ns"] == sync105.impact_ns_per_step
-    assert queued["saving_ns"] < queued["ns"] / 4  # the gap the line must explain
+    assert queued["removed_ns"] == steptime.removed_ns(rows, [capt.edit])
+    assert queued["saving_ns"] == capt.impact_ns_per_step
+    assert queued["removed_ns"] < queued["ns"] / 2 < queued["saving_ns"]  # the gaps to explain
     text = flat(render(report, "text"))
     assert flat(queued["text"]) in text
-    assert f"{sync105.impact_ns_per_step / 1e6:.2f} ms per step" in queued["text"]
-    assert "the rest" in queued["text"]
+    assert f"{capt.impact_ns_per_step / 1e6:.2f} ms per step" in queued["text"]
+    assert "the rest" in queued["text"] and "remove other time too" in queued["text"]
 
 
 def test_pipeline_bubble_far_above_theory_gets_a_sentence() -> None:

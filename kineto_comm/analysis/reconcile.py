@@ -179,6 +179,11 @@ def blame_accounts(
                     "the replay saves less than the fixes take out: other ranks' windows "
                     "and the kernels' launches hold the step"
                 )
+            elif saving > together:
+                gaps.append(
+                    "the replay saves more than they take out of it: the fixes remove other "
+                    "time too (waits, other ranks' windows)"
+                )
             text += ("; " + "; ".join(gaps) if gaps else "") + "."
         else:
             together = saving = 0
