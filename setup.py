@@ -1,4 +1,5 @@
-"""The compiled scanner (kineto_comm/load/_scan.c), the replay's sweep
+"""The compiled scanner (kineto_comm/load/_scan.c), the Flight Recorder dump reader
+(kineto_comm/load/_frscan.c), the replay's sweep
 (kineto_comm/analysis/_sweep.c) and the critical path's walk (kineto_comm/analysis/_walk.c)
 are optional: where they cannot be built, the same tables, savings and paths come from
 Python, only slower."""
@@ -10,6 +11,11 @@ setup(
         Extension(
             "kineto_comm.load._scan",
             ["kineto_comm/load/_scan.c"],
+            optional=True,
+        ),
+        Extension(
+            "kineto_comm.load._frscan",
+            ["kineto_comm/load/_frscan.c"],
             optional=True,
         ),
         Extension(

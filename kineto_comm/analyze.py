@@ -378,7 +378,7 @@ def analyze(
     # One Tables for the rules and the model of time: the blame is built once.
     tables = Tables(report)
     findings = checks.run(tables)
-    return replace(report, findings=findings, **step_model(tables, findings))
+    return replace(report, findings=findings, **step_model(tables, findings, checks.codes))
 
 
 def _one_job(

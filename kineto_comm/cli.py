@@ -669,7 +669,7 @@ def _hang_report(
         if not result.errors:
             print("error: no Flight Recorder dumps found", file=sys.stderr)
         raise typer.Exit(2)
-    text = render_hang(result, format)
+    text = render_hang(result, format, severity)
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text, encoding="utf-8")
@@ -684,7 +684,8 @@ def hang(
         list[Path], typer.Argument(help="Flight Recorder dumps, or folders of them (one per rank).")
     ],
     format: Annotated[
-        str, typer.Option("--format", "-f", help="text, json, markdown or github.")
+        str,
+        typer.Option("--format", "-f", help="text, json, markdown, github, sarif, junit or html."),
     ] = "text",
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")

@@ -17,6 +17,10 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
     step_times, step_blame, savings
                  the model of time (kineto_comm.analysis.steptime): each step's time (its
                  longest rank's window), the critical rank's blame, the fixes' savings.
+    blame_accounts
+                 the median step's largest non-compute blame categories, the findings
+                 whose fixes take them out and why the saving differs, or why none does
+                 (kineto_comm.analysis.reconcile).
     critical_path, critical_path_kernels
                  each step's critical path over the kernel dependency graph
                  (kineto_comm.analysis.depgraph): hops on ranks, and kernel by kernel.
@@ -111,6 +115,9 @@ class Report:
     critical_path: pl.DataFrame = field(default_factory=pl.DataFrame)
     critical_path_kernels: pl.DataFrame = field(default_factory=pl.DataFrame)
     step_blame: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # The median step's largest non-compute costs and the findings that take them out, or
+    # why none does (kineto_comm.analysis.reconcile).
+    blame_accounts: pl.DataFrame = field(default_factory=pl.DataFrame)
     savings: dict[str, Any] = field(default_factory=dict)
     errors: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = ()
@@ -328,6 +335,7 @@ class Report:
             "critical_path": self.critical_path.to_dicts(),
             "critical_path_kernels": self.critical_path_kernels.to_dicts(),
             "step_blame": self.step_blame.to_dicts(),
+            "blame_accounts": self.blame_accounts.to_dicts(),
             "savings": dict(self.savings),
             "errors": [{"file": f, "message": m} for f, m in self.errors],
             "warnings": list(self.warnings),

@@ -30,7 +30,7 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm.analysis import steptime
+from kineto_comm.analysis import costfit, steptime
 from kineto_comm.analysis.bandwidth import busbw_factor, group_size
 from kineto_comm.analysis.match import last_arrivals, ranks_in_several_groups
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP
@@ -56,7 +56,9 @@ __all__ = [
     "collective_exposure_lazy",
     "collective_waits",
     "collective_waits_lazy",
+    "cost_fit",
     "group_roles",
+    "call_roles",
     "group_size",
     "hosts_of",
     "impact_per_step",
@@ -66,6 +68,7 @@ __all__ = [
     "make_finding",
     "mean_step_ns",
     "median_of_counts",
+    "merge_removal",
     "n_steps",
     "parse_ranks",
     "queue_shift",
@@ -73,6 +76,7 @@ __all__ = [
     "replay_saving",
     "replay_timeline",
     "rule",
+    "saving_severity",
     "severity_for",
     "step_blame",
     "step_time_ns",
@@ -423,6 +427,27 @@ def severity_for(share: float, warn: float, error: float) -> Severity | None:
     return None
 
 
+# A finding's default floor: below this share of the step its fix buys too little to be
+# more than info (a rule's own `info_share` option wins).
+INFO_SHARE = 0.01
+
+
+def saving_severity(share: float, options: Mapping[str, Any]) -> Severity | None:
+    """The severity a fix that saves `share` of the step earns on a rule's ladder: error from
+    its `error_share`, warning from its `warn_share`, info from its `info_share` (default
+    INFO_SHARE), None below. The engine caps the severity of every finding of a rule with
+    such options at this (rules_engine.settle_severity): a finding is as bad as what fixing
+    it buys, whatever share of the step its cause shows."""
+    floor = float(options.get("info_share", INFO_SHARE))
+    warn, error = options.get("warn_share"), options.get("error_share")
+    sev = None
+    if warn is not None and error is not None:
+        sev = severity_for(share, float(warn), float(error))
+    if sev is None and share >= floor:
+        sev = Severity.info
+    return sev
+
+
 def mean_step_ns(tables: Tables) -> int:
     """The job's step time (kineto_comm.analysis.steptime, docs/tables.md `step_times`): per
     step the longest rank's device window, averaged over the complete steps (step >= 0, not
@@ -550,7 +575,6 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
     }
     if not tables.has("steps", "step", "start_ns", "end_ns"):
         return pl.DataFrame(schema=schema).lazy()
-    roles = group_roles(tables).select("process_group", "role")
     has_calls = tables.has("collectives")
     durations = _call_durations(tables) if has_calls else None
     late = _call_last(tables) if has_calls else None
@@ -559,6 +583,10 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
     if tables.has("kernels", "launch_end_ns"):
         kcols += ("launch_end_ns",)
     ccols = (*CALL_KEY, "rank", "start_ns", "end_ns", "duration_ns", "launch_ns", "peer")
+    # A pooled group's calls take their kind's role, an all_reduce's by its size.
+    sized = tables.has("collectives", "bytes")
+    if sized:
+        ccols += ("bytes",)
     whole = _whole_instances(tables) if has_calls else None
     alone = _alone_ranks(tables)
 
@@ -589,7 +617,8 @@ def _model_of_time(tables: Tables) -> pl.LazyFrame:
                     .then(pl.col("late_rank"))
                 )
                 .with_columns(pl.col("process_group").cast(pl.String))
-                .join(roles.lazy(), on="process_group", how="left")
+                .pipe(lambda frame: call_roles(tables, frame))
+                .drop("bytes", strict=False)
             )
             if last is not None and waits is not None:
                 calls = _named_by_instance(calls, waits, last)
@@ -777,6 +806,68 @@ def replay_saving(tables: Tables, *edits: Edit) -> int:
         lambda: steptime.timeline(tables.collect(replay_timeline(tables))),
     )
     return steptime.saving(blame, step_times(tables), edits, line)
+
+
+# What any link of the platform moves at least (GB/s of bus bandwidth): NCCL's links (PCIe,
+# NVLink, InfiniBand, even 10 GbE) and gloo's TCP. The cost fit's bandwidth where the
+# message sizes do not span enough to fit one: a floor, so the latency is not overstated.
+PRIOR_BUSBW_GBPS = {"device": 1.0, "host": 0.1}
+
+
+def _fit_calls(tables: Tables) -> pl.LazyFrame:
+    """Every call with what the cost fit reads: its group ("?" unnamed), collective, size,
+    group size n and transfer time (after the last rank arrived), rank and step."""
+    return collective_exposure_lazy(tables, transfer_only=False).select(
+        "rank",
+        "step",
+        pl.col("process_group").cast(pl.String).fill_null(UNKNOWN_GROUP),
+        "collective",
+        "bytes",
+        "transfer_ns",
+        n=group_size(),
+    )
+
+
+def cost_fit(tables: Tables) -> pl.DataFrame:
+    """Per (process_group, collective): its calls' cost as latency + bytes / bandwidth
+    (kineto_comm.analysis.costfit: calls, sizes, median_bytes, median_ns, latency_ns,
+    busbw_gbps, latency_share, method). Where the sizes do not span enough for a fit, the
+    bandwidth is at least the platform's PRIOR_BUSBW_GBPS. Computed once per rules run."""
+    platform = job_platform(tables)
+    gloo = platform.host or platform.backend == "gloo"
+    prior = PRIOR_BUSBW_GBPS["host" if gloo else "device"]
+    if not tables.has("collectives"):
+        return pl.DataFrame(schema=costfit.FIT_SCHEMA)
+    return tables.once(
+        ("rules_api", "cost_fit"), lambda: costfit.cost_fit(_fit_calls(tables), prior)
+    )
+
+
+def merge_removal(tables: Tables, target_bytes: int) -> pl.DataFrame:
+    """rank, step, process_group, collective, n, m, transfer_ns, removed_ns: per rank and
+    step, each (process_group, collective)'s calls below `target_bytes` merged into calls of
+    about that size (without sizes: its latency-sized calls into one), and the transfer time
+    the latencies saved remove, on `cost_fit`'s latency (kineto_comm.analysis.costfit)."""
+    fit = cost_fit(tables)
+    if fit.height == 0:
+        return costfit.merge_removal(
+            pl.DataFrame(
+                schema={
+                    "rank": pl.Int64,
+                    "step": pl.Int64,
+                    "process_group": pl.String,
+                    "collective": pl.String,
+                    "bytes": pl.Int64,
+                    "transfer_ns": pl.Int64,
+                }
+            ),
+            fit,
+            target_bytes,
+        )
+    return tables.once(
+        ("rules_api", "merge_removal", int(target_bytes)),
+        lambda: costfit.merge_removal(_fit_calls(tables), fit, target_bytes),
+    )
 
 
 def all_to_all_volume(tables: Tables) -> pl.DataFrame:
@@ -1140,6 +1231,12 @@ def group_roles(tables: Tables) -> pl.DataFrame:
     """
     pgs = tables["process_groups"]
     if tables.has("process_groups", "process_group", "role"):
+        if "pooled_collective" in pgs.columns and "calls_per_step" in pgs.columns:
+            # A pooled group split by kind of call (roles.py): one row per group here, the
+            # kind with the most calls; call_roles gives each call its own kind's role.
+            pgs = pgs.sort(
+                "calls_per_step", descending=True, nulls_last=True, maintain_order=True
+            ).unique("process_group", keep="first", maintain_order=True)
         size = pl.col("size") if "size" in pgs.columns else pl.lit(None, dtype=pl.Int64)
         ranks = (
             pl.col("ranks").cast(pl.String).pipe(parse_ranks)
@@ -1189,6 +1286,59 @@ def group_roles(tables: Tables) -> pl.DataFrame:
             ranks=parse_ranks("ranks"),
         )
     )
+
+
+def call_roles(tables: Tables, frame: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame | pl.LazyFrame:
+    """`frame` (process_group, and collective and bytes where it has them) plus `role`: its
+    group's (group_roles), and for a call of a pooled group that the process_groups table
+    splits by kind of call (no group named per call: roles.py), its kind's role (an
+    all_to_all's, an all_reduce's of its size), so a dense gradient all-reduce pooled with
+    embedding all-to-alls is not 'embedding'. Null where the group is unknown."""
+    roles = group_roles(tables).select(pl.col("process_group").alias("_pg"), "role")
+    lazy = isinstance(frame, pl.LazyFrame)
+    pg = pl.col("process_group").cast(pl.String).fill_null(UNKNOWN_GROUP)
+    out = frame.lazy().with_columns(_pg=pg).join(roles.lazy(), on="_pg", how="left")
+    pgs = tables["process_groups"]
+    columns = frame.collect_schema().names() if lazy else frame.columns
+    if "pooled_collective" in pgs.columns and "collective" in columns:
+        pooled = pgs.filter(pl.col("pooled_collective").is_not_null()).select(
+            _pg="process_group", _pc="pooled_collective", _pb="pooled_bytes", _pr="role"
+        )
+        if pooled.height:
+            kinds = pooled.filter(pl.col("_pb").is_null()).select("_pg", "_pc", _kr="_pr")
+            out = out.join(
+                kinds.lazy(), left_on=["_pg", "collective"], right_on=["_pg", "_pc"], how="left"
+            )
+            sized = pooled.filter(pl.col("_pb").is_not_null())
+            if "bytes" in columns and sized.height:
+                out = out.join(
+                    sized.select("_pg", "_pc", "_pb", _sr="_pr").lazy(),
+                    left_on=["_pg", "collective", pl.col("bytes").cast(pl.Int64)],
+                    right_on=["_pg", "_pc", "_pb"],
+                    how="left",
+                )
+            else:
+                out = out.with_columns(_sr=pl.lit(None, dtype=pl.String))
+            # The rest of the pool: calls of a kind the split has no row for.
+            rest = pgs.filter(
+                pl.col("pooled_collective").is_null()
+                & pl.col("process_group").is_in(pooled["_pg"].unique().implode())
+            ).select(_pg="process_group", _rr="role")
+            split = pooled["_pc"].unique().to_list()
+            out = (
+                out.join(rest.lazy(), on="_pg", how="left")
+                .with_columns(
+                    role=pl.coalesce(
+                        "_sr",
+                        "_kr",
+                        pl.when(~pl.col("collective").is_in(split)).then(pl.col("_rr")),
+                        "role",
+                    )
+                )
+                .drop("_kr", "_sr", "_rr")
+            )
+    out = out.drop("_pg")
+    return out if lazy else out.collect()
 
 
 def _desc_role(desc: pl.Expr) -> pl.Expr:

@@ -37,6 +37,7 @@ from kineto_comm.rules_api import (
     make_finding,
     mean_step_ns,
     replay_saving,
+    saving_severity,
 )
 
 BUILTIN_PACKAGE = "kineto_comm_builtin_rules"
@@ -500,6 +501,7 @@ class RuleSet:
                 settled = [settle_saving(f, r, tables, step_ns or 0) for f in result]
             except Exception as exc:
                 raise RuleError(f"rule {r.code} ({r.name}): its edit failed: {_one(exc)}") from exc
+            settled = [settle_severity(f, self.options[r.code]) for f in settled]
             findings.extend(
                 f if f.rule and f.code == r.code else replace(f, code=r.code, rule=r.name)
                 for f in settled
@@ -541,6 +543,24 @@ def settle_saving(f: Finding, r: Rule, tables: Tables, step_ns: int) -> Finding:
         return f
     share = round(saving / step_ns, 4) if step_ns > 0 else f.step_share
     return replace(f, impact_ns_per_step=saving, step_share=share, evidence=evidence)
+
+
+def settle_severity(f: Finding, options: Mapping[str, Any]) -> Finding:
+    """A finding's severity as the report states it: never worse than its saving's share of
+    the step earns on its rule's ladder (rules_api.saving_severity: the rule's warn_share,
+    error_share and info_share options), info where the saving is below the ladder. A
+    fix that buys nothing is no error, whatever share of the step its cause shows (that
+    share is evidence, in the finding's text). Findings that claim no step time (no edit,
+    no saving: a hang, a configuration), and those of a rule with no ladder of shares (a
+    custom rule's declared severity), keep their rule's severity."""
+    if f.edit is None and int(f.impact_ns_per_step) <= 0:
+        return f
+    if not any(k in options for k in ("warn_share", "error_share", "info_share")):
+        return f
+    earned = saving_severity(float(f.step_share or 0.0), options) or Severity.info
+    if f.severity.level <= earned.level:
+        return f
+    return replace(f, severity=earned)
 
 
 def _graph_loader(tables: Tables) -> Any:
@@ -589,18 +609,22 @@ def _graph_loader(tables: Tables) -> Any:
     return load
 
 
-def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
+def step_model(
+    report: Any, findings: Sequence[Finding] = (), rules_run: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The model of time of a Report (or Tables) with its findings: `step_times` (per
     step; `critical_path` the ranks of its critical path's hops), `critical_path` and
     `critical_path_kernels` (each step's critical path as hops on its ranks and kernel by
     kernel: kineto_comm.analysis.depgraph), `step_blame` (the critical rank's blame rows of
-    each step, summing to its `step_ns`) and `savings`: the job's `step_ns`,
+    each step, summing to its `step_ns`), `blame_accounts` (the median step's largest
+    costs and the findings that take them out, `rules_run` the codes of the rules that ran:
+    kineto_comm.analysis.reconcile) and `savings`: the job's `step_ns`,
     `joint_saving_ns` (every finding's fix replayed together: never more than the step),
     `sum_of_savings_ns` (the replayed findings' savings added up), `overlapping` (the sum is
     more than the joint saving: the fixes claim some of the same time), how many findings
     were `replayed` (carry an edit) and how many savings are `claimed` by their rules
     (no edit: `settle_saving`), which the joint saving and the sum leave out."""
-    from kineto_comm.analysis import depgraph, steptime
+    from kineto_comm.analysis import depgraph, reconcile, steptime
     from kineto_comm.rules_api import step_blame, step_times
 
     tables = report if isinstance(report, Tables) else Tables(report)
@@ -615,11 +639,21 @@ def step_model(report: Any, findings: Sequence[Finding] = ()) -> dict[str, Any]:
     kernels_path = depgraph.critical_walk(times, _graph_loader(tables))
     path = depgraph.segments(kernels_path)
     times = depgraph.chains(times, path)
+    critical = steptime.critical_blame(blame, times)
+    accounts = reconcile.blame_accounts(
+        critical,
+        times,
+        findings,
+        lambda *e: replay_saving(tables, *e),
+        tables["pipeline"] if tables.has("pipeline") else None,
+        rules_run,
+    )
     return {
         "step_times": times,
         "critical_path": path,
         "critical_path_kernels": kernels_path,
-        "step_blame": steptime.critical_blame(blame, times),
+        "step_blame": critical,
+        "blame_accounts": accounts,
         "savings": {
             "step_ns": step_ns,
             "joint_saving_ns": joint,

@@ -5,20 +5,26 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.rules_api import (
+    Edit,
     Option,
     Severity,
     Tables,
+    call_roles,
     collective_exposure_lazy,
-    group_roles,
+    cost_fit,
     impact_per_step,
     median_of_counts,
-    severity_for,
+    merge_removal,
+    saving_severity,
 )
 
 # A (process group, collective) whose calls are this small and this many per rank and step
 # is a latency-bound storm: COMM201 reports it, the exposure rules leave it out.
 STORM_MAX_BYTES = 256 * 1024
 STORM_MIN_CALLS = 50
+# Where no call has a size: a call this short (median) is its fixed cost (NCCL's latency is
+# 10-50 us), so that many of them per rank and step are a storm too.
+STORM_MAX_NS = 50_000
 # The collectives of an fsdp group that COMM102 reports: its parameter gathers and gradient
 # reductions (a reduce-scatter, or the all_reduce gloo runs in its place, as the group's
 # role evidence says: kineto_comm.analysis.roles).
@@ -49,25 +55,104 @@ def free_compute(tables: Tables) -> pl.LazyFrame | None:
 
 def share_severity(share: float, options: dict) -> Severity | None:
     """A finding's severity on SHARE_OPTIONS' ladder; None below `info_share`."""
-    sev = severity_for(share, options["warn_share"], options["error_share"])
-    if sev is None and share >= options["info_share"]:
-        sev = Severity.info
-    return sev
+    return saving_severity(share, options)
+
+
+# The bucket a merge aims for: DDP's default bucket_cap_mb (25 MiB), which ZeRO's and
+# Megatron's buckets are of the order of; FSDP units of that size hold a few blocks.
+MERGE_TARGET_BYTES = 25 * 1024 * 1024
+# A cause's calls are latency-bound when the fit's latency is at least this share of its
+# median call: merging its calls is then what makes it cheaper.
+LATENCY_BOUND_SHARE = 0.5
+
+
+def merge_fix(
+    tables: Tables, collective: str, groups: list[str], target_bytes: int = MERGE_TARGET_BYTES
+) -> tuple[Edit, dict] | None:
+    """The fix "merge the cause's calls into fewer, bigger ones", as an edit: per rank and
+    step, its calls on `groups` below `target_bytes` merged into calls of about that size
+    (rules_api.merge_removal on the cost fit's latency), which takes out of its transfer
+    rows the latencies saved and out of its launch gaps the share of the calls merged away
+    (one launch a call: the CPU issues m calls instead of n). With the facts for the
+    finding's text (calls and merged calls per rank and step, the fit's latency, bandwidth,
+    latency share and method), or None where the calls are not latency-bound
+    (LATENCY_BOUND_SHARE) or nothing merges."""
+    fit = cost_fit(tables).filter(
+        (pl.col("collective") == collective) & pl.col("process_group").is_in(groups)
+    )
+    # Latency-bound: the fit's latency is most of the median call; or, sizes unknown, the
+    # median call is no longer than a call's fixed cost.
+    bound = fit.filter(
+        (pl.col("latency_share") >= LATENCY_BOUND_SHARE)
+        | ((pl.col("method") == "times") & (pl.col("median_ns") <= STORM_MAX_NS))
+    )
+    if bound.height == 0:
+        return None
+    keys = ["rank", "step", "process_group", "collective"]
+    rows = merge_removal(tables, target_bytes).join(
+        bound.select("process_group", "collective"), on=["process_group", "collective"]
+    )
+    rows = rows.filter((pl.col("m") < pl.col("n")) & (pl.col("step") >= 0))
+    if rows.height == 0:
+        return None
+    transfer = rows.select(
+        *keys,
+        category=pl.lit("transfer"),
+        fraction=pl.when(pl.col("transfer_ns") > 0)
+        .then(pl.col("removed_ns") / pl.col("transfer_ns"))
+        .otherwise(0.0),
+    )
+    launch = rows.select(*keys, category=pl.lit("launch"), fraction=1.0 - pl.col("m") / pl.col("n"))
+    n, m = float(rows["n"].mean() or 0), float(rows["m"].mean() or 0)
+    edit = Edit(
+        f"merge the {collective} calls into fewer, bigger ones (about {n:.0f} into "
+        f"{m:.0f} per rank and step): each merged call pays the fitted latency once, and the "
+        "CPU launches m calls instead of n",
+        pl.col("category").is_in(["transfer", "launch"]),
+        pl.concat([transfer, launch]),
+        shortens=True,
+    )
+    facts = {
+        "calls_per_step": round(n, 1),
+        "merged_calls_per_step": round(m, 1),
+        "latency_ns": int(bound["latency_ns"].max() or 0),
+        "busbw_gbps": None if bound["busbw_gbps"].is_null().all() else bound["busbw_gbps"].max(),
+        "latency_share": round(float(bound["latency_share"].max() or 0), 4),
+        "fit_method": str(bound["method"][0]),
+        "median_bytes": None
+        if bound["median_bytes"].is_null().all()
+        else int(bound["median_bytes"].median() or 0),
+        "target_bytes": int(target_bytes),
+    }
+    return edit, facts
+
+
+def fit_words(facts: dict) -> str:
+    """The cost fit behind a merge in words: latency, bandwidth, how it was found."""
+    lat = facts["latency_ns"] / 1e3
+    size = facts["median_bytes"]
+    if facts["fit_method"] == "times":
+        return (
+            f"its message sizes are unknown; its smallest calls take {lat:.0f} us, the "
+            "fixed cost of a call"
+        )
+    how = (
+        "fitted over its message sizes"
+        if facts["fit_method"] == "fit"
+        else "its messages are of about one size, so the bandwidth is taken as at least "
+        f"{facts['busbw_gbps']:.2g} GB/s and the rest of each call as latency: a lower bound"
+    )
+    return (
+        f"{lat / 1e3:.2f} ms of fixed latency + bytes at {facts['busbw_gbps']:.3g} GB/s bus "
+        f"bandwidth ({how}): at its {size / 1024:.0f} KiB messages "
+        f"{facts['latency_share']:.0%} of a call is latency"
+    )
 
 
 def with_roles(tables: Tables, frame: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame | pl.LazyFrame:
     """`frame` (with process_group) plus the group's role (unknown when not known)."""
-    roles = group_roles(tables).select("process_group", "role")
-    return (
-        frame.with_columns(pl.col("process_group").cast(pl.String))
-        .join(
-            roles.lazy() if isinstance(frame, pl.LazyFrame) else roles,
-            on="process_group",
-            how="left",
-            build_side="force_right",
-        )
-        .with_columns(pl.col("role").fill_null("unknown"))
-    )
+    frame = frame.with_columns(pl.col("process_group").cast(pl.String))
+    return call_roles(tables, frame).with_columns(pl.col("role").fill_null("unknown"))
 
 
 def storm_keys(tables: Tables, max_bytes: int, min_calls: int) -> pl.DataFrame:
@@ -78,11 +163,46 @@ def storm_keys(tables: Tables, max_bytes: int, min_calls: int) -> pl.DataFrame:
     """
     storms = tables["storms"]
     if tables.has("storms", "process_group", "collective"):
-        return storms.select(pl.col("process_group").cast(pl.String), "collective").unique()
-    # Read over every call: once per rules run (four rules ask).
-    return tables.once(
-        ("builtin", "storm_keys", max_bytes, min_calls),
-        lambda: _storms_from_calls(tables, max_bytes, min_calls),
+        found = storms.select(pl.col("process_group").cast(pl.String), "collective").unique()
+    else:
+        # Read over every call: once per rules run (four rules ask).
+        found = tables.once(
+            ("builtin", "storm_keys", max_bytes, min_calls),
+            lambda: _storms_from_calls(tables, max_bytes, min_calls),
+        )
+    timed = tables.once(
+        ("builtin", "time_storms", min_calls), lambda: _time_storms(tables, min_calls)
+    )
+    return pl.concat([found, timed]).unique(maintain_order=True)
+
+
+def _time_storms(tables: Tables, min_calls: int) -> pl.DataFrame:
+    """(process_group, collective) pairs of calls with no size that are storms by their
+    times: at least min_calls calls per rank and step (the median rank-step) whose median
+    duration is at most STORM_MAX_NS."""
+    empty = pl.DataFrame(schema={"process_group": pl.String, "collective": pl.String})
+    cols = ("process_group", "collective", "rank", "step", "bytes", "duration_ns")
+    if not tables.has("collectives", *cols):
+        return empty
+    keys = ["process_group", "collective"]
+    per = (
+        tables.lazy("collectives", list(cols))
+        .filter(pl.col("step") >= 0)
+        .with_columns(pl.col("process_group").cast(pl.String).fill_null("?"))
+        .group_by(*keys, "rank", "step")
+        .agg(
+            n=pl.len(),
+            sized=pl.col("bytes").is_not_null().any(),
+            median=pl.col("duration_ns").median(),
+        )
+    )
+    found = per.group_by(keys).agg(
+        n=pl.col("n").median(), sized=pl.col("sized").any(), median=pl.col("median").median()
+    )
+    return tables.collect(
+        found.filter(
+            ~pl.col("sized") & (pl.col("n") >= min_calls) & (pl.col("median") <= STORM_MAX_NS)
+        ).select(keys)
     )
 
 

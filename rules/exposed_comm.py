@@ -10,6 +10,7 @@ from kineto_comm.rules_api import (
     Edit,
     Finding,
     Platform,
+    Severity,
     Tables,
     job_platform,
     launch_floor,
@@ -25,12 +26,15 @@ from ._common import (
     SHARDED,
     SHARE_OPTIONS,
     exposure_by_cause,
+    fit_words,
     free_compute,
     hideable_transfers,
+    merge_fix,
     share_severity,
     single_call_steps,
 )
 from ._framework import fit_advice
+from .capture import contention
 
 NVLINK_TP = "Keep tensor-parallel groups inside one NVLink domain (one host)."
 ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
@@ -78,6 +82,37 @@ ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
 }
 # Gloo runs FSDP's gradient reduce-scatter as an all_reduce: the same advice.
 ADVICE[("fsdp", "all_reduce")] = ADVICE[("fsdp", "reduce_scatter")]
+# The setting that merges a latency-bound cause's calls, per (role, collective): a merge
+# finding's advice. {n}, {m}: calls per rank and step now and merged; {size}: their median
+# size.
+MERGE_ADVICE: dict[tuple[str, str], str] = {
+    ("data_parallel", "all_reduce"): "DDP: raise bucket_cap_mb (default 25) so the {n} "
+    "buckets of ~{size} a step become {m}: each bucket pays the fixed latency of a call, "
+    "whatever its size; manual all-reduces: torch.distributed.all_reduce_coalesced, or "
+    "flatten the tensors into one call.",
+    ("fsdp", "all_gather"): "FSDP: wrap bigger units (several blocks per FSDP unit, or a "
+    "larger min_num_params in the auto-wrap policy; FSDP2: fully_shard a group of blocks), "
+    "so the {n} gathers of ~{size} a step become {m}.",
+    ("fsdp", "reduce_scatter"): "FSDP: wrap bigger units (several blocks per FSDP unit, or a "
+    "larger min_num_params in the auto-wrap policy; FSDP2: fully_shard a group of blocks), "
+    "so the {n} gradient reductions of ~{size} a step become {m}.",
+}
+MERGE_ADVICE[("fsdp", "all_reduce")] = MERGE_ADVICE[("fsdp", "reduce_scatter")]
+MERGE_GENERIC = (
+    "Merge the {n} calls of ~{size} a step into {m}: coalesce them "
+    "(torch.distributed.all_reduce_coalesced, or flatten the tensors into one call), or "
+    "raise the framework's bucket size (DDP bucket_cap_mb, ZeRO reduce_bucket_size, "
+    "Megatron-LM --ddp-bucket-size)."
+)
+# Causes whose calls a setting can merge: not tensor-parallel all-reduces (their size is
+# batch x sequence x hidden) nor expert all-to-alls (one per layer and direction).
+MERGEABLE = ("all_reduce", "all_gather", "reduce_scatter")
+# DDP's bucket advice where its calls are not latency-bound, and where they are.
+SMALLER_BUCKETS = "tune bucket_cap_mb (smaller buckets start earlier)"
+BIGGER_BUCKETS = (
+    "keep bucket_cap_mb at or above the default 25 (these buckets are latency-bound: "
+    "smaller ones would cost more)"
+)
 GENERIC = (
     "Launch this communication earlier, on its own stream, so compute can hide it.",
     "If it cannot be hidden, make it cheaper: bigger messages, NCCL_ALGO/NCCL_PROTO tuning, "
@@ -183,6 +218,13 @@ def where_all(collective: str, groups: list[str]) -> pl.Expr:
     )
 
 
+def _size(n: float | None) -> str:
+    """A message size in words (KiB or MiB); "unknown size" where it is not known."""
+    if n is None:
+        return "unknown size"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 1024:.0f} KiB"
+
+
 def _critical_share(tables: Tables, where: pl.Expr) -> float:
     """The share of the job's step time the blame rows `where` take on each complete step's
     critical rank: the `step_blame` table's rows, which the reports' step-time table shows."""
@@ -232,6 +274,10 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     is_sharded = (pl.col("role") == "fsdp") & pl.col("collective").is_in(SHARDED)
     causes = causes.filter(is_sharded if sharded else ~is_sharded)
     step_ns = mean_step_ns(tables)
+    # Ranks time-slicing one GPU (CAPT101) pay each call's turn on the device, which the cost
+    # fit would read as the call's latency: merging calls is not offered on such a capture.
+    capture = contention(tables)
+    shared_device = capture is not None and capture.kind == "device"
     platform = job_platform(tables)
     out = []
     for c in causes.sort("impact_ns", descending=True).iter_rows(named=True):
@@ -259,45 +305,78 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
             fraction=_launched(tables, c, behind),
         )
         saving = replay_saving(tables, edit)
-        share = saving / step_ns if step_ns else 0.0
         exposed_share = _critical_share(tables, where_all(c["collective"], groups))
-        sev = share_severity(share, options)
         # Too little compute to hide it behind (the cap cuts the saving to under half of
-        # hiding it all): the cost stands, reported on its exposed share with what hiding
-        # can buy and the advice to make the communication cheaper instead.
+        # hiding it all): the cost stands, with what hiding can buy and the advice to make
+        # the communication cheaper instead.
         unbound = replay_saving(tables, Edit("hide it all", where))
         capped = replay_saving(tables, Edit("hide it behind the compute", where, behind))
         bound = unbound > 0 and capped < unbound / 2
-        if bound:
-            worse = share_severity(exposed_share, options)
-            if worse is not None and (sev is None or worse.level > sev.level):
-                sev = worse
+        # Cheaper instead: its calls merged into fewer, bigger ones, where the cost fit says
+        # they are latency-bound; the finding is the fix that buys more.
+        merge = (
+            merge_fix(tables, c["collective"], groups)
+            if c["collective"] in MERGEABLE and c["role"] != "tensor_parallel" and not shared_device
+            else None
+        )
+        merged = replay_saving(tables, merge[0]) if merge else 0
+        facts = merge[1] if merge else None
+        hide_saving = saving
+        if merge and merged > saving:
+            edit, saving = merge[0], merged
+        share = saving / step_ns if step_ns else 0.0
+        sev = share_severity(share, options)
+        if sev is None and bound and exposed_share >= options["info_share"]:
+            # Its fix buys little, yet the cause holds much of the step: said, as info,
+            # with the advice to make it cheaper (the step-time table's row has its reason).
+            sev = Severity.info
         if sev is None:
             continue
         detail = (
             f"{c['collective']} ({c['role']}, groups {', '.join(groups)}) runs with no "
             f"compute to hide it for {c['impact_ns'] / 1e6:.2f} ms per step on the worst "
-            f"rank, not counting waits for late ranks; "
+            f"rank, not counting waits for late ranks; on the steps' critical ranks its "
+            f"transfers take {exposed_share * step_ns / 1e6:.2f} ms per step "
+            f"({exposed_share:.0%} of the step: the step-time table's transfer rows). "
         )
-        if bound:
-            title = f"Exposed {what}: {exposed_share:.0%} of step time, too little compute to hide"
+        if facts and edit is merge[0]:
+            title = (
+                f"Merge the latency-bound {what}: {facts['calls_per_step']:.0f} calls per "
+                f"step into {facts['merged_calls_per_step']:.0f}"
+            )
+            size = _size(facts["median_bytes"])
             detail += (
-                f"on the steps' critical ranks its transfers take "
-                f"{exposed_share * step_ns / 1e6:.2f} ms per step ({exposed_share:.0%} of the "
-                f"step: the step-time table's transfer rows); "
-                f"the ranks' steps hold too little compute that no communication overlaps "
+                f"Its cost per call: {fit_words(facts)}. Merged into about "
+                f"{facts['merged_calls_per_step']:.0f} call(s) per rank and step (of up to "
+                f"{_size(facts['target_bytes'])}), the step would be {saving / 1e6:.2f} ms "
+                f"shorter ({share:.1%} of {step_ns / 1e6:.2f} ms); hiding it behind compute "
+                f"would save {hide_saving / 1e6:.2f} ms."
+            )
+            words = {
+                "n": f"{facts['calls_per_step']:.0f}",
+                "m": f"{facts['merged_calls_per_step']:.0f}",
+                "size": size,
+            }
+            first = MERGE_ADVICE.get((c["role"], c["collective"]), MERGE_GENERIC)
+            advice = (first.format(**words), *advice_for(platform, (GENERIC[1],)))
+        elif bound:
+            title = f"Exposed {what}: too little compute to hide it behind"
+            detail += (
+                f"The ranks' steps hold too little compute that no communication overlaps "
                 f"to hide it behind: hiding it would save only {saving / 1e6:.2f} ms per step "
                 f"({share:.1%} of {step_ns / 1e6:.2f} ms). Make it cheaper instead."
             )
+            if facts is None:
+                detail += " Its calls are not latency-bound: fewer, bigger ones would not help."
             advice = (
                 *advice_for(platform, (GENERIC[1],)),
                 "Compare its bus bandwidth with the link's (NET101 with "
                 "link_busbw_gbps): a slow link or transport costs the time, not the order.",
             )
         else:
-            title = f"Exposed {what}: {share:.0%} of step time"
+            title = f"Hide the exposed {what} behind compute: {share:.0%} of step time"
             detail += (
-                f"hidden, it would save {saving / 1e6:.2f} ms per step ({share:.1%} of "
+                f"Hidden, it would save {saving / 1e6:.2f} ms per step ({share:.1%} of "
                 f"{step_ns / 1e6:.2f} ms)."
             )
             if lone:
@@ -307,6 +386,9 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                     "hide, so the saving is a bound (the last bucket stays exposed)."
                 )
             advice = advice_for(platform, ADVICE.get((c["role"], c["collective"]), GENERIC))
+            if facts is not None:
+                # Latency-bound buckets: smaller ones would cost more, not start earlier.
+                advice = tuple(a.replace(SMALLER_BUCKETS, BIGGER_BUCKETS) for a in advice)
             # Only what fits the framework the trace shows (rules/_framework.py).
             advice = fit_advice(tables, c["ranks"], c["role"], c["collective"], advice)
         out.append(
@@ -329,6 +411,9 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                     "mean_bytes": None if c["bytes_per_call"] is None else int(c["bytes_per_call"]),
                     "step_ns": step_ns,
                     "compute_bound_saving": bound,
+                    "exposed_share": round(exposed_share, 4),
+                    "hide_saving_ns": int(hide_saving),
+                    "merge": facts,
                     "single_call_steps": lone,
                     "saving_method": f"replay: {edit.name}",
                 },
@@ -363,10 +448,18 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     little by overlap), with the CPU's launches where they are (the compute after a hidden
     transfer starts earlier only as far as its kernels were launched: the rules API's
     launch_floor, as NET101's faster links).
-    When the compute bound cuts the saving to under half of hiding it all, the finding
-    stands on the cause's share of the step on the critical ranks (the step-time table's
-    transfer rows), says so (`compute_bound_saving`) and advises making the communication
-    cheaper.
+    Where its calls are latency-bound (the cost fit, rules_api.cost_fit: latency + bytes /
+    bandwidth per group, the latency at least half the median call), it also replays
+    making them cheaper: the calls below 25 MiB merged into calls of about that size, each
+    paying the latency once, the CPU launching m calls instead of n; the finding is the fix
+    that buys more ("Merge the latency-bound ...: n calls per step into m", with the
+    setting: DDP bucket_cap_mb, FSDP wrapping, all_reduce_coalesced; `merge` in evidence);
+    not where the ranks time-slice one GPU (CAPT101), whose turns the fit would read as latency.
+    When the compute bound cuts the hiding to under half of hiding it all and nothing
+    merges, the finding says so (`compute_bound_saving`) and advises making it cheaper; it
+    is info at least while the cause's exposed share is above `info_share`. The
+    severity is what the fix saves; the cause's share of the step on the critical ranks
+    (the step-time table's transfer rows) is in the message (`exposed_share`).
 
     Why is this bad?
     Exposed communication adds straight to step time: the GPU sits idle until it finishes.
@@ -374,8 +467,9 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     How to fix:
     Overlap it with compute: DDP bucket_cap_mb and gradient_as_bucket_view, Megatron
     --overlap-grad-reduce / --tp-comm-overlap, ZeRO overlap_comm and reduce_bucket_size.
-    The finding's advice is specific to the collective and group role, and fits the
-    framework the trace shows (the framework table: no TrainPipelineSparseDist where it
+    Latency-bound calls: fewer, bigger ones (raise bucket_cap_mb, wrap bigger FSDP units,
+    coalesce). The finding's advice is specific to the collective and group role, and fits
+    the framework the trace shows (the framework table: no TrainPipelineSparseDist where it
     runs; no DeepSpeed or Megatron-LM line for a job wrapped in PyTorch's DDP).
     """
     return _findings(exposed_communication, tables, options, sharded=False)

@@ -54,14 +54,45 @@ def _evidence(r: dict[str, Any]) -> dict[str, Any]:
     return {k: r.get(k) for k in keep}
 
 
+def _before(h: dict[str, Any] | None) -> str:
+    """Whether a root rank was already late before the hang (`hang_history`, from Kineto
+    traces of the same job), in words; empty without Kineto traces."""
+    if h is None:
+        return ""
+    if not h.get("traced"):
+        return " No Kineto trace of it lies beside the dumps."
+    record = (
+        f"last at {h['times_last']} of {h['instances']} collectives,"
+        f" {100 * (h['late_share'] or 0):.0f}% of all lateness"
+    )
+    if h.get("is_straggler"):
+        return f" Before the hang it was already a straggler in the Kineto traces ({record})."
+    if h.get("most_late"):
+        return (
+            " Before the hang it was the most late rank in the Kineto traces, though not"
+            f" consistently enough to be called a straggler ({record})."
+        )
+    return f" Before the hang it was not a straggler in the Kineto traces ({record})."
+
+
+def _history(tables: Tables) -> dict[int, dict[str, Any]]:
+    h = tables["hang_history"]
+    return {r["rank"]: r for r in h.to_dicts()} if h.height else {}
+
+
 def _root_findings(
     tables: Tables, code: str, kinds: tuple[str, ...], title: str, why: str, advice: tuple[str, ...]
 ) -> list[Finding]:
     roots = tables[_ROOTS]
     if roots.height == 0 or "kind" not in roots.columns:
         return []
+    late = _history(tables)
     out = []
     for r in roots.filter(pl.col("kind").is_in(kinds)).to_dicts():
+        before = _before(late.get(r["rank"]))
+        evidence = _evidence(r)
+        if r["rank"] in late:
+            evidence["before_the_hang"] = {k: v for k, v in late[r["rank"]].items() if k != "rank"}
         waited = r.get("waited_by") or []
         by = f"; ranks {', '.join(map(str, waited))} wait for it" if waited else ""
         last = (
@@ -76,12 +107,13 @@ def _root_findings(
                 code,
                 Severity.error,
                 f"rank {r['rank']}: {title}",
-                f"Rank {r['rank']} {why} (groups {groups}{by}). It {_where(r)}.{last}{frames}",
+                f"Rank {r['rank']} {why} (groups {groups}{by}). It {_where(r)}.{last}{frames}"
+                f"{before}",
                 impact_ns_per_step=0,
                 step_ns=0,
                 ranks=[r["rank"]],
                 process_group=r.get("stuck_group"),
-                evidence=_evidence(r),
+                evidence=evidence,
                 advice=advice,
             )
         )
@@ -92,7 +124,7 @@ def _root_findings(
     code="HANG101",
     name="gpu-or-nccl-stopped",
     summary="A rank's peers completed a collective it never saw complete: its GPU or NCCL stopped.",
-    tables=(_ROOTS,),
+    tables=(_ROOTS, "hang_history"),
 )
 def gpu_or_nccl_stopped(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
@@ -124,11 +156,11 @@ def gpu_or_nccl_stopped(tables: Tables, options: dict[str, Any]) -> list[Finding
     code="HANG102",
     name="rank-stopped-issuing",
     summary="Others wait for a rank that has nothing pending: its Python thread stopped.",
-    tables=(_ROOTS,),
+    tables=(_ROOTS, "hang_history"),
 )
 def rank_stopped_issuing(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
-    Names the ranks (kind `idle`) that other ranks wait for in a collective or send/recv
+    Names the ranks (kind `stopped`) that other ranks wait for in a collective or send/recv
     they never issued, while they themselves have nothing pending and wait for nobody.
 
     Why is this bad?
@@ -142,7 +174,7 @@ def rank_stopped_issuing(tables: Tables, options: dict[str, Any]) -> list[Findin
     return _root_findings(
         tables,
         "HANG102",
-        ("idle",),
+        ("stopped",),
         "stopped issuing work",
         "has nothing pending while others wait for a call it never made",
         (
@@ -272,11 +304,11 @@ def rank_without_dump(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     code="HANG105",
     name="wait-cycle",
     summary="Ranks wait for each other, or for ranks only blocked in posted operations.",
-    tables=(_ROOTS,),
+    tables=(_ROOTS, "hang_history"),
 )
 def wait_cycle(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
-    Where no rank stopped on its own (no GPU stop, idle rank, missing dump or diverged
+    Where no rank stopped on its own (no GPU stop, stopped rank, missing dump or diverged
     call), names the ranks everything waits for: those blocked in operations every peer
     posted (kind `blocked`), or the ranks of a cycle of waits (kind `deadlock`).
 

@@ -208,7 +208,8 @@ def host_bound_communication(tables: Tables, options: dict[str, Any]) -> list[Fi
     For every communication kernel, looks at the device just before it: if every earlier
     kernel had finished (the GPU was idle) and the CPU launched the collective only after
     that (kernels.launch_ns), the idle time from the end of the previous work to the launch
-    is host-bound. Summed per rank and step; gaps after another collective are SYNC103's.
+    is host-bound. Summed per rank and step; gaps after another collective are SYNC103's,
+    gaps before the calls of a message storm COMM201's.
     The gap before a step's first kernel is left out, whichever kernel that is: there the
     device waits for the host's work between steps (the previous step's synchronisation,
     the data loader, zero_grad), not for a collective's launch path.
@@ -235,6 +236,8 @@ def host_bound_communication(tables: Tables, options: dict[str, Any]) -> list[Fi
                 & (pl.col("prev_kind") != "communication")
                 # Not a step's first kernel: that gap is the host's between steps.
                 & (pl.col("prev_step") == pl.col("step"))
+                # A storm's launches are COMM201's (merging its calls removes them).
+                & ~pl.col("in_storm")
             )
             .with_columns(
                 gap=(pl.min_horizontal("launch_ns", "start_ns") - pl.col("busy_until")).clip(

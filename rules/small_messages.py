@@ -10,7 +10,6 @@ from kineto_comm.rules_api import (
     Edit,
     Finding,
     Option,
-    Severity,
     Tables,
     busbw_factor,
     collective_exposure_lazy,
@@ -20,10 +19,24 @@ from kineto_comm.rules_api import (
     median_of_counts,
     replay_saving,
     rule,
-    severity_for,
 )
 
-from ._common import STORM_MAX_BYTES, STORM_MIN_CALLS, storm_keys, with_roles
+from ._common import (
+    STORM_MAX_BYTES,
+    STORM_MIN_CALLS,
+    fit_words,
+    merge_fix,
+    share_severity,
+    storm_keys,
+    with_roles,
+)
+
+# All-reduces of no known size, one per tensor after the backward: DDP's reducer is the fix.
+STORM_OVERLAP = (
+    "Use DDP (or its reducer): it buckets the gradients into ~25 MB all-reduces launched "
+    "during the backward, instead of one all-reduce per tensor after it; for manual "
+    "all-reduces, torch.distributed.all_reduce_coalesced or one call on flattened tensors.",
+)
 
 
 @rule(
@@ -46,6 +59,7 @@ from ._common import STORM_MAX_BYTES, STORM_MIN_CALLS, storm_keys, with_roles
         ),
         Option("warn_share", 0.05, "Warn at this share of step time."),
         Option("error_share", 0.20, "Error at this share of step time."),
+        Option("info_share", 0.01, "Report as info from this share (below: no finding)."),
     ),
 )
 def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -53,11 +67,16 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
     Finds process groups that issue many small collectives per step (median message at or
     below `max_bytes`, at least `min_calls` per rank and step; or the analysis' storms
     table). The storms of one role's groups (the DP groups of each TP rank or pipeline stage)
-    are one cause, one setting away from fixed; a group of unknown role is its own. The
+    are one cause, one setting away from fixed; a group of unknown role is its own. Calls
+    of no known size are a storm by their times: at least `min_calls` per rank and step,
+    the median call no longer than 50 us (a call's fixed cost). The
     saving is replayed on the model of time: the calls merged into one of their
     summed size at the group's large-message bandwidth (the storms table's
     latency-bound share of their transfer, wait and launch-gap time is removed); with no
-    large-message bandwidth known, all of that time (a heuristic, said so in evidence).
+    large-message bandwidth known, the cost fit's merge (rules_api.cost_fit: without sizes,
+    the latency-sized calls merged into one, their latencies and that share of the launch
+    gaps removed; SYNC102 leaves a storm's launch gaps to this rule), else all of that time
+    (a heuristic, said so in evidence).
 
     Why is this bad?
     Every collective pays a fixed latency (launch, synchronisation, protocol handshakes of
@@ -68,7 +87,8 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
     Bucket gradients into larger messages: DDP bucket_cap_mb (default 25), ZeRO
     reduce_bucket_size / allgather_bucket_size, Megatron --ddp-bucket-size; coalesce manual
     collectives (torch.distributed all_reduce_coalesced or flatten tensors); wrap bigger
-    FSDP units.
+    FSDP units; per-tensor all-reduces after the backward: DDP's bucketed reduction, which
+    also overlaps them with the backward.
     """
     storms = storm_keys(tables, options["max_bytes"], options["min_calls"])
     if storms.height == 0:
@@ -134,6 +154,9 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
             else 1.0
         )
         mean_share = sum(share_of.values()) / len(share_of) if known else 1.0
+        # No storms-table share (calls of unknown size, storms by their times): the cost
+        # fit's merge (rules/_common.merge_fix) where it finds them latency-bound.
+        merge = None if known else merge_fix(tables, c["collective"], groups)
         method = (
             "replay: merge the run's calls into one call of their summed size at the group's "
             "large-message bandwidth"
@@ -149,16 +172,20 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
             fraction,
             shortens=known,
         )
+        facts = None
+        if merge is not None:
+            edit, facts = merge
+            method = f"replay: {edit.name}"
+            mean_share = facts["latency_share"]
         saving = replay_saving(tables, edit)
         share = saving / step_ns if step_ns else 0.0
-        sev = severity_for(share, options["warn_share"], options["error_share"])
-        if sev is None:
-            sev = Severity.info if share >= 0.01 else None
+        sev = share_severity(share, options)
         if sev is None:
             continue
         med = int(c["median_bytes"] or 0)
+        size = f"a median of {med / 1024:.0f} KiB" if c["median_bytes"] is not None else "no size"
         where = (
-            f"group {groups[0]}"
+            ("the unnamed group" if groups[0] == "?" else f"group {groups[0]}")
             if len(groups) == 1
             else f"the {len(groups)} {c['role']} groups ({', '.join(groups)})"
         )
@@ -166,12 +193,12 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
             make_finding(
                 small_message_storm,
                 sev,
-                f"{c['calls']} small {c['collective']} calls per step on {where}",
+                f"Merge the {c['calls']} small {c['collective']} calls per step on {where}",
                 f"{where[0].upper() + where[1:]} ({c['role']}) issue {c['calls']} "
-                f"{c['collective']} calls per rank and step with a median of "
-                f"{med / 1024:.0f} KiB; they cost {c['impact_ns'] / 1e6:.2f} ms per step on "
-                f"the worst rank, mostly fixed latency; merged, the step would be "
-                f"{saving / 1e6:.2f} ms shorter ({share:.1%}).",
+                f"{c['collective']} calls per rank and step with {size}; they cost "
+                f"{c['impact_ns'] / 1e6:.2f} ms per step on the worst rank"
+                + (f" ({fit_words(facts)})" if facts else ", mostly fixed latency")
+                + f"; merged, the step would be {saving / 1e6:.2f} ms shorter ({share:.1%}).",
                 impact_ns_per_step=saving,
                 step_ns=step_ns,
                 ranks=c["ranks"] or [],
@@ -187,9 +214,11 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
                     "latency_share": round(mean_share, 4),
                     "step_ns": step_ns,
                     "saving_method": method,
+                    "merge": facts,
                 },
                 edit=edit,
                 advice=(
+                    *(STORM_OVERLAP if c["collective"] == "all_reduce" and facts else ()),
                     "DDP: raise bucket_cap_mb (default 25 MB) so gradients travel in a few "
                     "large buckets; do not split tensors into tiny all-reduces.",
                     "DeepSpeed ZeRO: raise reduce_bucket_size / allgather_bucket_size; "

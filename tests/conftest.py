@@ -21,6 +21,14 @@ GLOO_TRACES = sorted((REPO / "tests" / "data" / "gloo").rglob("*.pt.trace.json.g
 
 
 @pytest.fixture(autouse=True)
+def _output_width_as_a_user_pipes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-xdist's workers run with COLUMNS=80 and `-n 0` without it: the text report
+    follows COLUMNS, so each test starts as a user's piped output does (no COLUMNS: 120
+    columns); a test of another width sets its own."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _batches_must_not_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     """decode_files decodes every file of a batch again, one by one, when building the
     batch raises (a bug must cost no file). That would hide the bug from every test that

@@ -167,7 +167,7 @@ def test_a_huge_step_number_or_negative_rank_is_ignored_with_a_warning(tmp_path)
 @pytest.mark.parametrize("name", ["[/]", "\x1b[31mred\x1b]0;title\x07", "[bold]x"])
 def test_trace_strings_are_printed_as_text(tmp_path, name, monkeypatch):
     # Wide enough that the text keeps the device and dtype columns (at 80 it drops them).
-    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setenv("COLUMNS", "250")  # (conftest's default, 120, would do too)
     path, doc = _real(tmp_path)
     doc["deviceProperties"] = [{"id": 0, "name": name}]
     for e in doc["traceEvents"]:

@@ -242,8 +242,11 @@ def test_a_pipelines_gradient_all_reduce_after_the_flush_is_reported() -> None:
     )["ns"].sum()
     share = exposed / times["step_ns"].sum()
     assert share > 0.1
-    assert f"{share:.0%} of step time" in f.title
+    # The exposed share is evidence in the text; the title and severity are what hiding buys.
+    assert f"({share:.0%} of the step" in f.message and "too little compute" in f.title
+    assert f.evidence["exposed_share"] == pytest.approx(share, abs=1e-4)
     assert 0 < f.impact_ns_per_step < f.evidence["step_ns"]
+    assert f.severity is Severity.info and f.step_share < 0.1
 
 
 def test_an_fsdp_groups_all_reduce_is_its_gradient_reduction() -> None:
@@ -984,8 +987,9 @@ def test_launch_bound_against_the_same_passes_from_a_cuda_graph() -> None:
     from a CUDA graph (`launch-graph`; tests/data/h100-nccl/README.md). SYNC106 on the
     eager trace is an error whose saving, the step if the CPU always ran ahead inside it,
     is within 5% of what the graph measurably saved (16.47 ms of 18.56); no eager kernel
-    waits in a queue. The gaps before collectives are SYNC102's, not SYNC106's (HTA's
-    df_index_resolver trace, where both fire)."""
+    waits in a queue. The gaps before collectives are not SYNC106's (HTA's
+    df_index_resolver trace: those before its storm of all-reduces are COMM201's, which
+    merging the calls removes, so SYNC102 does not claim them again)."""
     from kineto_comm.rules_api import Edit, replay_saving
 
     h100 = Path(__file__).resolve().parents[1] / "tests" / "data" / "h100-nccl"
@@ -1006,19 +1010,18 @@ def test_launch_bound_against_the_same_passes_from_a_cuda_graph() -> None:
     assert between.height and set(between["category"]) <= {"launch", "queued"}
     mixed = analyze(shared("hta/df_index_resolver"), jobs=1)
     codes = {g.code: g for g in mixed.findings}
-    assert {"SYNC102", "SYNC106"} <= set(codes)
+    assert {"COMM201", "SYNC106"} <= set(codes) and "SYNC102" not in codes
     tables = Tables(mixed)
     launch = pl.col("category") == "launch"
     inside = launch & pl.col("collective").is_null() & ~pl.col("step_start")
     mine = replay_saving(tables, Edit("x", inside))
     assert codes["SYNC106"].impact_ns_per_step == mine
     assert mine < replay_saving(tables, Edit("all", launch))
-    # One rank: removing SYNC102's gaps saves the idle time its message gives, both over
-    # the trace's complete steps (the idle was averaged with the last, cut step: 21.37 ms
-    # beside a 26.67 ms saving).
-    late = codes["SYNC102"]
-    assert late.evidence["idle_ns_per_step"] == pytest.approx(late.impact_ns_per_step, rel=1e-3)
-    assert set(late.steps) == set(mixed.step_times.filter("complete")["step"])
+    storm = codes["COMM201"]
+    assert set(storm.steps) == set(mixed.step_times.filter("complete")["step"])
+    before = launch & (pl.col("collective") == "all_reduce")
+    transfer = (pl.col("category") == "transfer") & (pl.col("collective") == "all_reduce")
+    assert storm.impact_ns_per_step <= replay_saving(tables, Edit("all", before | transfer))
 
 
 # ---------------------------------------------------------------- advice for the platform
@@ -1030,7 +1033,7 @@ GPU_ONLY = ("NCCL_", "nccl-tests", "nvidia-smi", "NVLink", "its own stream", "pr
 @pytest.mark.parametrize(
     ("path", "codes_", "options"),
     [
-        # gloo on CPUs (host timelines): COMM101 with too little compute to hide it.
+        # gloo on CPUs (host timelines): COMM101 with too little compute to hide it (info).
         (shared("hta/cpu_only"), {"COMM101"}, None),
         # The README's sample: COMM101, SYNC104; NET101 against a 100 GB/s link (its
         # buckets are under NET101's 1 MB default).

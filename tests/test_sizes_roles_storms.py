@@ -342,16 +342,25 @@ def test_a_group_with_no_call_sizes_has_unknown_volumes_not_zero() -> None:
 def test_roles_on_hta_control_trace() -> None:
     rep = kineto_comm.analyze(shared("hta/trace_diff/control/control.json.gz"), jobs=1)
     pgs = _roles(rep)
-    assert pgs["process_group"].to_list() == ["?"]
-    row = pgs.row(0, named=True)
+    # No group named per call: the pool of all-to-alls and all-reduces is split by kind
+    # (issue 76): the dense gradient all-reduces, one row per size, apart from the rest.
+    assert set(pgs["process_group"]) == {"?"}
+    rest = pgs.filter(pl.col("pooled_collective").is_null())
+    assert rest.height == 1
+    row = rest.row(0, named=True)
     # A DLRM-style job: its all-to-alls sit in torchrec's annotations (`## all2all_data:
     # lengths ##`, `## alltoall_fwd_single ##`): an embedding exchange, not experts.
     assert row["role"] == "embedding", row["evidence"]
     assert "embeddings or sparse features" in row["evidence"]
-    assert row["collectives"] == ["all_to_all", "all_reduce"]
+    assert row["collectives"] == ["all_to_all"]
+    reduces = pgs.filter(pl.col("pooled_collective") == "all_reduce")
+    sizes = rep.collectives.filter(pl.col("collective") == "all_reduce")["bytes"].unique()
+    assert sorted(reduces["pooled_bytes"]) == sorted(sizes)
+    # Once a step, after most of the compute: gradients, not embeddings.
+    assert set(reduces["role"]) == {"data_parallel"}
     n_steps = rep.steps.filter(pl.col("step") >= 0).height
     in_steps = rep.collectives.filter(pl.col("step") >= 0)
-    assert row["calls_per_step"] == pytest.approx(in_steps.height / n_steps)
+    assert pgs["calls_per_step"].sum() == pytest.approx(in_steps.height / n_steps)
     assert row["ranks"] == rep.ranks["rank"].to_list()
 
 

@@ -183,10 +183,11 @@ def test_the_known_overclaims_are_gone() -> None:
     assert all(f.impact_ns_per_step <= s["step_ns"] for f in tpdp.findings)
     assert s["joint_saving_ns"] <= s["step_ns"]
     # Overlap hides an all-reduce only behind compute, and these steps hold ~0.5 ms of it
-    # (transfers over sockets take the rest): COMM101's fixes, which claimed 38% and 23%
-    # of the step, now save under 1 ms each; the cost stands, titled with the share the
-    # step-time table gives the cause on the critical ranks, with the advice to make the
-    # communication cheaper rather than to reorder it.
+    # (transfers over sockets take the rest): COMM101's hiding, which claimed 38% and 23%
+    # of the step, now saves under 1 ms each. Both are info (too little compute): the
+    # tensor-parallel all-reduce's size no setting changes, and the data-parallel one's
+    # "latency" is the 8 ranks' turns on one GPU (CAPT101), so no merge is offered; both
+    # with the share the step-time table gives the cause on the critical ranks.
     comm = [f for f in tpdp.findings if f.code == "COMM101"]
     assert {f.evidence["role"] for f in comm} == {"tensor_parallel", "data_parallel"}
     blame = tpdp.step_blame.join(
@@ -194,12 +195,14 @@ def test_the_known_overclaims_are_gone() -> None:
     )
     total = tpdp.step_times.filter(pl.col("complete"))["step_ns"].sum()
     for f in comm:
-        assert f.evidence["compute_bound_saving"] and f.impact_ns_per_step < 1_000_000
+        assert f.evidence["compute_bound_saving"] and f.evidence["hide_saving_ns"] < 1_000_000
+        assert f.severity.value == "info" and "too little compute" in f.title
+        assert not f.evidence.get("merge")
         mine = blame.filter(
             (pl.col("category") == "transfer")
             & pl.col("process_group").is_in(f.evidence["process_groups"])
         )["ns"].sum()
-        assert f"{mine / total:.0%} of step time" in f.title
+        assert f"({mine / total:.0%} of the step" in f.message
         assert any("make it cheaper" in a for a in f.advice)
     assert s["overlapping"] == (s["joint_saving_ns"] < s["sum_of_savings_ns"])
     doc = tpdp.to_dict()

@@ -13,7 +13,7 @@ Pure functions on the FR tables (kineto_comm.load.flight; columns in docs/hang.m
    operation, which is what a hang's cause looks like to the others.
 4. `roots`: the front of the wave. A rank is a root when (a) its peers completed a
    collective it did not (its GPU or NCCL stopped: "device"), (b) others wait for it and it
-   waits for nobody and has nothing pending ("idle": its Python thread stopped issuing
+   waits for nobody and has nothing pending ("stopped": its Python thread stopped issuing
    work), or no dump ("no_dump"), (c) its call differs from the others' at the group's
    first incomplete collective (type, sizes, dtypes: "diverged"). Where nothing of that is
    found, a cycle of waits ("deadlock") or the ranks everybody waits on ("blocked") are named.
@@ -53,7 +53,8 @@ class HangTables:
 
 def tables_of(dumps: list[FlightDump]) -> HangTables:
     """The FR tables of decoded dumps (one job, one dump per rank)."""
-    groups = groups_table(dumps)
+    entries = entries_table(dumps)
+    groups = _with_members_seen(groups_table(dumps), entries)
     dt = dumps_table(dumps)
     named = groups.select(rank=pl.col("ranks")).explode("rank").drop_nulls()
     world = (
@@ -63,7 +64,70 @@ def tables_of(dumps: list[FlightDump]) -> HangTables:
         .with_columns(pl.col("has_dump").fill_null(False))
         .sort("rank")
     )
-    return HangTables(entries_table(dumps), groups, status_table(dumps), dt, world)
+    status = status_table(dumps)
+    return HangTables(_with_done(entries, status), groups, _status_kept(status, entries), dt, world)
+
+
+def _with_members_seen(groups: pl.DataFrame, entries: pl.DataFrame) -> pl.DataFrame:
+    """The configured groups, plus the groups whose members pg_config does not give (gloo
+    in torch 2.13 writes one nameless group with no ranks): their members are the ranks
+    whose entries name them. A group with no ranks and no entries is dropped."""
+    seen = entries.group_by("process_group").agg(
+        seen_desc=pl.col("group_desc").first(), seen=pl.col("rank").unique().sort()
+    )
+    return (
+        groups.join(seen, on="process_group", how="full", coalesce=True)
+        .with_columns(
+            group_desc=pl.coalesce(
+                pl.when(pl.col("group_desc") != "").then("group_desc"), "seen_desc", pl.lit("")
+            ),
+            ranks=pl.when(pl.col("ranks").list.len() > 0).then("ranks").otherwise("seen"),
+        )
+        .filter(pl.col("ranks").list.len() > 0)
+        .select("process_group", "group_desc", "ranks")
+        .sort("process_group")
+    )
+
+
+def _status_kept(status: pl.DataFrame, entries: pl.DataFrame) -> pl.DataFrame:
+    """pg_status without the completions of gloo groups: gloo counts a collective that
+    timed out as completed (torch 2.13), so only its enqueued count is used."""
+    gloo = entries.filter(pl.col("backend") == "gloo").select("process_group").unique()
+    return status.with_columns(
+        last_completed=pl.when(pl.col("process_group").is_in(gloo["process_group"].implode()))
+        .then(None)
+        .otherwise("last_completed")
+    )
+
+
+def _with_done(entries: pl.DataFrame, status: pl.DataFrame) -> pl.DataFrame:
+    """The entries with `done`: state completed. Gloo records no states (every entry stays
+    `scheduled`) and retires a call that timed out as it does one that completed, so a
+    gloo collective is done where it is retired and every member that dumped issued it
+    (its seq is at most the lowest any member enqueued); a gloo send/recv where retired."""
+    coll = entries.filter(~pl.col("is_p2p"))
+    enq = (
+        pl.concat(
+            [
+                coll.group_by("rank", "process_group").agg(enq=pl.col("collective_seq_id").max()),
+                status.select("rank", "process_group", enq="last_enqueued"),
+            ]
+        )
+        .group_by("rank", "process_group")
+        .agg(pl.col("enq").max())
+    )
+    floor = enq.group_by("process_group").agg(floor=pl.col("enq").min())
+    gloo_done = pl.col("retired") & (
+        pl.col("is_p2p") | (pl.col("collective_seq_id") <= pl.col("floor"))
+    )
+    return (
+        entries.join(floor, on="process_group", how="left")
+        .with_columns(
+            done=(pl.col("state") == "completed")
+            | ((pl.col("backend") == "gloo") & gloo_done.fill_null(False))
+        )
+        .drop("floor")
+    )
 
 
 def version_tuple(version: str) -> tuple[int, int]:
@@ -89,19 +153,15 @@ def dump_time_ns(entries: pl.DataFrame) -> int | None:
     return None if t is None else int(t)
 
 
-def _done(state: pl.Expr) -> pl.Expr:
-    return state == "completed"
-
-
 def members(t: HangTables) -> pl.DataFrame:
     """process_group, group_desc, rank, has_dump, enqueued, completed, first_pending,
     pending_since_ns: each member's collective progress in each group."""
     coll = t.entries.filter(~pl.col("is_p2p"))
     per = coll.group_by("rank", "process_group").agg(
         enq_e=pl.col("collective_seq_id").max(),
-        done_e=pl.col("collective_seq_id").filter(_done(pl.col("state"))).max(),
-        first_pending_e=pl.col("collective_seq_id").filter(~_done(pl.col("state"))).min(),
-        pending_since_ns=pl.col("time_created_ns").filter(~_done(pl.col("state"))).min(),
+        done_e=pl.col("collective_seq_id").filter(pl.col("done")).max(),
+        first_pending_e=pl.col("collective_seq_id").filter(~pl.col("done")).min(),
+        pending_since_ns=pl.col("time_created_ns").filter(~pl.col("done")).min(),
     )
     # pg_status counts p2p and collectives on one counter: read it for collective-only groups.
     p2p_groups = t.entries.filter(pl.col("is_p2p")).select("process_group").unique()
@@ -181,9 +241,7 @@ def frontier(m: pl.DataFrame, entries: pl.DataFrame) -> pl.DataFrame:
 
 def _p2p_pending(entries: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
     """Pending sends and recvs with global src and dst, numbered in order per direction."""
-    p = entries.filter(
-        pl.col("is_p2p") & ~_done(pl.col("state")) & pl.col("op").is_in(["send", "recv"])
-    )
+    p = entries.filter(pl.col("is_p2p") & ~pl.col("done") & pl.col("op").is_in(["send", "recv"]))
     p = p.join(groups.select("process_group", "ranks"), on="process_group", how="left")
     return p.with_columns(
         src=pl.col("ranks").list.get(pl.col("src_local"), null_on_oob=True),
@@ -301,14 +359,17 @@ def lagging(m: pl.DataFrame) -> pl.DataFrame:
 def mismatches(
     front: pl.DataFrame, entries: pl.DataFrame, groups: pl.DataFrame, version: str
 ) -> pl.DataFrame:
-    """At each group's first incomplete collective, the members whose call differs from the
-    most common one, as fr_trace categorises it: COLLECTIVE_TYPE_MISMATCH,
+    """At each group's first incomplete collective, and at the one before it (the last
+    that every member completed: a divergence the backend let pass, as gloo does an
+    all_reduce of another size, hangs the call after it), the members whose call differs
+    from the most common one, as fr_trace categorises it: COLLECTIVE_TYPE_MISMATCH,
     SIZE_OR_SYNTAX_MISMATCH, COLLECTIVE_DTYPE_MISMATCH, and all_to_all totals that do not add
     up (from format 2.4; coalesced entries from 2.7). Columns: process_group, group_desc,
     seq, kind, rank, op, expected, found."""
     v = version_tuple(version)
+    at = front.select("process_group", "seq")
     calls = entries.filter(~pl.col("is_p2p")).join(
-        front.select("process_group", "seq"),
+        pl.concat([at, at.with_columns(pl.col("seq") - 1)]),
         left_on=["process_group", "collective_seq_id"],
         right_on=["process_group", "seq"],
     )
@@ -321,11 +382,11 @@ def mismatches(
 
     def odd(column: str, kind: str, where: pl.Expr | None = None) -> None:
         c = calls if where is None else calls.filter(where)
-        common = c.group_by("process_group").agg(
+        common = c.group_by("process_group", "seq").agg(
             expected=pl.col(column).mode().sort().first(), n=pl.col(column).n_unique()
         )
         bad = (
-            c.join(common, on="process_group")
+            c.join(common, on=["process_group", "seq"])
             .filter((pl.col("n") > 1) & (pl.col(column) != pl.col("expected")))
             .select(
                 "process_group",
@@ -341,7 +402,7 @@ def mismatches(
         out.append(bad)
 
     odd("op", "COLLECTIVE_TYPE_MISMATCH")
-    same_type = pl.col("op") == pl.col("op").mode().first().over("process_group")
+    same_type = pl.col("op") == pl.col("op").mode().first().over("process_group", "seq")
     odd("input_sizes", "SIZE_OR_SYNTAX_MISMATCH", same_type & ~pl.col("op").is_in(_FREE_INPUT))
     odd("output_sizes", "SIZE_OR_SYNTAX_MISMATCH", same_type & ~pl.col("op").is_in(_FREE_OUTPUT))
     odd(
@@ -351,14 +412,14 @@ def mismatches(
     )
     if v >= (2, 4):
         a2a = calls.filter(pl.col("op").is_in(_ALL_TO_ALL))
-        totals = a2a.group_by("process_group").agg(
+        totals = a2a.group_by("process_group", "seq").agg(
             i=pl.col("input_numel").sum(),
             o=pl.col("output_numel").sum(),
             n=pl.len(),
             size=pl.col("size").first(),
         )
         bad = (
-            a2a.join(totals, on="process_group")
+            a2a.join(totals, on=["process_group", "seq"])
             .filter((pl.col("n") == pl.col("size")) & (pl.col("i") != pl.col("o")))
             .select(
                 "process_group",
@@ -391,7 +452,7 @@ def mismatches(
 def _stuck_in(entries: pl.DataFrame) -> pl.DataFrame:
     """Per rank, its oldest pending entry: what it is stuck in."""
     return (
-        entries.filter(~_done(pl.col("state")))
+        entries.filter(~pl.col("done"))
         .sort("time_created_ns", "pos")
         .group_by("rank", maintain_order=True)
         .first()
@@ -415,11 +476,11 @@ def _stuck_in(entries: pl.DataFrame) -> pl.DataFrame:
 def roots(
     t: HangTables, m: pl.DataFrame, w: pl.DataFrame, lag: pl.DataFrame, odd: pl.DataFrame
 ) -> pl.DataFrame:
-    """The ranks the hang starts from: rank, kind (device | idle | no_dump | diverged |
+    """The ranks the hang starts from: rank, kind (device | stopped | no_dump | diverged |
     deadlock | blocked), waited_by (ranks waiting on it directly), groups (where it is
     waited for or lags), what it last completed and is stuck in, and for how long."""
     pending = (
-        t.entries.filter(~_done(pl.col("state")))
+        t.entries.filter(~pl.col("done"))
         .select("rank")
         .unique()
         .join(
@@ -460,7 +521,7 @@ def roots(
         .when(pl.col("lag_groups").is_not_null())
         .then(pl.lit("device"))
         .when(sink & ~pl.col("pending"))
-        .then(pl.lit("idle"))
+        .then(pl.lit("stopped"))
         .when(pl.col("odd_kinds").is_not_null())
         .then(pl.lit("diverged"))
     )
@@ -514,6 +575,47 @@ def roots(
         thread_name="thread_name",
         frames="frames",
     ).sort("rank")
+
+
+HISTORY_SCHEMA = {
+    "rank": pl.Int64,
+    "traced": pl.Boolean,
+    "instances": pl.Int64,
+    "times_last": pl.Int64,
+    "late_share": pl.Float64,
+    "delay_ns": pl.Int64,
+    "confidence": pl.Float64,
+    "is_straggler": pl.Boolean,
+    "most_late": pl.Boolean,
+}
+
+
+def history(roots: pl.DataFrame, stragglers: pl.DataFrame | None) -> pl.DataFrame:
+    """Whether each root rank was already late before the hang, from the Kineto report of
+    the same job (its `stragglers` table, the one home of that verdict): rank, traced (the
+    Kineto traces hold the rank), instances, times_last, late_share, delay_ns, confidence,
+    is_straggler, most_late (it caused the largest share of the lateness, straggler or
+    not). Empty without Kineto traces."""
+    if stragglers is None or stragglers.height == 0 or roots.height == 0:
+        return pl.DataFrame(schema=HISTORY_SCHEMA)
+    late = stragglers.select(
+        "rank",
+        "instances",
+        "times_last",
+        "late_share",
+        "delay_ns",
+        "confidence",
+        "is_straggler",
+        most_late=(pl.col("late_share") > 0) & (pl.col("late_share") == pl.col("late_share").max()),
+        traced=pl.lit(True),
+    )
+    return (
+        roots.select("rank")
+        .join(late, on="rank", how="left")
+        .with_columns(pl.col("traced").fill_null(False))
+        .select(list(HISTORY_SCHEMA))
+        .cast(HISTORY_SCHEMA)  # type: ignore[arg-type]
+    )
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ a slow data-parallel one may hide behind backward. The role is inferred from wha
 does (its mix of collectives and their volumes, where in the step's compute its calls start,
 its message sizes, its ranks), by an ordered list of decisions, first match wins, and the
 `evidence` column gives the numbers behind each one. One row per process group (the
-`process_groups` table, docs/tables.md). The features and the decisions in full: the
-comment below the imports.
+`process_groups` table, docs/tables.md); the pooled group "?" (calls naming no group) is
+split by kind of call where it evidently holds several groups' work. The features, the
+decisions and the split in full: the comment below the imports.
 """
 
 from __future__ import annotations
@@ -69,11 +70,22 @@ from kineto_comm.rank_store import RankStore, as_store
 #    fsdp, saying that the all_reduce stands in for the reduce-scatter (gloo runs FSDP's
 #    reduce-scatter as an all_reduce), so data_parallel with sharded parameters is the reading
 # 6. all_gather / reduce_scatter alone >= 50 % -> fsdp
-# 7. >= 50 % all_reduce -> tensor_parallel when the score >= 3, else data_parallel. Score: first
-#    all_reduce before 15 % of the step's compute: +2; >= 25 % of the all-reduces in the
-#    forward: +1; >= 80 % of calls of one size: +1; contiguous ranks forming a proper sub-group
-#    of the job: +1; strided ranks: -1
+# 7. >= 50 % all_reduce -> tensor_parallel when the score >= 3 and the group makes at least
+#    TP_CALLS calls per step (tensor parallelism all-reduces in every layer, forward and
+#    backward), else data_parallel. Score: first all_reduce before 15 % of the step's compute:
+#    +2; >= 25 % of the all-reduces in the forward: +1; >= 80 % of calls of one size: +1;
+#    contiguous ranks forming a proper sub-group of the job: +1; strided ranks: -1
 # 8. anything else -> unknown
+#
+# The pooled group "?" (calls that name no group) is split by kind of call where it evidently
+# holds several groups' work (`_pool_key`): its all-reduces apart from its other calls, each
+# size apart, when it has all-to-alls and all-reduces (torchrec's embedding all-to-alls and
+# the dense gradient all-reduce) or the ranks' pg_config lists groups of different ranks (gloo
+# names no group per call: tensor-parallel activations and data-parallel gradients pooled).
+# Each kind is a row of its own, decided by the rules above: `process_group` "?",
+# `pooled_collective` and `pooled_bytes` the kind (null: the rest of the pool), `size` null
+# where the ranks' groups differ (which ranks a call joined is not known). The rules read a
+# call's role through `rules_api.call_roles`, the step blame included.
 #
 # `calls_per_step` and `bytes_per_step` are means per rank and step: a rank's calls inside
 # ProfilerStep windows over its number of steps (all of its calls when it has no steps),
@@ -90,11 +102,20 @@ PROCESS_GROUP_SCHEMA: dict[str, pl.DataType] = {
     "collectives": pl.List(pl.String()),
     "calls_per_step": pl.Float64(),
     "bytes_per_step": pl.Float64(),
+    # A pooled group ("?") split by kind of call: the collective of its calls (null: the
+    # rest of the pool) and their size (null: any).
+    "pooled_collective": pl.String(),
+    "pooled_bytes": pl.Int64(),
 }
+# Splits the pooled group's label from the kind of its calls (module doc).
+_POOL_SEP = "|"
 _OTHER = ("broadcast", "barrier", "reduce", "gather", "scatter", "unknown")
 EARLY_FIRST_CALL = 0.15  # first all_reduce of the step before this share: in the first layer
 FORWARD = 1 / 3  # calls before this share of the step's compute run in the forward pass
 IN_FORWARD = 0.25  # this share of a group's all-reduces / reduce-scatters in the forward: TP
+# Tensor parallelism all-reduces at least twice a step (each layer's attention and MLP, in
+# the forward and again in the backward): a group of fewer calls per step is not one.
+TP_CALLS = 2
 
 
 def _pct(x: pl.Expr) -> pl.Expr:
@@ -156,8 +177,11 @@ _ALL_TO_ALL_PURPOSES = (
 _NO_STEPS = RankStore.from_frame(pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64}))
 
 
-def _calls(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.LazyFrame:
-    """Calls with their position in the step's compute and their per-step weight."""
+def _calls(
+    collectives: pl.DataFrame | RankStore, steps: RankStore, key: pl.Expr | None = None
+) -> pl.LazyFrame:
+    """Calls with their position in the step's compute and their per-step weight; `key`
+    the group they count in (group_key(), or _pool_key's split of the pooled group)."""
     store = as_store(collectives)
     per_rank = steps_per_rank(steps).rename({"n_steps": "_nsteps"}).lazy()
     # 1 / (rank's steps) for a call inside a step; 0 outside the steps of a rank that has
@@ -173,13 +197,15 @@ def _calls(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.LazyFr
     # then, not a copy of a long text on every call.
     return (
         store.lazy(["process_group", *_USED], categorical=_GROUP_TEXT)
-        .select(group_key(), *_USED)
+        .select(group_key() if key is None else key, *_USED)
         .join(per_rank, on="rank", how="left", build_side="force_right")
         .with_columns(_pos=pl.col("compute_before"), _w=weight)
     )
 
 
-def _first_positions(collectives: pl.DataFrame | RankStore, steps: RankStore) -> pl.DataFrame:
+def _first_positions(
+    collectives: pl.DataFrame | RankStore, steps: RankStore, key: pl.Expr | None = None
+) -> pl.DataFrame:
     """Per group, the median over ranks and steps of where the group's first call of a step
     falls in the step's compute (`_first`) and where its first all_reduce does (`_ar_first`).
 
@@ -194,14 +220,16 @@ def _first_positions(collectives: pl.DataFrame | RankStore, steps: RankStore) ->
     found = [
         collect(
             sample(batch.lazy(), steps.height, "step")
-            .select(group_key(), "rank", "step", "collective", "compute_before")
+            .select(
+                group_key() if key is None else key, "rank", "step", "collective", "compute_before"
+            )
             .filter(pos.is_not_null())
             .group_by("process_group", "rank", "step")
             .agg(_f=pos.min(), _fa=pos.filter(coll == "all_reduce").min())
             .select(pl.col("process_group").cast(pl.Categorical), "_f", "_fa")
         )
         for batch in as_store(collectives).batches(
-            columns=["process_group", "rank", "step", "collective", "compute_before"]
+            columns=["process_group", "rank", "step", "collective", "compute_before", "bytes"]
         )
     ]
     firsts = pl.concat(found)
@@ -390,14 +418,22 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
         - (c("_layout") == "strided").cast(pl.Int64)
     )
     score_text = pl.format(
-        "tensor-parallel score {}/5, 3 needed (first all_reduce before 15% of the compute: {}, "
+        "{}tensor-parallel score {}/5, 3 needed (first all_reduce before 15% of the compute: {}, "
         ">=25% in the forward: {}, >=80% one size: {}, contiguous sub-group: {}, strided: {})",
+        pl.when((c("calls_per_step") < TP_CALLS).fill_null(False) & (tp_score >= 3))
+        .then(pl.lit(f"under {TP_CALLS} calls per step, too few for tensor parallelism ("))
+        .otherwise(pl.lit("")),
         tp_score,
         early_first,
         spread,
         uniform,
         sub_contig,
         c("_layout") == "strided",
+    )
+    score_text = (
+        pl.when((c("calls_per_step") < TP_CALLS).fill_null(False) & (tp_score >= 3))
+        .then(pl.format("{})", score_text))
+        .otherwise(score_text)
     )
     rules: list[tuple[pl.Expr, str, pl.Expr]] = [
         (
@@ -467,7 +503,7 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
             )
         elif name == "ar":
             value = (
-                pl.when(tp_score >= 3)
+                pl.when((tp_score >= 3) & (c("calls_per_step") >= TP_CALLS).fill_null(True))
                 .then(pl.lit("tensor_parallel"))
                 .otherwise(pl.lit("data_parallel"))
             )
@@ -500,6 +536,13 @@ def _decide(feats: pl.LazyFrame) -> pl.LazyFrame:
     unnamed = (
         pl.when(c("process_group") == UNKNOWN_GROUP)
         .then(pl.lit("; no process-group names in the trace: the calls of all groups are pooled"))
+        .when(c("process_group").str.starts_with(UNKNOWN_GROUP + _POOL_SEP))
+        .then(
+            pl.lit(
+                "; no process-group names in the trace: the pooled calls split by kind, as "
+                "calls of different groups do different work"
+            )
+        )
         .otherwise(pl.lit(""))
     )
     sized = (
@@ -553,11 +596,83 @@ def process_groups(
     ).item()
     if ranks.height and "world_size" in ranks.columns:
         world = max(world, int(ranks["world_size"].max() or 0))
-    firsts = _first_positions(collectives, steps)
-    feats = _features(_calls(collectives, steps), firsts, world, collectives.height)
+    key = _pool_key(collectives, ranks)
+    firsts = _first_positions(collectives, steps, key)
+    feats = _features(_calls(collectives, steps, key), firsts, world, collectives.height)
+    label = pl.col("process_group")
+    pooled = label.str.starts_with(UNKNOWN_GROUP + _POOL_SEP)
+    kind = label.str.split(_POOL_SEP)
     return collect(
         _decide(feats)
-        .sort(pl.col("process_group").str.len_chars(), "process_group")
+        .with_columns(
+            pooled_collective=pl.when(pooled).then(kind.list.get(1, null_on_oob=True)),
+            pooled_bytes=pl.when(pooled).then(
+                kind.list.get(2, null_on_oob=True).cast(pl.Int64, strict=False)
+            ),
+        )
+        .with_columns(
+            process_group=pl.when(pooled).then(pl.lit(UNKNOWN_GROUP)).otherwise(label),
+            pooled_collective=pl.col("pooled_collective").replace("", None),
+            # The calls of groups of different ranks, pooled: how many ranks each call
+            # joined is not known (the ranks with traces are not its group).
+            size=pl.when(pooled & pl.lit(several_sets(ranks)) & pl.col("_gsize").is_null())
+            .then(None)
+            .otherwise(pl.col("size")),
+        )
+        .sort(
+            pl.col("process_group").str.len_chars(),
+            "process_group",
+            "pooled_collective",
+            "pooled_bytes",
+            nulls_last=True,
+        )
         .select(list(PROCESS_GROUP_SCHEMA))
         .cast(PROCESS_GROUP_SCHEMA)
+    )
+
+
+def several_sets(ranks: pl.DataFrame) -> bool:
+    """Some rank's pg_config lists groups of different ranks (`ranks.pg_rank_sets` > 1):
+    calls that name no group may be on any of them."""
+    return (
+        "pg_rank_sets" in ranks.columns
+        and ranks.height > 0
+        and int(ranks["pg_rank_sets"].max() or 0) > 1
+    )
+
+
+def _pool_key(collectives: pl.DataFrame | RankStore, ranks: pl.DataFrame) -> pl.Expr | None:
+    """The group a call counts in when the pooled group ("?": calls that name none) holds
+    calls of several groups doing different work: "?|collective|bytes" for the pooled
+    calls, the all-reduces apart from the rest, each size apart (tensor-parallel
+    activations have one size, a gradient all-reduce another), where the pool has
+    all-to-alls and all-reduces (an embedding exchange and a dense gradient all-reduce are
+    not one group's work: HTA's torchrec traces) or the ranks' pg_config lists groups of
+    different ranks (gloo records no group per call: tests/data/gloo/tp-dp-4). None where
+    nothing splits (the pool stays one group)."""
+    store = as_store(collectives)
+    kinds = set(
+        collect(
+            store.lazy(["process_group", "collective"])
+            .filter(pl.col("process_group").is_null())
+            .select(pl.col("collective").unique()),
+            store.height,
+        )["collective"].drop_nulls()
+    )
+    a2a = {"all_to_all", "all_reduce"} <= kinds
+    several = several_sets(ranks) and "all_reduce" in kinds
+    if not (a2a or several):
+        return None
+    coll = pl.col("collective")
+    kind = (
+        pl.when(coll == "all_reduce")
+        .then(pl.format("all_reduce|{}", pl.col("bytes").cast(pl.String).fill_null("")))
+        .otherwise(pl.lit(""))
+    )
+    split = pl.format("{}{}{}", pl.lit(UNKNOWN_GROUP), pl.lit(_POOL_SEP), kind)
+    return (
+        pl.when(pl.col("process_group").is_null())
+        .then(split)
+        .otherwise(pl.col("process_group").cast(pl.String))
+        .alias("process_group")
     )

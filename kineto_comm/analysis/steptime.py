@@ -677,6 +677,16 @@ def _shared(rows: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
     return rows.with_columns(_share=share).drop(joined)
 
 
+def removed_ns(rows: pl.DataFrame | pl.LazyFrame, edits: Sequence[Edit]) -> int:
+    """The ns `edits` take out of these blame rows, each row losing the largest share any
+    of them removes (as the replay takes it): which findings cover which of the blame's
+    time (kineto_comm.analysis.reconcile)."""
+    if not edits:
+        return 0
+    got = _shared(rows.lazy(), edits).select((pl.col("ns") * pl.col("_share")).sum()).collect()
+    return int(round(got.item() or 0))
+
+
 def _chain_gain(chain: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
     """rank, step, _extra: per window, what the shortening edits take out of its tail
     chain beyond the exposed share the blame rows give: the chain's calls ran back to back

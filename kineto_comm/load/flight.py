@@ -3,28 +3,48 @@ collectives that the NCCL watchdog writes when a job hangs.
 
 A pickle dump is read by `SafeUnpickler`, which refuses every class: only dicts, lists,
 tuples, strings, numbers, None and booleans load, so a file that names a class (and could
-run code on load) is an error, never executed. JSON dumps (`_dump_fr_trace_json`) hold the
-same tables. A dump's rank comes from its file name (`_dump_3`, `nccl_trace_rank_3`,
-`host-a_rank3`), else from its process groups (the one rank in all of them). Format
+run code on load) is an error, never executed. Where the compiled reader (_frscan.c) is
+built, it reads the pickle opcodes of plain data first, straight into the entry columns;
+for anything else (a class, damage, an unusual field) it gives up and SafeUnpickler reads
+the file, errors and all, so both paths give the same tables and the same errors.
+
+JSON dumps (`_dump_fr_trace_json`) hold the same tables. A dump's rank comes from its file
+name (`_dump_3`, `nccl_trace_rank_3`, `host-a_rank3`), else from its process groups (the one
+rank in all of them). Format
 versions 2.2 to 2.10 are read; the library version key is `nccl_version` up to 2.9 and
 `comm_lib_version` from 2.10.
 """
 
 from __future__ import annotations
 
+import ast
+import gc
 import io
 import json
 import os
 import pickle
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from functools import cache
+from multiprocessing import current_process, get_context
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from kineto_comm.errors import TraceError
+
+try:  # the compiled reader (_frscan.c): pickle dumps straight into columns; optional.
+    from kineto_comm.load import _frscan
+except ImportError:  # pragma: no cover - not built on this machine
+    _frscan = None  # type: ignore[assignment]
+if os.environ.get("KINETO_COMM_PURE_DECODER"):  # only the Python readers (to compare)
+    _frscan = None  # type: ignore[assignment]
 
 # Pickle protocol 2+ starts with this opcode (PROTO); FR dumps use the default protocol.
 PICKLE_MAGIC = b"\x80"
@@ -37,6 +57,10 @@ _TRAILING = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle|bin))?$")
 # Bytes read to tell an FR JSON dump from a Kineto trace.
 PEEK_BYTES = 65536
 MAX_RANK = 2**31
+# Dumps of more bytes than this are decoded by several processes (decode_dumps): starting a
+# worker costs about a second, which about 40 MB of dumps take to decode on one core in
+# Python, about 80 MB with the compiled reader (372 MB in 4.6-5.2 CPU-seconds).
+PARALLEL_ABOVE = (80 if _frscan is not None else 48) * 2**20
 
 
 class SafeUnpickler(pickle.Unpickler):
@@ -67,8 +91,8 @@ class FlightDump:
     lib_version: str | None
     pg_config: dict[str, dict[str, Any]]
     pg_status: dict[str, dict[str, Any]]
-    # One tuple per entry, in ENTRY_SCHEMA's column order (decoded once, checked on read).
-    rows: list[tuple[Any, ...]] = field(repr=False)
+    # One row per entry (schema ENTRY_SCHEMA), decoded once.
+    entries: pl.DataFrame = field(repr=False)
 
 
 def rank_from_file_name(path: str | Path) -> int | None:
@@ -131,8 +155,42 @@ def _check_dump(obj: Any) -> str | None:
     return None
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off: decoding makes millions of containers, and each
+    collection would walk them all again (a third of the decode time on 2,000-entry
+    dumps); what a dump holds has no cycles, and any garbage is collected afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def read_dump(path: str | Path) -> FlightDump:
     """Decode one dump (pickle or JSON); TraceError naming the file and the problem."""
+    got = _read_batch([str(path)])[0]
+    if isinstance(got, FlightDump):
+        return got
+    raise TraceError(*got)
+
+
+# A dump the compiled reader read: all but its entries, and their columns (_frscan.scan).
+Scanned = tuple[FlightDump, dict[str, Any]]
+_MALFORMED = (
+    TypeError,
+    ValueError,
+    AttributeError,
+    IndexError,
+    KeyError,
+    SyntaxError,
+    RecursionError,
+)
+
+
+def _read_dump(path: str | Path) -> FlightDump | Scanned:
     file = str(path)
     try:
         data = Path(path).read_bytes()
@@ -140,8 +198,12 @@ def read_dump(path: str | Path) -> FlightDump:
         raise TraceError(file, exc.strerror or str(exc)) from None
     if not data:
         raise TraceError(file, "empty file")
+    scanned = _frscan.scan(data) if _frscan is not None and data[:1] == PICKLE_MAGIC else None
     try:
-        obj = safe_loads(data) if data[:1] == PICKLE_MAGIC else json.loads(data)
+        if scanned is not None:
+            obj = scanned[0]
+        else:
+            obj = safe_loads(data) if data[:1] == PICKLE_MAGIC else json.loads(data)
     except pickle.UnpicklingError as exc:
         text = str(exc) if "refused" in str(exc) else f"bad pickle ({exc})"
         raise TraceError(file, text) from None
@@ -165,10 +227,12 @@ def read_dump(path: str | Path) -> FlightDump:
         raise TraceError(file, "no rank in the file name, and its process groups do not tell")
     lib = obj.get("comm_lib_version", obj.get("nccl_version"))
     try:
-        rows = [_entry_row(rank, i, e) for i, e in enumerate(obj["entries"])]
-    except (TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise TraceError(file, f"malformed entry ({type(exc).__name__}: {exc})") from None
-    return FlightDump(
+        # What the compiled reader read is tabulated with its batch (_finish); until then
+        # one shared empty table stands in (building one per dump cost ~1 ms).
+        entries = _no_entries() if scanned is not None else entries_frame(rank, obj["entries"])
+    except _MALFORMED as exc:
+        raise TraceError(file, _malformed(exc)) from None
+    dump = FlightDump(
         file=file,
         rank=rank,
         rank_source=source,
@@ -176,8 +240,18 @@ def read_dump(path: str | Path) -> FlightDump:
         lib_version=None if lib is None else str(lib),
         pg_config=pg_config,
         pg_status={str(k): v for k, v in (obj.get("pg_status") or {}).items()},
-        rows=rows,
+        entries=entries,
     )
+    return dump if scanned is None else (dump, scanned[1])
+
+
+@cache
+def _no_entries() -> pl.DataFrame:
+    return pl.DataFrame(schema=ENTRY_SCHEMA)
+
+
+def _malformed(exc: Exception) -> str:
+    return f"malformed entry ({type(exc).__name__}: {exc})"
 
 
 def looks_like_dump(path: Path) -> bool:
@@ -216,16 +290,155 @@ def find_dumps(paths: list[str | Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def read_dumps(paths: list[str | Path]) -> tuple[list[FlightDump], list[TraceError], list[str]]:
+Decoded = FlightDump | Scanned | tuple[str, str]
+
+
+def _read_batch(paths: list[str]) -> list[FlightDump | tuple[str, str]]:
+    """Decode dumps one after the other: each a FlightDump, or (file, problem)."""
+    return _finish(_decode_batch(paths))
+
+
+def _decode_batch(paths: list[str]) -> list[Decoded]:
+    """Each dump decoded, its entries tabulated unless the compiled reader read them."""
+    got: list[Decoded] = []
+    with _gc_paused():
+        for path in paths:
+            try:
+                got.append(_read_dump(path))
+            except TraceError as exc:
+                got.append((exc.file, exc.problem))
+    return got
+
+
+def _is_scanned(got: Decoded) -> bool:
+    return isinstance(got, tuple) and isinstance(got[0], FlightDump)
+
+
+def _finish(got: list[Decoded]) -> list[FlightDump | tuple[str, str]]:
+    """The entries the compiled reader read tabulated, all in one query (scanned_frames);
+    where that fails, each dump alone, so each malformed one gets its own error."""
+    scanned = [g for g in got if _is_scanned(g)]
+    try:
+        frames = scanned_frames([(d.rank, cols) for d, cols in scanned])  # type: ignore[misc]
+    except _MALFORMED:
+        frames = None
+    out: list[FlightDump | tuple[str, str]] = []
+    done = iter(frames or [])
+    for g in got:
+        if not _is_scanned(g):
+            out.append(g)  # type: ignore[arg-type]
+            continue
+        dump, cols = g  # type: ignore[misc]
+        try:
+            entries = next(done) if frames is not None else scanned_frame(dump.rank, cols)
+            out.append(replace(dump, entries=entries))
+        except _MALFORMED as exc:
+            out.append((dump.file, _malformed(exc)))
+    return out
+
+
+def _batches(files: list[Path], sizes: list[int], n: int) -> list[list[str]]:
+    """`files` cut into about `n` runs of consecutive files of about equal bytes."""
+    share = max(1, sum(sizes) // n)
+    out: list[list[str]] = [[]]
+    held = 0
+    for path, size in zip(files, sizes, strict=True):
+        if held >= share and out[-1]:
+            out.append([])
+            held = 0
+        out[-1].append(str(path))
+        held += size
+    return out
+
+
+def decode_dumps(files: list[Path], jobs: int | None = None) -> list[FlightDump | TraceError]:
+    """Every file decoded (read_dump), in order; on big jobs (PARALLEL_ABOVE bytes) spread
+    over `jobs` processes (default: the cores): this one and `jobs - 1` spawned workers.
+
+    Unpickling holds the GIL, so threads would not help. The batches go to a process pool;
+    this process takes batches from the end, cancelling each one no worker has begun, so
+    nothing waits for a worker to start (about a second: a fresh interpreter importing
+    Polars) and a pool that cannot run (a worker killed, a script without a main guard)
+    only moves the work here."""
+    jobs = jobs if jobs is not None else os.cpu_count() or 1
+    sizes = [p.stat().st_size if p.is_file() else 0 for p in files]
+    if jobs < 2 or len(files) < 2 or sum(sizes) < PARALLEL_ABOVE or _inheriting():
+        results = [_read_batch([str(p) for p in files])]
+    else:
+        batches = _batches(files, sizes, jobs * 8)
+        results = _run_pool(batches, jobs - 1)
+    return [r if isinstance(r, FlightDump) else TraceError(*r) for batch in results for r in batch]
+
+
+def _inheriting() -> bool:
+    """Whether this is a worker process still starting (re-importing a script that reads
+    dumps at its top level): it must not start workers of its own."""
+    return bool(getattr(current_process(), "_inheriting", False))
+
+
+Packed = tuple[list[Decoded], list[int], pl.DataFrame]
+
+
+def _read_packed(paths: list[str]) -> Packed:
+    """_decode_batch in the form that travels back from a worker: the dumps without their
+    entries, how many each had, and the entries Python tabulated as one table (one Arrow
+    buffer to send, not one per dump). What the compiled reader read travels as its
+    columns (compact buffers, quick to send) and is tabulated on arrival."""
+    got = _decode_batch(paths)
+    frames = [d.entries for d in got if isinstance(d, FlightDump)]
+    table = pl.concat(frames) if frames else pl.DataFrame(schema=ENTRY_SCHEMA)
+    empty = table.clear()
+    return (
+        [replace(d, entries=empty) if isinstance(d, FlightDump) else d for d in got],
+        [f.height for f in frames],
+        table,
+    )
+
+
+def _unpack(packed: Packed) -> list[FlightDump | tuple[str, str]]:
+    """The dumps of `_read_packed`, each with its entries again."""
+    got, heights, table = packed
+    sizes = iter(heights)
+    out: list[Decoded] = []
+    at = 0
+    for d in got:
+        if isinstance(d, FlightDump):
+            n = next(sizes)
+            d = replace(d, entries=table.slice(at, n))
+            at += n
+        out.append(d)
+    return _finish(out)
+
+
+def _run_pool(batches: list[list[str]], workers: int) -> list[list[FlightDump | tuple[str, str]]]:
+    results: list[list[FlightDump | tuple[str, str]] | None] = [None] * len(batches)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_read_packed, b) for b in batches]
+        for i in reversed(range(len(batches))):
+            if futures[i].cancel():
+                results[i] = _read_batch(batches[i])
+        for i, future in enumerate(futures):
+            if results[i] is None:
+                try:
+                    results[i] = _unpack(future.result())
+                except Exception:  # the pool broke (a worker died): decode it here
+                    results[i] = _read_batch(batches[i])
+    return [r or [] for r in results]
+
+
+def read_dumps(
+    paths: list[str | Path], jobs: int | None = None
+) -> tuple[list[FlightDump], list[TraceError], list[str]]:
     """Every dump under `paths`: the decoded ones, one error per unusable file (damaged, a
-    duplicate rank, another job's), and warnings."""
+    duplicate rank, another job's), and warnings. `jobs`: processes decoding (see
+    decode_dumps)."""
     dumps: list[FlightDump] = []
     errors: list[TraceError] = []
-    for path in find_dumps(paths):
-        try:
-            dumps.append(read_dump(path))
-        except TraceError as exc:
-            errors.append(exc)
+    for got in decode_dumps(find_dumps(paths), jobs):
+        if isinstance(got, TraceError):
+            errors.append(got)
+        else:
+            dumps.append(got)
     dumps, other_job = _one_job(dumps)
     errors.extend(other_job)
     owner: dict[int, str] = {}
@@ -251,10 +464,21 @@ def _one_job(dumps: list[FlightDump]) -> tuple[list[FlightDump], list[TraceError
     ranks under the same name than the majority's (another job's) is set aside."""
     if len(dumps) < 2:
         return dumps, []
+    # Every rank lists the world group's ranks: each distinct text is parsed once.
+    parsed: dict[str, str] = {}
+
+    def ranks_of(cfg: dict[str, Any]) -> str:
+        text = cfg.get("ranks", "")
+        if not isinstance(text, str):
+            return str(parse_ranks(text))
+        if text not in parsed:
+            parsed[text] = str(parse_ranks(text))
+        return parsed[text]
+
     votes: Counter[tuple[str, str]] = Counter()
     for d in dumps:
         for name, cfg in d.pg_config.items():
-            votes[(name, str(parse_ranks(cfg.get("ranks", ""))))] += 1
+            votes[(name, ranks_of(cfg))] += 1
     best: dict[str, tuple[int, str]] = {}
     for (name, ranks), n in votes.items():
         if name not in best or n > best[name][0]:
@@ -262,11 +486,7 @@ def _one_job(dumps: list[FlightDump]) -> tuple[list[FlightDump], list[TraceError
     kept: list[FlightDump] = []
     rejected: list[TraceError] = []
     for d in dumps:
-        clash = [
-            name
-            for name, cfg in d.pg_config.items()
-            if str(parse_ranks(cfg.get("ranks", ""))) != best[name][1]
-        ]
+        clash = [name for name, cfg in d.pg_config.items() if ranks_of(cfg) != best[name][1]]
         if clash:
             rejected.append(
                 TraceError(
@@ -347,50 +567,176 @@ ENTRY_SCHEMA = {
     "thread_name": pl.String,
     "frames": pl.String,
 }
+# Integer fields read as they are (FR key -> column); a value of another type reads as null.
+_INTS = {
+    "record_id": "record_id",
+    "collective_seq_id": "collective_seq_id",
+    "p2p_seq_id": "p2p_seq_id",
+    "op_id": "op_id",
+    "time_created_ns": "time_created_ns",
+    "time_discovered_started_ns": "time_started_ns",
+    "time_discovered_completed_ns": "time_completed_ns",
+    "timeout_ms": "timeout_ms",
+}
+_NO_GROUP = ("?", "")
 
 
-def _entry_row(rank: int, pos: int, e: dict[str, Any]) -> tuple[Any, ...]:
-    backend, op, src, dst = _op_parts(str(e.get("profiling_name", "")))
-    pg = e.get("process_group") or ("?", "")
-    is_p2p = bool(e.get("is_p2p", op in ("send", "recv")))
+def _sizes(entries: list[dict[str, Any]], key: str) -> tuple[list[str], pl.Expr, pl.Expr]:
+    """A sizes field printed per entry (repr), and the expressions that turn that text into
+    JSON text and an element count: the few distinct texts are parsed as literals (never
+    evaluated) and measured once, so pickle and JSON dumps give the same text."""
+    texts = list(map(repr, [e.get(key) for e in entries]))
+    canon: dict[str, str] = {}
+    numel: dict[str, int] = {}
+    for text in set(texts):
+        value = ast.literal_eval(text)
+        canon[text] = json.dumps(value)
+        numel[text] = _numel(value)
+    column = pl.col(key)
     return (
-        rank,
-        pos,
-        e.get("record_id"),
-        str(e.get("pg_id")),
-        str(pg[0]),
-        str(pg[1]) if len(pg) > 1 else "",
-        e.get("collective_seq_id"),
-        e.get("p2p_seq_id"),
-        e.get("op_id"),
-        is_p2p,
-        backend,
-        op,
-        src,
-        dst,
-        json.dumps(e.get("input_sizes")),
-        json.dumps(e.get("output_sizes")),
-        _numel(e.get("input_sizes")),
-        _numel(e.get("output_sizes")),
-        ",".join(map(str, e.get("input_dtypes") or ())),
-        ",".join(map(str, e.get("output_dtypes") or ())),
-        str(e.get("state", "")),
-        e.get("time_created_ns"),
-        e.get("time_discovered_started_ns"),
-        e.get("time_discovered_completed_ns"),
-        bool(e.get("retired", False)),
-        e.get("timeout_ms"),
-        None if e.get("thread_id") is None else str(e.get("thread_id")),
-        e.get("thread_name"),
-        _frames_text(e.get("frames")),
+        texts,
+        column.replace_strict(canon, return_dtype=pl.String),
+        column.replace_strict(numel, return_dtype=pl.Int64),
     )
+
+
+def _dtypes(entries: list[dict[str, Any]], key: str) -> list[str]:
+    values = [e.get(key) for e in entries]
+    try:
+        return [",".join(v) if v else "" for v in values]
+    except TypeError:  # not strings: print each one
+        return [",".join(map(str, v or ())) for v in values]
+
+
+def entries_frame(rank: int, entries: list[dict[str, Any]]) -> pl.DataFrame:
+    """One rank's FR entries as a table (schema ENTRY_SCHEMA), built a column at a time:
+    one pass over the entries per field, the profiling names and sizes parsed once per
+    distinct value. Stacks are kept only for entries not completed (what a root is stuck
+    in is the only place they are read), which spares most of the work on deep buffers."""
+    n = len(entries)
+    if n == 0:
+        return pl.DataFrame(schema=ENTRY_SCHEMA)
+    cols: dict[str, Any] = {
+        "rank": pl.Series([rank] * n, dtype=pl.Int64),
+        "pos": pl.Series(range(n), dtype=pl.Int64),
+    }
+    for key, name in _INTS.items():
+        cols[name] = pl.Series([e.get(key) for e in entries], dtype=pl.Int64, strict=False)
+    groups = [e.get("process_group") or _NO_GROUP for e in entries]
+    cols["pg_id"] = [str(e.get("pg_id")) for e in entries]
+    cols["process_group"] = [str(g[0]) for g in groups]
+    cols["group_desc"] = [str(g[1]) if len(g) > 1 else "" for g in groups]
+    names = [str(e.get("profiling_name", "")) for e in entries]
+    parts = {name: _op_parts(name) for name in set(names)}
+    for i, col in enumerate(("backend", "op", "src_local", "dst_local")):
+        cols[col] = [parts[name][i] for name in names]
+    cols["input_sizes"], in_text, in_numel = _sizes(entries, "input_sizes")
+    cols["output_sizes"], out_text, out_numel = _sizes(entries, "output_sizes")
+    cols["input_dtypes"] = _dtypes(entries, "input_dtypes")
+    cols["output_dtypes"] = _dtypes(entries, "output_dtypes")
+    states = [str(e.get("state", "")) for e in entries]
+    cols["state"] = states
+    # An entry that does not say whether it is p2p is one when it is a send or recv.
+    cols["is_p2p"] = [
+        bool(e["is_p2p"]) if "is_p2p" in e else parts[name][1] in ("send", "recv")
+        for e, name in zip(entries, names, strict=True)
+    ]
+    cols["retired"] = [bool(e.get("retired", False)) for e in entries]
+    cols["thread_id"] = [None if (t := e.get("thread_id")) is None else str(t) for e in entries]
+    cols["thread_name"] = pl.Series(
+        [e.get("thread_name") for e in entries], dtype=pl.String, strict=False
+    )
+    cols["frames"] = [
+        None if s == "completed" else _frames_text(e.get("frames"))
+        for s, e in zip(states, entries, strict=True)
+    ]
+    frame = pl.DataFrame(cols, schema={k: ENTRY_SCHEMA[k] for k in cols}, strict=False)
+    return frame.with_columns(
+        input_sizes=in_text, output_sizes=out_text, input_numel=in_numel, output_numel=out_numel
+    ).select(list(ENTRY_SCHEMA))
+
+
+def scanned_frame(rank: int, cols: dict[str, Any]) -> pl.DataFrame:
+    """entries_frame from the compiled reader's columns (_frscan.scan): the same table."""
+    return scanned_frames([(rank, cols)])[0]
+
+
+def scanned_frames(dumps: list[tuple[int, dict[str, Any]]]) -> list[pl.DataFrame]:
+    """scanned_frame of many dumps (rank, columns) in one query: their buffers joined, each
+    string column's codes shifted onto the joined distinct texts, so the profiling names
+    and sizes are still parsed once per distinct text, by the same functions."""
+    sizes = [cols["n"] for _, cols in dumps]
+    if not any(sizes):
+        return [pl.DataFrame(schema=ENTRY_SCHEMA) for _ in dumps]
+    n = sum(sizes)
+    first = dumps[0][1]
+    raw: dict[str, Any] = {}
+    for key in first["ints"]:
+        raw[key] = _joined([cols["ints"][key][0] for _, cols in dumps], np.int64)
+        raw[f"{key}?"] = _joined([cols["ints"][key][1] for _, cols in dumps], np.bool_)
+    texts: dict[str, list[Any]] = {}
+    for key in first["strings"]:
+        codes, distinct, shift = [], [None], 0
+        for _, cols in dumps:
+            code, more = cols["strings"][key]
+            code = np.frombuffer(code, np.int32)
+            codes.append(np.where(code > 0, code + shift, 0) if shift else code)
+            distinct += more[1:]
+            shift += len(more) - 1
+        raw[f"{key}#"] = np.concatenate(codes)
+        texts[key] = distinct
+    raw["is_p2p#"] = _joined([cols["is_p2p"] for _, cols in dumps], np.uint8)
+    raw["retired"] = _joined([cols["retired"] for _, cols in dumps], np.bool_)
+    starts = np.cumsum([0, *sizes[:-1]])
+    raw["rank"] = np.repeat(np.array([rank for rank, _ in dumps], np.int64), sizes)
+    raw["pos"] = np.arange(n, dtype=np.int64) - np.repeat(starts, sizes)
+    frames: list[str | None] = [None] * n
+    for (_, cols), start in zip(dumps, starts.tolist(), strict=True):
+        for at, value in zip(cols["frames_at"], cols["frames"], strict=True):
+            frames[start + at] = _frames_text(value)
+    raw["frames"] = pl.Series(frames, dtype=pl.String)
+
+    def gather(key: str, values: list[Any], dtype: pl.DataType) -> pl.Expr:
+        return pl.lit(pl.Series(values, dtype=dtype)).gather(pl.col(f"{key}#"))
+
+    exprs: dict[str, pl.Expr] = {"rank": pl.col("rank"), "pos": pl.col("pos")}
+    for key, name in _INTS.items():
+        exprs[name] = pl.when(pl.col(f"{key}?")).then(pl.col(key))
+    for key in ("pg_id", "process_group", "group_desc", "input_dtypes", "output_dtypes"):
+        exprs[key] = gather(key, texts[key], pl.String)
+    for key in ("state", "thread_id", "thread_name"):
+        exprs[key] = gather(key, texts[key], pl.String)
+    parts = {name: _op_parts(name) for name in set(texts["profiling_name"][1:])}
+    for i, col in enumerate(("backend", "op", "src_local", "dst_local")):
+        values = [None] + [parts[name][i] for name in texts["profiling_name"][1:]]
+        exprs[col] = gather("profiling_name", values, ENTRY_SCHEMA[col])
+    for key, numel in (("input_sizes", "input_numel"), ("output_sizes", "output_numel")):
+        parsed = {t: ast.literal_eval(t) for t in set(texts[key][1:])}
+        exprs[key] = gather(
+            key, [None] + [json.dumps(parsed[t]) for t in texts[key][1:]], pl.String
+        )
+        exprs[numel] = gather(key, [None] + [_numel(parsed[t]) for t in texts[key][1:]], pl.Int64)
+    # An entry that does not say whether it is p2p is one when it is a send or recv.
+    exprs["is_p2p"] = (
+        pl.when(pl.col("is_p2p#") == 2)
+        .then(exprs["op"].is_in(["send", "recv"]))
+        .otherwise(pl.col("is_p2p#") == 1)
+    )
+    exprs["retired"] = pl.col("retired")
+    exprs["frames"] = pl.col("frames")
+    table = pl.DataFrame(raw).select(**{k: exprs[k] for k in ENTRY_SCHEMA})
+    return [table.slice(start, size) for start, size in zip(starts.tolist(), sizes, strict=True)]
+
+
+def _joined(buffers: list[bytes], dtype: type) -> np.ndarray:
+    return np.concatenate([np.frombuffer(b, dtype) for b in buffers])
 
 
 def entries_table(dumps: list[FlightDump]) -> pl.DataFrame:
     """One row per FR entry of every rank (schema ENTRY_SCHEMA; docs/hang.md)."""
-    rows = [row for d in dumps for row in d.rows]
-    # strict=False: a value of another type (a damaged dump) reads as null, not an error.
-    return pl.DataFrame(rows, schema=ENTRY_SCHEMA, orient="row", strict=False)
+    if not dumps:
+        return pl.DataFrame(schema=ENTRY_SCHEMA)
+    return pl.concat([d.entries for d in dumps], rechunk=True)
 
 
 def groups_table(dumps: list[FlightDump]) -> pl.DataFrame:
@@ -414,9 +760,8 @@ def _pg_names(d: FlightDump) -> dict[str, str]:
     """pg_id (the rank's local number, pg_status's key) -> group name. Entries tell it
     exactly; for ids no entry names, groups are created in the same order on a rank, so
     the remaining ids and names are paired in creation order where both are numbers."""
-    names: dict[str, str] = {}
-    for row in d.rows:
-        names.setdefault(row[3], row[4])
+    pairs = d.entries.select("pg_id", "process_group").unique("pg_id", keep="first")
+    names: dict[str, str] = dict(pairs.iter_rows())
     ids = [i for i in d.pg_status if i not in names]
     left = [n for n in d.pg_config if n not in set(names.values())]
     if (
@@ -469,7 +814,7 @@ def dumps_table(dumps: list[FlightDump]) -> pl.DataFrame:
             "rank_source": [d.rank_source for d in dumps],
             "version": [d.version for d in dumps],
             "lib_version": [d.lib_version for d in dumps],
-            "entries": [len(d.rows) for d in dumps],
+            "entries": [d.entries.height for d in dumps],
         },
         schema={
             "rank": pl.Int64,

@@ -1,17 +1,23 @@
-"""The hang report (kineto_comm.hang.HangReport) as text, JSON, Markdown or GitHub
-annotations. It reads the analysis' tables and the findings; it computes nothing."""
+"""The hang report (kineto_comm.hang.HangReport) as text, JSON, Markdown, GitHub
+annotations, SARIF, JUnit or HTML. It reads the analysis' tables and the findings; it
+computes nothing. SARIF and JUnit are the Kineto report's own renderers (render.sarif,
+render.junit) given the hang report's findings, dumps and errors; HTML uses the Kineto
+report's page style and finding cards (render.html)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import polars as pl
 
+from kineto_comm.findings import Finding, Severity
 from kineto_comm.hang import HangReport
 from kineto_comm.render.github import annotation
+from kineto_comm.report import Report
 
-HANG_FORMATS = ("text", "json", "markdown", "github")
+HANG_FORMATS = ("text", "json", "markdown", "github", "sarif", "junit", "html")
 
 
 def _ranks(values: list[int] | None) -> str:
@@ -22,8 +28,30 @@ def _secs(ns: int | None) -> str:
     return "?" if ns is None else f"{ns / 1e9:.1f} s"
 
 
+def _before(report: HangReport) -> dict[int, str]:
+    """Per root rank, its lateness before the hang (report.history) in a few words."""
+    out = {}
+    for h in report.history.to_dicts():
+        if not h["traced"]:
+            out[h["rank"]] = "no Kineto trace of it"
+            continue
+        verdict = (
+            "a straggler"
+            if h["is_straggler"]
+            else "the most late rank, not a straggler"
+            if h["most_late"]
+            else "not a straggler"
+        )
+        out[h["rank"]] = (
+            f"{verdict} (last at {h['times_last']} of {h['instances']} collectives,"
+            f" {100 * (h['late_share'] or 0):.0f}% of the lateness)"
+        )
+    return out
+
+
 def _root_lines(report: HangReport) -> list[str]:
     lines = []
+    before = _before(report)
     for r in report.analysis.roots.to_dicts():
         stuck = (
             f"stuck in {r['stuck_op']} #{r['stuck_seq']} of {r['stuck_group_desc']}"
@@ -41,6 +69,8 @@ def _root_lines(report: HangReport) -> list[str]:
             f"  rank {r['rank']:<5} {r['kind']:<9} waited for by {_ranks(r['waited_by'])}:"
             f" {stuck}{last}"
         )
+        if r["rank"] in before:
+            lines.append(f"      before the hang (Kineto traces): {before[r['rank']]}")
         for frame in (r.get("frames") or "").splitlines()[:4]:
             lines.append(f"      at {frame}")
     return lines
@@ -53,7 +83,8 @@ def render_hang_text(report: HangReport) -> str:
     missing = world.filter(~pl.col("has_dump"))["rank"].to_list()
     out = [
         f"Flight Recorder: {report.analysed} dumps of {world.height} ranks (format {a.version})"
-        + (f"; no dump from ranks {_ranks(missing)}" if missing else ""),
+        + (f"; no dump from ranks {_ranks(missing)}" if missing else "")
+        + (f"; {report.kineto_traces} Kineto traces beside them" if report.kineto_traces else ""),
         "",
     ]
     if a.roots.height:
@@ -98,6 +129,8 @@ def hang_document(report: HangReport) -> dict[str, Any]:
         "waits": a.waits.to_dicts(),
         "lagging": a.lagging.to_dicts(),
         "mismatches": a.mismatches.to_dicts(),
+        "kineto_traces": report.kineto_traces,
+        "history": report.history.to_dicts(),
         "findings": [f.to_dict() for f in report.findings],
         "errors": [{"file": f, "problem": p} for f, p in report.errors],
         "warnings": list(report.warnings),
@@ -110,9 +143,10 @@ def render_hang_json(report: HangReport) -> str:
 
 def render_hang_markdown(report: HangReport) -> str:
     """A Markdown summary (a CI job summary or PR comment)."""
+    before = _before(report)
     rows = [
-        "| rank | kind | waited for by | stuck in | for |",
-        "|---|---|---|---|---|",
+        "| rank | kind | waited for by | stuck in | for | before the hang |",
+        "|---|---|---|---|---|---|",
     ]
     for r in report.analysis.roots.to_dicts():
         stuck = (
@@ -122,14 +156,151 @@ def render_hang_markdown(report: HangReport) -> str:
         )
         rows.append(
             f"| {r['rank']} | {r['kind']} | {_ranks(r['waited_by'])} | {stuck}"
-            f" | {_secs(r['stuck_for_ns'])} |"
+            f" | {_secs(r['stuck_for_ns'])} | {before.get(r['rank'], '-')} |"
         )
     findings = [f"- **{f.code}** {f.title}: {f.message}" for f in report.findings]
     return "\n".join(["## kineto-comm hang report", "", *rows, "", *findings]) + "\n"
 
 
-def render_hang(report: HangReport, fmt: str) -> str:
-    """The report in `fmt` (one of HANG_FORMATS); ValueError for others."""
+@dataclass(frozen=True)
+class _Findings:
+    """What the SARIF and JUnit renderers read of a Report, from a hang report: findings,
+    the rules that ran, each rank's file (its dump), errors and warnings."""
+
+    findings: tuple[Finding, ...]
+    ranks: pl.DataFrame
+    errors: tuple[tuple[str, str], ...]
+    warnings: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _as_report(report: HangReport) -> Report:
+    view = _Findings(
+        findings=report.findings,
+        ranks=report.analysis.tables.dumps.select("rank", "file"),
+        errors=report.errors,
+        warnings=report.warnings,
+        options={"rules_run": list(report.rules_run)} if report.rules_run else {},
+    )
+    return cast(Report, view)
+
+
+def _table_html(head: list[str], rows: list[list[Any]]) -> str:
+    from kineto_comm.render.html import esc
+
+    cells = "".join(f'<th class="l">{esc(h)}</th>' for h in head)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="l">{esc(c)}</td>' for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><tr>{cells}</tr>{body}</table>"
+
+
+def render_hang_html(report: HangReport, fail_on: Severity = Severity.error) -> str:
+    """One offline HTML page: the roots, the stuck groups, mismatches, the findings' cards."""
+    from kineto_comm.render.html import CSS, _finding_html, esc
+
+    a = report.analysis
+    missing = a.tables.world.filter(~pl.col("has_dump"))["rank"].to_list()
+    failing = [f for f in report.findings if f.severity.level >= fail_on.level]
+    before = _before(report)
+    roots = [
+        [
+            r["rank"],
+            r["kind"],
+            _ranks(r["waited_by"]),
+            f"{r['stuck_op']} #{r['stuck_seq']} of {r['stuck_group_desc']} ({r['stuck_group']}),"
+            f" {r['stuck_state']}"
+            if r.get("stuck_op")
+            else "nothing pending",
+            _secs(r["stuck_for_ns"]),
+            r.get("thread_name") or "-",
+            f"#{r['last_completed_seq']} of {r['last_completed_group']}"
+            if r.get("last_completed_seq") is not None
+            else "-",
+            before.get(r["rank"], "-"),
+            r.get("frames") or "",
+        ]
+        for r in a.roots.to_dicts()
+    ]
+    front = [
+        [
+            f"{g['group_desc']} ({g['process_group']})",
+            g["seq"],
+            g["op"] or "?",
+            *(_ranks(g[c]) for c in ("completed", "started", "scheduled", "never_reached")),
+            _ranks(g["no_dump"]),
+        ]
+        for g in a.frontier.to_dicts()
+    ]
+    odd = [
+        [f"{m['group_desc']} ({m['process_group']})", m["seq"], m["kind"], m["rank"], m["op"]]
+        + [m["expected"], m["found"]]
+        for m in a.mismatches.to_dicts()
+    ]
+    notes = "".join(f"<li>error: {esc(f)}: {esc(p)}</li>" for f, p in report.errors)
+    notes += "".join(f"<li>warning: {esc(w)}</li>" for w in report.warnings)
+    body = [
+        "<h1>kineto-comm hang report</h1>",
+        f'<p class="muted">Flight Recorder: {report.analysed} dumps of {a.tables.world.height}'
+        f" ranks (format {esc(a.version)})"
+        + (f"; no dump from ranks {esc(_ranks(missing))}" if missing else "")
+        + "</p>",
+        f'<p class="headline"><b>{len(failing)} finding(s) at or above {fail_on.value}</b> · '
+        + (
+            f"the hang starts at rank(s) <b>{esc(_ranks(a.roots['rank'].to_list()))}</b></p>"
+            if a.roots.height
+            else "no rank is waited for: no hang is visible in these dumps</p>"
+        ),
+        "<h2>Root ranks</h2>"
+        + _table_html(
+            ["rank", "kind", "waited for by", "stuck in", "for at least", "thread"]
+            + ["last completed", "before the hang", "stack"],
+            roots,
+        )
+        if roots
+        else "",
+        "<h2>First collective not completed by every member</h2>"
+        + _table_html(
+            ["group", "seq", "op", "completed", "started", "scheduled", "never reached"]
+            + ["no dump"],
+            front,
+        )
+        if front
+        else "",
+        "<h2>Mismatched calls</h2>"
+        + _table_html(["group", "seq", "kind", "rank", "op", "expected", "found"], odd)
+        if odd
+        else "",
+        f"<h2>Findings ({len(report.findings)})</h2>",
+        "".join(_finding_html(f, None, i + 1, cost=False) for i, f in enumerate(report.findings))
+        or "<p>No findings.</p>",
+        f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "",
+    ]
+    csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="icon" href="data:,">'
+        f"<title>kineto-comm hang report</title><style>{CSS}</style></head>\n<body>\n"
+        + "\n".join(b for b in body if b)
+        + "\n</body></html>\n"
+    )
+
+
+def render_hang(report: HangReport, fmt: str, fail_on: Severity = Severity.error) -> str:
+    """The report in `fmt` (one of HANG_FORMATS); ValueError for others. `fail_on`: the
+    level SARIF, JUnit and HTML call failing."""
+    if fmt == "sarif":
+        from kineto_comm.render.sarif import render_sarif
+
+        return render_sarif(_as_report(report), fail_on)
+    if fmt == "junit":
+        from kineto_comm.render.junit import render_junit
+
+        return render_junit(_as_report(report), fail_on)
+    if fmt == "html":
+        return render_hang_html(report, fail_on)
     if fmt == "text":
         return render_hang_text(report)
     if fmt == "json":

@@ -514,16 +514,19 @@ def svg_pipeline(report: Report) -> str:
 # ------------------------------------------------------------------ tables and findings
 
 
-def _finding_html(f: Finding, mean_step: float | None, number: int | None = None) -> str:
-    """A finding card with its cost, where it is, and the advice; `number` (its place in
-    the list) gives it the id `finding-N` that the timelines' windows link to."""
+def _finding_html(
+    f: Finding, mean_step: float | None, number: int | None = None, cost: bool = True
+) -> str:
+    """A finding card with its cost (unless `cost` is false: a hang's findings have none),
+    where it is, and the advice; `number` (its place in the list) gives it the id
+    `finding-N` that the timelines' windows link to."""
     share = f.step_share
     if share is None and mean_step:
         share = f.impact_ns_per_step / mean_step
-    cost = f"saves ~{fmt_ns(f.impact_ns_per_step)} per step" + (
+    saves = f"saves ~{fmt_ns(f.impact_ns_per_step)} per step" + (
         f" ({100 * share:.1f}% of step time)" if share is not None else ""
     )
-    cost += claim_note(f)
+    saves = saves + claim_note(f) if cost else ""
     where = []
     if f.ranks:
         where.append("ranks " + ", ".join(map(str, f.ranks[:32])))
@@ -545,7 +548,7 @@ def _finding_html(f: Finding, mean_step: float | None, number: int | None = None
         f'<span class="sev" style="color:{color}">{esc(f.severity.value)}</span> '
         f'<b>{esc(f.code)}</b> <span class="muted">{esc(f.rule)}</span>'
         f"<h3>{esc(f.title)}</h3><p>{esc(f.message)}</p>"
-        f'<p class="muted">{esc(cost)}{" · " + esc(" · ".join(where)) if where else ""}</p>'
+        f'<p class="muted">{esc(" · ".join(([saves] if saves else []) + where))}</p>'
         + (f"<ul>{advice}</ul>" if advice else "")
         + evidence
         + "</div>"

@@ -30,6 +30,9 @@ from kineto_comm.report import Report
 UNKNOWN_GROUP = "?"
 # Rows per section table; the JSON document has them all.
 MAX_ROWS = 25
+# A rank that is no straggler but delays the step by this share of it gets a sentence
+# under the stragglers table saying why (its confidence).
+STRAGGLER_NOTE_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -176,9 +179,22 @@ def process_groups(report: Report, brief: bool = False) -> Section | None:
     if table.height == 0:
         return None
     table = table.sort("bytes_per_step", descending=True, nulls_last=True)
+    split = set()
+    if "pooled_collective" in table.columns:
+        split = set(table.filter(pl.col("pooled_collective").is_not_null())["process_group"])
+
+    def name(r: dict[str, Any]) -> str:
+        """The group, and for a pooled group split by kind of call (roles.py) the kind."""
+        if r["process_group"] not in split and not r.get("pooled_collective"):
+            return group(r["process_group"])
+        if not r.get("pooled_collective"):
+            return f"{group(r['process_group'])} (other calls)"
+        size = "" if r.get("pooled_bytes") is None else " " + fmt_bytes(r["pooled_bytes"])
+        return f"{group(r['process_group'])} ({r['pooled_collective']}{size})"
+
     rows = [
         (
-            group(r["process_group"]),
+            name(r),
             r["role"],
             "-" if r["size"] is None else str(r["size"]),
             ranks_text(r.get("ranks")),
@@ -366,14 +382,50 @@ def offsets(report: Report, brief: bool = False) -> Section | None:
     )
 
 
+def _straggler_legend(report: Report, table: pl.DataFrame) -> str:
+    """What the stragglers table measures, and why a rank whose delay is a large share of
+    the step is no straggler (its confidence), so the table and the findings agree."""
+    skew = report.skew_summary()
+    p2p = skew.height > 0 and bool(skew["collective"].is_in(["send", "recv", "send_recv"]).any())
+    legend = (
+        "last in = share of the rank's own calls (in its groups) it arrived last at: ranks of "
+        "different groups can each be last in 100%; delay/step = the step time its lateness "
+        "costs; others' wait/step = the other ranks' waits for it, summed over those ranks; "
+        "straggler = confidence (share of steps it was the most late x its share of all "
+        "lateness) >= 0.5 and delay >= 20 us. "
+        + (
+            "Point-to-point calls (send/recv) are left out: their arrival order is the "
+            "pipeline's schedule (the skew table's last rank for them). "
+            if p2p
+            else "Point-to-point calls are left out. "
+        )
+    )
+    step_ns = steptime.job_step_ns(report.step_times) if report.step_times.height else 0
+    if step_ns:
+        big = table.filter(
+            ~pl.col("is_straggler") & (pl.col("delay_ns") >= STRAGGLER_NOTE_SHARE * step_ns)
+        )
+        for r in big.sort("delay_ns", descending=True).head(2).iter_rows(named=True):
+            won = r["confidence"] / r["late_share"] if r["late_share"] else 0.0
+            legend += (
+                f"Rank {r['rank']} delays the step {fmt_ns(r['delay_ns'])} "
+                f"({pct(r['delay_ns'] / step_ns)} of it) but is no straggler: its confidence "
+                f"{r['confidence']:.2f} is below 0.5 (the most late in {won:.0%} of the steps, "
+                f"{pct(r['late_share'])} of all lateness): no one rank is consistently late. "
+            )
+    return legend.strip()
+
+
 def stragglers(report: Report, brief: bool = False) -> Section | None:
     """How often each rank arrives last and what that costs the others (json
     `stragglers`): stragglers first, then by delay; `brief`: a big job's most and least
-    delaying ranks around the median (`_summarised`)."""
+    delaying ranks around the median (`_summarised`). The note says what each column
+    measures (`_straggler_legend`)."""
     table = report.stragglers
     if table.height == 0:
         return None
     table = table.sort(["is_straggler", "delay_ns", "rank"], descending=[True, True, False])
+    legend = _straggler_legend(report, table)
     table, summary = _summarised(table, ("most delay", "least"), brief)
     rows = [
         (
@@ -387,10 +439,10 @@ def stragglers(report: Report, brief: bool = False) -> Section | None:
         for r in table.iter_rows(named=True)
     ]
     rows, note = _cut(rows, "rank(s)")
-    note = summary or note
+    note = " ".join(n for n in (summary or note, legend) if n)
     return Section(
         "stragglers",
-        "Stragglers: ranks that arrive last in shared calls",
+        "Stragglers: ranks that arrive last in shared collective calls",
         ("rank", "straggler", "last in", "delay/step", "others' wait/step", "confidence"),
         rows,
         frozenset({2, 3, 4, 5}),
@@ -520,6 +572,10 @@ def step_blame(report: Report) -> Section | None:
         "queued and other_idle are the window's idle time (nothing running) by cause "
         "(docs/tables.md step_blame, critical_path)."
     )
+    accounts = getattr(report, "blame_accounts", None)
+    if isinstance(accounts, pl.DataFrame) and accounts.height:
+        # The blame against the findings (kineto_comm.analysis.reconcile): one line each.
+        legend += " Against the findings: " + " ".join(accounts["text"].to_list())
     return Section(
         "step_blame",
         "Step time: where the median and the worst step went (critical rank)",

@@ -5,11 +5,11 @@ each pair group (ranks 2i, 2i+1); then one fault stops it:
 
 - `gpu`: the faulty rank issues the next collectives, its pair peer completes the first
   of them, but the faulty rank never sees it complete (a GPU or NCCL stop).
-- `idle`: the faulty rank stops issuing work (a Python thread that stopped).
+- `stopped`: the faulty rank stops issuing work (a Python thread that stopped).
 - `skip`: the faulty rank skips one world all_reduce, issues the next one, and stops there.
 - `size`, `dtype`, `type`: the faulty rank calls the next world collective with another
   size, dtype or collective type; every rank then waits in it.
-- `missing`: like `idle`, and the faulty rank leaves no dump.
+- `missing`: like `stopped`, and the faulty rank leaves no dump.
 
 `write_dumps` writes one dump per rank (`_dump_N`, pickle, or JSON with `fmt="json"`) in a
 chosen format version, and returns the truth: {"fault", "roots", "version", ...}.
@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-FAULTS = ("gpu", "idle", "skip", "size", "dtype", "type", "missing")
+FAULTS = ("gpu", "stopped", "skip", "size", "dtype", "type", "missing")
 SIZE = 1024
 T0 = 1_700_000_000_000_000_000
 STEP_NS = 1_000_000
@@ -71,22 +72,22 @@ def _entry(
     return e
 
 
-def job_dumps(
+def iter_dumps(
     ranks: int = 8,
-    fault: str = "idle",
+    fault: str = "stopped",
     faulty: int = 3,
     steps: int = 4,
     version: str = "2.9",
     entries_per_rank: int | None = None,
-) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
-    """The dumps (rank -> dump dict) and the truth of one generated hang."""
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(rank, dump dict) of one generated hang, a rank at a time (big jobs need not be held
+    whole)."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
     if ranks < 2 or ranks % 2 or not 0 <= faulty < ranks:
         raise ValueError("ranks must be even and at least 2, faulty one of them")
     v = tuple(int(p) for p in version.split("."))
     world = ("0", "default_pg")
-    dumps: dict[int, dict[str, Any]] = {}
     steps = entries_per_rank // 2 if entries_per_rank else steps
     for r in range(ranks):
         pair = (str(1 + r // 2), "PAIR_GROUP")
@@ -110,7 +111,7 @@ def job_dumps(
         world_done = pair_done = steps
         w_next, p_next = steps + 1, steps + 1
         me = r == faulty
-        if fault in ("idle", "missing"):
+        if fault in ("stopped", "missing"):
             if not me:
                 add(world, 0, w_next, "scheduled")
         elif fault == "gpu":
@@ -169,8 +170,25 @@ def job_dumps(
             "entries": entries,
         }
         dump["comm_lib_version" if v >= (2, 10) else "nccl_version"] = "2.21.5"
-        dumps[r] = dump
-    truth = {
+        yield r, dump
+
+
+def job_dumps(
+    ranks: int = 8,
+    fault: str = "stopped",
+    faulty: int = 3,
+    steps: int = 4,
+    version: str = "2.9",
+    entries_per_rank: int | None = None,
+) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """The dumps (rank -> dump dict) and the truth of one generated hang."""
+    dumps = dict(iter_dumps(ranks, fault, faulty, steps, version, entries_per_rank))
+    return dumps, truth_of(ranks, fault, faulty, version)
+
+
+def truth_of(ranks: int, fault: str, faulty: int, version: str) -> dict[str, Any]:
+    """What the analysis should find in a generated hang: the roots and their kind."""
+    return {
         "fault": fault,
         "faulty": faulty,
         "roots": [faulty],
@@ -178,21 +196,20 @@ def job_dumps(
         "version": version,
         "kind": {
             "gpu": "device",
-            "idle": "idle",
-            "skip": "idle",
+            "stopped": "stopped",
+            "skip": "stopped",
             "missing": "no_dump",
             "size": "diverged",
             "dtype": "diverged",
             "type": "diverged",
         }[fault],
     }
-    return dumps, truth
 
 
 def write_dumps(
     out: str | Path,
     ranks: int = 8,
-    fault: str = "idle",
+    fault: str = "stopped",
     faulty: int = 3,
     version: str = "2.9",
     fmt: str = "pickle",
@@ -201,12 +218,12 @@ def write_dumps(
     """Write `_dump_N` files (pickle or JSON) and truth.json into `out`; the truth."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    dumps, truth = job_dumps(ranks, fault, faulty, version=version, **kw)
-    for r, d in dumps.items():
+    for r, d in iter_dumps(ranks, fault, faulty, version=version, **kw):
         path = out / f"_dump_{r}"
         if fmt == "json":
             path.write_text(json.dumps(d))
         else:
             path.write_bytes(pickle.dumps(d))
+    truth = truth_of(ranks, fault, faulty, version)
     (out / "truth.json").write_text(json.dumps(truth))
     return truth
