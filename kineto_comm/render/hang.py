@@ -197,7 +197,7 @@ def _table_html(head: list[str], rows: list[list[Any]]) -> str:
 
 def render_hang_html(report: HangReport, fail_on: Severity = Severity.error) -> str:
     """One offline HTML page: the roots, the stuck groups, mismatches, the findings' cards."""
-    from kineto_comm.render.html import CSS, _finding_html, esc
+    from kineto_comm.render.html import _finding_html, esc, page
 
     a = report.analysis
     missing = a.tables.world.filter(~pl.col("has_dump"))["rank"].to_list()
@@ -276,16 +276,7 @@ def render_hang_html(report: HangReport, fail_on: Severity = Severity.error) -> 
         or "<p>No findings.</p>",
         f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "",
     ]
-    csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        '<link rel="icon" href="data:,">'
-        f"<title>kineto-comm hang report</title><style>{CSS}</style></head>\n<body>\n"
-        + "\n".join(b for b in body if b)
-        + "\n</body></html>\n"
-    )
+    return page("kineto-comm hang report", body)
 
 
 def render_hang(report: HangReport, fmt: str, fail_on: Severity = Severity.error) -> str:

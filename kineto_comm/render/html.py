@@ -665,13 +665,18 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         or "<p>No findings.</p>",
         f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "",
     ]
+    return page("kineto-comm report", body)
+
+
+def page(title: str, body: list[str]) -> str:
+    """A self-contained page of the body's non-empty parts: no script, nothing fetched."""
     csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="icon" href="data:,">'
-        f"<title>kineto-comm report</title><style>{CSS}</style></head>\n<body>\n"
+        f"<title>{title}</title><style>{CSS}</style></head>\n<body>\n"
         + "\n".join(b for b in body if b)
         + "\n</body></html>\n"
     )
