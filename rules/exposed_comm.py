@@ -209,13 +209,30 @@ def hideable_calls(tables: Tables, cause: dict[str, Any]) -> tuple[pl.Expr, bool
     return ~pl.col("last_call") | lone, True
 
 
-def where_all(collective: str, groups: list[str]) -> pl.Expr:
-    """The blame rows of a cause's transfers (its collective on its groups)."""
+def where_all(collective: str, groups: list[str], role: str) -> pl.Expr:
+    """The blame rows of a cause's transfers: its collective on its groups, of its role (a
+    pooled group's calls of another kind, split off with a role of their own, are another
+    cause's: `rules_api.call_roles`)."""
     return (
         (pl.col("category") == "transfer")
         & (pl.col("collective") == collective)
         & pl.col("process_group").is_in(groups)
+        & (pl.col("role").fill_null("unknown") == role)
     )
+
+
+def _split_by_size(tables: Tables, collective: str, groups: list[str]) -> bool:
+    """A pooled group whose calls of this collective the process_groups table splits by
+    size into causes of their own (roles.py): the cost fit, per group and collective, would
+    pool their calls again, so no merge is offered for one of them."""
+    if not tables.has("process_groups", "process_group", "pooled_collective", "pooled_bytes"):
+        return False
+    split = tables["process_groups"].filter(
+        pl.col("process_group").is_in(groups)
+        & (pl.col("pooled_collective") == collective)
+        & pl.col("pooled_bytes").is_not_null()
+    )
+    return split.height > 1
 
 
 def _size(n: float | None) -> str:
@@ -293,7 +310,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
             else "hide the {what} behind compute"
         ).format(what=what)
         hideable, lone = hideable_calls(tables, c)
-        where = where_all(c["collective"], groups) & hideable
+        where = where_all(c["collective"], groups, c["role"]) & hideable
         behind = _hideable(tables, where)
         edit = Edit(
             f"{how} (each rank's last call of a step, and an FSDP group's last two gradient "
@@ -305,7 +322,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
             fraction=_launched(tables, c, behind),
         )
         saving = replay_saving(tables, edit)
-        exposed_share = _critical_share(tables, where_all(c["collective"], groups))
+        exposed_share = _critical_share(tables, where_all(c["collective"], groups, c["role"]))
         # Too little compute to hide it behind (the cap cuts the saving to under half of
         # hiding it all): the cost stands, with what hiding can buy and the advice to make
         # the communication cheaper instead.
@@ -316,7 +333,10 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
         # they are latency-bound; the finding is the fix that buys more.
         merge = (
             merge_fix(tables, c["collective"], groups)
-            if c["collective"] in MERGEABLE and c["role"] != "tensor_parallel" and not shared_device
+            if c["collective"] in MERGEABLE
+            and c["role"] != "tensor_parallel"
+            and not shared_device
+            and not _split_by_size(tables, c["collective"], groups)
             else None
         )
         merged = replay_saving(tables, merge[0]) if merge else 0

@@ -223,3 +223,19 @@ def test_largest_non_compute_cost_has_a_finding_or_a_reason(folder: Path) -> Non
         assert "no finding" in row["text"]
         assert f"{row['ceiling_ns'] / 1e6:.2f} ms" in row["text"]
     assert flat(row["text"]) in flat(render(report, "text"))
+
+
+def test_pooled_causes_claim_only_their_own_calls() -> None:
+    """gloo tp-dp-4 (expert review): the data-parallel COMM101 claimed 20.31 ms, three times
+    its own 6.93 ms of exposure, and both COMM101s printed one exposed share (46%): each
+    cause's edit took in the pool's calls of the other kind too. Each now selects its own
+    role's calls, and no merge is offered for a kind the cost fit would pool again."""
+    report = analysed(GLOO / "tp-dp-4")
+    step = report.savings["step_ns"]
+    comm = {f.evidence["role"]: f for f in report.findings if f.code == "COMM101"}
+    assert set(comm) == {"tensor_parallel", "data_parallel"}
+    shares = {role: f.evidence["exposed_share"] for role, f in comm.items()}
+    assert shares["tensor_parallel"] != shares["data_parallel"]
+    for f in comm.values():
+        assert not f.evidence.get("merge")
+        assert f.impact_ns_per_step <= f.evidence["exposed_share"] * step * 1.01
