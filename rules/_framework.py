@@ -23,6 +23,11 @@ _FUSED = (
     "parameters instead of several per parameter"
 )
 OPTIMIZER_ADVICE = {name: _FUSED.format(name) for name in ("Adam", "AdamW", "SGD", "Adagrad")}
+# The same where the trace's multi_tensor_apply kernels show foreach (or fused) in use.
+FOREACH_IN_USE = (
+    ": it runs foreach kernels already (multi_tensor_apply, in the trace); "
+    "torch.optim.{0}(fused=True), where it is not on yet, launches fewer still"
+)
 OPTIMIZER_ADVICE["Shampoo"] = (
     ": compute its preconditioners less often (Distributed Shampoo's "
     "precondition_frequency) or spread them over the ranks (its distributed config)"
@@ -126,12 +131,16 @@ def cpu_holders(
             .sort("ns", descending=True)
         )
 
+    foreach = uses(tables, "in_use", "foreach", ranks)
     for name, ns, _ in mean(markers(tables, "optimizer", ranks), "name").iter_rows():
+        advice = OPTIMIZER_ADVICE.get(name, "")
+        if foreach and advice == _FUSED.format(name):
+            advice = FOREACH_IN_USE.format(name)
         out.append(
             (
                 ns,
                 f"the optimizer step ({name}.step) holds the CPU {ns / 1e6:.2f} ms per step "
-                f"({ns / step_ns:.0%} of the step)" + OPTIMIZER_ADVICE.get(name, ""),
+                f"({ns / step_ns:.0%} of the step)" + advice,
             )
         )
     copies = markers(tables, "blocking_copy", ranks).with_columns(what=pl.struct("name", "within"))

@@ -617,6 +617,7 @@ def _launch_advice(tables: Tables, ranks: list[int], step_ns: int) -> tuple[str,
     for TorchRec, whose sparse all-to-alls move data-dependent sizes; no fused optimizer
     where the one in use is fused already."""
     advice = list(_cpu_line(tables, ranks, step_ns))
+    compiled = uses(tables, "in_use", "inductor", ranks)
     if uses(tables, "framework", "torchrec", ranks) or uses(
         tables, "framework", "torchrec_pipeline", ranks
     ):
@@ -625,6 +626,12 @@ def _launch_advice(tables: Tables, ranks: list[int], step_ns: int) -> tuple[str,
             "depend on each batch (the KJT splits), which a graph cannot capture; shorten "
             "the CPU phases named above instead."
         )
+    elif compiled:
+        advice.append(
+            "Launch the step as a CUDA graph: torch.compile is in use (Triton kernels in the "
+            'trace): its mode="reduce-overhead" captures them, or '
+            "torch.cuda.make_graphed_callables."
+        )
     else:
         advice.append(
             'Launch the step as a CUDA graph: torch.compile(mode="reduce-overhead") or '
@@ -632,9 +639,17 @@ def _launch_advice(tables: Tables, ranks: list[int], step_ns: int) -> tuple[str,
         )
     optimizers = markers(tables, "optimizer", ranks)["name"].unique().to_list()
     fused = bool(optimizers) and all("fused" in n.lower() for n in optimizers)
+    foreach = uses(tables, "in_use", "foreach", ranks)
     advice.append(
-        "Fewer, bigger kernels: torch.compile fusion, "
-        + ("" if fused else "fused optimizers (fused=True, foreach=True), ")
+        "Fewer, bigger kernels: "
+        + ("" if compiled else "torch.compile fusion, ")
+        + (
+            ""
+            if fused
+            else "fused optimizers (fused=True; foreach is in use already), "
+            if foreach
+            else "fused optimizers (fused=True, foreach=True), "
+        )
         + "a larger micro-batch."
     )
     advice.append(

@@ -214,3 +214,23 @@ def _jobs() -> list[object]:
 @pytest.mark.parametrize("job", _jobs())
 def test_no_advice_names_a_setting_in_use_or_rejected(job: Path) -> None:
     assert misfits(report(job)) == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [H100 / "ddp", shared("hta/nccl_parser_config")],
+    ids=["h100-ddp", "hta-nccl_parser_config"],
+)
+def test_foreach_in_use_is_not_advised_again(path: Path) -> None:
+    """h100 ddp (AdamW) and hta nccl_parser_config (SGD) run torch.optim's foreach path
+    (multi_tensor_apply kernels, expert review): the framework table says so, and SYNC106's
+    advice says it is in use instead of advising foreach=True; a trace without such kernels
+    (h100 launch-eager) still gets it."""
+    r = report(path)
+    assert set(used(r, "in_use")["name"]) == {"foreach"}
+    lines = [a for f in r.findings if f.code == "SYNC106" for a in f.advice]
+    assert lines and not any("foreach=True" in a for a in lines)
+    assert any("foreach kernels already" in a or "foreach is in use" in a for a in lines)
+    eager = report(H100 / "launch-eager")
+    assert used(eager, "in_use").height == 0
+    assert any("foreach=True" in a for f in eager.findings if f.code == "SYNC106" for a in f.advice)

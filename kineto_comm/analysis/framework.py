@@ -50,7 +50,9 @@ from kineto_comm.lazy import collect
 #            innermost phase around it), p2p (name: batched, one NCCL
 #            kernel for a send and a receive; overlapped, a send and a receive in flight
 #            together as separate calls: batch_isend_irecv, isend/irecv), schedule (name:
-#            gpipe, 1f1b, interleaved; on every rank of the pipeline).
+#            gpipe, 1f1b, interleaved; on every rank of the pipeline), in_use (name: foreach,
+#            multi_tensor_apply kernels of torch.optim's foreach/fused paths; inductor,
+#            torch.compile's Triton kernels; count: its kernels).
 # count      how many times it occurs in the rank's trace.
 # ns_per_step  CPU time inside the rank's steps per step (phases, optimizer steps, blocking
 #            copies); null where time means nothing (framework, p2p, schedule).
@@ -76,6 +78,10 @@ OPTIMIZER = r"^Optimizer\.step#(\w+)\.step"
 PHASE = r"^## .+ ##$|^Optimizer\.(step|zero_grad)#"
 # The collectives' columns framework_table reads.
 P2P_COLUMNS = ("rank", "step", "collective", "peer", "start_ns", "end_ns")
+# Kernels that show a setting in use (kind in_use): torch.optim's foreach and fused paths
+# launch multi_tensor_apply kernels; torch.compile's Inductor launches Triton kernels named
+# triton_*.
+IN_USE = (("foreach", r"multi_tensor_apply_kernel"), ("inductor", r"^triton_"))
 # A copy that held its launching thread this long was waited for (a synchronous copy).
 BLOCKING_NS = 1_000_000
 
@@ -88,8 +94,49 @@ def rank_markers(
     carry. `ops`: the CPU annotations (RawTrace.ops); `kernels`: with launch_ns,
     launch_end_ns, launch_tid; `marks`: the ProfilerStep windows (model.steps.cpu_steps)."""
     out: list[list[dict[str, Any]]] = [[] for _ in range(n)]
-    if ops.height == 0:
-        return out
+    parts = [_kernels_in_use(kernels)]
+    if ops.height:
+        parts += _annotation_markers(ops, kernels, marks)
+    columns = [c for c in SCHEMA]
+    rows = collect(
+        pl.concat([q.select(columns) for q in parts], how="vertical_relaxed").sort(
+            "rank", "kind", "ns_per_step", "name", descending=[False, False, True, False]
+        )
+    )
+    for part in rows.partition_by("rank", as_dict=False):
+        rank = int(part["rank"][0])
+        if 0 <= rank < n:
+            out[rank] = part.drop("rank").to_dicts()
+    return out
+
+
+def _kernels_in_use(kernels: pl.DataFrame) -> pl.LazyFrame:
+    """Per rank, the settings its kernels show in use (IN_USE), with their kernel count."""
+    if kernels.height == 0 or "name" not in kernels.columns:
+        return pl.LazyFrame(schema=SCHEMA)
+    k = kernels.lazy().select(pl.col("rank").cast(pl.Int64), "name")
+    return pl.concat(
+        [
+            k.filter(pl.col("name").str.contains(pattern))
+            .group_by("rank")
+            .agg(count=pl.len().cast(pl.Int64))
+            .with_columns(
+                kind=pl.lit("in_use"),
+                name=pl.lit(key),
+                within=pl.lit(None, pl.String),
+                ns_per_step=pl.lit(None, pl.Int64),
+            )
+            .select(list(SCHEMA))
+            for key, pattern in IN_USE
+        ],
+        how="vertical_relaxed",
+    )
+
+
+def _annotation_markers(
+    ops: pl.DataFrame, kernels: pl.DataFrame, marks: pl.DataFrame
+) -> list[pl.LazyFrame]:
+    """The markers the CPU annotations show: frameworks, phases, optimizers, blocking copies."""
     notes = (
         ops.lazy()
         .filter(pl.col("cat") == "user_annotation")
@@ -125,18 +172,7 @@ def rank_markers(
         .agg(pl.col("count").sum(), pl.col("ns_per_step").sum())
     )
     copies = _blocking_copies(phases, kernels, marks, steps)
-    columns = [c for c in SCHEMA]
-    rows = collect(
-        pl.concat(
-            [q.select(columns) for q in (*frameworks, phase_rows, optimizer_rows, copies)],
-            how="vertical_relaxed",
-        ).sort("rank", "kind", "ns_per_step", "name", descending=[False, False, True, False])
-    )
-    for part in rows.partition_by("rank", as_dict=False):
-        rank = int(part["rank"][0])
-        if 0 <= rank < n:
-            out[rank] = part.drop("rank").to_dicts()
-    return out
+    return [*frameworks, phase_rows, optimizer_rows, copies]
 
 
 def _in_steps(spans: pl.LazyFrame, marks: pl.DataFrame) -> pl.LazyFrame:
