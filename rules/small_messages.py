@@ -156,7 +156,9 @@ def small_message_storm(tables: Tables, options: dict[str, Any]) -> list[Finding
         mean_share = sum(share_of.values()) / len(share_of) if known else 1.0
         # No storms-table share (calls of unknown size, storms by their times): the cost
         # fit's merge (rules/_common.merge_fix) where it finds them latency-bound.
-        merge = None if known else merge_fix(tables, c["collective"], groups)
+        # Calls of known size that the storms table holds no share for keep the heuristic.
+        unsized = c["median_bytes"] is None
+        merge = merge_fix(tables, c["collective"], groups) if not known and unsized else None
         method = (
             "replay: merge the run's calls into one call of their summed size at the group's "
             "large-message bandwidth"
