@@ -234,3 +234,19 @@ def test_foreach_in_use_is_not_advised_again(path: Path) -> None:
     eager = report(H100 / "launch-eager")
     assert used(eager, "in_use").height == 0
     assert any("foreach=True" in a for f in eager.findings if f.code == "SYNC106" for a in f.advice)
+
+
+def test_tensor_parallel_advice_fits_the_backend() -> None:
+    """Megatron-LM's --tp-comm-overlap needs NCCL and GPUs: on the gloo tp-dp-4 capture the
+    tensor-parallel finding recommends the overlap by hand instead (expert review), while
+    an NCCL job's keeps the Megatron-LM line."""
+    tp = finding(report(GLOO / "tp-dp-4"), "COMM101", "tensor-parallel")
+    assert not any(line.startswith("Megatron-LM") for line in tp.advice), tp.advice
+    assert any("async_op=True" in line for line in tp.advice), tp.advice
+    from kineto_comm_builtin_rules.exposed_comm import ADVICE, advice_for
+
+    from kineto_comm.rules_api import Platform
+
+    lines = ADVICE[("tensor_parallel", "all_reduce")]
+    assert advice_for(Platform("nccl", False), lines)[0].startswith("Megatron-LM")
+    assert not advice_for(Platform("gloo", False), lines)[0].startswith("Megatron-LM")
