@@ -195,7 +195,12 @@ def cpu_holders(
                     " and ".join(each)
                     + (" hold" if len(rows) > 1 else " holds")
                     + " the CPU launching kernels: fewer, fused kernels"
-                    + ("" if uses(tables, "in_use", "inductor", ranks) else " (torch.compile)")
+                    + (
+                        ""
+                        if uses(tables, "in_use", "inductor", ranks)
+                        or uses(tables, "in_use", "torch_compile", ranks)
+                        else " (torch.compile)"
+                    )
                     + " or one graph launch (below) shorten "
                     + ("them" if len(rows) > 1 else "it"),
                 )

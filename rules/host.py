@@ -629,6 +629,13 @@ def _launch_advice(tables: Tables, ranks: list[int], step_ns: int) -> tuple[str,
             "depend on each batch (the KJT splits), which a graph cannot capture; shorten "
             "the CPU phases named above instead."
         )
+    elif uses(tables, "in_use", "torch_compile", ranks) and not compiled:
+        advice.append(
+            "torch.compile is in use (CompiledFunction ops in the trace) but none of its "
+            "kernels are Inductor's (no Triton kernels): its backend does not fuse or graph "
+            'them; backend="inductor" with mode="reduce-overhead" fuses the kernels and '
+            "launches the step as a CUDA graph."
+        )
     elif compiled:
         advice.append(
             "Launch the step as a CUDA graph: torch.compile is in use (Triton kernels in the "

@@ -265,3 +265,19 @@ def test_launch_bound_advice_names_the_largest_cpu_phase_first() -> None:
     line = finding(r, "SYNC106").advice[0]
     assert line.index("## backward ##") < line.index("optimizer step"), line
     assert line.index("## forward ##") < line.index("optimizer step"), line
+
+
+def test_torch_compile_seen_from_its_cpu_ops() -> None:
+    """hta df_index_resolver runs a torch.compile'd graph (CompiledFunction and
+    CompiledFunctionBackward CPU ops) whose kernels are not Triton's: the framework table
+    shows torch_compile in use from the ops, and SYNC106 no longer advises
+    torch.compile(mode="reduce-overhead") as if it were not there (expert review)."""
+    r = report(shared("hta/df_index_resolver"))
+    assert "torch_compile" in used(r, "in_use")["name"].to_list()
+    assert "inductor" not in used(r, "in_use")["name"].to_list()
+    advice = " ".join(finding(r, "SYNC106").advice)
+    assert "torch.compile is in use" in advice
+    assert 'torch.compile(mode="reduce-overhead")' not in advice
+    # A trace without a compiled graph shows none.
+    plain = report(shared("hta/nccl_parser_config"))
+    assert "torch_compile" not in used(plain, "in_use")["name"].to_list()

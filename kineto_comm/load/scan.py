@@ -36,6 +36,7 @@ from kineto_comm.load.events import (
     _CODE,
     _COMM_KERNEL_NAME,
     _COMM_OP,
+    _COMPILED,
     _DETAIL_FIELDS,
     _DETAIL_TEXT,
     _DEVICE_ROLES,
@@ -168,7 +169,7 @@ def _names(names: list[str]) -> pl.DataFrame:
         n.startswith(_PARAM_COMMS) or _COLLECTIVE_SPAN_RE.match(n) is not None for n in names
     ]
     op_name = [
-        c or n.startswith(_STEP_MARK) or n in SIZED_C10D
+        c or n.startswith((_STEP_MARK, _COMPILED)) or n in SIZED_C10D
         for n, c in zip(names, comm_op, strict=True)
     ]
     span = [_span_kind(n) if c else 0 for n, c in zip(names, comm_op, strict=True)]
