@@ -59,6 +59,8 @@ TABLE_NAMES = (
     "process_groups",
     "pipeline",
     "storms",
+    "all_to_all_pairs",
+    "all_to_all_loads",
     "model_comparison",
     "step_times",
     "critical_path",
@@ -104,6 +106,10 @@ class Report:
     process_groups: pl.DataFrame = field(default_factory=pl.DataFrame)
     pipeline: pl.DataFrame = field(default_factory=pl.DataFrame)
     storms: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # Each all-to-all's bytes per (sender, receiver) and each receiver's load
+    # (kineto_comm.analysis.alltoall).
+    all_to_all_pairs: pl.DataFrame = field(default_factory=pl.DataFrame)
+    all_to_all_loads: pl.DataFrame = field(default_factory=pl.DataFrame)
     model_comparison: pl.DataFrame = field(default_factory=pl.DataFrame)
     # What the trace shows of the framework: the settings in use (analysis.framework).
     framework: pl.DataFrame = field(default_factory=pl.DataFrame)

@@ -9,6 +9,7 @@ MODULES = (
     "exposed_comm",
     "small_messages",
     "straggler",
+    "alltoall",
     "bandwidth",
     "topology",
     "pipeline",

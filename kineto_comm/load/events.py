@@ -222,6 +222,10 @@ SIZED_C10D = (
     "c10d::send",
     "c10d::recv_",
 )
+# The all-to-all op whose Concrete Inputs hold the call's split sizes ([output, input,
+# group, output_split_sizes, input_split_sizes, ...]): a piece that holds one reads its
+# annotations' shapes whatever its record_param_comms say (columns._wants_shapes).
+ALL_TO_ALL_OP = "c10d::alltoall_base_"
 _ANNOTATION_PREFIXES = tuple(b'"' + p.encode() for p in (*_NCCL_SPANS, *HOST_SPANS, "c10d::"))
 # Of the c10d ops, only the sized ones (one pass over the bytes for all of them).
 _SIZED_NAMES = tuple(b'"' + p.encode() + b'"' for p in SIZED_C10D)

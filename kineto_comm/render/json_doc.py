@@ -39,6 +39,8 @@ OPTIONAL_TABLES = (
     "process_groups",
     "pipeline",
     "storms",
+    "all_to_all_pairs",
+    "all_to_all_loads",
     "framework",
 )
 

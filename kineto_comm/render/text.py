@@ -199,6 +199,7 @@ DROP_FIRST: dict[str, tuple[str, ...]] = {
     "pipeline": ("m", "p", "theory"),
     "message_size_summary": ("volume", "calls < 1 MB", "calls < 64 KB", "calls", "time"),
     "storms": ("large-message busbw", "runs", "calls"),
+    "all_to_all_loads": ("worst exchange", "load max/mean", "exchanges/step", "ranks"),
     "offsets": ("method", "residual", "matched calls"),
     "stragglers": ("confidence", "others' wait/step", "last in"),
     "model_comparison": (
