@@ -65,6 +65,7 @@ TABLE_NAMES = (
     "critical_path_kernels",
     "step_blame",
     "framework",
+    "interference",
 )
 
 # The tables kept per rank (kineto_comm.rank_store), by name -> the Report's field for them.
@@ -107,6 +108,8 @@ class Report:
     model_comparison: pl.DataFrame = field(default_factory=pl.DataFrame)
     # What the trace shows of the framework: the settings in use (analysis.framework).
     framework: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # Kernels slower beside the other kind than alone (kineto_comm.analysis.interference).
+    interference: pl.DataFrame = field(default_factory=pl.DataFrame)
     # The model of time (kineto_comm.analysis.steptime): per step its time and critical
     # rank, the critical rank's blame rows, and the savings of the findings' fixes.
     step_times: pl.DataFrame = field(default_factory=pl.DataFrame)

@@ -2,8 +2,8 @@
 
 match calls across ranks -> estimate clock offsets -> put every table on rank 0's clock ->
 per-call instances and waits -> stragglers, message sizes, group roles, pipeline bubbles,
-small-message storms. Returns the tables to place on the Report, keyed by their names in
-docs/tables.md.
+small-message storms, overlap's interference. Returns the tables to place on the Report,
+keyed by their names in docs/tables.md.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from kineto_comm.analysis.align import estimate_offsets, hosts, no_offsets
+from kineto_comm.analysis.interference import job_interference
 from kineto_comm.analysis.match import instances, keyed_calls, waits
 from kineto_comm.analysis.pipeline import pipeline
 from kineto_comm.analysis.roles import process_groups
@@ -77,6 +78,7 @@ def cross_rank(
             message_sizes=message_sizes(collectives),
             message_size_summary=message_size_summary(collectives),
             storms=storms(collectives),
+            interference=job_interference(out["kernels"], collectives),
         )
         out["pipeline"] = pipeline_of() if stages is None else stages.result()
         out["process_groups"] = roles_of() if roles is None else roles.result()

@@ -40,6 +40,7 @@ OPTIONAL_TABLES = (
     "pipeline",
     "storms",
     "framework",
+    "interference",
 )
 
 
