@@ -32,6 +32,7 @@ BUILTIN = {
     "COMM101",
     "COMM102",
     "COMM201",
+    "COMM301",
     "NET101",
     "NET102",
     "MODEL101",
