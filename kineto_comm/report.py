@@ -25,6 +25,8 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
                  each step's critical path over the kernel dependency graph
                  (kineto_comm.analysis.depgraph): hops on ranks, and kernel by kernel.
     totals       one row per rank: the same metrics over all of the rank's device activity
+    interference what overlap costs: compute kernels slower beside communication than the same
+                 call sites alone, collectives beside compute (kineto_comm.analysis.interference)
 `collective_summary()` aggregates collectives per rank, collective, process group and dtype.
 """
 
