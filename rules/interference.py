@@ -68,8 +68,10 @@ def overlap_interference(tables: Tables, options: dict[str, Any]) -> list[Findin
     the same call site alone. Call sites at least `min_slowdown` slower beside communication
     are the cause; their extra time per step (the overlapped kernels at their alone speed)
     is what overlap costs. The saving is replayed on the model of time: each rank's compute
-    shortened by that time. Stands down on CPU-only traces and where the ranks share one
-    GPU (CAPT101: taking turns on a GPU slows kernels too, and that is the capture's).
+    shortened by that time (where the step ends in a chain of communication, which faster
+    compute does not shorten, an upper bound). Stands down on CPU-only traces and where the
+    ranks share one GPU (CAPT101: taking turns on a GPU slows kernels too, and that is the
+    capture's).
 
     Why is this bad?
     Overlap hides communication, but NCCL's kernels take SMs (one per channel) and memory

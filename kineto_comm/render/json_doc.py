@@ -40,7 +40,6 @@ OPTIONAL_TABLES = (
     "pipeline",
     "storms",
     "framework",
-    "interference",
 )
 
 
