@@ -184,3 +184,20 @@ def test_truth_json_is_written(tmp_path: Path) -> None:
     (problem,) = truth["problems"]
     assert problem["impact_ns_per_step"] > 0
     assert set(problem["extra_ns_per_step"]) == {"0", "1", "2", "3"}
+
+
+def test_comm301_stands_down_where_the_ranks_share_one_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks taking turns on one GPU slow each other's kernels too: CAPT101's verdict, not
+    interference. The same job read as such a capture gets no COMM301."""
+    import kineto_comm_builtin_rules.interference as rule_module
+    from kineto_comm.rules_engine import run_rules
+    from kineto_comm_builtin_rules.capture import Contention
+
+    report, _ = _job(tmp_path, "interference", "dp")
+    assert [f.code for f in run_rules(report, select=["COMM301"])] == ["COMM301"]
+    ranks = tuple(report.ranks["rank"].to_list())
+    shared = Contention("device", ranks, "GPU 0 of host a", True, {}, {})
+    monkeypatch.setattr(rule_module, "contention", lambda tables: shared)
+    assert run_rules(report, select=["COMM301"]) == ()
