@@ -498,8 +498,8 @@ def synth(
     scenario: Annotated[
         str,
         typer.Argument(
-            help="baseline, exposed-allreduce, straggler, bubble, small-messages, slow-link or "
-            "clock-skew"
+            help="baseline, exposed-allreduce, straggler, bubble, small-messages, slow-link, "
+            "clock-skew or interference"
         ),
     ],
     out: Annotated[

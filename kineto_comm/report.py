@@ -25,6 +25,8 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
                  each step's critical path over the kernel dependency graph
                  (kineto_comm.analysis.depgraph): hops on ranks, and kernel by kernel.
     totals       one row per rank: the same metrics over all of the rank's device activity
+    interference what overlap costs: compute kernels slower beside communication than the same
+                 call sites alone, collectives beside compute (kineto_comm.analysis.interference)
 `collective_summary()` aggregates collectives per rank, collective, process group and dtype.
 """
 
@@ -67,6 +69,7 @@ TABLE_NAMES = (
     "critical_path_kernels",
     "step_blame",
     "framework",
+    "interference",
 )
 
 # The tables kept per rank (kineto_comm.rank_store), by name -> the Report's field for them.
@@ -113,6 +116,8 @@ class Report:
     model_comparison: pl.DataFrame = field(default_factory=pl.DataFrame)
     # What the trace shows of the framework: the settings in use (analysis.framework).
     framework: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # Kernels slower beside the other kind than alone (kineto_comm.analysis.interference).
+    interference: pl.DataFrame = field(default_factory=pl.DataFrame)
     # The model of time (kineto_comm.analysis.steptime): per step its time and critical
     # rank, the critical rank's blame rows, and the savings of the findings' fixes.
     step_times: pl.DataFrame = field(default_factory=pl.DataFrame)

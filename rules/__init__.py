@@ -8,6 +8,7 @@ MODULES = (
     "capture",
     "exposed_comm",
     "small_messages",
+    "interference",
     "straggler",
     "alltoall",
     "bandwidth",

@@ -33,6 +33,7 @@ BUILTIN = {
     "COMM102",
     "COMM103",
     "COMM201",
+    "COMM301",
     "NET101",
     "NET102",
     "MODEL101",

@@ -2,8 +2,8 @@
 
 match calls across ranks -> estimate clock offsets -> put every table on rank 0's clock ->
 per-call instances and waits -> stragglers, message sizes, group roles, pipeline bubbles,
-small-message storms, all-to-all pairs and loads. Returns the tables to place on the Report,
-keyed by their names in docs/tables.md.
+small-message storms, all-to-all pairs and loads, overlap's interference. Returns the tables
+to place on the Report, keyed by their names in docs/tables.md.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import polars as pl
 from kineto_comm.analysis.align import estimate_offsets, hosts, no_offsets
 from kineto_comm.analysis.alltoall import COLUMNS as ALL_TO_ALL_COLUMNS
 from kineto_comm.analysis.alltoall import all_to_all_loads, all_to_all_pairs
+from kineto_comm.analysis.interference import job_interference
 from kineto_comm.analysis.match import instances, keyed_calls, waits
 from kineto_comm.analysis.pipeline import pipeline
 from kineto_comm.analysis.roles import process_groups
@@ -81,6 +82,7 @@ def cross_rank(
             message_sizes=message_sizes(collectives),
             message_size_summary=message_size_summary(collectives),
             storms=storms(collectives),
+            interference=job_interference(out["kernels"], collectives),
         )
         # Who sent whom how much in each all-to-all, and each receiver's load: the all-to-all
         # calls only, read once (no times: shifted or not, the same).

@@ -23,6 +23,7 @@ SCENARIOS = (
     "small-messages",
     "slow-link",
     "clock-skew",
+    "interference",
 )
 LAYOUTS = ("dp", "fsdp", "tp-dp", "pp-dp")
 
@@ -30,6 +31,8 @@ TP_DEGREE = 2
 STRAGGLER_DELAY_NS = 2_000_000
 SLOW_LINK_FACTOR = 5.0
 SMALL_BUCKET_BYTES = 48 * 1024
+# The interference scenario: compute kernels beside communication run 40% slower.
+INTERFERENCE_SLOWDOWN = 0.4
 BUBBLE_MICRO_BATCHES = 2
 BASE_TIME_NS = 1_720_000_000_000_000_000
 START_NS = 3_000_000_000
@@ -105,6 +108,7 @@ class _Job:
                     offset=offsets[r],
                     rng=random.Random(seed * 1_000_003 + r),
                     cpu=START_NS,
+                    interference=plan.interference,
                 )
             )
         self.pipe_marks: list[list[int]] = [[] for _ in range(plan.world)]
@@ -368,6 +372,8 @@ def generate(
             elif scenario == "small-messages":
                 kw["bucket_bytes"] = SMALL_BUCKET_BYTES
                 kw["split_buckets"] = True
+            elif scenario == "interference":
+                kw["interference"] = INTERFERENCE_SLOWDOWN
             elif scenario == "slow-link":
                 for g in groups:
                     if g.name == slow_pg:
@@ -570,6 +576,19 @@ def _truth(
                 "pg_name": g.name,
                 "busbw_gbps": g.busbw_gbps,
                 "slowdown": SLOW_LINK_FACTOR,
+            }
+        )
+    elif scenario == "interference":
+        # What the slowed kernels added per step on each rank (all profiled steps).
+        extra = {st.rank: sum(st.injected) // max(1, len(st.injected)) for st in job.states}
+        problems.append(
+            {
+                "kind": "interference",
+                "ranks": [r for r, v in extra.items() if v > 0],
+                "steps": step_ids,
+                "impact_ns_per_step": impact,
+                "slowdown": plan.interference,
+                "extra_ns_per_step": {str(r): v for r, v in extra.items()},
             }
         )
     elif scenario == "clock-skew":
