@@ -70,6 +70,7 @@ TABLE_NAMES = (
     "step_blame",
     "framework",
     "interference",
+    "inferred_config",
 )
 
 # The tables kept per rank (kineto_comm.rank_store), by name -> the Report's field for them.
@@ -118,6 +119,8 @@ class Report:
     framework: pl.DataFrame = field(default_factory=pl.DataFrame)
     # Kernels slower beside the other kind than alone (kineto_comm.analysis.interference).
     interference: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # The training configuration the trace tells (analysis.inferred_config): one row.
+    inferred_config: pl.DataFrame = field(default_factory=pl.DataFrame)
     # The model of time (kineto_comm.analysis.steptime): per step its time and critical
     # rank, the critical rank's blame rows, and the savings of the findings' fixes.
     step_times: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -342,6 +345,7 @@ class Report:
             "pipeline": self.pipeline.to_dicts(),
             "storms": self.storms.to_dicts(),
             "model_comparison": self.model_comparison.to_dicts(),
+            "inferred_config": self.inferred_config.to_dicts(),
             "step_times": self.step_times.to_dicts(),
             "critical_path": self.critical_path.to_dicts(),
             "critical_path_kernels": self.critical_path_kernels.to_dicts(),
