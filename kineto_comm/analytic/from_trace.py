@@ -36,7 +36,8 @@ def config_from_inferred(table: pl.DataFrame) -> tuple[ModelConfig | None, str]:
         return None, "one rank: no communication to compare"
     unknown = [k for k in ("dp", "tp", "pp", "ep") if r[k] is None]
     if unknown:
-        return None, f"{', '.join(unknown)} not told by the trace"
+        why = (r.get("evidence") or {}).get(unknown[0])
+        return None, f"{', '.join(unknown)} not told by the trace" + (f" ({why})" if why else "")
     if r["ep"] > 1:
         return None, "expert parallel: the routing (experts, top-k) is not in the trace"
     dp, tp, pp = r["dp"], r["tp"], r["pp"]

@@ -450,6 +450,80 @@ def stragglers(report: Report, brief: bool = False) -> Section | None:
     )
 
 
+# The inferred configuration's values as shown, in order (label, column).
+_CONFIG_ROWS = (
+    ("parallel sizes", None),
+    ("framework", "framework"),
+    ("sharding", "sharding"),
+    ("micro-batches", "micro_batches"),
+    ("schedule", "schedule"),
+    ("DDP buckets per step", "ddp_buckets"),
+    ("DDP bucket (cap at most)", "ddp_bucket_bytes"),
+    ("gradients", "grad_collective"),
+    ("parameters", "params"),
+    ("activations", "activation_bytes"),
+)
+
+
+def configuration(report: Report, brief: bool = False) -> Section | None:
+    """The configuration the trace tells (json `inferred_config`), each value with its
+    evidence (`brief`, the terminal's: values only), and whether the analytical model ran on
+    it (the note)."""
+    table = getattr(report, "inferred_config", None)
+    if not isinstance(table, pl.DataFrame) or table.height == 0:
+        return None
+    r = table.row(0, named=True)
+    ev = r.get("evidence") or {}
+    rows = []
+    for label, col in _CONFIG_ROWS:
+        if col is None:
+            sizes = "  ".join(
+                f"{k}={'?' if r[k] is None else r[k]}" for k in ("dp", "tp", "pp", "ep", "cp")
+            )
+            why = "; ".join(f"{k}: {ev[k]}" for k in ("dp", "tp", "pp") if ev.get(k))
+            rows.append((label, sizes, why))
+            continue
+        value = r.get(col)
+        if value is None:
+            continue
+        if col in ("ddp_bucket_bytes", "activation_bytes"):
+            text = fmt_bytes(value)
+            if col == "activation_bytes" and r.get("activation_dtype"):
+                text += f" {r['activation_dtype']}"
+        elif col == "grad_collective":
+            text = (
+                f"{value} {r.get('grad_dtype') or '?'}, "
+                f"{fmt_bytes(r.get('grad_bytes_per_step'))}/step in "
+                f"{_num(r.get('grad_calls_per_step'), 'g')} call(s)"
+            )
+        elif col == "params":
+            text = f"{value:,}"
+        elif col == "sharding":
+            text = f"{value} (stage {r.get('shard_stage')})"
+        else:
+            text = str(value)
+        rows.append((label, text, ev.get(col) or ""))
+    source = report.options.get("model_source")
+    note = (
+        "Analytical model: from --model (it replaces the inferred configuration)."
+        if source == "file"
+        else "Analytical model: run on this configuration (MODEL101; info findings only)."
+        if source == "inferred"
+        else f"Analytical model: not run: {report.options.get('model_note') or 'no configuration'}."
+    )
+    header = ("setting", "value", "evidence")
+    if brief:
+        header, rows = header[:2], [row[:2] for row in rows]
+    return Section(
+        "inferred_config",
+        "Configuration (inferred from the trace)",
+        header,
+        rows,
+        frozenset(),
+        note,
+    )
+
+
 def model_comparison(report: Report) -> Section | None:
     """Expected (the analytical model, `--model`) vs measured communication per role and
     collective (json `model_comparison`)."""
@@ -740,6 +814,7 @@ BUILDERS = (
     collectives,
     skew,
     step_blame,
+    configuration,
     process_groups,
     pipeline,
     message_sizes,
@@ -752,7 +827,7 @@ BUILDERS = (
 
 
 # The sections that take `brief` (the terminal's shorter form).
-BRIEF = (process_groups, offsets, stragglers)
+BRIEF = (configuration, process_groups, offsets, stragglers)
 
 
 def sections(report: Report, brief: bool = False) -> list[Section]:

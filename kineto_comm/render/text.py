@@ -202,6 +202,7 @@ DROP_FIRST: dict[str, tuple[str, ...]] = {
     "all_to_all_loads": ("worst exchange", "load max/mean", "exchanges/step", "ranks"),
     "offsets": ("method", "residual", "matched calls"),
     "stragglers": ("confidence", "others' wait/step", "last in"),
+    "inferred_config": ("evidence",),
     "model_comparison": (
         "calls expected",
         "calls measured",
