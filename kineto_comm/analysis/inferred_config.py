@@ -86,16 +86,26 @@ def _sizes(groups: pl.DataFrame, world: int | None) -> tuple[dict[str, int | Non
     size["ep"] = groups.filter(pl.col("role") == "expert")["size"].to_list()
     out: dict[str, int | None] = {}
     why: dict[str, str] = {}
+    # Groups of unknown role (broadcasts, barriers...) that may be any of them; an
+    # all-to-all group is none of dp, tp, pp.
+    unsure = groups.filter(
+        (pl.col("role") == "unknown")
+        & ~pl.col("collectives").list.eval(pl.element() == "all_to_all").list.all()
+    ).height
     for key, found in size.items():
-        known = [s for s in found if s is not None]
-        if not found:
+        # A size of 1 is the ranks seen (one rank's file of a larger job), not the group.
+        known = [s for s in found if s is not None and s > 1]
+        if not found and unsure:
+            out[key], why[key] = None, "no group has this role, but a group of unknown role"
+        elif not found:
             out[key], why[key] = 1, "no group has this role"
         elif known:
             out[key], why[key] = max(known), f"groups of {max(known)} ranks with this role"
         else:
             out[key], why[key] = None, "its groups' sizes are not in the trace"
     unknown = [k for k in ("dp", "tp", "pp") if out[k] is None]
-    solvable = world and not groups.filter(pl.col("role") == "unknown").height
+    others = ~pl.col("role").is_in([*_DP, "tensor_parallel", "pipeline"])
+    solvable = world and not groups.filter(others).height
     if unknown and solvable:
         known = 1
         for k in ("dp", "tp", "pp"):

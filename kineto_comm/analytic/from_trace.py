@@ -32,7 +32,9 @@ def config_from_inferred(table: pl.DataFrame) -> tuple[ModelConfig | None, str]:
     if table.height == 0:
         return None, "no configuration inferred"
     r: dict[str, Any] = table.row(0, named=True)
-    if (r["world_size"] or 0) < 2:
+    if r["world_size"] is None:
+        return None, "the world size is not in the trace"
+    if r["world_size"] < 2:
         return None, "one rank: no communication to compare"
     unknown = [k for k in ("dp", "tp", "pp", "ep") if r[k] is None]
     if unknown:
