@@ -445,6 +445,7 @@ def _with_model(report: Report, model_config: tuple[Any, Any] | None) -> Report:
         report.pipeline,
         report.framework,
         None if world is None else int(world),  # type: ignore[arg-type]
+        calls.height,
     )
     report = replace(report, inferred_config=table)
     if model_config is not None:

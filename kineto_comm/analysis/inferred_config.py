@@ -20,6 +20,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP
+from kineto_comm.lazy import collect
 
 SCHEMA = {
     "world_size": pl.Int64,
@@ -136,10 +137,12 @@ def inferred_config(
     pipeline: pl.DataFrame,
     framework: pl.DataFrame,
     world_size: int | None,
+    rows: int = 0,
 ) -> pl.DataFrame:
     """One row (SCHEMA, plus `evidence`, a struct of one text per value): the configuration
-    the trace tells. `calls`: CALL_COLUMNS (None: no calls; per step: over
-    the steps a rank's calls fall in); the other tables as the Report holds them."""
+    the trace tells. `calls`: CALL_COLUMNS (None: no calls; per step: over the steps a rank's
+    calls fall in); the other tables as the Report holds them; `rows`: the calls' count (a
+    big job's are aggregated on the streaming engine)."""
     ev: dict[str, str | None] = dict.fromkeys(FIELDS)
     row: dict[str, object] = dict.fromkeys(FIELDS)
     row["world_size"] = world_size
@@ -157,9 +160,11 @@ def inferred_config(
     # Each rank's calls per step, by role (steps >= 0; the whole trace when it has none).
     tagged = tag_roles(calls, process_groups)
     stepped = tagged.filter(pl.col("step") >= 0)
-    if stepped.select(pl.len()).collect().item() == 0:
+    if collect(stepped.select(pl.len()), rows).item() == 0:
         stepped = tagged.with_columns(step=pl.lit(0, pl.Int64))
-    n_steps = stepped.select("rank", "step").unique().group_by("rank").agg(n=pl.len()).collect()
+    n_steps = collect(
+        stepped.select("rank", "step").unique().group_by("rank").agg(n=pl.len()), rows
+    )
     per_role = (
         stepped.group_by("role", "collective", "rank")
         .agg(
@@ -172,7 +177,7 @@ def inferred_config(
             nbytes=(pl.col("nbytes") / pl.col("n")).mean(),
             sized=pl.col("sized").all(),
         )
-        .collect()
+        .pipe(collect, rows)
     )
 
     def stat(roles: tuple[str, ...], coll: str, col: str) -> float | None:
@@ -189,7 +194,7 @@ def inferred_config(
             .group_by("dtype")
             .len()
             .sort("len", "dtype", descending=[True, False])
-            .collect()
+            .pipe(collect, rows)
         )
         return d["dtype"][0] if d.height else None
 
@@ -268,7 +273,7 @@ def inferred_config(
                 "(a stage's shard of the model, times the shards)"
             )
     if row["shard_stage"] == 0:
-        _buckets(stepped, row, ev)
+        _buckets(stepped, row, ev, rows)
 
     # Activations: the tensor-parallel all-reduce's message, else the pipeline's send.
     tp_calls = stat(("tensor_parallel",), "all_reduce", "calls")
@@ -278,7 +283,7 @@ def inferred_config(
     msg = (
         stepped.filter(pl.col("role").is_in(act_roles) & pl.col("collective").is_in(act_colls))
         .select(pl.col("bytes").median(), pl.col("bytes").is_null().any().alias("unsized"))
-        .collect()
+        .pipe(collect, rows)
     )
     if msg["bytes"][0] is not None and not msg["unsized"][0]:
         row["activation_bytes"] = int(msg["bytes"][0])
@@ -292,7 +297,9 @@ def inferred_config(
     return _frame(row, ev)
 
 
-def _buckets(stepped: pl.LazyFrame, row: dict[str, object], ev: dict[str, str | None]) -> None:
+def _buckets(
+    stepped: pl.LazyFrame, row: dict[str, object], ev: dict[str, str | None], rows: int
+) -> None:
     """DDP's gradient buckets per step and the smallest full one (module doc)."""
     dp = (
         stepped.filter((pl.col("role") == "data_parallel") & (pl.col("collective") == "all_reduce"))
@@ -303,7 +310,7 @@ def _buckets(stepped: pl.LazyFrame, row: dict[str, object], ev: dict[str, str | 
             full=pl.col("bytes").slice(0, pl.len() - 1).min(),
             unsized=pl.col("bytes").is_null().any(),
         )
-        .collect()
+        .pipe(collect, rows)
     )
     if dp.height == 0:
         return
