@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from kineto_comm.analysis.align import estimate_offsets, hosts, no_offsets
+from kineto_comm.analysis.align import fit_offsets, hosts, no_offsets
 from kineto_comm.analysis.match import instances, keyed_calls, waits
 from kineto_comm.analysis.pipeline import pipeline
 from kineto_comm.analysis.roles import process_groups
@@ -60,7 +60,7 @@ def cross_rank(
         keyed = keyed_calls(calls, folder, ungrouped)
         devices = collect(keyed.lazy(["rank", "device"]).unique(), keyed.height)
         grouping = hosts(tables["ranks"], devices, ranks_per_host)
-        offsets = estimate_offsets(keyed, ranks, grouping) if align else no_offsets(ranks, grouping)
+        offsets = fit_offsets(keyed, ranks, grouping) if align else no_offsets(ranks, grouping)
         out: dict[str, Any] = {"totals": shift(tables["totals"], offsets, TIME_COLUMNS)}
         out["steps"] = tables["steps"].with_offsets(offsets)
         out["kernels"] = tables["kernels"].with_offsets(offsets)
