@@ -193,3 +193,19 @@ def test_the_truth_of_a_single_gpu_hosts_job_says_so(single_gpu_hosts) -> None:
     assert truth["ranks_per_host"] == 1
     header = json.loads((folder / "rank-3.pt.trace.json").read_text())
     assert len(header["deviceProperties"]) == 1 and "host_name" not in header
+
+
+def test_measured_hosts_in_the_json_document(single_gpu_hosts) -> None:
+    """The JSON document of a measured job carries the new host_source and its evidence and
+    validates against the documented schema."""
+    import jsonschema
+
+    from kineto_comm.render.formats import render
+    from kineto_comm.rules_api import Severity
+
+    schema = json.loads((REPO / "docs" / "json-schema.json").read_text())
+    report = analyze(single_gpu_hosts["dp"][0], jobs=1)
+    doc = json.loads(render(report, "json", fail_on=Severity.error))
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    assert {o["host_source"] for o in doc["offsets"]} == {"measured"}
+    assert all(o["host_evidence"].startswith("other clocks") for o in doc["offsets"])

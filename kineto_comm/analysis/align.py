@@ -2,18 +2,20 @@
 
 Ranks on one host read one clock; ranks on different hosts read different ones. So the
 ranks are first grouped into hosts (`hosts`: from --ranks-per-host, the trace's host names,
-device ids, a shared device, else a clock per rank; `host_source` says which), and an offset
-is fitted per host, never inside one: on the real one-host NCCL captures
-(tests/data/h100-nccl), a fit per rank found offsets of up to 11 ms and moved skews, waits
-and the straggler with them.
+Kineto's default file names, device ids, a shared device, else a clock per rank), and an
+offset is fitted per host, never inside one: on the real one-host NCCL captures
+(tests/data/h100-nccl), a fit per rank found offsets of up to 11 ms. Where the traces do not
+say (a shared device, or nothing), the calls are asked (`fit_offsets`): no rank ends a
+collective before every rank has started it, so a reading of the clocks that breaks that in
+many calls is wrong; one clock broken and a clock per rank not is another clock per rank
+(`measured`). `host_source` says what decided, `host_evidence` what the calls said.
 
 A collective completes at nearly the same instant on every rank of its group, so matched
 calls' ends differ across hosts mostly by the offsets. Per pair of hosts the median of their
 end differences is a link; the tightest links that join all hosts carry the offsets out from
 rank 0's host, and only significant ones are applied. Host-timeline (gloo), point-to-point
-and rooted calls are not used: one side may finish without waiting for the other. How hosts
-are grouped, the fit, what is applied and the calls left out, in full: the comment below the
-imports.
+and rooted calls are not used: one side may finish without waiting for the other. In full:
+the comment below the imports.
 """
 
 from __future__ import annotations
@@ -32,19 +34,36 @@ from kineto_comm.model.names import POINT_TO_POINT
 # Clock alignment: one offset per host, estimated from matched collectives.
 #
 # Ranks on one host read one clock; ranks on different hosts read different ones. So the
-# ranks are first grouped into hosts (`hosts`), and an offset is fitted per host, never
-# inside one: on the real one-host NCCL captures (tests/data/h100-nccl), a fit per rank
-# found offsets of up to 11 ms (time-sliced ranks whose collective ends differ by a steady
-# 2.24 ms) and moved skews, waits and the straggler with them.
+# ranks are first grouped into hosts (`hosts`, `fit_offsets`), and an offset is fitted per
+# host, never inside one: on the real one-host NCCL captures (tests/data/h100-nccl), a fit
+# per rank found offsets of up to 11 ms (time-sliced ranks whose collective ends differ by
+# a steady 2.24 ms) and moved skews, waits and the straggler with them.
 #
 # Which ranks share a host, in this order (the `host_source` column says which):
 # `ranks_per_host` (the user's word: ranks r // n together; 1 keeps a clock per rank, for
 # ranks of one host that cannot share a clock), `host_name` (the trace header's, when every
-# rank has one), `device_ids` (every rank on one device id, and ids that follow
-# local rank = rank mod k: hosts of k consecutive ranks), `shared_device` (every rank on
-# the same one device id: they share a GPU, hence a host; a job of one GPU per host says
-# so with ranks_per_host 1), else `unknown` (a clock per rank, as CPU-only traces without a
-# host name).
+# rank has one), `file_name` (Kineto's default file name, {hostname}_{pid}.{timestamp}
+# .pt.trace.json[.gz], when every rank's has that shape and reads one way:
+# load/discover.py HOST_IN_NAME), `device_ids` (every rank on one device id, and ids that
+# follow local rank = rank mod k: hosts of k consecutive ranks), `shared_device` (every
+# rank on the same one device id: they share a GPU, hence a host), else `unknown` (a clock
+# per rank, as CPU-only traces without a host name).
+#
+# Hosts measured (`fit_offsets`). The last two are guesses: a job of single-GPU hosts also
+# has every rank on device 0 and, without host names, would get no alignment at all. So for
+# them a clock per rank is fitted anyway, and both readings are tested against causality:
+# no rank ends a collective before every rank of it has started it (each needs the others'
+# data), on one clock to within CAUSALITY_SLACK_NS. End differences alone cannot tell: the
+# real tp-2 capture's two ranks, time-slicing one GPU, end every call a steady 2.24 ms apart
+# (spread 3.5 us over 24 calls), as two hosts 2.24 ms apart would; but shifted by that gap,
+# rank 1 would end 7 of the 24 calls before rank 0 started them, while on one clock none
+# is. On a generated job of single-GPU hosts 0.5-1.5 ms apart, one clock breaks 21 of 21
+# calls and the fitted clocks none. The decision: `measured` (a host per rank, the per-rank
+# fit) when one clock breaks at least MIN_CONTRADICTIONS calls, the per-rank clocks fewer
+# than 1 / SIGNIFICANCE as many, and every applied offset is at least SIGNIFICANCE times
+# its residual (consistent over the calls); `measured_one_clock` (one host) for `unknown`
+# the other way round; else the traces' reading stands (`shared_device` one clock, whose
+# turns CAPT101 reads; `unknown` a clock per rank). `host_evidence` holds the counts.
 #
 # A collective completes at nearly the same instant on every rank of its group (nobody
 # leaves before the last byte arrives), so each matched call's end times differ across
