@@ -209,3 +209,17 @@ def test_measured_hosts_in_the_json_document(single_gpu_hosts) -> None:
     jsonschema.Draft202012Validator(schema).validate(doc)
     assert {o["host_source"] for o in doc["offsets"]} == {"measured"}
     assert all(o["host_evidence"].startswith("other clocks") for o in doc["offsets"])
+
+
+def test_synth_cli_writes_single_gpu_hosts(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kineto_comm.cli import app
+
+    out = tmp_path / "job"
+    args = ["synth", "clock-skew", "--ranks", "2", "--single-gpu-hosts", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    truth = json.loads((out / "truth.json").read_text())
+    assert truth["ranks_per_host"] == 1
+    assert 500_000 <= abs(truth["clock_offsets_ns"]["1"]) <= 1_500_000
