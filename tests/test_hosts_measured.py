@@ -223,3 +223,50 @@ def test_synth_cli_writes_single_gpu_hosts(tmp_path: Path) -> None:
     truth = json.loads((out / "truth.json").read_text())
     assert truth["ranks_per_host"] == 1
     assert 500_000 <= abs(truth["clock_offsets_ns"]["1"]) <= 1_500_000
+
+
+def test_unknown_hosts_are_measured_too(single_gpu_hosts) -> None:
+    """Told nothing of the hosts (`unknown`), the single-GPU hosts' job is measured the same
+    way: a host per rank, the same offsets as the whole analysis found."""
+    folder, _ = single_gpu_hosts["dp"]
+    report = analyze(folder, jobs=1)
+    keyed = match_keys(
+        report.collectives.with_columns(
+            pl.col("start_ns", "end_ns")
+            + pl.col("rank").replace_strict(report.offsets["rank"], report.offsets["offset_ns"])
+        )
+    )  # back on each rank's own clock
+    ranks = report.ranks["rank"].to_list()
+    grouping = pl.DataFrame(
+        {"rank": ranks, "host": [f"rank {r}" for r in ranks], "host_source": ["unknown"] * 8}
+    )
+    out = fit_offsets(keyed, ranks, grouping)
+    assert set(out["host_source"]) == {"measured"}
+    assert out["offset_ns"].to_list() == report.offsets["offset_ns"].to_list()
+
+
+def test_inconsistent_end_differences_keep_one_clock() -> None:
+    """Two ranks on one device whose ends differ call by call by up to +-2 ms around 0 (no
+    steady gap): one clock has calls end before they start, but a clock per rank explains
+    them no better (its gap is insignificant, nothing applied), so the shared device's one
+    clock stands and the evidence says why."""
+    import random
+
+    rng = random.Random(5)
+    rows = []
+    for call in range(40):
+        t = 1_000_000_000 + call * 10_000_000
+        late = rng.choice([-2_000_000, -1_000_000, 0, 1_000_000, 2_000_000])
+        rows += [(call, 0, t, t + 50_000), (call, 1, t + late, t + late + 50_000)]
+    keyed = pl.DataFrame(
+        rows, schema=["instance", "rank", "start_ns", "end_ns"], orient="row"
+    ).with_columns(device=pl.lit(0), collective=pl.lit("all_reduce"))
+    grouping = pl.DataFrame(
+        {"rank": [0, 1], "host": ["host 0"] * 2, "host_source": ["shared_device"] * 2}
+    )
+    out = fit_offsets(keyed, [0, 1], grouping)
+    assert set(out["host_source"]) == {"shared_device"}
+    assert (out["offset_ns"] == 0).all()
+    evidence = out["host_evidence"][0]
+    assert evidence.startswith("kept, the calls favour neither reading"), evidence
+    assert out["estimate_ns"].null_count() == 2  # one host: nothing fitted across it

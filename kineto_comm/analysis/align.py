@@ -199,7 +199,8 @@ def fit_offsets(
     must pass: no rank ends it before every rank has started it. Another clock is measured
     (`measured`, a host per rank) when one clock fails it in at least MIN_CONTRADICTIONS
     calls, the per-rank clocks in fewer than 1 / SIGNIFICANCE as many, and every applied
-    offset is at least SIGNIFICANCE times its residual. One clock is measured
+    offset is at least SIGNIFICANCE times its residual (or the residual within the calls'
+    noise, CAUSALITY_SLACK_NS / SIGNIFICANCE). One clock is measured
     (`measured_one_clock`, for `unknown`) the other way round. Else the traces' own
     reading stands (`shared_device`: one clock; `unknown`: a clock per rank)."""
     from kineto_comm.rank_store import as_store
@@ -211,7 +212,10 @@ def fit_offsets(
     own = estimate_offsets(keyed, ranks)  # a clock per rank
     calls, one_fails, own_fails = _contradictions(keyed, own)
     applied = own.filter(pl.col("method") == "collective-end")
-    misfit = applied["residual_ns"].fill_null(0) * SIGNIFICANCE - applied["offset_ns"].abs()
+    # Consistent: each applied offset at least SIGNIFICANCE times its residual (a residual
+    # within CAUSALITY_SLACK_NS / SIGNIFICANCE is the calls' own noise, whatever the offset).
+    room = applied["offset_ns"].abs().clip(lower_bound=CAUSALITY_SLACK_NS)
+    misfit = applied["residual_ns"].fill_null(0) * SIGNIFICANCE - room
     consistent = applied.height > 0 and bool((misfit <= 0).all())
     tally = (
         f"of {calls} collectives, {one_fails} end on a rank before another starts them on one"
@@ -232,8 +236,10 @@ def fit_offsets(
         verdict = "kept, the per-rank offsets fit badly (residuals over a third of them)"
     elif one:
         verdict = "one clock"
-    else:
+    elif max(one_fails, own_fails) < MIN_CONTRADICTIONS:
         verdict = "kept, nothing contradicts it"
+    else:
+        verdict = "kept, the calls favour neither reading"
     evidence = pl.lit(f"{verdict}: {tally}")
     if one and "unknown" in sources:
         grouping = grouping.with_columns(
