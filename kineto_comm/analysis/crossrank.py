@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm.analysis.align import estimate_offsets, hosts, no_offsets
+from kineto_comm.analysis.align import fit_offsets, hosts, no_offsets
 from kineto_comm.analysis.alltoall import COLUMNS as ALL_TO_ALL_COLUMNS
 from kineto_comm.analysis.alltoall import all_to_all_loads, all_to_all_pairs
 from kineto_comm.analysis.interference import job_interference
@@ -65,7 +65,7 @@ def cross_rank(
         keyed = keyed_calls(calls, folder, ungrouped)
         devices = collect(keyed.lazy(["rank", "device"]).unique(), keyed.height)
         grouping = hosts(tables["ranks"], devices, ranks_per_host)
-        offsets = estimate_offsets(keyed, ranks, grouping) if align else no_offsets(ranks, grouping)
+        offsets = fit_offsets(keyed, ranks, grouping) if align else no_offsets(ranks, grouping)
         out: dict[str, Any] = {"totals": shift(tables["totals"], offsets, TIME_COLUMNS)}
         out["steps"] = tables["steps"].with_offsets(offsets)
         out["kernels"] = tables["kernels"].with_offsets(offsets)

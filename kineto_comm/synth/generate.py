@@ -73,13 +73,16 @@ def _model_for(layout: str, pp: int, model: ModelConfig | None) -> ModelConfig:
     return m
 
 
-def _offsets(world: int, per_host: int, rng: random.Random, skew: bool) -> dict[int, int]:
-    """Per-rank clock offset (ns): one offset per host, host 0 (rank 0) keeps the true clock."""
+def _offsets(
+    world: int, per_host: int, rng: random.Random, skew: bool, spread: tuple[int, int]
+) -> dict[int, int]:
+    """Per-rank clock offset (ns): one offset per host, host 0 (rank 0) keeps the true clock;
+    the others, with `skew`, a random sign times a size drawn from `spread`."""
     hosts = ceil_div(world, per_host)
     host_off = [0] * hosts
     if skew:
         for h in range(1, hosts):
-            host_off[h] = rng.choice((-1, 1)) * rng.randint(20_000, 400_000)
+            host_off[h] = rng.choice((-1, 1)) * rng.randint(*spread)
     return {r: host_off[r // per_host] for r in range(world)}
 
 
@@ -324,6 +327,7 @@ def generate(
     model: ModelConfig | None = None,
     hardware: Hardware | None = None,
     host_ops: int = 0,
+    single_gpu_hosts: bool = False,
 ) -> dict:
     """Write one trace per rank (rank-{r}.pt.trace.json[.gz]) plus truth.json into out_dir.
 
@@ -332,7 +336,10 @@ def generate(
     ``hardware`` override the defaults (tests use a tiny model). ``host_ops`` CPU ops that
     launch nothing (with record_shapes arguments) are written inside every compute kernel's
     launching op, as real traces have them (kineto.host_ops); they change no ground truth,
-    only how many events and bytes there are per kernel. Returns the truth dict.
+    only how many events and bytes there are per kernel. ``single_gpu_hosts``: one GPU per
+    host, so every rank is on device 0 and no header names a host (what the traces of such a
+    job look like); with clock-skew, the hosts' clocks are 0.5-1.5 ms apart. Returns the
+    truth dict.
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
@@ -354,10 +361,11 @@ def generate(
     hw = hardware or Hardware()
     base_model = _model_for(layout, p, model)
     rng = random.Random(f"kineto-comm-synth/{seed}")
-    per_host = hw.gpus_per_host
+    per_host = 1 if single_gpu_hosts else hw.gpus_per_host
     if scenario == "clock-skew" and world <= per_host:
         per_host = max(1, world // 2)  # a skew needs at least two hosts
-    offsets = _offsets(world, per_host, rng, scenario == "clock-skew")
+    spread = (500_000, 1_500_000) if single_gpu_hosts else (20_000, 400_000)
+    offsets = _offsets(world, per_host, rng, scenario == "clock-skew", spread)
 
     def plan_for(problem: bool) -> Plan:
         groups = make_groups(layout, world, t, p, hw)
