@@ -40,6 +40,8 @@ OPTIONAL_TABLES = (
     "pipeline",
     "storms",
     "framework",
+    "hardware",
+    "expected_busbw",
 )
 
 
