@@ -356,7 +356,7 @@ def generate(
     offsets = _offsets(world, per_host, rng, scenario == "clock-skew")
 
     def plan_for(problem: bool) -> Plan:
-        groups = make_groups(layout, world, t, p, hw)
+        groups = make_groups(layout, world, t, p, hw, per_host)
         kw: dict[str, Any] = {}
         m = base_model
         if problem:
@@ -371,7 +371,7 @@ def generate(
             elif scenario == "slow-link":
                 for g in groups:
                     if g.name == slow_pg:
-                        g.busbw_gbps = hw.busbw_gbps / SLOW_LINK_FACTOR
+                        g.busbw = {c: v / SLOW_LINK_FACTOR for c, v in g.busbw.items()}
             elif scenario == "bubble":
                 nmb = min(BUBBLE_MICRO_BATCHES, m.micro_batches)
                 tokens = m.micro_batch * m.micro_batches
@@ -385,7 +385,7 @@ def generate(
     # a stage that finishes early hides in its cool-down: pick where the problem shows.
     straggler = rng.randrange(d if layout == "pp-dp" else world) if scenario == "straggler" else -1
     slow_role = "pp" if layout == "pp-dp" else "dp"
-    cands = [g.name for g in make_groups(layout, world, t, p, hw) if g.role == slow_role]
+    cands = [g.name for g in make_groups(layout, world, t, p, hw, per_host) if g.role == slow_role]
     slow_pg = rng.choice(cands) if scenario == "slow-link" else ""
 
     plan = plan_for(True)
@@ -598,7 +598,13 @@ def _truth(
         "model": plan.model.to_dict(),
         "hardware": plan.hw.to_dict(),
         "process_groups": [
-            {**g.pg_config(), "role": g.role, "stream": g.stream, "busbw_gbps": g.busbw_gbps}
+            {
+                **g.pg_config(),
+                "role": g.role,
+                "stream": g.stream,
+                "busbw_gbps": g.busbw_gbps,
+                "busbw_by_collective": dict(g.busbw),
+            }
             for g in plan.groups
         ],
         "compute_stream": COMPUTE_STREAM,
