@@ -240,9 +240,9 @@ def analyze(
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    checks, per_host, hw_config = _rule_set(select, ignore, rules, rule_options, config)
-    ranks_per_host = ranks_per_host if ranks_per_host is not None else per_host
-    hw_table, network, gpu_model = _hardware(hw_config, network)
+    checks, cfg = _rule_set(select, ignore, rules, rule_options, config)
+    ranks_per_host = ranks_per_host if ranks_per_host is not None else cfg.ranks_per_host
+    hw_table, network, gpu_model = _hardware(cfg.hardware, network, cfg.path)
     model_config = _model(model)
     patterns = tuple(comm_patterns)
     check_comm_patterns(patterns)
@@ -440,50 +440,50 @@ def _rule_set(
     rules: Sequence[Any],
     options: Mapping[str, Mapping[str, Any]] | None,
     config: str | Path | None,
-) -> tuple[Any, int | None]:
-    """The rules analyze() runs (kineto_comm.rules_engine.RuleSet), the config file's
-    ranks_per_host and its [hardware] section, from the config file (given, or found upward
+) -> tuple[Any, Any]:
+    """The rules analyze() runs (kineto_comm.rules_engine.RuleSet) and the config (its
+    ranks_per_host and [hardware] section), from the config file (given, or found upward
     from the current directory) and the arguments."""
     from kineto_comm.rules_engine import load_config, rule_set
 
     cfg = load_config(None if config is None else Path(config))
     checks = rule_set(select=select, ignore=ignore, options=options, extra_rules=rules, config=cfg)
-    return checks, cfg.ranks_per_host, cfg.hardware
+    return checks, cfg
 
 
 def _hardware(
-    section: Mapping[str, Any], network: str | None
+    section: Mapping[str, Any], network: str | None, path: Path | None = None
 ) -> tuple[dict[str, Any], str | None, str | None]:
-    """The hardware table with the config's [hardware] overrides, the network (the
-    argument, else the config's) and the config's gpu_model; UsageError naming the key or
-    name that is wrong."""
+    """The hardware table with the config's [hardware] overrides (`path`: the config file),
+    the network (the argument, else the config's) and the config's gpu_model; UsageError
+    naming the file and key, or the name, that is wrong."""
     from kineto_comm.analysis.hardware import CONFIG_KEYS, load_table
 
+    where = f"config file {path}: " if path is not None else "config: "
     unknown = sorted(set(section) - set(CONFIG_KEYS))
     if unknown:
         raise UsageError(
-            f"config [hardware]: unknown key(s) {', '.join(unknown)}; known: "
+            f"{where}[hardware]: unknown key(s) {', '.join(unknown)}; known: "
             + ", ".join(CONFIG_KEYS)
         )
     stated = section.get("network")
     if stated is not None and not isinstance(stated, str):
-        raise UsageError("config [hardware] network must be a name such as '400G-IB'")
+        raise UsageError(f"{where}[hardware] network must be a name such as '400G-IB'")
     # [hardware.gpu.KEY] and [hardware.networks.NAME]: the table's entries, overridden.
     overrides = {"gpu": section.get("gpu", {}), "network": section.get("networks", {})}
     try:
         table = load_table(overrides)
     except ValueError as exc:
-        raise UsageError(f"config {exc}") from None
+        raise UsageError(f"{where}{exc}") from None
     network = network if network is not None else stated
     if network is not None and network not in table["network"]:
         raise UsageError(
-            f"network {network!r}: not in the hardware table; known: "
-            + ", ".join(table["network"])
+            f"network {network!r}: not in the hardware table; known: " + ", ".join(table["network"])
         )
     model = section.get("gpu_model")
     if model is not None and model not in table["gpu"]:
         raise UsageError(
-            f"config [hardware] gpu_model {model!r}: not in the hardware table; known: "
+            f"{where}[hardware] gpu_model {model!r}: not in the hardware table; known: "
             + ", ".join(table["gpu"])
         )
     return table, network, model
