@@ -540,12 +540,9 @@ def _hardware_words(c: dict[str, Any]) -> str:
     """'X GB/s of the Y GB/s an H100 SXM NVLink4/NVSwitch all_reduce reaches (nccl-tests),
     Z%': the group's collective furthest below its figure."""
     share = c["worst_busbw"] / c["worst_reference"] if c["worst_reference"] else 0.0
-    across = c["scope"] == "inter-node"
-    where = f"{c['gpu_link']} across hosts" if across else f"{c['gpu']} {c['gpu_link']}"
-    # "an H100", "an MI300X", "a V100", "a B200": as the name is read out.
-    article = "an" if where[:1].upper() in "AEFHILMNORSX" else "a"
+    link = _link_name(c)
     return (
-        f"{c['worst_busbw']:.1f} GB/s of the {c['worst_reference']:.1f} GB/s {article} {where} "
+        f"{c['worst_busbw']:.1f} GB/s of the {c['worst_reference']:.1f} GB/s {link} "
         f"{c['worst']} reaches (nccl-tests), {100 * share:.0f}%"
     )
 
@@ -586,3 +583,85 @@ def _latency_fits(tables: Tables, big: pl.LazyFrame, slow: pl.DataFrame) -> dict
             continue
         out[str(group)] = {"latency_ns": latency, "busbw_gbps": 1.0 / slope}
     return out
+
+
+def replay_at_hardware(
+    tables: Tables, groups: list[str], collective: str, min_bytes: int = 16 << 20
+) -> tuple[float, float, str] | None:
+    """What running `collective` on `groups` at the bus bandwidth the hardware table gives
+    their link would save: (replayed saving ns per step, expected GB/s, the link in words),
+    or None where the table gives none. Its calls of at least `min_bytes` end earlier by
+    transfer - bus bytes / expected (a fixed latency counted as slowness), their exposed
+    tails shrink by at most that, the CPU's launches unchanged (as NET101's replay)."""
+    expected = _expected(tables).filter(
+        pl.col("process_group").is_in(groups) & (pl.col("collective") == collective)
+    )
+    if expected.height == 0 or collective in P2P:
+        return None
+    calls = tables.collect(
+        collective_exposure_lazy(tables, transfer_only=True)
+        .filter(
+            pl.col("process_group").is_in(groups)
+            & (pl.col("collective") == collective)
+            & (pl.col("bytes") >= min_bytes)
+            & (pl.col("transfer_ns") > 0)
+        )
+        .join(expected.lazy().select("process_group", "expected"), on="process_group")
+        .with_columns(
+            saved=(
+                pl.col("transfer_ns")
+                - pl.col("bytes")
+                * busbw_factor(pl.col("collective"), group_size())
+                / pl.col("expected")
+            ).clip(lower_bound=0.0)
+        )
+        .select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            "end_ns",
+            "exposed_ns",
+            lost=pl.min_horizontal(pl.col("exposed_ns").cast(pl.Float64), pl.col("saved")),
+        )
+    )
+    worst = expected.sort("expected").row(0, named=True)
+    words = f"{worst['expected']:.0f} GB/s, what {_link_name(worst)} {collective} reaches"
+    if calls.height == 0:
+        return 0.0, float(worst["expected"]), words
+    floor = launch_floor(
+        tables,
+        calls.filter(pl.col("lost") > 0).select("rank", "step", at_ns="end_ns", remove_ns="lost"),
+    )
+    fraction = (
+        calls.group_by("rank", "step")
+        .agg(_lost=pl.col("lost").sum(), _exposed=pl.col("exposed_ns").sum())
+        .join(floor.select("rank", "step", "share"), on=["rank", "step"], how="left")
+        .select(
+            "rank",
+            "step",
+            collective=pl.lit(collective),
+            fraction=pl.when(pl.col("_exposed") > 0)
+            .then(pl.col("_lost") / pl.col("_exposed"))
+            .otherwise(0.0)
+            * pl.col("share").fill_null(1.0),
+        )
+    )
+    edit = Edit(
+        f"run {collective} on groups {', '.join(groups)} at {worst['expected']:.1f} GB/s bus "
+        "bandwidth (the hardware table's; the CPU's launches unchanged)",
+        (pl.col("category") == "transfer")
+        & pl.col("process_group").is_in(groups)
+        & (pl.col("collective") == collective),
+        fraction,
+        shortens=True,
+    )
+    return float(replay_saving(tables, edit)), float(worst["expected"]), words
+
+
+def _link_name(row: dict[str, Any]) -> str:
+    """'an H100 SXM NVLink4/NVSwitch', 'a 400 Gb/s InfiniBand (NDR) ... across hosts': the
+    article as the name is read out (an H100, an MI300X, a V100, a B200)."""
+    if row["scope"] == "inter-node":
+        where = f"{row['gpu_link']} across hosts"
+    else:
+        where = f"{row['gpu']} {row['gpu_link']}"
+    return ("an " if where[:1].upper() in "AEFHILMNORSX" else "a ") + where
