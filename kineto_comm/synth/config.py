@@ -94,7 +94,9 @@ class Hardware:
     all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, send/recv 1). The healthy
     ``busbw`` is the hardware table's (kineto_comm/data/hardware.toml) for the traces' device,
     an H100 SXM, per collective: its NVLink figure inside a host, ``network``'s across hosts
-    (analysis.hardware.link_figures); ``busbw_gbps`` set: that one figure for every link.
+    (analysis.hardware.link_figures); ``busbw_gbps`` set: that one figure for every link,
+    and the traces name a device the table does not know (kineto.CUSTOM_GPU): nothing is
+    expected of its links.
     """
 
     tflops: float = 300.0

@@ -405,7 +405,9 @@ def generate(
                 "pg_config": [g.pg_config() for g in plan.groups_of(r)],
                 "nccl_version": NCCL_VERSION,
             }
-            f.write(K.header(dist, per_host).encode())
+            # Links at the caller's figure: a device the hardware table does not know.
+            name = None if hw.busbw_gbps is None else K.CUSTOM_GPU
+            f.write(K.header(dist, per_host, name).encode())
         written = [0] * world
         k = 0
         total = steps
