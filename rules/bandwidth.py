@@ -357,7 +357,13 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
                 advice=_link_advice(
                     job_platform(tables).backend,
                     "Run nccl-tests (all_reduce_perf -b 1M -e 1G) on exactly these ranks' "
-                    "hosts and compare with a healthy group.",
+                    + (
+                        f"hosts: at 256 MB and more this link should reach about "
+                        f"{c['worst_reference']:.0f} GB/s bus bandwidth for "
+                        f"{c['worst']} (docs/hardware.md)."
+                        if c["reference_kind"] == "hardware"
+                        else "hosts and compare with a healthy group."
+                    ),
                 ),
             )
         )
