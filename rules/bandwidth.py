@@ -342,16 +342,21 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
                     "median_busbw_gbps": round(c["median_busbw"], 2),
                     "reference_busbw_gbps": round(c["reference"], 2),
                     "reference": c["reference_kind"],
-                    "gpu": c["gpu"] if c["reference_kind"] == "hardware" else None,
-                    "link": c["gpu_link"] if c["reference_kind"] == "hardware" else None,
-                    "speed_of_light": round(c["worst_busbw"] / c["worst_reference"], 4)
-                    if c["reference_kind"] == "hardware"
-                    else None,
                     "exposed_lost_ns_per_step": int(c["impact_ns"]),
                     "latency_ns": None if fit is None else int(fit["latency_ns"]),
                     "fitted_busbw_gbps": None if fit is None else round(fit["busbw_gbps"], 2),
                     "step_ns": step_ns,
                     "saving_method": f"replay: {edit.name}",
+                    # Against the hardware table: its model, link and the share reached.
+                    **(
+                        {
+                            "gpu": c["gpu"],
+                            "link": c["gpu_link"],
+                            "speed_of_light": round(c["worst_busbw"] / c["worst_reference"], 4),
+                        }
+                        if c["reference_kind"] == "hardware"
+                        else {}
+                    ),
                 },
                 edit=edit,
                 advice=_link_advice(

@@ -447,9 +447,13 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                     "hide_saving_ns": int(hide_saving),
                     "merge": facts,
                     "single_call_steps": lone,
-                    "at_hardware_saving_ns": None if fast is None else int(fast[0]),
-                    "expected_busbw_gbps": None if fast is None else fast[1],
                     "saving_method": f"replay: {edit.name}",
+                    # Where the hardware table knows the link (none: left out, not null).
+                    **(
+                        {}
+                        if fast is None
+                        else {"at_hardware_saving_ns": int(fast[0]), "expected_busbw_gbps": fast[1]}
+                    ),
                 },
                 advice=advice,
                 edit=edit,
