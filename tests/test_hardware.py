@@ -19,7 +19,7 @@ from kineto_comm.analysis.hardware import COLLECTIVES, gpu_of, load_table
 from kineto_comm.errors import UsageError
 from kineto_comm.rules_engine import run_rules
 from kineto_comm.synth import generate
-from tests.conftest import REPO
+from tests.conftest import REPO, kernel, write_trace
 
 DATA = REPO / "tests" / "data"
 _CACHE: dict[tuple[str, str, int], tuple[Path, dict[str, Any]]] = {}
@@ -288,3 +288,30 @@ def test_bad_network_or_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
     config.write_text("[hardware.gpu.h100-sxm.busbw_gbps]\nall_reduce = 'fast'\n")
     with pytest.raises(UsageError, match="all_reduce must be a number"):
         analyze(folder, config=config)
+
+
+def test_damaged_device_properties_lose_a_field_not_the_file(tmp_path: Path) -> None:
+    """A header's deviceProperties with values of the wrong kind: those values are unknown,
+    the file and its other fields are read; the rank's device is the entry of its id."""
+    from kineto_comm.load.decode import decode_file
+
+    devices = [
+        {"id": 0, "name": "NVIDIA A100-SXM4-80GB", "numSms": 108},
+        {"id": "1", "name": "NVIDIA H100 80GB HBM3", "numSms": "lots", "computeMajor": 9},
+    ]
+    path = write_trace(
+        tmp_path / "rank-0.pt.trace.json",
+        [kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 10.0, 5.0, device=1)],
+        deviceProperties=devices,
+    )
+    raw = decode_file(path)
+    assert raw.devices[1] == {
+        "id": 1,
+        "name": "NVIDIA H100 80GB HBM3",
+        "sms": None,
+        "memory_bytes": None,
+        "compute_capability": "9.0",
+    }
+    report = analyze(path, jobs=1)
+    (row,) = report.hardware.iter_rows(named=True)
+    assert row["device_id"] == 1 and row["gpu"] == "h100-sxm" and row["sms"] is None
