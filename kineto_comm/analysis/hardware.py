@@ -155,7 +155,7 @@ def rank_hardware(
         if chosen is None and len(listed) == 1:
             chosen = listed[0]
         key = None
-        if chosen is not None and dev_id is not None:
+        if chosen is not None:
             key = gpu_model if gpu_model else gpu_of(chosen.get("name"), table)
         entry = table["gpu"].get(key, {}) if key else {}
         chosen = chosen or {}
@@ -183,9 +183,10 @@ def group_links(
 ) -> pl.DataFrame:
     """LINK_COLUMNS per process group of `members` (process_group, rank): `scope`
     (`intra-node`, `inter-node`, `shared device`: ranks on one GPU, or null: hosts not
-    known), the group's GPU model (null unless every rank has the same one), the link and
-    the fewest ranks it has on one host. `ranks`: rank_hardware's table; `host_source`:
-    how the hosts were inferred (offsets table; `unknown` is no layout)."""
+    known, or a rank whose calls ran on no device), the group's GPU model (null unless
+    every rank has the same one), the link and the fewest ranks it has on one host.
+    `ranks`: rank_hardware's table; `host_source`: how the hosts were inferred (offsets
+    table; `unknown` is no layout)."""
     known_hosts = host_source not in (None, "unknown")
     per = members.select(pl.col("process_group").cast(pl.String), pl.col("rank").cast(pl.Int64))
     per = per.unique().join(ranks, on="rank", how="left")
@@ -203,7 +204,10 @@ def group_links(
         link=pl.col("link").first(),
     )
     scope = (
-        pl.when((pl.col("null_devices") == 0) & (pl.col("devices") < pl.col("n")))
+        # A rank whose calls ran on no device (gloo: the host) moves no data over the GPUs'.
+        pl.when(pl.col("null_devices") > 0)
+        .then(pl.lit(None, pl.String))
+        .when(pl.col("devices") < pl.col("n"))
         .then(pl.lit("shared device"))
         .when(~pl.lit(known_hosts) | (pl.col("null_hosts") > 0))
         .then(pl.lit(None, pl.String))
