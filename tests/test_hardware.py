@@ -92,6 +92,9 @@ def test_an_override_must_be_a_positive_number() -> None:
         load_table({"gpu": {"h100-sxm": {"busbw_gbps": {"all_reduce": 0}}}})
     with pytest.raises(ValueError, match="hardware.gpu.mine.match"):
         load_table({"gpu": {"mine": {"busbw_gbps": {"all_reduce": 10}}}})
+    # Names are matched by Polars (Rust regex): no look-behind.
+    with pytest.raises(ValueError, match=r"'\(\?<!G\)X' is no pattern"):
+        load_table({"gpu": {"mine": {"match": ["(?<!G)X"]}}})
 
 
 # ---------------------------------------------------- expectations on a generated job

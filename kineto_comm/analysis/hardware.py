@@ -16,7 +16,6 @@ link should give a call reached.
 from __future__ import annotations
 
 import copy
-import re
 import tomllib
 from collections.abc import Mapping
 from importlib import resources
@@ -61,6 +60,16 @@ RANK_SCHEMA = {
 }
 LINK_COLUMNS = ("process_group", "scope", "gpu", "link", "ranks_per_host")
 EXPECTED_COLUMNS = ("expected_busbw_gbps", "speed_of_light")
+EXPECTED_SCHEMA = {
+    "process_group": pl.String,
+    "collective": pl.String,
+    "scope": pl.String,
+    "gpu": pl.String,
+    "link": pl.String,
+    "network": pl.String,
+    "expected_busbw_gbps": pl.Float64,
+    "source": pl.String,
+}
 
 
 def load_table(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -97,10 +106,13 @@ def _check(where: str, entry: Mapping[str, Any], gpu: bool) -> None:
     if gpu and not (isinstance(entry.get("match"), list) and entry["match"]):
         raise ValueError(f"{where}.match must be a list of patterns")
     for pattern in entry.get("match", []):
-        try:
-            re.compile(pattern)
-        except (re.error, TypeError) as exc:
-            raise ValueError(f"{where}.match: {pattern!r} is no pattern ({exc})") from None
+        try:  # Polars' (Rust) regex syntax: the one the names are matched with
+            pl.select(pl.lit("").str.contains(f"(?i){pattern}"))
+        except (pl.exceptions.PolarsError, TypeError) as exc:
+            why = str(exc).strip().splitlines()
+            raise ValueError(
+                f"{where}.match: {pattern!r} is no pattern ({why[-1] if why else exc})"
+            ) from None
     busbw = entry.get("busbw_gbps", {})
     if not isinstance(busbw, Mapping):
         raise ValueError(f"{where}.busbw_gbps must be a table of collective = GB/s")
@@ -122,10 +134,32 @@ def gpu_of(name: str | None, table: Mapping[str, Any]) -> str | None:
     matches (case-insensitive); None for no name or no match."""
     if not name:
         return None
-    for key, entry in table["gpu"].items():
-        if any(re.search(p, name, re.IGNORECASE) for p in entry.get("match", [])):
-            return key
-    return None
+    return pl.select(_model_of(pl.lit(name, pl.String), table)).item()
+
+
+def gpu_frame(table: Mapping[str, Any]) -> pl.DataFrame:
+    """One row per model of the table: gpu, gpu_label, link, bf16_tflops, hbm_tbps."""
+    rows = [
+        {
+            "gpu": key,
+            "gpu_label": e.get("label", key),
+            "link": e.get("link"),
+            "bf16_tflops": e.get("bf16_tflops"),
+            "hbm_tbps": e.get("hbm_tbps"),
+        }
+        for key, e in table["gpu"].items()
+    ]
+    return pl.DataFrame(rows, schema={k: RANK_SCHEMA[k] for k in RANK_COLUMNS[7:]})
+
+
+def _model_of(name: pl.Expr, table: Mapping[str, Any]) -> pl.Expr:
+    """gpu_of as an expression: the first entry (in the table's order) a pattern of which
+    matches the name, case-insensitive; null for none."""
+    out = pl.lit(None, pl.String)
+    for key, entry in reversed(list(table["gpu"].items())):
+        pattern = "|".join(f"(?:{p})" for p in entry.get("match", []))
+        out = pl.when(name.str.contains(f"(?i){pattern}")).then(pl.lit(key)).otherwise(out)
+    return out
 
 
 def rank_hardware(
@@ -137,45 +171,46 @@ def rank_hardware(
 ) -> pl.DataFrame:
     """RANK_COLUMNS per rank of `devices` ({rank: its header's deviceProperties, as dicts
     of id, name, sms, memory_bytes, compute_capability}): the device its kernels ran on
-    (`device_ids`: rank, device; the listed device of that id, else the only one listed),
-    its model in `table` and that model's figures. `gpu_model` (the config's) names the
-    model of every rank with a device. `hosts`: rank, host (null where unknown)."""
-    ids = {
-        int(r): int(d)
-        for r, d in device_ids.filter(pl.col("device") >= 0)
-        .group_by("rank")
-        .agg(pl.col("device").min())
-        .iter_rows()
+    (`device_ids`: rank, device; the listed device of that id), its model in `table` and
+    that model's figures (a rank with no device calls: the only device its header lists).
+    `gpu_model` (the config's) names the model of every rank with a device. `hosts`: rank,
+    host (null where unknown)."""
+    schema = {
+        "rank": pl.Int64,
+        "id": pl.Int64,
+        "name": pl.String,
+        "sms": pl.Int64,
+        "memory_bytes": pl.Int64,
+        "compute_capability": pl.String,
     }
-    host = dict(hosts.select("rank", "host").iter_rows()) if hosts.height else {}
-    rows = []
-    for rank, listed in sorted(devices.items()):
-        dev_id = ids.get(rank)
-        chosen = next((d for d in listed if d.get("id") == dev_id), None)
-        if chosen is None and len(listed) == 1:
-            chosen = listed[0]
-        key = None
-        if chosen is not None:
-            key = gpu_model if gpu_model else gpu_of(chosen.get("name"), table)
-        entry = table["gpu"].get(key, {}) if key else {}
-        chosen = chosen or {}
-        rows.append(
-            {
-                "rank": rank,
-                "host": host.get(rank),
-                "device_id": dev_id,
-                "device_name": chosen.get("name"),
-                "sms": chosen.get("sms"),
-                "memory_bytes": chosen.get("memory_bytes"),
-                "compute_capability": chosen.get("compute_capability"),
-                "gpu": key,
-                "gpu_label": entry.get("label", key),
-                "link": entry.get("link"),
-                "bf16_tflops": entry.get("bf16_tflops"),
-                "hbm_tbps": entry.get("hbm_tbps"),
-            }
+    listed = pl.DataFrame(
+        [{**d, "rank": r} for r, ds in devices.items() for d in ds], schema=schema, strict=False
+    ).with_columns(_listed=pl.len().over("rank"))
+    ranks = pl.DataFrame({"rank": sorted(devices)}, schema={"rank": pl.Int64})
+    ids = (
+        device_ids.filter(pl.col("device") >= 0)
+        .group_by(pl.col("rank").cast(pl.Int64))
+        .agg(device_id=pl.col("device").min().cast(pl.Int64))
+    )
+    host = hosts.select(pl.col("rank").cast(pl.Int64), "host") if hosts.height else None
+    per = ranks.join(ids, on="rank", how="left")
+    by_id = per.join(listed, left_on=["rank", "device_id"], right_on=["rank", "id"], how="inner")
+    only = per.join(listed.filter(pl.col("_listed") == 1), on="rank", how="inner").drop("id")
+    chosen = pl.concat([by_id, only], how="diagonal_relaxed").unique("rank", keep="first")
+    named = pl.col("name")
+    model = pl.lit(gpu_model) if gpu_model else _model_of(named, table)
+    out = (
+        per.join(chosen.drop("device_id"), on="rank", how="left")
+        .with_columns(
+            gpu=pl.when(named.is_not_null() | pl.col("device_id").is_not_null()).then(model),
+            host=pl.lit(None, pl.String),
         )
-    return pl.DataFrame(rows, schema=RANK_SCHEMA)
+        .rename({"name": "device_name"})
+    )
+    if host is not None:
+        out = out.drop("host").join(host, on="rank", how="left")
+    out = out.join(gpu_frame(table), on="gpu", how="left")
+    return out.select(RANK_COLUMNS).cast(RANK_SCHEMA).sort("rank")
 
 
 def group_links(
@@ -232,50 +267,59 @@ def group_links(
 def expected_busbw(
     links: pl.DataFrame, table: Mapping[str, Any], network: str | None
 ) -> pl.DataFrame:
-    """process_group, collective, scope, gpu, link, network, expected_busbw_gbps, source: what
-    each group's link should give per collective of the table (send and recv as send_recv).
-    Intra-node: its model's figure. Inter-node: the network's per GPU times the fewest
-    ranks the group has on one host, at most the model's intra-node figure; none without a
-    network. No scope or no model: no rows."""
-    gpus = table["gpu"]
+    """EXPECTED_SCHEMA: what each group's link should give per collective of the table
+    (send and recv as send_recv). Intra-node: its model's figure. Inter-node: the
+    network's per GPU times the fewest ranks the group has on one host, at most the
+    model's intra-node figure (link_figures); none without a network. No scope or no
+    model: no rows."""
+    intra = pl.DataFrame(
+        [
+            {
+                "gpu": key,
+                "collective": coll,
+                "_intra": float(v),
+                "_link": e.get("link"),
+                "_source": e.get("source", {}).get("busbw_gbps"),
+            }
+            for key, e in table["gpu"].items()
+            for coll, v in e.get("busbw_gbps", {}).items()
+        ],
+        schema={
+            "gpu": pl.String,
+            "collective": pl.String,
+            "_intra": pl.Float64,
+            "_link": pl.String,
+            "_source": pl.String,
+        },
+    )
     net = table["network"].get(network) if network else None
-    rows = []
-    for g in links.iter_rows(named=True):
-        entry = gpus.get(g["gpu"]) if g["gpu"] else None
-        if entry is None or g["scope"] not in ("intra-node", "inter-node"):
-            continue
-        across = g["scope"] == "inter-node"
-        if across and net is None:
-            continue
-        figures = link_figures(entry, net if across else None, g["ranks_per_host"] or 1)
-        if across:
-            link, source = net.get("label", network), net.get("source")  # type: ignore[union-attr]
-        else:
-            link, source = entry.get("link"), entry.get("source", {}).get("busbw_gbps")
-        for coll, value in figures.items():
-            rows.append(
-                {
-                    "process_group": g["process_group"],
-                    "collective": coll,
-                    "scope": g["scope"],
-                    "gpu": g["gpu"],
-                    "link": link,
-                    "network": network if across else None,
-                    "expected_busbw_gbps": value,
-                    "source": source,
-                }
-            )
-    schema = {
-        "process_group": pl.String,
-        "collective": pl.String,
-        "scope": pl.String,
-        "gpu": pl.String,
-        "link": pl.String,
-        "network": pl.String,
-        "expected_busbw_gbps": pl.Float64,
-        "source": pl.String,
-    }
-    return pl.DataFrame(rows, schema=schema)
+    per_gpu = pl.DataFrame(
+        {
+            "collective": list((net or {}).get("busbw_gbps", {})),
+            "_net": [float(v) for v in (net or {}).get("busbw_gbps", {}).values()],
+        },
+        schema={"collective": pl.String, "_net": pl.Float64},
+    )
+    across = pl.col("scope") == "inter-node"
+    rows = (
+        links.filter(pl.col("scope").is_in(["intra-node", "inter-node"]))
+        .join(intra, on="gpu", how="inner")
+        .join(per_gpu, on="collective", how="left")
+        .filter(~across | pl.col("_net").is_not_null())
+    )
+    fewest = pl.col("ranks_per_host").fill_null(1).clip(lower_bound=1).cast(pl.Float64)
+    return rows.select(
+        "process_group",
+        "collective",
+        "scope",
+        "gpu",
+        link=pl.when(across).then(pl.lit((net or {}).get("label", network))).otherwise("_link"),
+        network=pl.when(across).then(pl.lit(network)),
+        expected_busbw_gbps=pl.when(across)
+        .then(pl.min_horizontal("_intra", pl.col("_net") * fewest))
+        .otherwise("_intra"),
+        source=pl.when(across).then(pl.lit((net or {}).get("source"))).otherwise("_source"),
+    ).cast(EXPECTED_SCHEMA)
 
 
 def link_figures(
