@@ -200,6 +200,7 @@ def analyze(
     rules: Sequence[Any] = (),
     rule_options: Mapping[str, Mapping[str, Any]] | None = None,
     config: str | Path | None = None,
+    network: str | None = None,
 ) -> Report:
     """Analyse the trace files under `paths` (files or directories).
 
@@ -230,14 +231,18 @@ def analyze(
     rule_options: {code or name: {option: value}}, over the config file's options.
     config: the config file (default: the first kineto-comm.toml, or pyproject.toml with
         [tool.kineto-comm], from the current directory upward, as the CLI reads it).
+    network: the link between hosts, a name of the hardware table (`400G-IB`, ...;
+        docs/hardware.md), over the config's `[hardware] network`: what a group across
+        hosts should reach. Without one, only groups inside a host have an expectation.
 
     The rules, their options and the model are read before any trace, so a mistake in
     them is a UsageError at once. The findings, ranked, are `Report.findings`.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    checks, per_host = _rule_set(select, ignore, rules, rule_options, config)
-    ranks_per_host = ranks_per_host if ranks_per_host is not None else per_host
+    checks, cfg = _rule_set(select, ignore, rules, rule_options, config)
+    ranks_per_host = ranks_per_host if ranks_per_host is not None else cfg.ranks_per_host
+    hw_table, network, gpu_model = _hardware(cfg.hardware, network, cfg.path)
     model_config = _model(model)
     patterns = tuple(comm_patterns)
     check_comm_patterns(patterns)
@@ -343,6 +348,19 @@ def analyze(
     merged["rank_collectives"] = merged.pop("collectives")
     merged["rank_steps"] = merged.pop("steps")
     merged["rank_waits"] = merged.pop("collective_waits", RankStore())
+    from kineto_comm.analysis.hardware import hardware_tables
+
+    merged.update(
+        hardware_tables(
+            {r: m.get("device_props") or [] for r, m in meta.items()},
+            merged["rank_collectives"],
+            merged["offsets"],
+            merged["collective_instances"],
+            hw_table,
+            network,
+            gpu_model,
+        )
+    )
     report = Report(
         errors=tuple(errors),
         warnings=tuple(warnings),
@@ -356,6 +374,7 @@ def analyze(
             "cache_dir": cache_arg,
             "dask_scheduler": dask_scheduler,
             "rules_run": checks.codes,
+            "network": network,
         },
         meta=meta,
         **merged,
@@ -418,15 +437,53 @@ def _rule_set(
     rules: Sequence[Any],
     options: Mapping[str, Mapping[str, Any]] | None,
     config: str | Path | None,
-) -> tuple[Any, int | None]:
-    """The rules analyze() runs (kineto_comm.rules_engine.RuleSet) and the config file's
-    ranks_per_host, from the config file (given, or found upward from the current
-    directory) and the arguments."""
+) -> tuple[Any, Any]:
+    """The rules analyze() runs (kineto_comm.rules_engine.RuleSet) and the config (its
+    ranks_per_host and [hardware] section), from the config file (given, or found upward
+    from the current directory) and the arguments."""
     from kineto_comm.rules_engine import load_config, rule_set
 
     cfg = load_config(None if config is None else Path(config))
     checks = rule_set(select=select, ignore=ignore, options=options, extra_rules=rules, config=cfg)
-    return checks, cfg.ranks_per_host
+    return checks, cfg
+
+
+def _hardware(
+    section: Mapping[str, Any], network: str | None, path: Path | None = None
+) -> tuple[dict[str, Any], str | None, str | None]:
+    """The hardware table with the config's [hardware] overrides (`path`: the config file),
+    the network (the argument, else the config's) and the config's gpu_model; UsageError
+    naming the file and key, or the name, that is wrong."""
+    from kineto_comm.analysis.hardware import CONFIG_KEYS, load_table
+
+    where = f"config file {path}: " if path is not None else "config: "
+    unknown = sorted(set(section) - set(CONFIG_KEYS))
+    if unknown:
+        raise UsageError(
+            f"{where}[hardware]: unknown key(s) {', '.join(unknown)}; known: "
+            + ", ".join(CONFIG_KEYS)
+        )
+    stated = section.get("network")
+    if stated is not None and not isinstance(stated, str):
+        raise UsageError(f"{where}[hardware] network must be a name such as '400G-IB'")
+    # [hardware.gpu.KEY] and [hardware.networks.NAME]: the table's entries, overridden.
+    overrides = {"gpu": section.get("gpu", {}), "network": section.get("networks", {})}
+    try:
+        table = load_table(overrides)
+    except ValueError as exc:
+        raise UsageError(f"{where}{exc}") from None
+    network = network if network is not None else stated
+    if network is not None and network not in table["network"]:
+        raise UsageError(
+            f"network {network!r}: not in the hardware table; known: " + ", ".join(table["network"])
+        )
+    model = section.get("gpu_model")
+    if model is not None and model not in table["gpu"]:
+        raise UsageError(
+            f"{where}[hardware] gpu_model {model!r}: not in the hardware table; known: "
+            + ", ".join(table["gpu"])
+        )
+    return table, network, model
 
 
 def _with_model(report: Report, model_config: tuple[Any, Any] | None) -> Report:

@@ -262,6 +262,14 @@ def report(
         Path | None,
         typer.Option("--model", help="Model config (TOML): compare with the analytical model."),
     ] = None,
+    network: Annotated[
+        str | None,
+        typer.Option(
+            "--network",
+            help="The link between hosts, e.g. 400G-IB, 200G-RoCE (docs/hardware.md): what"
+            " groups across hosts should reach (default: the config's [hardware] network).",
+        ),
+    ] = None,
     timeline_ranks: Annotated[
         str | None,
         typer.Option(
@@ -330,6 +338,7 @@ def report(
         progress=_progress_bar() if sys.stderr.isatty() else None,
         memory_limit=memory_limit,
         model=model,
+        network=network,
         **_rule_args(select, ignore, rules, config, rule_option),
     )
     from kineto_comm.render.text import problem_lines, render_text

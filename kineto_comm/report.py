@@ -71,6 +71,8 @@ TABLE_NAMES = (
     "framework",
     "interference",
     "inferred_config",
+    "hardware",
+    "expected_busbw",
 )
 
 # The tables kept per rank (kineto_comm.rank_store), by name -> the Report's field for them.
@@ -88,8 +90,9 @@ def _known_sum(column: str) -> pl.Expr:
     return pl.when(pl.col(column).is_not_null().any()).then(pl.col(column).sum())
 
 
-# The bandwidths of a matched call (collective_instances), by nccl-tests' definitions.
-_BANDWIDTHS = ("algbw_gbps", "busbw_gbps")
+# The bandwidths of a matched call (collective_instances), by nccl-tests' definitions, and
+# its share of what its link should give (analysis.hardware).
+_BANDWIDTHS = ("algbw_gbps", "busbw_gbps", "expected_busbw_gbps", "speed_of_light")
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,10 @@ class Report:
     interference: pl.DataFrame = field(default_factory=pl.DataFrame)
     # The training configuration the trace tells (analysis.inferred_config): one row.
     inferred_config: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # What the hardware should give (analysis.hardware): each rank's device and GPU model,
+    # and each group's expected bus bandwidth per collective.
+    hardware: pl.DataFrame = field(default_factory=pl.DataFrame)
+    expected_busbw: pl.DataFrame = field(default_factory=pl.DataFrame)
     # The model of time (kineto_comm.analysis.steptime): per step its time and critical
     # rank, the critical rank's blame rows, and the savings of the findings' fixes.
     step_times: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -206,7 +213,9 @@ class Report:
         the medians over the calls of their `collective_instances` bandwidths (bytes over the
         call's transfer time, as nccl-tests measures them: busbw = algbw x the collective's
         factor in every row; a send and its recv share their transfer's; null where the
-        calls have no size), in the renderers' order (most time first).
+        calls have no size), expected_busbw_gbps and speed_of_light (their medians of what
+        the link should give and of busbw / that: analysis.hardware; null where unknown),
+        in the renderers' order (most time first).
 
         One aggregation over the per-rank calls, their instances' bandwidths joined in: a big
         job's calls are read once and not assembled."""
@@ -218,18 +227,21 @@ class Report:
                     **dict.fromkeys(keys, pl.String),
                     **dict.fromkeys(("ranks", "calls", "bytes", "time_ns"), pl.Int64),
                     "mean_bytes": pl.Float64,
-                    "algbw_gbps": pl.Float64,
-                    "busbw_gbps": pl.Float64,
+                    **dict.fromkeys(_BANDWIDTHS, pl.Float64),
                 }
             )
         # Each call's bandwidths are its instance's (the rank's row in collective_waits, by
         # its start): a send and a recv both get their transfer's, each dtype its own calls'.
         inst = self.collective_instances
-        if self.rank_waits.height and {"instance", *_BANDWIDTHS} <= set(inst.columns):
+        if self.rank_waits.height and {"instance", *_BANDWIDTHS[:2]} <= set(inst.columns):
+            # A Report built without the hardware's columns: unknown, not missing.
+            known = inst.lazy().with_columns(
+                pl.lit(None, pl.Float64).alias(c) for c in _BANDWIDTHS if c not in inst.columns
+            )
             link = (
                 self.rank_waits.lazy(["instance", "rank", "start_ns"])
                 .unique(["rank", "start_ns"], keep="first")
-                .join(inst.lazy().select("instance", *_BANDWIDTHS), on="instance")
+                .join(known.select("instance", *_BANDWIDTHS), on="instance")
                 .drop("instance")
             )
             rows = calls.lazy(["rank", "start_ns", *keys, "bytes", "duration_ns"]).join(

@@ -168,6 +168,11 @@ class DistInfo(msgspec.Struct, gc=False):
 class DeviceProps(msgspec.Struct, gc=False):
     id: int | str | None = None
     name: str | None = None
+    # Any: a damaged value is dropped (assemble._device), never a failed header.
+    numSms: Any = None  # noqa: N815 - JSON keys
+    totalGlobalMem: Any = None  # noqa: N815
+    computeMajor: Any = None  # noqa: N815
+    computeMinor: Any = None  # noqa: N815
 
 
 class Top(msgspec.Struct, gc=False):
@@ -339,6 +344,8 @@ class RawTrace:
     backend: str | None = None
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     device_names: list[str] = field(default_factory=list)
+    # The header's deviceProperties: id, name, sms, memory_bytes, compute_capability.
+    devices: list[dict[str, Any]] = field(default_factory=list)
     base_time_ns: int = 0
     host_name: str | None = None
     nbytes: int = 0

@@ -42,6 +42,8 @@ OPTIONAL_TABLES = (
     "all_to_all_pairs",
     "all_to_all_loads",
     "framework",
+    "hardware",
+    "expected_busbw",
 )
 
 

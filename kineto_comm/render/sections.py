@@ -109,10 +109,17 @@ def _cut(rows: list[tuple[str, ...]], what: str = "row(s)") -> tuple[list[tuple[
 def collectives(report: Report) -> Section | None:
     """Every collective over all ranks (json `collective_totals`): time is the kernel time
     (waiting included); algbw and busbw the medians over the calls' transfers
-    (Report.collective_totals)."""
+    (Report.collective_totals); `of link`, where the hardware table knows a group's link,
+    the median speed_of_light (busbw / what the link should give: docs/hardware.md)."""
     totals = collective_totals(report)
     if not totals:
         return None
+    known = any(c.get("speed_of_light") is not None for c in totals)
+    sol = (
+        (lambda c: "-" if c.get("speed_of_light") is None else f"{c['speed_of_light']:.0%}")
+        if known
+        else None
+    )
     rows = [
         (
             c["collective"],
@@ -125,6 +132,7 @@ def collectives(report: Report) -> Section | None:
             fmt_ns(c["time_ns"]),
             fmt_bw(c["algbw_gbps"]),
             fmt_bw(c.get("busbw_gbps")),
+            *([] if sol is None else [sol(c)]),
         )
         for c in totals
     ]
@@ -133,9 +141,9 @@ def collectives(report: Report) -> Section | None:
     return Section(
         "collective_totals",
         "Collectives (all ranks)",
-        (*header, "algbw", "busbw"),
+        (*header, "algbw", "busbw", *([] if sol is None else ["of link"])),
         rows,
-        frozenset(range(3, 10)),
+        frozenset(range(3, 10 if sol is None else 11)),
         note,
     )
 

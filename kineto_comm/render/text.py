@@ -192,7 +192,16 @@ def render_text(
 # in a header leaves its last copy first. Tables not named here drop from the right.
 DROP_FIRST: dict[str, tuple[str, ...]] = {
     "ranks": ("device", "steps", "wall", "compute", "comm", "idle", "overlap"),
-    "collective_totals": ("algbw", "dtype", "volume", "mean size", "calls", "ranks", "group"),
+    "collective_totals": (
+        "of link",
+        "algbw",
+        "dtype",
+        "volume",
+        "mean size",
+        "calls",
+        "ranks",
+        "group",
+    ),
     "skew": ("p95 skew", "calls", "ranks", "last rank"),
     "step_blame": ("share", "share", "category"),
     "process_groups": ("size", "calls/step", "bytes/step", "ranks", "evidence"),

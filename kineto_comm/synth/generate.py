@@ -368,7 +368,7 @@ def generate(
     offsets = _offsets(world, per_host, rng, scenario == "clock-skew", spread)
 
     def plan_for(problem: bool) -> Plan:
-        groups = make_groups(layout, world, t, p, hw)
+        groups = make_groups(layout, world, t, p, hw, per_host)
         kw: dict[str, Any] = {}
         m = base_model
         if problem:
@@ -385,7 +385,7 @@ def generate(
             elif scenario == "slow-link":
                 for g in groups:
                     if g.name == slow_pg:
-                        g.busbw_gbps = hw.busbw_gbps / SLOW_LINK_FACTOR
+                        g.busbw = {c: v / SLOW_LINK_FACTOR for c, v in g.busbw.items()}
             elif scenario == "bubble":
                 nmb = min(BUBBLE_MICRO_BATCHES, m.micro_batches)
                 tokens = m.micro_batch * m.micro_batches
@@ -399,7 +399,7 @@ def generate(
     # a stage that finishes early hides in its cool-down: pick where the problem shows.
     straggler = rng.randrange(d if layout == "pp-dp" else world) if scenario == "straggler" else -1
     slow_role = "pp" if layout == "pp-dp" else "dp"
-    cands = [g.name for g in make_groups(layout, world, t, p, hw) if g.role == slow_role]
+    cands = [g.name for g in make_groups(layout, world, t, p, hw, per_host) if g.role == slow_role]
     slow_pg = rng.choice(cands) if scenario == "slow-link" else ""
 
     plan = plan_for(True)
@@ -419,7 +419,9 @@ def generate(
                 "pg_config": [g.pg_config() for g in plan.groups_of(r)],
                 "nccl_version": NCCL_VERSION,
             }
-            f.write(K.header(dist, per_host).encode())
+            # Links at the caller's figure: a device the hardware table does not know.
+            name = None if hw.busbw_gbps is None else K.CUSTOM_GPU
+            f.write(K.header(dist, per_host, name).encode())
         written = [0] * world
         k = 0
         total = steps
@@ -625,7 +627,13 @@ def _truth(
         "model": plan.model.to_dict(),
         "hardware": plan.hw.to_dict(),
         "process_groups": [
-            {**g.pg_config(), "role": g.role, "stream": g.stream, "busbw_gbps": g.busbw_gbps}
+            {
+                **g.pg_config(),
+                "role": g.role,
+                "stream": g.stream,
+                "busbw_gbps": g.busbw_gbps,
+                "busbw_by_collective": dict(g.busbw),
+            }
             for g in plan.groups
         ],
         "compute_stream": COMPUTE_STREAM,
