@@ -367,8 +367,8 @@ def analyze(
 
         report = with_model(report, *model_config)
     from kineto_comm.analysis.framework import P2P_COLUMNS, framework_table
-    from kineto_comm.rules_api import Tables
     from kineto_comm.rules_engine import step_model
+    from kineto_comm.tables import Tables
 
     calls = report.rank_collectives
     p2p = calls.lazy(list(P2P_COLUMNS)) if calls.height and calls.columns else None
