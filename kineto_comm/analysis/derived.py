@@ -17,24 +17,27 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm.analysis import costfit, exposure, model_of_time, roles, volume, waits
+from kineto_comm.analysis import costfit, exposure, model_of_time, roles, steptime, volume, waits
 from kineto_comm.analysis.view import TableView
 
 
 @dataclass(frozen=True)
 class Derived:
     """One derived table: `name`, the tables it `reads`, its `build` (TableView -> frame),
-    whether that is a lazy query, a one-line `doc`, and whether rules may read it by name
-    (`public`; the others are steps of a public one)."""
+    a one-line `doc`, the `columns` it always has (more where its source has more), whether
+    it is a lazy query, and whether rules may read it by name (`public`; the others are
+    steps of a public one)."""
 
     name: str
     reads: tuple[str, ...]
     build: Callable[[TableView], Any]
     doc: str
+    columns: tuple[str, ...] = ()
     lazy: bool = False
     public: bool = True
 
 
+_WAITS = ("wait_ns", "transfer_ns", "ranks_seen", "arrived_last")
 _CALLS = ("collectives", "ranks", "collective_instances", "collective_waits")
 _TIME = ("steps", "kernels", *_CALLS, "process_groups")
 
@@ -46,18 +49,21 @@ DERIVED: dict[str, Derived] = {
             ("steps",),
             model_of_time.step_times,
             "per step: step_ns (the longest rank's window), critical_rank, ranks, complete",
+            tuple(steptime.STEP_TIMES_SCHEMA),
         ),
         Derived(
             "step_blame",
             _TIME,
             model_of_time.critical_blame,
             "the critical rank's blame rows of each step (sum to its step_ns)",
+            tuple(steptime.BLAME_SCHEMA),
         ),
         Derived(
             "rank_blame",
             _TIME,
             model_of_time.rank_blame,
             "every rank's step windows split into blame categories",
+            tuple(steptime.BLAME_SCHEMA),
             lazy=True,
         ),
         Derived(
@@ -65,6 +71,7 @@ DERIVED: dict[str, Derived] = {
             _TIME,
             model_of_time.replay_timeline,
             "what the replay re-times: windows, events, tail chains",
+            tuple(steptime.CHAIN_SCHEMA),
             lazy=True,
         ),
         Derived(
@@ -72,6 +79,7 @@ DERIVED: dict[str, Derived] = {
             _CALLS,
             waits.collective_waits_lazy,
             "collectives + wait_ns, transfer_ns, ranks_seen, arrived_last",
+            _WAITS,
             lazy=True,
         ),
         Derived(
@@ -79,6 +87,7 @@ DERIVED: dict[str, Derived] = {
             _TIME,
             exposure.collective_exposure_lazy,
             "call_waits + exposed_ns: the transfer time the model of time charges to each call",
+            (*_WAITS, "exposed_ns", "step"),
             lazy=True,
         ),
         Derived(
@@ -86,24 +95,28 @@ DERIVED: dict[str, Derived] = {
             ("process_groups", "collectives"),
             roles.group_roles,
             "process_group -> role, size, ranks",
+            ("process_group", "role", "size", "ranks"),
         ),
         Derived(
             "cost_fit",
             _TIME,
             costfit.job_cost_fit,
             "per (process_group, collective): latency + bytes / bandwidth",
+            tuple(costfit.FIT_SCHEMA),
         ),
         Derived(
             "all_to_all_volume",
             ("collectives",),
             volume.all_to_all_volume,
             "per group and rank: all-to-all bytes sent and received, how uneven",
+            tuple(volume.VOLUME_SCHEMA),
         ),
         Derived(
             "queue_shift",
             _TIME,
             model_of_time.queue_shift,
             "per window with queued time: what moving the device's other work off takes out",
+            tuple(model_of_time.SHARE_SCHEMA),
         ),
         # Steps of the public tables.
         Derived(

@@ -12,6 +12,16 @@ import polars as pl
 
 from kineto_comm.analysis.view import TableView, memo
 
+VOLUME_SCHEMA: dict[str, pl.DataType] = {
+    "process_group": pl.String(),
+    "rank": pl.Int64(),
+    "calls": pl.Int64(),
+    "sent_bytes": pl.Int64(),
+    "received_bytes": pl.Int64(),
+    "received_vs_mean": pl.Float64(),
+    "call_imbalance": pl.Float64(),
+}
+
 
 def all_to_all_volume(tables: TableView) -> pl.DataFrame:
     """What each rank of a group sends and receives in its all-to-alls: process_group,
@@ -26,15 +36,7 @@ def all_to_all_volume(tables: TableView) -> pl.DataFrame:
     call later. Left out: groups whose all-to-alls carry no sizes, and groups with fewer
     ranks in the traces than their size, or of unknown size (their mean rank is not known,
     nor which calls are one call of the group)."""
-    schema = {
-        "process_group": pl.String,
-        "rank": pl.Int64,
-        "calls": pl.Int64,
-        "sent_bytes": pl.Int64,
-        "received_bytes": pl.Int64,
-        "received_vs_mean": pl.Float64,
-        "call_imbalance": pl.Float64,
-    }
+    schema = VOLUME_SCHEMA
     need = ("rank", "process_group", "collective", "call_index", "group_size")
     need += ("in_bytes", "out_bytes")
     if not tables.has("collectives", *need):
