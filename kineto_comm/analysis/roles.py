@@ -10,7 +10,7 @@ its message sizes, its ranks), by an ordered list of decisions, first match wins
 `evidence` column gives the numbers behind each one. One row per process group (the
 `process_groups` table, docs/tables.md); the pooled group "?" (calls naming no group) is
 split by kind of call where it evidently holds several groups' work. The features, the
-decisions and the split in full: the comment below the imports.
+decisions and the split in full: docs/analyses.md.
 """
 
 from __future__ import annotations
@@ -25,73 +25,7 @@ from kineto_comm.model.collectives import parse_ranks
 from kineto_comm.model.steps import steps_per_rank
 from kineto_comm.rank_store import RankStore, as_store
 
-# In full (the module docstring says what and why):
-#
-# What each process group is for: data, tensor, pipeline or expert parallelism, embedding
-# exchange, or FSDP.
-#
-# Why: traces name groups by number ("0", "5") and rarely by purpose (`pg_desc` is often
-# `default_pg` or missing, and gloo traces carry no group at all), yet every judgement about
-# communication depends on the role: a slow tensor-parallel all-reduce sits on the critical path,
-# a slow data-parallel one may hide behind backward. The role is inferred from what the group
-# does, and the `evidence` column gives the numbers behind each decision.
-#
-# One row per process group (null `process_group` is the group "?", classified from its
-# collectives like any other). Features, over all ranks that report the group:
-#
-# * the mix of collectives (share of calls) and the volume of all_gather, reduce_scatter and
-#   all_reduce;
-# * where in the step's work the calls start: each call's `compute_before` (the share of its
-#   step's compute time that started before it). A step without compute places no call: its
-#   wall clock tells forward from backward no better than a step that communication fills
-#   (a trace of the collectives alone, hta/cpu_only). A call before a third of
-#   the step's compute runs in the forward pass (backward takes about twice the forward's
-#   compute); `forward` is the share of calls there, and `first call` the median over (rank,
-#   step) of the position of the group's first call (of its first all_reduce for the
-#   tensor-parallel score). A gradient reduction cannot start before backward, while
-#   tensor-parallel reductions fire inside the first layer and half of them in the forward.
-#   The compute share, not the wall clock: when communication takes most of the step,
-#   backward starts a few percent of the wall time into it;
-# * message sizes: the mean and the share of calls with the most common size (activations have
-#   one shape, gradient buckets vary);
-# * the ranks: from `pg_ranks` (text "[0, 2, 4, 6]") when the trace has it, else the ranks that
-#   report the group; contiguous, strided (constant step > 1) or scattered.
-#
-# Decision, first match wins:
-#
-# 1. >= 50 % of calls broadcast / barrier / reduce / gather / scatter / unknown -> unknown
-# 2. >= 50 % send / recv / send_recv -> pipeline
-# 3. >= 50 % all_to_all -> embedding when some of its calls sit in user annotations naming
-#    embeddings or sparse features (torchrec's `## all2all_data:kjt values ##`), else expert
-#    when some sit in annotations naming experts or token routing, else unknown (an all-to-all
-#    of unknown purpose: the trace does not say, and the advice stays generic)
-# 4. all_gather and reduce_scatter both present, together >= 50 % of calls, volumes within 4x ->
-#    fsdp; but tensor_parallel (sequence parallelism) when >= 25 % of the reduce_scatters run in
-#    the forward (FSDP reduce-scatters only in backward)
-# 5. all_gather (>= 25 % of calls) with all_reduce and no reduce_scatter, volumes within 4x ->
-#    fsdp, saying that the all_reduce stands in for the reduce-scatter (gloo runs FSDP's
-#    reduce-scatter as an all_reduce), so data_parallel with sharded parameters is the reading
-# 6. all_gather / reduce_scatter alone >= 50 % -> fsdp
-# 7. >= 50 % all_reduce -> tensor_parallel when the score >= 3 and the group makes at least
-#    TP_CALLS calls per step (tensor parallelism all-reduces in every layer, forward and
-#    backward), else data_parallel. Score: first all_reduce before 15 % of the step's compute:
-#    +2; >= 25 % of the all-reduces in the forward: +1; >= 80 % of calls of one size: +1;
-#    contiguous ranks forming a proper sub-group of the job: +1; strided ranks: -1
-# 8. anything else -> unknown
-#
-# The pooled group "?" (calls that name no group) is split by kind of call where it evidently
-# holds several groups' work (`_pool_key`): its all-reduces apart from its other calls, each
-# size apart, when it has all-to-alls and all-reduces (torchrec's embedding all-to-alls and
-# the dense gradient all-reduce) or the ranks' pg_config lists groups of different ranks (gloo
-# names no group per call: tensor-parallel activations and data-parallel gradients pooled).
-# Each kind is a row of its own, decided by the rules above: `process_group` "?",
-# `pooled_collective` and `pooled_bytes` the kind (null: the rest of the pool), `size` null
-# where the ranks' groups differ (which ranks a call joined is not known). The rules read a
-# call's role through `call_roles` (below), the step blame included.
-#
-# `calls_per_step` and `bytes_per_step` are means per rank and step: a rank's calls inside
-# ProfilerStep windows over its number of steps (all of its calls when it has no steps),
-# averaged over the ranks that report the group.
+# In full: docs/analyses.md, "Process-group roles".
 
 ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "embedding", "fsdp", "unknown")
 PROCESS_GROUP_SCHEMA: dict[str, pl.DataType] = {
