@@ -42,8 +42,8 @@ class Tables(Mapping[str, pl.DataFrame]):
 
     def __init__(self, source: Any) -> None:
         self._source = source
-        # Results of the helpers below that several rules ask for (collective_exposure
-        # reads every rank's kernels): computed once per Tables, i.e. once per rules run.
+        # The derived tables and what rules share through `once` (the blame reads every
+        # rank's kernels): computed once per Tables, i.e. once per rules run.
         self._memo: dict[Any, Any] = {}
         # A view of a few ranks (rank_slices): their range, and the whole tables' memo.
         self._window: tuple[int | None, int | None] | None = None

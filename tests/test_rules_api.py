@@ -200,6 +200,8 @@ def test_derived_tables_read_by_name_are_the_readers_tables(spill, monkeypatch):
     for name in ("step_times", "rank_blame", "call_exposure", "cost_fit", "all_to_all_volume"):
         assert tables[name].height > 0, name
     assert tables["all_to_all_volume"]["rank"].sort().to_list() == [0, 1, 2, 3]
+    listed = (REPO / "docs" / "tables.md").read_text().split("## Derived tables")[1]
+    assert [n for n in public if f"| `{n}` |" not in listed] == []  # documented
     blame = tables["step_blame"].group_by("step").agg(pl.col("ns").sum())
     times = tables["step_times"].join(blame, on="step")
     assert times.height == tables["step_times"].height

@@ -5,27 +5,10 @@ Why: a collective that cannot be hidden can only be made cheaper, and whether fe
 calls help depends on where its time goes. A call of a few hundred KB that takes 18 ms is
 almost all fixed cost (latency, synchronisation, a device shared with other ranks): merging
 four of them into one saves three latencies. One that moves its bytes near the link's speed
-gains nothing from merging. The fit says which, and how much.
-
-`cost_fit` fits, per (process_group, collective), each call's transfer time (the part of
-the call after the last rank arrived: no waiting for late ranks) as
-
-    transfer_ns = latency_ns + bus_bytes / busbw_gbps,  bus_bytes = bytes x busbw_factor(n)
-
-(n the group's size: analysis.bandwidth). Over the medians per message size, when the sizes
-span at least `SPREAD` (a least-squares line with a positive slope); otherwise (one size, or
-a slope the noise makes negative) the bandwidth is the larger of `prior_busbw_gbps` (what any
-link of the platform moves at least) and the best the calls reached, and the latency is the
-median time each size takes beyond its bytes at that bandwidth: a lower bound on the latency,
-so a saving built on it is not overstated. Where no call has a size, the latency is the
-`TIMES_QUANTILE` quantile of the per-call transfer times: the floor the smallest calls
-share, whatever they carry (`method` "times").
-
-`merge_removal` replays "merge these n calls into m" per rank and step: the calls below
-`target_bytes` (without sizes: those within `LARGE_FACTOR` latencies, the larger ones already
-moving bulk data) become ceil(their bytes / target_bytes) calls (one without sizes), each
-paying the latency once: the time removed is their latencies (a call's latency is at most its
-time) less m latencies.
+gains nothing from merging. The fit says which, and how much: `cost_fit` per
+(process_group, collective) over each call's transfer time, `merge_removal` the replay of
+"merge these n calls into m" per rank and step; `job_cost_fit` and `job_merge_removal` run
+them over a job's tables (derived table `cost_fit`). In full: docs/analyses.md, "The cost fit".
 """
 
 from __future__ import annotations

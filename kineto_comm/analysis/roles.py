@@ -10,7 +10,8 @@ its message sizes, its ranks), by an ordered list of decisions, first match wins
 `evidence` column gives the numbers behind each one. One row per process group (the
 `process_groups` table, docs/tables.md); the pooled group "?" (calls naming no group) is
 split by kind of call where it evidently holds several groups' work. The features, the
-decisions and the split in full: docs/analyses.md.
+decisions and the split in full: docs/analyses.md. The rules read each group's role
+(`group_roles`, derived table `group_roles`) and each call's (`call_roles`) at the end.
 """
 
 from __future__ import annotations
