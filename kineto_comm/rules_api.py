@@ -239,7 +239,6 @@ def mean_step_ns(tables: Tables) -> int:
     the last one when there are several, whose window is cut at its last kernel); without
     step markers the whole trace is one step. The same number as `step_time_ns`."""
     return step_time_ns(tables)
-    return step_time_ns(tables)
 
 
 # Readers of the derived tables (kineto_comm.analysis.derived; docs/tables.md, "Derived
