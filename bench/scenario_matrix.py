@@ -41,6 +41,7 @@ CODES = {
     "small-messages": ("COMM201",),
     "slow-link": ("NET101",),
     "bubble": ("PIPE101",),
+    "interference": ("COMM301",),
 }
 LAYOUTS = ("dp", "tp-dp", "fsdp", "pp-dp")
 CANONICAL = {"allreduce": "all_reduce", "_reduce_scatter_base": "reduce_scatter"}

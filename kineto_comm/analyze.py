@@ -362,10 +362,6 @@ def analyze(
     )
     if report.ranks.height == 0:  # nothing analysed: nothing to compare or check
         return report
-    if model_config is not None:
-        from kineto_comm.analytic import with_model
-
-        report = with_model(report, *model_config)
     from kineto_comm.analysis.framework import P2P_COLUMNS, framework_table
     from kineto_comm.rules_engine import step_model
     from kineto_comm.tables import Tables
@@ -374,6 +370,7 @@ def analyze(
     p2p = calls.lazy(list(P2P_COLUMNS)) if calls.height and calls.columns else None
     used = framework_table(meta, p2p, report.pipeline)
     report = replace(report, framework=used)
+    report = _with_model(report, model_config)
 
     # One Tables for the rules and the model of time: the blame is built once.
     tables = Tables(report)
@@ -430,6 +427,33 @@ def _rule_set(
     cfg = load_config(None if config is None else Path(config))
     checks = rule_set(select=select, ignore=ignore, options=options, extra_rules=rules, config=cfg)
     return checks, cfg.ranks_per_host
+
+
+def _with_model(report: Report, model_config: tuple[Any, Any] | None) -> Report:
+    """The report with its inferred configuration, and `model_comparison` from the `model=`
+    file (which replaces the inferred configuration entirely) or else from the inferred one
+    where it is enough (analytic.config_from_inferred); `options["model_note"]` says why
+    the model did not run where it did not."""
+    from kineto_comm.analysis.inferred_config import CALL_COLUMNS, inferred_config
+    from kineto_comm.analytic import config_from_inferred, with_model
+
+    calls = report.rank_collectives
+    world = report.ranks["world_size"].max()
+    table = inferred_config(
+        report.process_groups,
+        calls.lazy(list(CALL_COLUMNS)) if calls.height and calls.columns else None,
+        report.pipeline,
+        report.framework,
+        None if world is None else int(world),  # type: ignore[arg-type]
+        calls.height,
+    )
+    report = replace(report, inferred_config=table)
+    if model_config is not None:
+        return with_model(report, *model_config)
+    config, why = config_from_inferred(table)
+    if config is None:
+        return replace(report, options={**report.options, "model_note": why})
+    return with_model(report, config, source="inferred")
 
 
 def _model(path: str | Path | None) -> tuple[Any, Any] | None:

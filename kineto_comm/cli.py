@@ -498,8 +498,8 @@ def synth(
     scenario: Annotated[
         str,
         typer.Argument(
-            help="baseline, exposed-allreduce, straggler, bubble, small-messages, slow-link or "
-            "clock-skew"
+            help="baseline, exposed-allreduce, straggler, bubble, small-messages, slow-link, "
+            "clock-skew or interference"
         ),
     ],
     out: Annotated[
@@ -523,6 +523,14 @@ def synth(
             " captures have ~7.",
         ),
     ] = 0,
+    single_gpu_hosts: Annotated[
+        bool,
+        typer.Option(
+            "--single-gpu-hosts",
+            help="One GPU per host: every rank on device 0, no host name in the traces"
+            " (clock-skew: clocks 0.5-1.5 ms apart).",
+        ),
+    ] = False,
 ) -> None:
     """Write a synthetic multi-rank job with one known problem and its truth.json."""
     from kineto_comm.synth import generate
@@ -539,6 +547,7 @@ def synth(
             steps=steps,
             gzip=gzip,
             host_ops=host_ops,
+            single_gpu_hosts=single_gpu_hosts,
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None

@@ -8,6 +8,7 @@ column in docs/tables.md; times are integer nanoseconds, sizes bytes. The per-ra
 a few ranks at a time (`.batches()`) or as one query (`.lazy()`). The model of time
 (`step_times`, `step_blame`, `savings`, `blame_accounts`, `critical_path`,
 `critical_path_kernels`) is filled after the rules run (rules_engine.step_model);
+`interference` and `inferred_config` after the cross-rank tables (analyze.py);
 `collective_summary()` aggregates collectives per rank, collective, process group and dtype.
 """
 
@@ -42,12 +43,16 @@ TABLE_NAMES = (
     "process_groups",
     "pipeline",
     "storms",
+    "all_to_all_pairs",
+    "all_to_all_loads",
     "model_comparison",
     "step_times",
     "critical_path",
     "critical_path_kernels",
     "step_blame",
     "framework",
+    "interference",
+    "inferred_config",
 )
 
 # The tables kept per rank (kineto_comm.rank_store), by name -> the Report's field for them.
@@ -87,9 +92,17 @@ class Report:
     process_groups: pl.DataFrame = field(default_factory=pl.DataFrame)
     pipeline: pl.DataFrame = field(default_factory=pl.DataFrame)
     storms: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # Each all-to-all's bytes per (sender, receiver) and each receiver's load
+    # (kineto_comm.analysis.alltoall).
+    all_to_all_pairs: pl.DataFrame = field(default_factory=pl.DataFrame)
+    all_to_all_loads: pl.DataFrame = field(default_factory=pl.DataFrame)
     model_comparison: pl.DataFrame = field(default_factory=pl.DataFrame)
     # What the trace shows of the framework: the settings in use (analysis.framework).
     framework: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # Kernels slower beside the other kind than alone (kineto_comm.analysis.interference).
+    interference: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # The training configuration the trace tells (analysis.inferred_config): one row.
+    inferred_config: pl.DataFrame = field(default_factory=pl.DataFrame)
     # The model of time (kineto_comm.analysis.steptime): per step its time and critical
     # rank, the critical rank's blame rows, and the savings of the findings' fixes.
     step_times: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -314,6 +327,7 @@ class Report:
             "pipeline": self.pipeline.to_dicts(),
             "storms": self.storms.to_dicts(),
             "model_comparison": self.model_comparison.to_dicts(),
+            "inferred_config": self.inferred_config.to_dicts(),
             "step_times": self.step_times.to_dicts(),
             "critical_path": self.critical_path.to_dicts(),
             "critical_path_kernels": self.critical_path_kernels.to_dicts(),

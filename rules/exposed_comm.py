@@ -37,6 +37,10 @@ from ._framework import fit_advice
 from .capture import contention
 
 NVLINK_TP = "Keep tensor-parallel groups inside one NVLink domain (one host)."
+TP_OVERLAP = (
+    "Megatron-LM: --sequence-parallel and --tp-comm-overlap to overlap tensor-parallel "
+    "communication with the GEMMs."
+)
 ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
     ("data_parallel", "all_reduce"): (
         "DDP: make sure gradients are all-reduced during backward (no manual all-reduce after "
@@ -48,8 +52,7 @@ ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
         "(DDP no_sync()).",
     ),
     ("tensor_parallel", "all_reduce"): (
-        "Megatron-LM: --sequence-parallel and --tp-comm-overlap to overlap tensor-parallel "
-        "communication with the GEMMs.",
+        TP_OVERLAP,
         NVLINK_TP,
     ),
     ("expert", "all_to_all"): (
@@ -124,6 +127,12 @@ GLOO_LINES = {
     GENERIC[1]: "If it cannot be hidden, make it cheaper: fewer, bigger messages; gloo moves "
     "data over TCP, so the fastest network interface (GLOO_SOCKET_IFNAME), or the NCCL "
     "backend on GPUs.",
+    # Megatron's --tp-comm-overlap (Transformer Engine's userbuffers) runs on NCCL and GPUs
+    # only: on gloo the overlap has to be issued by hand (expert review, gloo tp-dp-4).
+    TP_OVERLAP: "Overlap tensor-parallel communication with compute by hand: issue each "
+    "all-reduce with async_op=True and wait for it only where its result is needed, or split "
+    "the matmul into chunks whose all-reduces run while the next chunk computes (Megatron-LM's "
+    "--tp-comm-overlap needs GPUs and the NCCL backend).",
 }
 HOST_LINES = {
     GENERIC[0]: "Launch this communication earlier and asynchronously (async_op=True), "

@@ -107,6 +107,7 @@ KIND = {
     "small-messages": "small_messages",
     "slow-link": "slow_link",
     "clock-skew": "clock_skew",
+    "interference": "interference",
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm.analysis import costfit, exposure, model_of_time, roles, steptime, volume, waits
+from kineto_comm.analysis import alltoall, costfit, exposure, model_of_time, roles, steptime, waits
 from kineto_comm.analysis.view import TableView
 
 
@@ -106,10 +106,10 @@ DERIVED: dict[str, Derived] = {
         ),
         Derived(
             "all_to_all_volume",
-            ("collectives",),
-            volume.all_to_all_volume,
+            ("all_to_all_loads", "collectives"),
+            alltoall.job_all_to_all_volume,
             "per group and rank: all-to-all bytes sent and received, how uneven",
-            tuple(volume.VOLUME_SCHEMA),
+            tuple(alltoall.VOLUME_SCHEMA),
         ),
         Derived(
             "queue_shift",

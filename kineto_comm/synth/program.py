@@ -141,6 +141,8 @@ class Plan:
     exposed: bool = False
     straggler: int = -1
     delay_ns: int = 0
+    # Compute kernels that run beside a collective of their rank run this much slower.
+    interference: float = 0.0
     member: dict[int, dict[str, Group]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
