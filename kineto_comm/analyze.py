@@ -382,8 +382,8 @@ def analyze(
     if report.ranks.height == 0:  # nothing analysed: nothing to compare or check
         return report
     from kineto_comm.analysis.framework import P2P_COLUMNS, framework_table
-    from kineto_comm.rules_api import Tables
     from kineto_comm.rules_engine import step_model
+    from kineto_comm.tables import Tables
 
     calls = report.rank_collectives
     p2p = calls.lazy(list(P2P_COLUMNS)) if calls.height and calls.columns else None

@@ -7,43 +7,14 @@ the in-memory engine by name (Polars' "auto" sends small queries to the streamin
 about four times dearer on these tables). Queries over every call of every rank are the
 exception: they say how many rows they read (`collect(query, rows=...)`) and take the
 streaming engine from STREAMING_ROWS up, which runs them in bounded memory. The measurements
-and the three habits that keep the streaming engine's state bounded: the comment below the
-imports.
+and the three habits that keep the streaming engine's state bounded: docs/scale.md.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-# In full (the module docstring says what and why):
-#
-# Running Polars work at a low fixed cost: lazy queries on the in-memory engine, and
-# several files' tables stacked into one and split back without a query per file.
-#
-# The per-rank tables are small (thousands to a few hundred thousand rows), so most of a query's
-# cost is fixed: planning and materialising each step. The per-rank stage therefore chains its
-# steps lazily and collects once (the optimiser fuses selects, filters and projections and
-# shares common sub-plans). It asks for the in-memory engine by name: Polars' default ("auto")
-# sends such small queries to the streaming engine, whose fixed cost per query is about four
-# times higher on these tables (bench/README.md, seventh session).
-#
-# Queries over every call of every rank are the exception: on a big job the in-memory engine
-# materialises each step's intermediate columns (a mode, a list of distinct values, a sort)
-# over millions of rows, while the streaming engine runs an aggregation into few groups, or a
-# join with a small table, in bounded memory. Such queries say how many rows they read
-# (`collect(query, rows=...)`) and take the streaming engine from STREAMING_ROWS up
-# (bench/README.md, fifteenth session).
-#
-# Three habits keep the streaming engine's state bounded (bench/README.md, twentieth and
-# twenty-second sessions):
-# - a join of every rank's rows with a small table names `build_side="force_right"`: left to
-#   choose, the engine first buffers up to ten million rows of both sides, ~0.2 GB of calls
-#   per join at 2048 ranks;
-# - a masked aggregate is written `pl.when(mask).then(x).sum()`, not `x.filter(mask).sum()`:
-#   a filter inside an aggregation makes the group-by hold the whole column;
-# - one query reads every rank's rows once: two passes over them in one plan (a per-call
-#   result joined back to the calls, two aggregates joined) hold one pass's rows whole,
-#   +0.6 GiB in `stragglers` at 4096 ranks. Each pass is collected on its own.
+# In full: docs/scale.md, "Polars work at a low fixed cost".
 
 ENGINE = "in-memory"
 STREAMING_ROWS = 1_000_000

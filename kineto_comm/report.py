@@ -1,32 +1,14 @@
 """The immutable result of an analysis: merged per-rank tables, errors and findings.
 
-All tables are documented column by column in docs/tables.md. Per-rank tables
-(Polars DataFrames; times in integer nanoseconds, sizes in bytes):
-    ranks        rank, world_size, file, rank_source, device, host_name, backend, timeline,
-                 bytes, pg_rank_sets
-                 (timeline: "device" = GPU kernels, "host" = CPU-only gloo spans, "none")
-    kernels      see kineto_comm.model.kernels. A property: every rank's rows in one
-                 DataFrame, read on each access from `rank_kernels`, which big jobs keep in
-                 files (kineto_comm.rank_store); `rank_kernels.batches()` reads them a few
-                 ranks at a time, `rank_kernels.lazy()` as one query.
-    collectives  see kineto_comm.model.collectives. A property over `rank_collectives`, as
-                 kernels are over `rank_kernels`; `collective_waits` over `rank_waits`.
-    steps        rank, step, cpu_start_ns, cpu_end_ns, start_ns, end_ns and the metrics of
-                 kineto_comm.analysis.overlap over each step's device window. A property
-                 over `rank_steps`, as kernels are over `rank_kernels`.
-    step_times, step_blame, savings
-                 the model of time (kineto_comm.analysis.steptime): each step's time (its
-                 longest rank's window), the critical rank's blame, the fixes' savings.
-    blame_accounts
-                 the median step's largest non-compute blame categories, the findings
-                 whose fixes take them out and why the saving differs, or why none does
-                 (kineto_comm.analysis.reconcile).
-    critical_path, critical_path_kernels
-                 each step's critical path over the kernel dependency graph
-                 (kineto_comm.analysis.depgraph): hops on ranks, and kernel by kernel.
-    totals       one row per rank: the same metrics over all of the rank's device activity
-    interference what overlap costs: compute kernels slower beside communication than the same
-                 call sites alone, collectives beside compute (kineto_comm.analysis.interference)
+Why one object: every renderer, rule and `diff` reads the same tables, so no two parts of
+the report can disagree about a number. Each table (`TABLE_NAMES`) is documented column by
+column in docs/tables.md; times are integer nanoseconds, sizes bytes. The per-rank tables
+(`kernels`, `collectives`, `collective_waits`, `steps`) are properties over their
+`RankStore` (`STORES`: a big job keeps them in files, kineto_comm.rank_store), read whole,
+a few ranks at a time (`.batches()`) or as one query (`.lazy()`). The model of time
+(`step_times`, `step_blame`, `savings`, `blame_accounts`, `critical_path`,
+`critical_path_kernels`) is filled after the rules run (rules_engine.step_model);
+`interference` and `inferred_config` after the cross-rank tables (analyze.py);
 `collective_summary()` aggregates collectives per rank, collective, process group and dtype.
 """
 

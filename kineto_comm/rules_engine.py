@@ -631,14 +631,11 @@ def step_model(
     more than the joint saving: the fixes claim some of the same time), how many findings
     were `replayed` (carry an edit) and how many savings are `claimed` by their rules
     (no edit: `settle_saving`), which the joint saving and the sum leave out."""
-    from kineto_comm.analysis import depgraph, reconcile, steptime
-    from kineto_comm.rules_api import step_blame, step_times
+    from kineto_comm.analysis import depgraph, model_of_time, reconcile, steptime
 
     tables = report if isinstance(report, Tables) else Tables(report)
-    times = step_times(tables)
-    blame = tables.once(
-        ("rules_api", "step_blame_frame"), lambda: tables.collect(step_blame(tables))
-    )
+    times = model_of_time.step_times(tables)
+    blame = model_of_time.blame_frame(tables)
     step_ns = steptime.job_step_ns(times)
     edits = [f.edit for f in findings if f.edit is not None]
     joint = replay_saving(tables, *edits)

@@ -139,3 +139,44 @@ def test_no_module_imports_one_that_imports_it_back():
         f"{' -> '.join(circle)}  (with {len(group)} modules: {', '.join(sorted(group))})"
         for circle, group in circles
     )
+
+
+# What the analyses sit below (docs/architecture.md): they compute the quantities that the
+# rule API, the rules, the renderers and the engine read, so they import none of them.
+ABOVE_ANALYSIS = (
+    "kineto_comm.rules_api",
+    "kineto_comm.rules_engine",
+    "kineto_comm.tables",
+    "kineto_comm.render",
+    "kineto_comm.cli",
+    "kineto_comm.diff",
+    "kineto_comm_builtin_rules",
+)
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for w in graph[todo.pop()] - seen:
+            seen.add(w)
+            todo.append(w)
+    return seen
+
+
+def test_analyses_import_nothing_above_them():
+    """No module of kineto_comm/analysis reaches the rule API, `Tables`, the engine, the
+    renderers or the rules, through any chain of imports: a derived quantity's home is below
+    every reader of it (issue 77). The registry (analysis/derived.py) is checked like the
+    rest, and the walk does reach the modules it names (a check that found nothing would
+    pass any tree)."""
+    graph = _graph()
+    analyses = [m for m in graph if m.startswith("kineto_comm.analysis.")]
+    assert "kineto_comm.analysis.derived" in analyses
+    assert _reach(graph, "kineto_comm.analysis.derived") >= {
+        "kineto_comm.analysis.model_of_time",
+        "kineto_comm.analysis.waits",
+    }
+    assert "kineto_comm.rules_api" in _reach(graph, "kineto_comm.rules_engine")
+    bad = {m: sorted(w for w in _reach(graph, m) if w.startswith(ABOVE_ANALYSIS)) for m in analyses}
+    assert not {m: w for m, w in bad.items() if w}

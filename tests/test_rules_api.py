@@ -8,7 +8,9 @@ import random
 import polars as pl
 import pytest
 
-from kineto_comm import analyze, budget, rank_store
+from kineto_comm import analyze, budget, rank_store, rules_api
+from kineto_comm.analysis import derived
+from kineto_comm.analysis.derived import DERIVED
 from kineto_comm.rank_store import RankStore, keep
 from kineto_comm.rules_api import (
     Tables,
@@ -139,6 +141,71 @@ def test_derived_tables_are_built_once_per_rules_run_and_kept_like_their_source(
     want = tables["collectives"].group_by("rank").agg(calls=pl.len()).sort("rank")
     assert tables.collect(first).sort("rank").equals(want)
     assert tables.collect(again).equals(tables.collect(first))
+
+
+# The rule API's readers of the registry (kineto_comm.analysis.derived), by table name.
+READERS = {
+    "step_times": rules_api.step_times,
+    "rank_blame": rules_api.step_blame,
+    "replay_timeline": rules_api.replay_timeline,
+    "call_waits": rules_api.collective_waits_lazy,
+    "call_exposure": rules_api.collective_exposure_lazy,
+    "group_roles": rules_api.group_roles,
+    "cost_fit": rules_api.cost_fit,
+    "all_to_all_volume": rules_api.all_to_all_volume,
+    "queue_shift": rules_api.queue_shift,
+}
+
+
+def _frame(value: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    frame = value.collect() if isinstance(value, pl.LazyFrame) else value
+    if frame.schema.get("process_group") == pl.String:  # Tables' "?" for an unnamed group
+        frame = frame.with_columns(pl.col("process_group").fill_null("?"))
+    return frame
+
+
+def _rows(frame: pl.DataFrame) -> pl.DataFrame:
+    """The frame's rows in one order (a table built in batches has no order of its own)."""
+    return frame.sort([c for c, t in frame.schema.items() if not t.is_nested()], nulls_last=True)
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_derived_tables_read_by_name_are_the_readers_tables(spill, monkeypatch):
+    """Every public derived table reads by name (`tables[name]`, `tables.lazy(name)`) as the
+    rule API's reader gives it (the Report's own where it holds one), on an expert-parallel
+    job in memory and spilled to files; it has the columns the registry declares, and is
+    built once per Tables (a second read is the same frame). `step_blame` by name is the
+    critical rank's rows: per step they sum to the step's time."""
+    if spill:
+        monkeypatch.setattr(budget, "SPILL_ABOVE", 0)
+        monkeypatch.setattr(rank_store, "BATCH_ROWS", 1)
+    report = analyze(SAMPLES / "ep-4", jobs=1)
+    assert report.rank_collectives.spilled == spill
+    public = [name for name, d in DERIVED.items() if d.public]
+    assert set(READERS) == set(public) - {"step_blame"}
+    tables = Tables(report)
+    for name in public:
+        table = tables[name]
+        assert set(DERIVED[name].columns) <= set(table.columns), name
+        if name in READERS:
+            # The Report's own step_times adds each step's critical path to the same rows.
+            fresh = Tables(report)  # kept while its lazy tables' files are read
+            read = _frame(READERS[name](fresh))
+            assert _rows(read).equals(_rows(table.select(read.columns))), name
+        if DERIVED[name].lazy:
+            assert _rows(tables.collect(tables.lazy(name))).equals(_rows(table)), name
+        elif name != "step_blame":
+            assert derived.read(tables, name) is derived.read(tables, name), name
+    # What the rules of this job read is there (all-to-alls with sizes: a volume per rank).
+    for name in ("step_times", "rank_blame", "call_exposure", "cost_fit", "all_to_all_volume"):
+        assert tables[name].height > 0, name
+    assert tables["all_to_all_volume"]["rank"].sort().to_list() == [0, 1, 2, 3]
+    listed = (REPO / "docs" / "tables.md").read_text().split("## Derived tables")[1]
+    assert [n for n in public if f"| `{n}` |" not in listed] == []  # documented
+    blame = tables["step_blame"].group_by("step").agg(pl.col("ns").sum())
+    times = tables["step_times"].join(blame, on="step")
+    assert times.height == tables["step_times"].height
+    assert (times["ns"] == times["step_ns"]).all()
 
 
 def test_lazy_tables_normalise_groups_and_impact_takes_lazy_rows(monkeypatch):

@@ -15,7 +15,7 @@ calls' ends differ across hosts mostly by the offsets. Per pair of hosts the med
 end differences is a link; the tightest links that join all hosts carry the offsets out from
 rank 0's host, and only significant ones are applied. Host-timeline (gloo), point-to-point
 and rooted calls are not used: one side may finish without waiting for the other. In full:
-the comment below the imports.
+docs/analyses.md.
 """
 
 from __future__ import annotations
@@ -29,74 +29,7 @@ from kineto_comm.lazy import collect, sample
 from kineto_comm.load.discover import HOST_IN_NAME, RANK_IN_NAME
 from kineto_comm.model.names import POINT_TO_POINT
 
-# In full (the module docstring says what and why):
-#
-# Clock alignment: one offset per host, estimated from matched collectives.
-#
-# Ranks on one host read one clock; ranks on different hosts read different ones. So the
-# ranks are first grouped into hosts (`hosts`, `fit_offsets`), and an offset is fitted per
-# host, never inside one: on the real one-host NCCL captures (tests/data/h100-nccl), a fit
-# per rank found offsets of up to 11 ms (time-sliced ranks whose collective ends differ by
-# a steady 2.24 ms) and moved skews, waits and the straggler with them.
-#
-# Which ranks share a host, in this order (the `host_source` column says which):
-# `ranks_per_host` (the user's word: ranks r // n together; 1 keeps a clock per rank, for
-# ranks of one host that cannot share a clock), `host_name` (the trace header's, when every
-# rank has one), `file_name` (Kineto's default file name, {hostname}_{pid}.{timestamp}
-# .pt.trace.json[.gz], when every rank's has that shape and reads one way:
-# load/discover.py HOST_IN_NAME), `device_ids` (every rank on one device id, and ids that
-# follow local rank = rank mod k: hosts of k consecutive ranks), `shared_device` (every
-# rank on the same one device id: they share a GPU, hence a host), else `unknown` (a clock
-# per rank, as CPU-only traces without a host name).
-#
-# Hosts measured (`fit_offsets`). The last two are guesses: a job of single-GPU hosts also
-# has every rank on device 0 and, without host names, would get no alignment at all. So for
-# them a clock per rank is fitted anyway, and both readings are tested against causality:
-# no rank ends a collective before every rank of it has started it (each needs the others'
-# data), on one clock to within CAUSALITY_SLACK_NS. End differences alone cannot tell: the
-# real tp-2 capture's two ranks, time-slicing one GPU, end every call a steady 2.24 ms apart
-# (spread 3.5 us over 24 calls), as two hosts 2.24 ms apart would; but shifted by that gap,
-# rank 1 would end 7 of the 24 calls before rank 0 started them, while on one clock none
-# is. On a generated job of single-GPU hosts 0.5-1.5 ms apart, one clock breaks 21 of 21
-# calls and the fitted clocks none. The decision: `measured` (a host per rank, the per-rank
-# fit) when one clock breaks at least MIN_CONTRADICTIONS calls, the per-rank clocks fewer
-# than 1 / SIGNIFICANCE as many, and every applied offset is at least SIGNIFICANCE times
-# its residual (consistent over the calls); `measured_one_clock` (one host) for `unknown`
-# the other way round; else the traces' reading stands (`shared_device` one clock, whose
-# turns CAPT101 reads; `unknown` a clock per rank). `host_evidence` holds the counts.
-#
-# A collective completes at nearly the same instant on every rank of its group (nobody
-# leaves before the last byte arrives), so each matched call's end times differ across
-# hosts mostly by the clock offsets: `end(host, call) = T(call) + offset(host)`, a host's
-# end being the median of its ranks' ends.
-#
-# The fit. Each call pairs its lowest host with each of its other hosts (a host is named by
-# its lowest rank); per pair of hosts,
-# the median of their end differences is a link (robust to the few calls whose ends
-# genuinely differ), and the median distance of a difference from it, its spread. The
-# tightest links that join all hosts (a minimum spanning tree by spread, _tree) carry the
-# offsets outwards from the lowest host of each linked set: hosts that never share
-# a group with rank 0's are aligned through the hosts in between. Offsets are relative to
-# that lowest host's lowest rank (method `reference`, offset 0); the other ranks of a host
-# take its offset (method `same-host`).
-#
-# What is applied. A link moves its far end only when its gap is at least SIGNIFICANCE
-# times its spread and MIN_OFFSET_NS: else the two hosts read one clock as far as the trace
-# can tell. `estimate_ns` sums every gap on a host's way from its reference, `offset_ns` only
-# the significant ones (method `collective-end` when there is one, else `insignificant`).
-# `residual_ns` is the median distance of the rank's ends, less its estimate, from its calls'
-# times (the median over each call's ranks): how far the estimate leaves it off.
-#
-# Calls not used. Host-timeline (gloo) calls: a send ends when the data is handed off, a
-# ring all-reduce ends on each rank at its own last hop (tens of us apart, consistently),
-# which would pass for an offset; CPU-only jobs keep each trace's own clock. Point-to-point
-# and rooted calls (send, recv, broadcast, reduce, gather, scatter): one side may finish
-# without waiting for the other (a small send completes once its bytes sit in the peer's
-# buffer, before the recv is even posted). On the real 8-stage pipeline capture (one clock,
-# sends and recvs only) they fitted offsets of up to 7 ms with residuals of 1-5 ms; with 3 ms
-# per pair of stages added to the ends, one rank got a 14 ms offset applied, 8 ms off the
-# truth. Ranks linked only by such calls keep their own clocks (method `none`, or each set its
-# own `reference`).
+# In full: docs/analyses.md, "Clock offsets".
 
 if TYPE_CHECKING:
     from kineto_comm.rank_store import RankStore

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from kineto_comm.analysis.view import TableView, memo
+
 # The collectives columns read here.
 COLUMNS = (
     "rank",
@@ -183,4 +185,39 @@ def all_to_all_volume(loads: pl.DataFrame) -> pl.DataFrame:
         .with_columns(received_vs_mean=pl.when(mean > 0).then(pl.col("received_bytes") / mean))
         .sort("process_group", "rank")
         .select([pl.col(c).cast(t) for c, t in VOLUME_SCHEMA.items()])
+    )
+
+
+# ---------------------------------------------------------------- the rules' view
+
+
+def job_all_to_all_volume(tables: TableView) -> pl.DataFrame:
+    """What each rank of a group sends and receives in its all-to-alls: process_group,
+    rank, calls, sent_bytes and received_bytes over the trace (the calls' input and output
+    sizes: an uneven all-to-all, PyTorch's all_to_allv, moves what its split sizes say);
+    received_vs_mean, the rank's received_bytes over the group's mean rank's (a rank that
+    always receives more); and, the same on each row of a group, call_imbalance: the mean
+    over the group's calls of what the call's busiest receiver got over the call's mean
+    rank (1.0: every call even; a call ends when its busiest rank is done). In a
+    mixture-of-experts layer what a rank receives at dispatch is the tokens its experts
+    compute: a rank that receives more works longer and reaches the group's next call
+    later. Left out: groups whose all-to-alls carry no sizes, and groups with fewer ranks in
+    the traces than their size, or of unknown size. A view of the `all_to_all_loads` table;
+    derived table `all_to_all_volume`."""
+    return memo(tables, "all_to_all_volume", lambda: all_to_all_volume(_loads(tables)))
+
+
+def _loads(tables: TableView) -> pl.DataFrame:
+    """The report's `all_to_all_loads` table (docs/tables.md); where the tables hold none
+    (a Tables of some tables only), the same from their collectives."""
+    if "imbalance" in tables["all_to_all_loads"].columns:
+        return tables["all_to_all_loads"]
+    if not tables.has("collectives", *COLUMNS):
+        return pl.DataFrame(schema=LOADS_SCHEMA)
+    return memo(
+        tables,
+        "all_to_all_loads",
+        lambda: all_to_all_loads(
+            tables.lazy("collectives", list(COLUMNS)).filter(pl.col("collective") == "all_to_all")
+        ),
     )

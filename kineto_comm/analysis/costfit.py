@@ -5,34 +5,21 @@ Why: a collective that cannot be hidden can only be made cheaper, and whether fe
 calls help depends on where its time goes. A call of a few hundred KB that takes 18 ms is
 almost all fixed cost (latency, synchronisation, a device shared with other ranks): merging
 four of them into one saves three latencies. One that moves its bytes near the link's speed
-gains nothing from merging. The fit says which, and how much.
-
-`cost_fit` fits, per (process_group, collective), each call's transfer time (the part of
-the call after the last rank arrived: no waiting for late ranks) as
-
-    transfer_ns = latency_ns + bus_bytes / busbw_gbps,  bus_bytes = bytes x busbw_factor(n)
-
-(n the group's size: analysis.bandwidth). Over the medians per message size, when the sizes
-span at least `SPREAD` (a least-squares line with a positive slope); otherwise (one size, or
-a slope the noise makes negative) the bandwidth is the larger of `prior_busbw_gbps` (what any
-link of the platform moves at least) and the best the calls reached, and the latency is the
-median time each size takes beyond its bytes at that bandwidth: a lower bound on the latency,
-so a saving built on it is not overstated. Where no call has a size, the latency is the
-`TIMES_QUANTILE` quantile of the per-call transfer times: the floor the smallest calls
-share, whatever they carry (`method` "times").
-
-`merge_removal` replays "merge these n calls into m" per rank and step: the calls below
-`target_bytes` (without sizes: those within `LARGE_FACTOR` latencies, the larger ones already
-moving bulk data) become ceil(their bytes / target_bytes) calls (one without sizes), each
-paying the latency once: the time removed is their latencies (a call's latency is at most its
-time) less m latencies.
+gains nothing from merging. The fit says which, and how much: `cost_fit` per
+(process_group, collective) over each call's transfer time, `merge_removal` the replay of
+"merge these n calls into m" per rank and step; `job_cost_fit` and `job_merge_removal` run
+them over a job's tables (derived table `cost_fit`). In full: docs/analyses.md, "The cost fit".
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from kineto_comm.analysis.bandwidth import busbw_factor
+from kineto_comm.analysis.bandwidth import busbw_factor, group_size
+from kineto_comm.analysis.exposure import collective_exposure_lazy
+from kineto_comm.analysis.platform import job_platform
+from kineto_comm.analysis.sizes import UNKNOWN_GROUP
+from kineto_comm.analysis.view import TableView, memo
 
 # Message sizes must span this ratio for the slope of the fit to mean anything.
 SPREAD = 2.0
@@ -177,4 +164,68 @@ def merge_removal(
         )
         .select(*keys, "n", "m", "transfer_ns", "removed_ns")
         .collect()
+    )
+
+
+# ---------------------------------------------------------------- a job's fit (the rules' view)
+
+# What any link of the platform moves at least (GB/s of bus bandwidth): NCCL's links (PCIe,
+# NVLink, InfiniBand, even 10 GbE) and gloo's TCP. The cost fit's bandwidth where the
+# message sizes do not span enough to fit one: a floor, so the latency is not overstated.
+PRIOR_BUSBW_GBPS = {"device": 1.0, "host": 0.1}
+
+
+def fit_calls(tables: TableView) -> pl.LazyFrame:
+    """Every call with what the cost fit reads: its group ("?" unnamed), collective, size,
+    group size n and transfer time (after the last rank arrived), rank and step."""
+    return collective_exposure_lazy(tables, transfer_only=False).select(
+        "rank",
+        "step",
+        pl.col("process_group").cast(pl.String).fill_null(UNKNOWN_GROUP),
+        "collective",
+        "bytes",
+        "transfer_ns",
+        n=group_size(),
+    )
+
+
+def job_cost_fit(tables: TableView) -> pl.DataFrame:
+    """Per (process_group, collective): its calls' cost as latency + bytes / bandwidth
+    (`cost_fit` above: calls, sizes, median_bytes, median_ns, latency_ns,
+    busbw_gbps, latency_share, method). Where the sizes do not span enough for a fit, the
+    bandwidth is at least the platform's PRIOR_BUSBW_GBPS. Computed once per rules run."""
+    platform = job_platform(tables)
+    gloo = platform.host or platform.backend == "gloo"
+    prior = PRIOR_BUSBW_GBPS["host" if gloo else "device"]
+    if not tables.has("collectives"):
+        return pl.DataFrame(schema=FIT_SCHEMA)
+    return memo(tables, "cost_fit", lambda: cost_fit(fit_calls(tables), prior))
+
+
+def job_merge_removal(tables: TableView, target_bytes: int) -> pl.DataFrame:
+    """rank, step, process_group, collective, n, m, transfer_ns, removed_ns: per rank and
+    step, each (process_group, collective)'s calls below `target_bytes` merged into calls of
+    about that size (without sizes: its latency-sized calls into one), and the transfer time
+    the latencies saved remove, on `job_cost_fit`'s latency (`merge_removal` above)."""
+    fit = job_cost_fit(tables)
+    if fit.height == 0:
+        return merge_removal(
+            pl.DataFrame(
+                schema={
+                    "rank": pl.Int64,
+                    "step": pl.Int64,
+                    "process_group": pl.String,
+                    "collective": pl.String,
+                    "bytes": pl.Int64,
+                    "transfer_ns": pl.Int64,
+                }
+            ),
+            fit,
+            target_bytes,
+        )
+    return memo(
+        tables,
+        "merge_removal",
+        lambda: merge_removal(fit_calls(tables), fit, target_bytes),
+        int(target_bytes),
     )

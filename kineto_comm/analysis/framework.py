@@ -10,7 +10,7 @@ annotations.
 
 Two passes: `rank_markers` per file, where the CPU annotations still are (per_rank), and
 `framework_table` over every rank (batched point-to-point calls, the pipeline schedule).
-The table's kinds and columns in full: the comment below the imports.
+The table's kinds and columns in full: docs/analyses.md.
 """
 
 from __future__ import annotations
@@ -21,42 +21,7 @@ import polars as pl
 
 from kineto_comm.lazy import collect
 
-# In full (the module docstring says what and why):
-#
-# What the trace shows of the training framework: the settings advice must fit.
-#
-# Advice that names a setting the job already uses (`batch_isend_irecv` on a pipeline that
-# batches its point-to-point calls), or one its framework rejects (FSDP1 flags on an FSDP2
-# model, Megatron's `--overlap-p2p-communication` without the interleaved schedule), costs an
-# expert's trust in the rest. The markers are in the trace already: the annotations PyTorch,
-# FSDP2, DDP and TorchRec record (`FSDP::pre_forward`, `DistributedDataParallel.forward`,
-# `## sparse_data_dist ##`, `Optimizer.step#Shampoo.step`), the calls' timing and the
-# pipeline's order of sends and receives. The `framework` table (docs/tables.md) is their one
-# home; rules read it, never the annotations.
-#
-# Two passes. `rank_markers` runs per file where the CPU annotations still are (per_rank:
-# they are not kept after it): the frameworks its annotation names point to, its optimizers,
-# the CPU time of its phases per step, and the device-to-host copies that held its thread.
-# `framework_table` adds what needs every rank (batched point-to-point calls, the pipeline
-# schedule) and returns the table, one row per rank and marker:
-#
-#     rank, kind, name, within, count, ns_per_step
-#
-# kind       framework (name: fsdp1, fsdp2, ddp, torchrec, torchrec_pipeline), optimizer (name:
-#            the optimizer class, `Shampoo`, `FusedAdam`), phase (name: a `## ... ##` or
-#            `Optimizer.*` annotation: the CPU phases of a step), blocking_copy (a copy whose
-#            launch returned only when it ended: `.item()`, `.cpu()`, `.to()` of a device
-#            tensor; name: the copy's, `Memcpy DtoH (Device -> Pageable)`; `within`: the
-#            innermost phase around it), p2p (name: batched, one NCCL
-#            kernel for a send and a receive; overlapped, a send and a receive in flight
-#            together as separate calls: batch_isend_irecv, isend/irecv), schedule (name:
-#            gpipe, 1f1b, interleaved; on every rank of the pipeline), in_use (name: foreach,
-#            multi_tensor_apply kernels of torch.optim's foreach/fused paths; inductor,
-#            torch.compile's Triton kernels; torch_compile, a compiled graph's CPU ops,
-#            CompiledFunction, whatever the backend; count: its kernels or ops).
-# count      how many times it occurs in the rank's trace.
-# ns_per_step  CPU time inside the rank's steps per step (phases, optimizer steps, blocking
-#            copies); null where time means nothing (framework, p2p, schedule).
+# In full: docs/analyses.md, "Framework settings in the trace".
 
 SCHEMA = {
     "rank": pl.Int64,

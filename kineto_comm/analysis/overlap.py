@@ -10,8 +10,8 @@ equals its ratio over the same kernels), so the numbers can be checked against i
 The interval arithmetic the model of time and the stragglers share lives here too:
 merge_intervals and subtract_intervals (unions and differences per group),
 disjoint_pieces (labelled pieces made disjoint, the earlier keeping shared time) and
-uncovered_ns (each piece's time outside a cover). The sweep and each metric in full: the
-comment below the imports.
+uncovered_ns (each piece's time outside a cover). The sweep and each metric in full:
+docs/analyses.md.
 """
 
 from __future__ import annotations
@@ -23,37 +23,7 @@ import polars as pl
 from kineto_comm.keys import pair_key
 from kineto_comm.lazy import collect, collect_all
 
-# In full (the module docstring says what and why):
-#
-# Where each rank's device time went: compute, communication, their overlap, and idle time.
-#
-# One sweep per rank does it all. Every kernel adds one to its kind's count (compute,
-# communication, memcpy, memset) where it starts and removes it where it ends; window
-# boundaries are added as no-op events. Cumulative sums over the time-sorted events give, for
-# every segment between two consecutive event times, how many kernels of each kind run in it,
-# and a kind's bit is in the segment's state when its count is positive (so overlapping
-# kernels of one kind count once, as in the union of their intervals). A segment's length then
-# goes to every metric its state satisfies:
-#
-#     compute_ns        state has the compute bit
-#     comm_ns           state has the communication bit
-#     overlap_ns        both bits (communication hidden behind compute)
-#     exposed_comm_ns   communication without compute (what communication adds to step time)
-#     memcpy_ns, memset_ns
-#     busy_ns           any bit;   idle_ns: no bit (nothing ran on the device)
-#     wall_ns           the window's length
-#
-# and the window's compute edges, `compute_start_ns` and `compute_end_ns`: where the first
-# segment with the compute bit starts and the last one ends (null without compute), the
-# warm-up and cool-down edges of a pipeline stage's step (kineto_comm.analysis.pipeline).
-#
-# This is HTA's definition of compute/communication overlap (`get_comm_comp_overlap`):
-# overlap_ns / comm_ns equals its ratio when run over the same kernels.
-#
-# The interval arithmetic the model of time and the stragglers share lives here too:
-# merge_intervals and subtract_intervals (unions and differences per group),
-# disjoint_pieces (labelled pieces made disjoint, the earlier keeping shared time) and
-# uncovered_ns (each piece's time outside a cover).
+# In full: docs/analyses.md, "Each step's time breakdown".
 
 # merge_intervals and subtract_intervals work on eager and lazy frames alike.
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)

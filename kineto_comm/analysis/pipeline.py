@@ -9,7 +9,7 @@ Why: a stage that cannot compute because its input has not arrived is the bubble
 the kernels say, so communication not hidden behind compute counts as idle. Stages come from
 the p2p peer graph (else from when each rank's first activation arrives, on its own clock,
 immune to clock offsets); micro-batches from stage 0's sends. The definitions, stages,
-aggregation and micro-batch count in full: the comment below the imports.
+aggregation and micro-batch count in full: docs/analyses.md.
 """
 
 from __future__ import annotations
@@ -23,61 +23,7 @@ from kineto_comm.lazy import collect, collect_all
 from kineto_comm.model.collectives import parse_ranks
 from kineto_comm.rank_store import RankStore, as_store
 
-# In full (the module docstring says what and why):
-#
-# Pipeline-parallel bubbles: how much of each step a pipeline stage spends without compute.
-#
-# For every rank that does point-to-point traffic (send, recv, send_recv) the `pipeline` table
-# (docs/tables.md) gives, per step, the rank's stage, the pipeline depth p, the number of
-# micro-batches m, and how its step window splits into compute and bubble.
-#
-# Definitions (all times integer ns, over the rank's step window from the `steps` table):
-#
-#     busy_ns           the union of the rank's compute kernels (kind `compute`; host spans on
-#                       CPU-only traces) inside the window.
-#     idle_ns           wall_ns - busy_ns: every moment no compute runs. A pipeline bubble is
-#                       time a stage cannot compute because its input has not arrived yet (or
-#                       its successor has not sent the gradient back), so communication that is
-#                       not hidden behind compute counts as idle: a recv kernel that sits
-#                       waiting for the previous stage is the bubble itself, not useful work.
-#                       Memcpy/memset alone are idle too (they are not the model's compute).
-#     warmup_idle_ns    window start to the first compute in the window (the fill: the stage
-#                       waits for the first micro-batch); the whole window when it has no compute.
-#     cooldown_idle_ns  last compute in the window to the window end (the drain).
-#     steady_idle_ns    the rest of idle_ns: gaps between the first and last compute.
-#     bubble_fraction   idle_ns / wall_ns.
-#     theory_fraction   (p - 1) / (m + p - 1), the bubble of GPipe and non-interleaved 1F1B
-#                       with equal stage times.
-#
-# Stages. The p2p peer graph gives them where the trace records peers (`peer` of the
-# collectives table; when it is null but the call ran in a 2-rank process group, the other rank
-# of that group's `pg_ranks` is the peer). Each connected component of the undirected graph is
-# one pipeline; when it is a simple path (the usual non-interleaved pipeline) the stage of a
-# rank is its distance from the end that starts the step: the end whose first p2p operation in
-# a step is a send (stage 0 computes the first micro-batch and sends it on; every other stage
-# first receives). Ranks without peers, and components that are not a path (interleaved
-# schedules close a ring), are ordered instead by when their first activation arrives: per step,
-# the end of the rank's first recv measured from the rank's own window start (its median over
-# steps). A stage s waits for s forward passes after the previous step drained through it, so
-# this lead time grows with s, and measuring it on each rank's own clock makes it immune to
-# clock offsets between hosts. Ranks whose first p2p operation is a send lead (stage 0); with d
-# of them (d parallel pipelines sharing the group) the others take stage 1 + (order // d).
-# Ranks without peers are grouped by their p2p process group.
-#
-# Aggregating. The step windows tile each rank's own timeline (kineto_comm.model.steps): a
-# stage's step k+1 starts as soon as its own step k work is done, so the wait for the next
-# step's first activation is that next step's warm-up. In the first profiled step the windows
-# of later stages are therefore shorter than the pipeline's period. The bubble of the pipeline
-# as a whole is the mean of bubble_fraction over its stages in a steady-state step (every
-# window then spans one period), or stage 0's bubble_fraction in any step (stage 0 runs both
-# the first forward and the last backward, so its window always spans the whole pipeline).
-#
-# Micro-batches. Stage 0 sends exactly one forward activation per micro-batch (it receives only
-# gradients) and the last stage receives exactly one per micro-batch (it sends only gradients),
-# in GPipe and 1F1B alike. So m per pipeline and step is the median, over the pipeline's
-# stage-0 ranks, of their send / send_recv calls in the step, or where no stage-0 rank has any,
-# the median over its last-stage ranks of their recv / send_recv calls. A step without p2p on
-# those ranks takes the pipeline's median over the other steps.
+# In full: docs/analyses.md, "Pipeline bubbles".
 
 P2P = ("send", "recv", "send_recv")
 SENDS = ("send", "send_recv")

@@ -10,7 +10,8 @@ its message sizes, its ranks), by an ordered list of decisions, first match wins
 `evidence` column gives the numbers behind each one. One row per process group (the
 `process_groups` table, docs/tables.md); the pooled group "?" (calls naming no group) is
 split by kind of call where it evidently holds several groups' work. The features, the
-decisions and the split in full: the comment below the imports.
+decisions and the split in full: docs/analyses.md. The rules read each group's role
+(`group_roles`, derived table `group_roles`) and each call's (`call_roles`) at the end.
 """
 
 from __future__ import annotations
@@ -18,78 +19,14 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP, group_key, is_p2p
+from kineto_comm.analysis.view import TableView, memo
+from kineto_comm.analysis.waits import P2P
 from kineto_comm.lazy import collect, collect_all, sample
 from kineto_comm.model.collectives import parse_ranks
 from kineto_comm.model.steps import steps_per_rank
 from kineto_comm.rank_store import RankStore, as_store
 
-# In full (the module docstring says what and why):
-#
-# What each process group is for: data, tensor, pipeline or expert parallelism, embedding
-# exchange, or FSDP.
-#
-# Why: traces name groups by number ("0", "5") and rarely by purpose (`pg_desc` is often
-# `default_pg` or missing, and gloo traces carry no group at all), yet every judgement about
-# communication depends on the role: a slow tensor-parallel all-reduce sits on the critical path,
-# a slow data-parallel one may hide behind backward. The role is inferred from what the group
-# does, and the `evidence` column gives the numbers behind each decision.
-#
-# One row per process group (null `process_group` is the group "?", classified from its
-# collectives like any other). Features, over all ranks that report the group:
-#
-# * the mix of collectives (share of calls) and the volume of all_gather, reduce_scatter and
-#   all_reduce;
-# * where in the step's work the calls start: each call's `compute_before` (the share of its
-#   step's compute time that started before it). A step without compute places no call: its
-#   wall clock tells forward from backward no better than a step that communication fills
-#   (a trace of the collectives alone, hta/cpu_only). A call before a third of
-#   the step's compute runs in the forward pass (backward takes about twice the forward's
-#   compute); `forward` is the share of calls there, and `first call` the median over (rank,
-#   step) of the position of the group's first call (of its first all_reduce for the
-#   tensor-parallel score). A gradient reduction cannot start before backward, while
-#   tensor-parallel reductions fire inside the first layer and half of them in the forward.
-#   The compute share, not the wall clock: when communication takes most of the step,
-#   backward starts a few percent of the wall time into it;
-# * message sizes: the mean and the share of calls with the most common size (activations have
-#   one shape, gradient buckets vary);
-# * the ranks: from `pg_ranks` (text "[0, 2, 4, 6]") when the trace has it, else the ranks that
-#   report the group; contiguous, strided (constant step > 1) or scattered.
-#
-# Decision, first match wins:
-#
-# 1. >= 50 % of calls broadcast / barrier / reduce / gather / scatter / unknown -> unknown
-# 2. >= 50 % send / recv / send_recv -> pipeline
-# 3. >= 50 % all_to_all -> embedding when some of its calls sit in user annotations naming
-#    embeddings or sparse features (torchrec's `## all2all_data:kjt values ##`), else expert
-#    when some sit in annotations naming experts or token routing, else unknown (an all-to-all
-#    of unknown purpose: the trace does not say, and the advice stays generic)
-# 4. all_gather and reduce_scatter both present, together >= 50 % of calls, volumes within 4x ->
-#    fsdp; but tensor_parallel (sequence parallelism) when >= 25 % of the reduce_scatters run in
-#    the forward (FSDP reduce-scatters only in backward)
-# 5. all_gather (>= 25 % of calls) with all_reduce and no reduce_scatter, volumes within 4x ->
-#    fsdp, saying that the all_reduce stands in for the reduce-scatter (gloo runs FSDP's
-#    reduce-scatter as an all_reduce), so data_parallel with sharded parameters is the reading
-# 6. all_gather / reduce_scatter alone >= 50 % -> fsdp
-# 7. >= 50 % all_reduce -> tensor_parallel when the score >= 3 and the group makes at least
-#    TP_CALLS calls per step (tensor parallelism all-reduces in every layer, forward and
-#    backward), else data_parallel. Score: first all_reduce before 15 % of the step's compute:
-#    +2; >= 25 % of the all-reduces in the forward: +1; >= 80 % of calls of one size: +1;
-#    contiguous ranks forming a proper sub-group of the job: +1; strided ranks: -1
-# 8. anything else -> unknown
-#
-# The pooled group "?" (calls that name no group) is split by kind of call where it evidently
-# holds several groups' work (`_pool_key`): its all-reduces apart from its other calls, each
-# size apart, when it has all-to-alls and all-reduces (torchrec's embedding all-to-alls and
-# the dense gradient all-reduce) or the ranks' pg_config lists groups of different ranks (gloo
-# names no group per call: tensor-parallel activations and data-parallel gradients pooled).
-# Each kind is a row of its own, decided by the rules above: `process_group` "?",
-# `pooled_collective` and `pooled_bytes` the kind (null: the rest of the pool), `size` null
-# where the ranks' groups differ (which ranks a call joined is not known). The rules read a
-# call's role through `rules_api.call_roles`, the step blame included.
-#
-# `calls_per_step` and `bytes_per_step` are means per rank and step: a rank's calls inside
-# ProfilerStep windows over its number of steps (all of its calls when it has no steps),
-# averaged over the ranks that report the group.
+# In full: docs/analyses.md, "Process-group roles".
 
 ROLES = ("data_parallel", "tensor_parallel", "pipeline", "expert", "embedding", "fsdp", "unknown")
 PROCESS_GROUP_SCHEMA: dict[str, pl.DataType] = {
@@ -676,3 +613,150 @@ def _pool_key(collectives: pl.DataFrame | RankStore, ranks: pl.DataFrame) -> pl.
         .otherwise(pl.col("process_group").cast(pl.String))
         .alias("process_group")
     )
+
+
+# ---------------------------------------------------------------- the rules' view
+
+ROLE_PATTERNS = (
+    (r"(?i)tensor|(^|_)tp($|_)", "tensor_parallel"),
+    (r"(?i)pipeline|(^|_)pp($|_)", "pipeline"),
+    (r"(?i)expert|moe|(^|_)ep($|_)", "expert"),
+    (r"(?i)fsdp|shard|zero", "fsdp"),
+    (r"(?i)data|(^|_)dp($|_)|default", "data_parallel"),
+)
+
+
+def group_roles(tables: TableView) -> pl.DataFrame:
+    """process_group -> role (derived table `group_roles`): `_group_roles`, once per rules
+    run."""
+    return memo(tables, "group_roles", lambda: _group_roles(tables))
+
+
+def _group_roles(tables: TableView) -> pl.DataFrame:
+    """process_group -> role (data_parallel, tensor_parallel, pipeline, expert, fsdp, unknown).
+
+    From the process_groups table when the analysis filled it; otherwise inferred from the
+    group description (Megatron's TENSOR_MODEL_PARALLEL_GROUP, default_pg, ...) and what the
+    group does: only point-to-point -> pipeline; all-gather and reduce-scatter on a
+    data-parallel group -> fsdp. Columns: process_group, role, size, ranks (list[int]).
+    """
+    pgs = tables["process_groups"]
+    if tables.has("process_groups", "process_group", "role"):
+        if "pooled_collective" in pgs.columns and "calls_per_step" in pgs.columns:
+            # A pooled group split by kind of call (roles.py): one row per group here, the
+            # kind with the most calls; call_roles gives each call its own kind's role.
+            pgs = pgs.sort(
+                "calls_per_step", descending=True, nulls_last=True, maintain_order=True
+            ).unique("process_group", keep="first", maintain_order=True)
+        size = pl.col("size") if "size" in pgs.columns else pl.lit(None, dtype=pl.Int64)
+        ranks = (
+            pl.col("ranks").cast(pl.String).pipe(parse_ranks)
+            if "ranks" in pgs.columns and pgs.schema["ranks"] == pl.String
+            else (pl.col("ranks") if "ranks" in pgs.columns else pl.lit(None))
+        )
+        return pgs.select(
+            pl.col("process_group").cast(pl.String), "role", size=size.cast(pl.Int64), ranks=ranks
+        )
+    if not tables.has("collectives"):
+        return pl.DataFrame(
+            schema={
+                "process_group": pl.String,
+                "role": pl.String,
+                "size": pl.Int64,
+                "ranks": pl.List(pl.Int64),
+            }
+        )
+    cols = ["process_group", "pg_desc", "group_size", "pg_ranks", "collective"]
+    per = tables.collect(
+        tables.lazy("collectives", cols)
+        .group_by("process_group")
+        .agg(
+            desc=pl.col("pg_desc").drop_nulls().first().fill_null(""),
+            size=pl.col("group_size").max(),
+            ranks=pl.col("pg_ranks").drop_nulls().first(),
+            p2p_only=pl.col("collective").is_in(P2P).all(),
+            sharded=pl.col("collective").is_in(["all_gather", "reduce_scatter"]).any(),
+        )
+    )
+    role = (
+        pl.when(pl.col("sharded") & pl.col("_r").is_in(["data_parallel", "unknown"]))
+        .then(pl.lit("fsdp"))
+        .otherwise(pl.col("_r"))
+    )
+    return (
+        per.with_columns(
+            _r=pl.when(pl.col("p2p_only"))
+            .then(pl.lit("pipeline"))
+            .otherwise(desc_role(pl.col("desc")))
+        )
+        .with_columns(role=role)
+        .select(
+            pl.col("process_group").cast(pl.String),
+            "role",
+            pl.col("size").cast(pl.Int64),
+            ranks=parse_ranks("ranks"),
+        )
+    )
+
+
+def call_roles(
+    tables: TableView, frame: pl.DataFrame | pl.LazyFrame
+) -> pl.DataFrame | pl.LazyFrame:
+    """`frame` (process_group, and collective and bytes where it has them) plus `role`: its
+    group's (group_roles), and for a call of a pooled group that the process_groups table
+    splits by kind of call (no group named per call: roles.py), its kind's role (an
+    all_to_all's, an all_reduce's of its size), so a dense gradient all-reduce pooled with
+    embedding all-to-alls is not 'embedding'. Null where the group is unknown."""
+    roles = group_roles(tables).select(pl.col("process_group").alias("_pg"), "role")
+    lazy = isinstance(frame, pl.LazyFrame)
+    pg = pl.col("process_group").cast(pl.String).fill_null(UNKNOWN_GROUP)
+    out = frame.lazy().with_columns(_pg=pg).join(roles.lazy(), on="_pg", how="left")
+    pgs = tables["process_groups"]
+    columns = frame.collect_schema().names() if lazy else frame.columns
+    if "pooled_collective" in pgs.columns and "collective" in columns:
+        pooled = pgs.filter(pl.col("pooled_collective").is_not_null()).select(
+            _pg="process_group", _pc="pooled_collective", _pb="pooled_bytes", _pr="role"
+        )
+        if pooled.height:
+            kinds = pooled.filter(pl.col("_pb").is_null()).select("_pg", "_pc", _kr="_pr")
+            out = out.join(
+                kinds.lazy(), left_on=["_pg", "collective"], right_on=["_pg", "_pc"], how="left"
+            )
+            sized = pooled.filter(pl.col("_pb").is_not_null())
+            if "bytes" in columns and sized.height:
+                out = out.join(
+                    sized.select("_pg", "_pc", "_pb", _sr="_pr").lazy(),
+                    left_on=["_pg", "collective", pl.col("bytes").cast(pl.Int64)],
+                    right_on=["_pg", "_pc", "_pb"],
+                    how="left",
+                )
+            else:
+                out = out.with_columns(_sr=pl.lit(None, dtype=pl.String))
+            # The rest of the pool: calls of a kind the split has no row for.
+            rest = pgs.filter(
+                pl.col("pooled_collective").is_null()
+                & pl.col("process_group").is_in(pooled["_pg"].unique().implode())
+            ).select(_pg="process_group", _rr="role")
+            split = pooled["_pc"].unique().to_list()
+            out = (
+                out.join(rest.lazy(), on="_pg", how="left")
+                .with_columns(
+                    role=pl.coalesce(
+                        "_sr",
+                        "_kr",
+                        pl.when(~pl.col("collective").is_in(split)).then(pl.col("_rr")),
+                        "role",
+                    )
+                )
+                .drop("_kr", "_sr", "_rr")
+            )
+    out = out.drop("_pg")
+    return out if lazy else out.collect()
+
+
+def desc_role(desc: pl.Expr) -> pl.Expr:
+    """Role from a group description by ROLE_PATTERNS (first match wins)."""
+    out = pl.lit("unknown")
+    for pattern, name in reversed(ROLE_PATTERNS):
+        out = pl.when(desc.str.contains(pattern)).then(pl.lit(name)).otherwise(out)
+    return out

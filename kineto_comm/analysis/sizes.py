@@ -146,3 +146,31 @@ def message_size_summary(collectives: pl.DataFrame | RankStore) -> pl.DataFrame:
         .cast(SUMMARY_SCHEMA),
         collectives.height,
     )
+
+
+def median_of_counts(
+    counts: pl.DataFrame, by: list[str], value: str, count: str, name: str = "median"
+) -> pl.DataFrame:
+    """Per `by` group of `counts` (each row: `count` calls of one `value`), the median of the
+    values, nulls left out, as Polars' median over the calls themselves would give: exact,
+    from a table with a row per distinct value (message sizes repeat) instead of a row per
+    call."""
+    known = pl.col(value).is_not_null()
+    rows = (
+        counts.filter(known)
+        .sort([*by, value], nulls_last=True)
+        .with_columns(_hi=pl.col(count).cum_sum().over(by), _n=pl.col(count).sum().over(by))
+        .with_columns(_lo=pl.col("_hi") - pl.col(count))
+    )
+
+    def at(position: pl.Expr, alias: str) -> pl.DataFrame:
+        hit = (pl.col("_lo") <= position) & (position < pl.col("_hi"))
+        return rows.filter(hit).select(*by, pl.col(value).alias(alias))
+
+    lower = at((pl.col("_n") - 1) // 2, "_a")
+    upper = at(pl.col("_n") // 2, "_b")
+    medians = lower.join(upper, on=by, nulls_equal=True).select(
+        *by, ((pl.col("_a") + pl.col("_b")) / 2).alias(name)
+    )
+    groups = counts.select(by).unique(maintain_order=True)
+    return groups.join(medians, on=by, how="left", nulls_equal=True)

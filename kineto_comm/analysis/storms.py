@@ -9,7 +9,7 @@ it achieved and how much of its time was latency.
 A run (per rank, step, process_group and collective, in start order) is a maximal sequence of
 consecutive small calls (`bytes` < `small_bytes`, 64 KiB), each starting soon after the
 previous one ends; runs of at least `min_calls` calls are storms (the `storms` table,
-docs/tables.md). The run's rule and each column in full: the comment below the imports.
+docs/tables.md). The run's rule and each column in full: docs/analyses.md.
 """
 
 from __future__ import annotations
@@ -21,41 +21,7 @@ from kineto_comm.analysis.sizes import MEDIUM_BYTES, SMALL_BYTES, group_key
 from kineto_comm.lazy import collect, sample
 from kineto_comm.rank_store import RankStore, as_store
 
-# In full (the module docstring says what and why):
-#
-# Storms: long runs of small, back-to-back collectives that are bound by latency, not bandwidth.
-#
-# Why: a collective of a few KiB costs roughly the fixed latency of a call (launch, NCCL/gloo
-# setup, a network round trip), so thousands of them in a row — DDP with tiny buckets,
-# per-parameter all-reduces, unfused point-to-point exchanges — take far longer than the same
-# bytes in a few large calls. A storm row says how long such a run held the rank, what bandwidth
-# it achieved and how much of its time was latency.
-#
-# A run (per rank, step, process_group and collective, in start order) is a maximal sequence of
-# consecutive calls of that key that are all small (`bytes` < `small_bytes`, 64 KiB) where each
-# call starts at most `max(gap_factor x mean(duration of it and the previous call), min_gap_ns)`
-# after the previous one ends; a large call or a longer gap ends the run. Runs with at least
-# `min_calls` calls are storms. Columns (docs/tables.md):
-#
-#     rank, process_group ("?" when unnamed), collective, step
-#     start_ns, end_ns      first call's start, last call's end
-#     calls, bytes          number of calls, sum of their `bytes`
-#     time_ns               end_ns - start_ns: the wall time the run occupied the rank. Not the
-#                           sum of kernel durations: a kernel's duration includes the time it
-#                           waited for the other ranks, which differs from rank to rank, while
-#                           the run's wall span is what the step pays (it is the same on every
-#                           rank of the group, within the arrival skew).
-#     busbw_gbps            nccl-tests bus bandwidth of the run: bytes over time_ns, times the
-#                           collective's factor for its group size (analysis.bandwidth)
-#     reference_busbw_gbps  what the same (process_group, collective) reaches elsewhere in the
-#                           job (all ranks): the 90th percentile of the per-call busbw of its
-#                           large messages (>= 1 MiB; the high percentile so that calls stretched
-#                           by waiting for late ranks do not drag it down); if it has none, the
-#                           best per-call busbw of its messages >= 64 KiB; null if it only ever
-#                           sends small messages.
-#     latency_bound_share   1 - (time the run's bytes need at the reference busbw) / time_ns,
-#                           clipped to [0, 1]: the share of the run's time spent beyond moving
-#                           its bytes (null without a reference).
+# In full: docs/analyses.md, "Small-message storms".
 
 STORM_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int64(),

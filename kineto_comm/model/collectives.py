@@ -7,7 +7,7 @@ runtime call -> the enclosing op), which works across PyTorch versions whose Ext
 differ. Why one table: every analysis of communication (matching, waits, roles, sizes,
 bandwidth, storms) reads its calls from here, in one vocabulary (names.py).
 
-The sources and the columns (`COLLECTIVE_COLUMNS`) in full: the comment below the imports;
+The sources and the columns (`COLLECTIVE_COLUMNS`) in full: docs/analyses.md;
 docs/tables.md documents the columns for users.
 """
 
@@ -28,44 +28,7 @@ from kineto_comm.model.names import (
     nth_tensor_numel,
 )
 
-# In full (the module docstring says what and why):
-#
-# One row per communication kernel, with what it moved, in which group, and how.
-#
-# Metadata is taken from the best source present, in this order (column `source`):
-#     kernel_args          the kernel's own args (newer Kineto copies the collective args there)
-#     record_param_comms   the innermost `record_param_comms` op around the kernel's launch;
-#                          for a batched point-to-point kernel (batch_isend_irecv on NCCL,
-#                          launched in a `nccl:coalesced` span), its batch's send and recv ops
-#     annotation           the innermost `nccl:*` / `gloo:*` op around the launch (op name,
-#                          `Input Dims`, `Input type`), or the host span itself for gloo
-#     kernel_name          only the kernel name (`ncclDevKernel_AllReduce_Sum_bf16_RING_LL`)
-# Launches are linked by time on the launching thread (correlation -> runtime call -> the
-# enclosing op), which works across PyTorch versions whose External ids differ.
-#
-# Columns (`COLLECTIVE_COLUMNS`):
-#     rank, device, stream, name, start_ns, end_ns, duration_ns, launch_ns, step
-#     collective      canonical name (see names.COLLECTIVES)
-#     reduce_op, algorithm, protocol   parsed from the kernel name (null when absent)
-#     dtype           canonical dtype; in_nelems, out_nelems; in_bytes, out_bytes
-#     bytes           message size as nccl-tests counts it (the larger of in/out bytes)
-#     group_size, process_group (pg_name), pg_desc, pg_ranks (text "[0, 1]")
-#     seq             sequence number in the group where the trace records it
-#     call_index      0-based order of this call among the rank's calls of the same
-#                     (process_group, collective): the fallback key for cross-rank matching
-#     in_splits, out_splits   an all-to-all's split sizes as the trace writes them
-#                     ("[8, 16, 8, 16]": rows along the first dimension sent to, and received
-#                     from, each rank of the group in group order; "[]": an even split),
-#                     from its c10d::alltoall_base_ op's Concrete Inputs (null elsewhere)
-#     source          where the metadata came from (above)
-#     annotation      the innermost user annotation (record_function) around the call's launch,
-#                     other than the step and collective spans ("## all2all_data:kjt values
-#                     ##"): what the code was doing, which the roles read (null for host
-#                     backends and where none encloses it)
-#     compute_before  share (0..1) of the rank's compute time in the call's step that started
-#                     before the call: where in the step's work it runs, whatever share of
-#                     the wall time communication takes (null outside steps or when the
-#                     step has no compute)
+# In full: docs/analyses.md, "What each communication kernel moved".
 
 COLLECTIVE_COLUMNS = (
     "rank",

@@ -12,7 +12,7 @@ ranks that waited for it (vertical on an aligned clock).
 Big jobs stay openable: `select` keeps the median, worst, best and straggler ranks and, past
 `max_bytes`, the middle steps; the file is written rank by rank from the report's stores.
 Times are exact (integer ns until written as microseconds with three decimals). The tracks,
-the selection and the times in full: the comment below the imports.
+the selection and the times in full: docs/timeline.md.
 """
 
 from __future__ import annotations
@@ -30,47 +30,7 @@ from kineto_comm.render.json_doc import counted, findings_of
 from kineto_comm.render.output import open_output
 from kineto_comm.report import Report
 
-# In full (the module docstring says what and why):
-#
-# One clock-aligned timeline of a job's ranks, as a Chrome trace event file for Perfetto UI
-# and chrome://tracing (`kineto-comm report TRACES --format perfetto -o job.json.gz`).
-#
-# Why: a performance engineer believes a finding once they see the late rank, on the same
-# clock as the ranks that waited for it. The report already has everything that view needs:
-# each rank's kernels and steps on the reference clock (`offsets` applied as rows are read),
-# each matched call's last rank and every rank's wait. This module only lays them out:
-#
-# - one process per rank (`pid` = rank), named with the rank, its host and its groups' roles,
-#   sorted by rank, with labels saying why it was chosen (median, worst or best of a group,
-#   straggler);
-# - a track per GPU stream (`tid` = stream id; a CPU-only trace's host threads likewise), and
-#   overlap tracks for kernels that start before an earlier one on the stream ends: every
-#   kernel as a complete slice; a
-#   communication kernel matched across ranks holds two child slices, `wait for rank L` (the
-#   time it sat waiting for the last arriver L) and `transfer`;
-# - a track per CPU thread that launches communication: an instant per launch;
-# - a `steps` track (each step's device window), a track per finding (its window on that rank:
-#   `Finding.window_ns`, else its steps' windows, else the rank's whole span, named with its
-#   code and title), and a `critical path` track when the report has a `critical_path` table;
-# - per collective instance, a flow arrow (`ph` s/f, bound to the enclosing slices) from the
-#   last-arriving rank's kernel, where it arrives, to each selected rank that waited for it,
-#   where its wait ends: on an aligned clock the arrows are vertical.
-#
-# Big jobs stay openable: `select` keeps the median rank, the worst and best rank of each
-# process group (by mean step time), every straggler (or the ranks asked for), and, when the
-# estimated text would pass `max_bytes`, the middle steps that fit; the file's `otherData`
-# says what was left out. The file is written rank by rank: only one rank's kernels (and the
-# selected ranks' waits, a row per call) are held at once, read through the report's stores,
-# so the spill path of big jobs works unchanged.
-#
-# Times are integer nanoseconds until written; `ts` and `dur` are microseconds with three
-# decimals (exact), relative to `baseTimeNanoseconds` (the earliest selected activity, as
-# Kineto's own files do), so float64 readers lose nothing.
-#
-# The critical path is the report's `critical_path` table (kineto_comm.analysis.depgraph:
-# each step's path over the kernel dependency graph as hops on its ranks, columns `rank,
-# start_ns, end_ns, name, step`); a
-# report without one (rules not run) gets no such track, and the file says so.
+# In full: docs/timeline.md, "How it is built".
 
 # The default ceiling on the uncompressed JSON (what the viewer holds): Perfetto UI in a
 # browser tab opens about this much comfortably.
