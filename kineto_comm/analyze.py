@@ -36,6 +36,7 @@ from kineto_comm.model.steps import one_step_warning
 from kineto_comm.per_rank import SPILLED, TABLES, RankTables, spill, tabulate
 from kineto_comm.rank_store import Part, RankStore, SpillFolder
 from kineto_comm.render.json_doc import document, render_json
+from kineto_comm.timings import begin, stage
 from kineto_comm.workers import (
     DIED,
     Outcome,
@@ -236,7 +237,8 @@ def analyze(
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    checks, per_host = _rule_set(select, ignore, rules, rule_options, config)
+    with stage("rules setup"):
+        checks, per_host = _rule_set(select, ignore, rules, rule_options, config)
     ranks_per_host = ranks_per_host if ranks_per_host is not None else per_host
     model_config = _model(model)
     patterns = tuple(comm_patterns)
@@ -262,9 +264,10 @@ def analyze(
     settings = Settings(
         patterns, cache_arg, budgeted.piece_bytes, None if folder is None else str(folder.path)
     )
-    results = _tables_or_errors(
-        files, _run(files, budgeted, settings, dask_scheduler, progress), errors
-    )
+    with stage("per-rank"):
+        outcome = _run(files, budgeted, settings, dask_scheduler, progress)
+    merging = begin("merge")
+    results = _tables_or_errors(files, outcome, errors)
     assignment = assign_ranks([RankClaim(r.file, r.rank, r.world_size) for r in results])
     errors.extend((e.file, e.problem) for e in assignment.rejected)
     kept = [r.with_rank(assignment.ranks[r.file]) for r in results if r.file in assignment.ranks]
@@ -329,6 +332,8 @@ def analyze(
     groups = conflicting_groups({r.rank: r.meta.get("groups") or {} for r in kept})
     warnings += missing_ranks(ranks) + groups + one_step_warning(merged["steps"])
     several = ranks_in_several_groups(ranks)
+    merging()
+    crossing = begin("cross-rank")
     merged.update(
         cross_rank(
             merged,
@@ -339,6 +344,7 @@ def analyze(
         )
     )
     warnings += ungrouped_warning(merged["collective_instances"])
+    crossing()
     merged["rank_kernels"] = merged.pop("kernels")
     merged["rank_collectives"] = merged.pop("collectives")
     merged["rank_steps"] = merged.pop("steps")
@@ -370,15 +376,20 @@ def analyze(
     from kineto_comm.rules_api import Tables
     from kineto_comm.rules_engine import step_model
 
+    framing = begin("framework")
     calls = report.rank_collectives
     p2p = calls.lazy(list(P2P_COLUMNS)) if calls.height and calls.columns else None
     used = framework_table(meta, p2p, report.pipeline)
     report = replace(report, framework=used)
+    framing()
 
     # One Tables for the rules and the model of time: the blame is built once.
     tables = Tables(report)
-    findings = checks.run(tables)
-    return replace(report, findings=findings, **step_model(tables, findings, checks.codes))
+    with stage("rules"):
+        findings = checks.run(tables)
+    with stage("model of time"):
+        model_tables = step_model(tables, findings, checks.codes)
+    return replace(report, findings=findings, **model_tables)
 
 
 def _one_job(
