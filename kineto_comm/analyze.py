@@ -244,6 +244,7 @@ def analyze(
     patterns = tuple(comm_patterns)
     check_comm_patterns(patterns)
     dask_scheduler = dask_scheduler or os.environ.get("KINETO_COMM_DASK_SCHEDULER") or None
+    finding = begin("discover")
     files, missing = discover(list(paths))
     errors: list[tuple[str, str]] = [(e.file, e.problem) for e in missing]
     if jobs is not None and jobs < 1:
@@ -255,6 +256,7 @@ def analyze(
         raise UsageError(f"memory limit must be more than 0 bytes (got {stated!r})")
     budgeted = budget.plan(files, budget.default_limit() if limit is None else limit, workers)
     workers = budgeted.jobs
+    finding()
     cache_arg = None if cache_dir is None else str(cache_dir)
     notes = list(budgeted.warnings)
     if cache_dir is not None and (why := cache.unwritable(Path(cache_dir))):
@@ -384,8 +386,8 @@ def analyze(
     framing()
 
     # One Tables for the rules and the model of time: the blame is built once.
-    tables = Tables(report)
     with stage("rules"):
+        tables = Tables(report)
         findings = checks.run(tables)
     with stage("model of time"):
         model_tables = step_model(tables, findings, checks.codes)

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
+from kineto_comm import timings
 from kineto_comm.errors import TraceError, UsageError, one_line
 from kineto_comm.findings import Severity
 from kineto_comm.timings import stage
@@ -289,10 +290,10 @@ def report(
     rule_option: RuleOptionOption = None,
 ) -> None:
     """Analyse traces: where each rank's time went, what communication costs, what to change."""
-    with stage("imports"):
-        from kineto_comm.hang import has_dumps
+    timings.since_start("command line")
+    from kineto_comm.load.discover import find_dumps
 
-    if has_dumps(paths):  # Flight Recorder dumps: the hang report (kineto-comm hang)
+    if find_dumps(list(paths)):  # Flight Recorder dumps: the hang report (kineto-comm hang)
         _hang_report(paths, format, output, fail_on, exit_zero, select, ignore, rule_option)
     with stage("imports"):
         from kineto_comm.analyze import analyze

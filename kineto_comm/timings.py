@@ -35,6 +35,13 @@ def stage(name: str) -> AbstractContextManager[None]:
     return _timed(name) if ENABLED else _OFF
 
 
+def since_start(name: str) -> None:
+    """Stage `name` is what ran from this module's import to now (the CLI's own start:
+    building the command line and parsing the arguments)."""
+    if ENABLED:
+        _add(name, time.perf_counter() - _started)
+
+
 def begin(name: str) -> Callable[[], None]:
     """Start stage `name` where a `with` block would indent a long stretch of code; call
     what it returns to end it."""

@@ -1,0 +1,124 @@
+"""`kineto-comm report` against HTA, whole processes, on every real trace folder (issue 81).
+
+For each folder (sample_traces/*, tests/data/*/*, and a generated 8 x 50 MB job), each round
+runs, one after the other: `python -P -m kineto_comm report FOLDER --format json` (the
+JSON written to /dev/null) for this tree and, with `--base TREE`, another checkout, then
+HTA 0.5's `TraceAnalysis` load + `get_comm_comp_overlap` + `get_temporal_breakdown` with
+HTA_DISABLE_NS_ROUNDING=1. Everything is timed as a user waits for it: the whole process,
+imports included. The table gives the medians of wall seconds and each tree's ratio (HTA's
+time over kineto-comm's: above 1, kineto-comm is faster). The machine is shared: the rounds
+alternate the tools so that load falls on all of them alike, and ratios are the number to
+read, not seconds. A folder HTA cannot load is listed with HTA's last error line.
+
+    python3 bench/bench_vs_hta.py --runs 3 --base /tmp/speed_base
+    python3 bench/bench_vs_hta.py --runs 3 --only fsdp   # folders whose path holds "fsdp"
+
+Run from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from golden_reports import _holds_files  # noqa: E402
+
+HTA = """
+import sys, logging
+logging.disable(logging.CRITICAL)
+from hta.trace_analysis import TraceAnalysis
+a = TraceAnalysis(trace_dir=sys.argv[1])
+a.get_comm_comp_overlap(visualize=False)
+a.get_temporal_breakdown(visualize=False)
+"""
+
+
+def folders(generated: Path | None) -> list[Path]:
+    """The real trace folders of the repository (relative paths), then the generated job."""
+    found: list[Path] = []
+    for pattern in ("sample_traces/*", "tests/data/*/*"):
+        found += [p for p in sorted(Path().glob(pattern)) if p.is_dir() and _holds_files(p)]
+    return found + ([generated] if generated else [])
+
+
+def generated_job(ranks: int, size_mb: float) -> Path:
+    """The synthetic baseline job under bench/out/ (written once, then reused)."""
+    out = Path("bench/out") / f"vs-hta-{ranks}r-{int(size_mb)}mb"
+    if not (out / "truth.json").exists():
+        subprocess.run(
+            [sys.executable, "-m", "kineto_comm", "synth", "baseline", "--ranks", str(ranks)]
+            + ["--size-mb", str(size_mb), "--out", str(out)],
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    return out
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float | None, str]:
+    """Wall seconds of a whole process (None when it failed) and its last stderr line."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=ROOT)
+        wall = time.perf_counter() - start
+        err.seek(0)
+        lines = err.read().decode(errors="replace").strip().splitlines()
+    return (wall if proc.returncode in (0, 1) else None), (lines[-1] if lines else "")
+
+
+def mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--base", type=Path, help="another tree to time too (the commit before)")
+    ap.add_argument("--only", default="", help="only folders whose path holds this")
+    ap.add_argument("--no-generated", action="store_true", help="skip the 8 x 50 MB job")
+    args = ap.parse_args()
+    os.chdir(ROOT)
+    trees = {"this": ROOT} | ({"base": args.base.resolve()} if args.base else {})
+    job = None if args.no_generated else generated_job(8, 50)
+    chosen = [f for f in folders(job) if args.only in str(f)]
+    print(f"medians of {args.runs} rounds, whole processes; ratio = HTA / kineto-comm")
+    head = "".join(f" {name + ' s':>8} {'ratio':>6}" for name in trees)
+    print(f"{'folder':<36} {'MB':>7}{head} {'HTA s':>8}")
+    for folder in chosen:
+        times: dict[str, list[float]] = {name: [] for name in [*trees, "HTA"]}
+        failed = ""
+        for _ in range(args.runs):
+            for name, tree in trees.items():
+                argv = [sys.executable, "-P", "-m", "kineto_comm", "report", str(folder)]
+                argv += ["--format", "json", "-o", os.devnull, "--exit-zero"]
+                wall, last = timed(argv, {**os.environ, "PYTHONPATH": str(tree)})
+                if wall is None:
+                    raise SystemExit(f"{name} failed on {folder}: {last}")
+                times[name].append(wall)
+            if not failed:
+                env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"}
+                wall, last = timed([sys.executable, "-c", HTA, str(folder)], env)
+                if wall is None:
+                    failed = last or "failed"
+                else:
+                    times["HTA"].append(wall)
+        med = {k: statistics.median(v) for k, v in times.items() if v}
+        hta = med.get("HTA")
+        cells = "".join(
+            f" {med[name]:8.2f} {hta / med[name] if hta else float('nan'):6.2f}" for name in trees
+        )
+        tail = f" {hta:8.2f}" if hta else f"  HTA cannot: {failed[:80]}"
+        print(f"{str(folder):<36} {mb(folder):7.1f}{cells}{tail}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
