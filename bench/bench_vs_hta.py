@@ -5,15 +5,18 @@ runs, one after the other: `python -P -m kineto_comm report FOLDER --format json
 JSON written to /dev/null) for this tree and, with `--base TREE`, another checkout, then
 HTA 0.5's `TraceAnalysis` load + `get_comm_comp_overlap` + `get_temporal_breakdown` with
 HTA_DISABLE_NS_ROUNDING=1. Everything is timed as a user waits for it: the whole process,
-imports included. The table gives the medians of wall seconds and each tree's ratio (HTA's
-time over kineto-comm's: above 1, kineto-comm is faster). The machine is shared: the rounds
-alternate the tools so that load falls on all of them alike, and ratios are the number to
-read, not seconds. A folder HTA cannot load is listed with HTA's last error line.
+imports included (modules compiled to .pyc as an install has them). The table gives the
+medians of wall and CPU seconds (the process's and its children's) and each tree's ratios
+(HTA's time over kineto-comm's: above 1, kineto-comm is faster). The machine is shared:
+the rounds alternate the tools so that load falls on all of them alike, and ratios are
+the number to read, not seconds; on a loaded machine CPU seconds are the steadier ones.
+A folder HTA cannot load is listed with HTA's last error line.
 
     python3 bench/bench_vs_hta.py --runs 3 --base /tmp/speed_base
     python3 bench/bench_vs_hta.py --runs 3 --only fsdp   # folders whose path holds "fsdp"
 
-Run from the repository root.
+Run from the repository root. `--code TREE` times another tree's package as "this" (a
+snapshot, so that the working tree can change while the bench runs).
 """
 
 from __future__ import annotations
@@ -63,60 +66,81 @@ def generated_job(ranks: int, size_mb: float) -> Path:
     return out
 
 
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float | None, str]:
-    """Wall seconds of a whole process (None when it failed) and its last stderr line."""
+def timed(argv: list[str], env: dict[str, str]) -> tuple[tuple[float, float] | None, str]:
+    """Wall and CPU seconds (its own and its children's) of a whole process, None when it
+    failed, and its last stderr line."""
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=ROOT)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
         err.seek(0)
         lines = err.read().decode(errors="replace").strip().splitlines()
-    return (wall if proc.returncode in (0, 1) else None), (lines[-1] if lines else "")
+    ok = os.waitstatus_to_exitcode(status) in (0, 1)
+    return ((wall, usage.ru_utime + usage.ru_stime) if ok else None), (lines[-1] if lines else "")
 
 
 def mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
 
 
+def _env(**extra: str) -> dict[str, str]:
+    """The children's environment: as installed, modules compiled once to .pyc (pip does at
+    install; a PYTHONDONTWRITEBYTECODE=1 shell would recompile every module of the editable
+    package on every run, ~0.35 s CPU that no user pays)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, **extra}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--code", type=Path, default=ROOT, help="tree to time (default: this one)")
     ap.add_argument("--base", type=Path, help="another tree to time too (the commit before)")
     ap.add_argument("--only", default="", help="only folders whose path holds this")
     ap.add_argument("--no-generated", action="store_true", help="skip the 8 x 50 MB job")
     args = ap.parse_args()
     os.chdir(ROOT)
-    trees = {"this": ROOT} | ({"base": args.base.resolve()} if args.base else {})
+    trees = {"this": args.code.resolve()} | ({"base": args.base.resolve()} if args.base else {})
     job = None if args.no_generated else generated_job(8, 50)
     chosen = [f for f in folders(job) if args.only in str(f)]
+    for tree in trees.values():  # a first run writes the .pyc files: not timed
+        argv = [sys.executable, "-P", "-m", "kineto_comm", "report", "sample_traces/tp-2"]
+        timed([*argv, "-f", "json", "-o", os.devnull], _env(PYTHONPATH=str(tree)))
     print(f"medians of {args.runs} rounds, whole processes; ratio = HTA / kineto-comm")
-    head = "".join(f" {name + ' s':>8} {'ratio':>6}" for name in trees)
-    print(f"{'folder':<36} {'MB':>7}{head} {'HTA s':>8}")
+    head = "".join(f" {n + ' wall':>9} {'ratio':>5} {n + ' CPU':>8} {'ratio':>5}" for n in trees)
+    print(f"{'folder':<36} {'MB':>6}{head} {'HTA wall':>9} {'HTA CPU':>8}")
     for folder in chosen:
-        times: dict[str, list[float]] = {name: [] for name in [*trees, "HTA"]}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in [*trees, "HTA"]}
         failed = ""
         for _ in range(args.runs):
             for name, tree in trees.items():
                 argv = [sys.executable, "-P", "-m", "kineto_comm", "report", str(folder)]
                 argv += ["--format", "json", "-o", os.devnull, "--exit-zero"]
-                wall, last = timed(argv, {**os.environ, "PYTHONPATH": str(tree)})
-                if wall is None:
+                got, last = timed(argv, _env(PYTHONPATH=str(tree)))
+                if got is None:
                     raise SystemExit(f"{name} failed on {folder}: {last}")
-                times[name].append(wall)
+                times[name].append(got)
             if not failed:
-                env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"}
-                wall, last = timed([sys.executable, "-c", HTA, str(folder)], env)
-                if wall is None:
+                env = _env(HTA_DISABLE_NS_ROUNDING="1")
+                got, last = timed([sys.executable, "-c", HTA, str(folder)], env)
+                if got is None:
                     failed = last or "failed"
                 else:
-                    times["HTA"].append(wall)
-        med = {k: statistics.median(v) for k, v in times.items() if v}
+                    times["HTA"].append(got)
+        med = {
+            k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+            for k, v in times.items()
+            if v
+        }
         hta = med.get("HTA")
-        cells = "".join(
-            f" {med[name]:8.2f} {hta / med[name] if hta else float('nan'):6.2f}" for name in trees
-        )
-        tail = f" {hta:8.2f}" if hta else f"  HTA cannot: {failed[:80]}"
-        print(f"{str(folder):<36} {mb(folder):7.1f}{cells}{tail}", flush=True)
+        cells = ""
+        for name in trees:
+            wall, cpu = med[name]
+            ratios = (hta[0] / wall, hta[1] / cpu) if hta else (float("nan"),) * 2
+            cells += f" {wall:9.2f} {ratios[0]:5.2f} {cpu:8.2f} {ratios[1]:5.2f}"
+        tail = f" {hta[0]:9.2f} {hta[1]:8.2f}" if hta else f"  HTA cannot: {failed[:70]}"
+        print(f"{str(folder):<36} {mb(folder):6.1f}{cells}{tail}", flush=True)
     return 0
 
 

@@ -3,7 +3,8 @@
 The stages of `report` (imports, per-rank decode and model, merge, cross-rank, each rule,
 the model of time, rendering) wrap their work in `stage(name)`; a name with a slash
 ("per-rank/decode") is a part of the stage before it and is printed indented under it.
-A stage run in several threads at once adds up its threads' seconds. The table is printed
+A stage run in several threads at once adds up its threads' seconds. CPU seconds, beside
+the wall time, are the steadier number on a shared machine. The table is printed
 once, when the process that imported this module first exits (not by worker processes),
 so users and bench/ read the same split. Off (the default), `stage` returns one shared
 do-nothing context: no clock is read and nothing is kept.
@@ -24,14 +25,16 @@ ENABLED = os.environ.get(ENV, "").strip().lower() not in ("", "0", "false", "no"
 
 _OFF: AbstractContextManager[None] = nullcontext()
 _started = time.perf_counter()
+_started_cpu = time.process_time()
 _seconds: dict[str, float] = {}
+_cpu: dict[str, float] = {}
 _lock = threading.Lock()
 _open = threading.local()  # each thread's stages in progress, innermost last
 _main_open: list[str] = []
 
 
 def stage(name: str) -> AbstractContextManager[None]:
-    """A context that adds its wall time to stage `name` (when timings are on)."""
+    """A context that adds its wall and CPU time to stage `name` (when timings are on)."""
     return _timed(name) if ENABLED else _OFF
 
 
@@ -39,7 +42,7 @@ def since_start(name: str) -> None:
     """Stage `name` is what ran from this module's import to now (the CLI's own start:
     building the command line and parsing the arguments)."""
     if ENABLED:
-        _add(name, time.perf_counter() - _started)
+        _add(name, time.perf_counter() - _started, time.process_time() - _started_cpu)
 
 
 def begin(name: str) -> Callable[[], None]:
@@ -47,12 +50,12 @@ def begin(name: str) -> Callable[[], None]:
     what it returns to end it."""
     if not ENABLED:
         return _nothing
-    _add(name, 0.0)  # listed where it starts, before the parts it holds
+    _add(name, 0.0, 0.0)  # listed where it starts, before the parts it holds
     _opened().append(name)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_now()
 
     def end() -> None:
-        _add(name, time.perf_counter() - start)
+        _add(name, time.perf_counter() - start, _cpu_now() - cpu)
         _close(name)
 
     return end
@@ -83,20 +86,29 @@ def current() -> str:
     return names[-1] if names else ""
 
 
-def _add(name: str, seconds: float) -> None:
+def _cpu_now() -> float:
+    """CPU seconds: the process's in the main thread (a stage there owns the threads it
+    starts), a worker thread's own elsewhere (its part of a stage several threads share)."""
+    if threading.current_thread() is threading.main_thread():
+        return time.process_time()
+    return time.thread_time()
+
+
+def _add(name: str, seconds: float, cpu: float) -> None:
     with _lock:
         _seconds[name] = _seconds.get(name, 0.0) + seconds
+        _cpu[name] = _cpu.get(name, 0.0) + cpu
 
 
 @contextmanager
 def _timed(name: str) -> Iterator[None]:
-    _add(name, 0.0)  # listed where it starts, before the parts it holds
+    _add(name, 0.0, 0.0)  # listed where it starts, before the parts it holds
     _opened().append(name)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_now()
     try:
         yield
     finally:
-        _add(name, time.perf_counter() - start)
+        _add(name, time.perf_counter() - start, _cpu_now() - cpu)
         _close(name)
 
 
@@ -105,15 +117,20 @@ def table() -> str:
     since this module was imported (which is just after the interpreter and the CLI's own
     imports: the first line says how long the process had run by then)."""
     wall = time.perf_counter() - _started
-    lines = [f"timings ({ENV}): {wall:.3f} s since kineto_comm started"]
+    cpu = time.process_time() - _started_cpu
+    lines = [f"timings ({ENV}): {wall:.3f} s since kineto_comm started ({cpu:.3f} s CPU)"]
+    lines.append(f"  {'stage':<34} {'wall':>8}   {'share':>5}  {'CPU':>8}")
     with _lock:
-        items = list(_seconds.items())
-    top = sum(s for name, s in items if "/" not in name)
-    for name, seconds in items:
+        items = [(name, s, _cpu.get(name, 0.0)) for name, s in _seconds.items()]
+    top = sum(s for name, s, _c in items if "/" not in name)
+    top_cpu = sum(c for name, _s, c in items if "/" not in name)
+    for name, seconds, used in items:
         depth = name.count("/")
         label = "  " * depth + name.rsplit("/", 1)[-1]
-        lines.append(f"  {label:<34} {seconds:8.3f} s {100 * seconds / wall:5.1f}%")
-    lines.append(f"  {'other (between stages)':<34} {wall - top:8.3f} s")
+        share = 100 * seconds / wall
+        lines.append(f"  {label:<34} {seconds:8.3f} s {share:5.1f}% {used:8.3f} s")
+    other = f"  {'other (between stages)':<34} {wall - top:8.3f} s {'':6} {cpu - top_cpu:8.3f} s"
+    lines.append(other)
     return "\n".join(lines)
 
 
