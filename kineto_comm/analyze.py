@@ -402,7 +402,7 @@ def _one_job(
     analysed, so `kineto-comm report --strict` fails on it as on an unreadable file."""
     rows = []
     for r in kept:
-        span = r.totals.select("start_ns", "end_ns") if r.totals.height else None
+        span = r.totals if r.totals.height else None  # its columns read as they are: no query
         device = (r.meta.get("devices") or [None])[0]
         rows.append(
             {
