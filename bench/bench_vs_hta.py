@@ -14,6 +14,7 @@ A folder HTA cannot load is listed with HTA's last error line.
 
     python3 bench/bench_vs_hta.py --runs 3 --base /tmp/speed_base
     python3 bench/bench_vs_hta.py --runs 3 --only fsdp   # folders whose path holds "fsdp"
+    python3 bench/bench_vs_hta.py --no-generated        # the real folders only
 
 Run from the repository root. `--code TREE` times another tree's package as "this" (a
 snapshot, so that the working tree can change while the bench runs).
@@ -97,13 +98,22 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--code", type=Path, default=ROOT, help="tree to time (default: this one)")
     ap.add_argument("--base", type=Path, help="another tree to time too (the commit before)")
-    ap.add_argument("--only", default="", help="only folders whose path holds this")
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="only folders whose path holds this (repeatable)",
+    )
+    ap.add_argument(
+        "--generated-runs", type=int, help="rounds on the 8 x 50 MB job (default: --runs)"
+    )
     ap.add_argument("--no-generated", action="store_true", help="skip the 8 x 50 MB job")
     args = ap.parse_args()
     os.chdir(ROOT)
     trees = {"this": args.code.resolve()} | ({"base": args.base.resolve()} if args.base else {})
     job = None if args.no_generated else generated_job(8, 50)
-    chosen = [f for f in folders(job) if args.only in str(f)]
+    chosen = [f for f in folders(job) if not args.only or any(o in str(f) for o in args.only)]
+    chosen += [job] if job and job not in chosen else []
     for tree in trees.values():  # a first run writes the .pyc files: not timed
         argv = [sys.executable, "-P", "-m", "kineto_comm", "report", "sample_traces/tp-2"]
         timed([*argv, "-f", "json", "-o", os.devnull], _env(PYTHONPATH=str(tree)))
@@ -113,7 +123,8 @@ def main() -> int:
     for folder in chosen:
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in [*trees, "HTA"]}
         failed = ""
-        for _ in range(args.runs):
+        runs = args.generated_runs if folder == job and args.generated_runs else args.runs
+        for _ in range(runs):
             for name, tree in trees.items():
                 argv = [sys.executable, "-P", "-m", "kineto_comm", "report", str(folder)]
                 argv += ["--format", "json", "-o", os.devnull, "--exit-zero"]
