@@ -340,7 +340,7 @@ def report(
     with stage("imports"):
         from kineto_comm.render.perfetto import select as choose
         from kineto_comm.render.perfetto import write_timeline
-        from kineto_comm.render.text import problem_lines, render_text
+        from kineto_comm.report import problem_lines
 
     # Warnings and unusable files on stderr, once, whatever the format: stdout holds only
     # the report (the text report printed here leaves them out; a file keeps them).
@@ -369,6 +369,8 @@ def report(
         if format in EXPORTS:
             export(output or sys.stdout)
         elif format == "text" and output is None:
+            from kineto_comm.render.text import render_text
+
             render_text(result, out=sys.stdout, problems=False)
         else:
             write(result, format, output or sys.stdout, fail_on=severity)
