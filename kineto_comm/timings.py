@@ -3,11 +3,12 @@
 The stages of `report` (imports, per-rank decode and model, merge, cross-rank, each rule,
 the model of time, rendering) wrap their work in `stage(name)`; a name with a slash
 ("per-rank/decode") is a part of the stage before it and is printed indented under it.
-A stage run in several threads at once adds up its threads' seconds. CPU seconds, beside
-the wall time, are the steadier number on a shared machine. The table is printed
-once, when the process that imported this module first exits (not by worker processes),
-so users and bench/ read the same split. Off (the default), `stage` returns one shared
-do-nothing context: no clock is read and nothing is kept.
+A stage run in several threads at once adds up its threads' seconds (a big job's worker
+processes keep their parts: only the per-rank stage's own time shows). CPU seconds, beside
+the wall time, are the steadier number on a shared machine. The table is printed once,
+when the process that imported this module exits (not by worker processes), so users and
+bench/ read the same split. Off (the default), `stage` returns one shared do-nothing
+context: no clock is read and nothing is kept.
 """
 
 from __future__ import annotations
