@@ -45,7 +45,7 @@ STEPS = [
     ("kineto_comm.per_rank", "_rank_tables", "model.rank_tables"),
     ("kineto_comm.analyze", "cross_rank", "cross_rank"),
     ("kineto_comm.analysis.crossrank", "keyed_calls", "x.keyed"),
-    ("kineto_comm.analysis.crossrank", "estimate_offsets", "x.offsets"),
+    ("kineto_comm.analysis.crossrank", "fit_offsets", "x.offsets"),
     ("kineto_comm.analysis.crossrank", "instances", "x.instances"),
     ("kineto_comm.analysis.crossrank", "waits", "x.waits"),
     ("kineto_comm.analysis.crossrank", "stragglers", "x.stragglers"),

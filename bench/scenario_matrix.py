@@ -33,7 +33,7 @@ from kineto_comm.synth import Hardware, ModelConfig, generate
 
 # The tests' small model on a slow GPU (tests/test_rules_builtin.py): seconds per job.
 MODEL = ModelConfig(layers=4, hidden=512, seq=512, micro_batch=2, vocab=2048, bucket_mb=2.0)
-HARDWARE = Hardware(tflops=10.0)
+HARDWARE = Hardware(tflops=10.0, busbw_gbps=100.0)
 JOB = {"steps": 3, "model": MODEL, "hardware": HARDWARE}
 CODES = {
     "exposed-allreduce": ("COMM101", "COMM102"),
@@ -41,6 +41,7 @@ CODES = {
     "small-messages": ("COMM201",),
     "slow-link": ("NET101",),
     "bubble": ("PIPE101",),
+    "interference": ("COMM301",),
 }
 LAYOUTS = ("dp", "tp-dp", "fsdp", "pp-dp")
 CANONICAL = {"allreduce": "all_reduce", "_reduce_scatter_base": "reduce_scatter"}

@@ -201,6 +201,7 @@ def analyze(
     rules: Sequence[Any] = (),
     rule_options: Mapping[str, Mapping[str, Any]] | None = None,
     config: str | Path | None = None,
+    network: str | None = None,
 ) -> Report:
     """Analyse the trace files under `paths` (files or directories).
 
@@ -231,6 +232,9 @@ def analyze(
     rule_options: {code or name: {option: value}}, over the config file's options.
     config: the config file (default: the first kineto-comm.toml, or pyproject.toml with
         [tool.kineto-comm], from the current directory upward, as the CLI reads it).
+    network: the link between hosts, a name of the hardware table (`400G-IB`, ...;
+        docs/hardware.md), over the config's `[hardware] network`: what a group across
+        hosts should reach. Without one, only groups inside a host have an expectation.
 
     The rules, their options and the model are read before any trace, so a mistake in
     them is a UsageError at once. The findings, ranked, are `Report.findings`.
@@ -238,8 +242,9 @@ def analyze(
     if isinstance(paths, (str, Path)):
         paths = [paths]
     with stage("rules setup"):
-        checks, per_host = _rule_set(select, ignore, rules, rule_options, config)
-    ranks_per_host = ranks_per_host if ranks_per_host is not None else per_host
+        checks, cfg = _rule_set(select, ignore, rules, rule_options, config)
+    ranks_per_host = ranks_per_host if ranks_per_host is not None else cfg.ranks_per_host
+    hw_table, network, gpu_model = _hardware(cfg.hardware, network, cfg.path)
     model_config = _model(model)
     patterns = tuple(comm_patterns)
     check_comm_patterns(patterns)
@@ -351,6 +356,19 @@ def analyze(
     merged["rank_collectives"] = merged.pop("collectives")
     merged["rank_steps"] = merged.pop("steps")
     merged["rank_waits"] = merged.pop("collective_waits", RankStore())
+    from kineto_comm.analysis.hardware import hardware_tables
+
+    merged.update(
+        hardware_tables(
+            {r: m.get("device_props") or [] for r, m in meta.items()},
+            merged["rank_collectives"],
+            merged["offsets"],
+            merged["collective_instances"],
+            hw_table,
+            network,
+            gpu_model,
+        )
+    )
     report = Report(
         errors=tuple(errors),
         warnings=tuple(warnings),
@@ -364,16 +382,13 @@ def analyze(
             "cache_dir": cache_arg,
             "dask_scheduler": dask_scheduler,
             "rules_run": checks.codes,
+            "network": network,
         },
         meta=meta,
         **merged,
     )
     if report.ranks.height == 0:  # nothing analysed: nothing to compare or check
         return report
-    if model_config is not None:
-        from kineto_comm.analytic import with_model
-
-        report = with_model(report, *model_config)
     from kineto_comm.analysis.framework import P2P_COLUMNS, framework_table
     from kineto_comm.rules_api import Tables
     from kineto_comm.rules_engine import step_model
@@ -384,6 +399,7 @@ def analyze(
     used = framework_table(meta, p2p, report.pipeline)
     report = replace(report, framework=used)
     framing()
+    report = _with_model(report, model_config)
 
     # One Tables for the rules and the model of time: the blame is built once.
     with stage("rules"):
@@ -434,15 +450,80 @@ def _rule_set(
     rules: Sequence[Any],
     options: Mapping[str, Mapping[str, Any]] | None,
     config: str | Path | None,
-) -> tuple[Any, int | None]:
-    """The rules analyze() runs (kineto_comm.rules_engine.RuleSet) and the config file's
-    ranks_per_host, from the config file (given, or found upward from the current
-    directory) and the arguments."""
+) -> tuple[Any, Any]:
+    """The rules analyze() runs (kineto_comm.rules_engine.RuleSet) and the config (its
+    ranks_per_host and [hardware] section), from the config file (given, or found upward
+    from the current directory) and the arguments."""
     from kineto_comm.rules_engine import load_config, rule_set
 
     cfg = load_config(None if config is None else Path(config))
     checks = rule_set(select=select, ignore=ignore, options=options, extra_rules=rules, config=cfg)
-    return checks, cfg.ranks_per_host
+    return checks, cfg
+
+
+def _hardware(
+    section: Mapping[str, Any], network: str | None, path: Path | None = None
+) -> tuple[dict[str, Any], str | None, str | None]:
+    """The hardware table with the config's [hardware] overrides (`path`: the config file),
+    the network (the argument, else the config's) and the config's gpu_model; UsageError
+    naming the file and key, or the name, that is wrong."""
+    from kineto_comm.analysis.hardware import CONFIG_KEYS, load_table
+
+    where = f"config file {path}: " if path is not None else "config: "
+    unknown = sorted(set(section) - set(CONFIG_KEYS))
+    if unknown:
+        raise UsageError(
+            f"{where}[hardware]: unknown key(s) {', '.join(unknown)}; known: "
+            + ", ".join(CONFIG_KEYS)
+        )
+    stated = section.get("network")
+    if stated is not None and not isinstance(stated, str):
+        raise UsageError(f"{where}[hardware] network must be a name such as '400G-IB'")
+    # [hardware.gpu.KEY] and [hardware.networks.NAME]: the table's entries, overridden.
+    overrides = {"gpu": section.get("gpu", {}), "network": section.get("networks", {})}
+    try:
+        table = load_table(overrides)
+    except ValueError as exc:
+        raise UsageError(f"{where}{exc}") from None
+    network = network if network is not None else stated
+    if network is not None and network not in table["network"]:
+        raise UsageError(
+            f"network {network!r}: not in the hardware table; known: " + ", ".join(table["network"])
+        )
+    model = section.get("gpu_model")
+    if model is not None and model not in table["gpu"]:
+        raise UsageError(
+            f"{where}[hardware] gpu_model {model!r}: not in the hardware table; known: "
+            + ", ".join(table["gpu"])
+        )
+    return table, network, model
+
+
+def _with_model(report: Report, model_config: tuple[Any, Any] | None) -> Report:
+    """The report with its inferred configuration, and `model_comparison` from the `model=`
+    file (which replaces the inferred configuration entirely) or else from the inferred one
+    where it is enough (analytic.config_from_inferred); `options["model_note"]` says why
+    the model did not run where it did not."""
+    from kineto_comm.analysis.inferred_config import CALL_COLUMNS, inferred_config
+    from kineto_comm.analytic import config_from_inferred, with_model
+
+    calls = report.rank_collectives
+    world = report.ranks["world_size"].max()
+    table = inferred_config(
+        report.process_groups,
+        calls.lazy(list(CALL_COLUMNS)) if calls.height and calls.columns else None,
+        report.pipeline,
+        report.framework,
+        None if world is None else int(world),  # type: ignore[arg-type]
+        calls.height,
+    )
+    report = replace(report, inferred_config=table)
+    if model_config is not None:
+        return with_model(report, *model_config)
+    config, why = config_from_inferred(table)
+    if config is None:
+        return replace(report, options={**report.options, "model_note": why})
+    return with_model(report, config, source="inferred")
 
 
 def _model(path: str | Path | None) -> tuple[Any, Any] | None:

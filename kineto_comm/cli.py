@@ -266,6 +266,14 @@ def report(
         Path | None,
         typer.Option("--model", help="Model config (TOML): compare with the analytical model."),
     ] = None,
+    network: Annotated[
+        str | None,
+        typer.Option(
+            "--network",
+            help="The link between hosts, e.g. 400G-IB, 200G-RoCE (docs/hardware.md): what"
+            " groups across hosts should reach (default: the config's [hardware] network).",
+        ),
+    ] = None,
     timeline_ranks: Annotated[
         str | None,
         typer.Option(
@@ -335,6 +343,7 @@ def report(
         progress=_progress_bar() if sys.stderr.isatty() else None,
         memory_limit=memory_limit,
         model=model,
+        network=network,
         **_rule_args(select, ignore, rules, config, rule_option),
     )
     with stage("imports"):
@@ -507,8 +516,8 @@ def synth(
     scenario: Annotated[
         str,
         typer.Argument(
-            help="baseline, exposed-allreduce, straggler, bubble, small-messages, slow-link or "
-            "clock-skew"
+            help="baseline, exposed-allreduce, straggler, bubble, small-messages, slow-link, "
+            "clock-skew or interference"
         ),
     ],
     out: Annotated[
@@ -532,6 +541,14 @@ def synth(
             " captures have ~7.",
         ),
     ] = 0,
+    single_gpu_hosts: Annotated[
+        bool,
+        typer.Option(
+            "--single-gpu-hosts",
+            help="One GPU per host: every rank on device 0, no host name in the traces"
+            " (clock-skew: clocks 0.5-1.5 ms apart).",
+        ),
+    ] = False,
 ) -> None:
     """Write a synthetic multi-rank job with one known problem and its truth.json."""
     from kineto_comm.synth import generate
@@ -548,6 +565,7 @@ def synth(
             steps=steps,
             gzip=gzip,
             host_ops=host_ops,
+            single_gpu_hosts=single_gpu_hosts,
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None

@@ -35,6 +35,7 @@ TABLES = ("kernels", "collectives", "steps", "totals")
 META_FIELDS = (
     "backend",
     "devices",
+    "device_props",
     "timeline",
     "base_time_ns",
     "host_name",
@@ -291,6 +292,7 @@ def _rank_tables(
     meta = {
         "backend": raw.backend,
         "devices": raw.device_names,
+        "device_props": raw.devices,
         "timeline": timeline,
         "base_time_ns": raw.base_time_ns,
         "host_name": raw.host_name,

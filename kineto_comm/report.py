@@ -25,6 +25,8 @@ All tables are documented column by column in docs/tables.md. Per-rank tables
                  each step's critical path over the kernel dependency graph
                  (kineto_comm.analysis.depgraph): hops on ranks, and kernel by kernel.
     totals       one row per rank: the same metrics over all of the rank's device activity
+    interference what overlap costs: compute kernels slower beside communication than the same
+                 call sites alone, collectives beside compute (kineto_comm.analysis.interference)
 `collective_summary()` aggregates collectives per rank, collective, process group and dtype.
 """
 
@@ -59,12 +61,18 @@ TABLE_NAMES = (
     "process_groups",
     "pipeline",
     "storms",
+    "all_to_all_pairs",
+    "all_to_all_loads",
     "model_comparison",
     "step_times",
     "critical_path",
     "critical_path_kernels",
     "step_blame",
     "framework",
+    "interference",
+    "inferred_config",
+    "hardware",
+    "expected_busbw",
 )
 
 # The tables kept per rank (kineto_comm.rank_store), by name -> the Report's field for them.
@@ -82,8 +90,9 @@ def _known_sum(column: str) -> pl.Expr:
     return pl.when(pl.col(column).is_not_null().any()).then(pl.col(column).sum())
 
 
-# The bandwidths of a matched call (collective_instances), by nccl-tests' definitions.
-_BANDWIDTHS = ("algbw_gbps", "busbw_gbps")
+# The bandwidths of a matched call (collective_instances), by nccl-tests' definitions, and
+# its share of what its link should give (analysis.hardware).
+_BANDWIDTHS = ("algbw_gbps", "busbw_gbps", "expected_busbw_gbps", "speed_of_light")
 
 
 @dataclass(frozen=True)
@@ -104,9 +113,21 @@ class Report:
     process_groups: pl.DataFrame = field(default_factory=pl.DataFrame)
     pipeline: pl.DataFrame = field(default_factory=pl.DataFrame)
     storms: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # Each all-to-all's bytes per (sender, receiver) and each receiver's load
+    # (kineto_comm.analysis.alltoall).
+    all_to_all_pairs: pl.DataFrame = field(default_factory=pl.DataFrame)
+    all_to_all_loads: pl.DataFrame = field(default_factory=pl.DataFrame)
     model_comparison: pl.DataFrame = field(default_factory=pl.DataFrame)
     # What the trace shows of the framework: the settings in use (analysis.framework).
     framework: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # Kernels slower beside the other kind than alone (kineto_comm.analysis.interference).
+    interference: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # The training configuration the trace tells (analysis.inferred_config): one row.
+    inferred_config: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # What the hardware should give (analysis.hardware): each rank's device and GPU model,
+    # and each group's expected bus bandwidth per collective.
+    hardware: pl.DataFrame = field(default_factory=pl.DataFrame)
+    expected_busbw: pl.DataFrame = field(default_factory=pl.DataFrame)
     # The model of time (kineto_comm.analysis.steptime): per step its time and critical
     # rank, the critical rank's blame rows, and the savings of the findings' fixes.
     step_times: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -192,7 +213,9 @@ class Report:
         the medians over the calls of their `collective_instances` bandwidths (bytes over the
         call's transfer time, as nccl-tests measures them: busbw = algbw x the collective's
         factor in every row; a send and its recv share their transfer's; null where the
-        calls have no size), in the renderers' order (most time first).
+        calls have no size), expected_busbw_gbps and speed_of_light (their medians of what
+        the link should give and of busbw / that: analysis.hardware; null where unknown),
+        in the renderers' order (most time first).
 
         One aggregation over the per-rank calls, their instances' bandwidths joined in: a big
         job's calls are read once and not assembled."""
@@ -204,18 +227,21 @@ class Report:
                     **dict.fromkeys(keys, pl.String),
                     **dict.fromkeys(("ranks", "calls", "bytes", "time_ns"), pl.Int64),
                     "mean_bytes": pl.Float64,
-                    "algbw_gbps": pl.Float64,
-                    "busbw_gbps": pl.Float64,
+                    **dict.fromkeys(_BANDWIDTHS, pl.Float64),
                 }
             )
         # Each call's bandwidths are its instance's (the rank's row in collective_waits, by
         # its start): a send and a recv both get their transfer's, each dtype its own calls'.
         inst = self.collective_instances
-        if self.rank_waits.height and {"instance", *_BANDWIDTHS} <= set(inst.columns):
+        if self.rank_waits.height and {"instance", *_BANDWIDTHS[:2]} <= set(inst.columns):
+            # A Report built without the hardware's columns: unknown, not missing.
+            known = inst.lazy().with_columns(
+                pl.lit(None, pl.Float64).alias(c) for c in _BANDWIDTHS if c not in inst.columns
+            )
             link = (
                 self.rank_waits.lazy(["instance", "rank", "start_ns"])
                 .unique(["rank", "start_ns"], keep="first")
-                .join(inst.lazy().select("instance", *_BANDWIDTHS), on="instance")
+                .join(known.select("instance", *_BANDWIDTHS), on="instance")
                 .drop("instance")
             )
             rows = calls.lazy(["rank", "start_ns", *keys, "bytes", "duration_ns"]).join(
@@ -331,6 +357,7 @@ class Report:
             "pipeline": self.pipeline.to_dicts(),
             "storms": self.storms.to_dicts(),
             "model_comparison": self.model_comparison.to_dicts(),
+            "inferred_config": self.inferred_config.to_dicts(),
             "step_times": self.step_times.to_dicts(),
             "critical_path": self.critical_path.to_dicts(),
             "critical_path_kernels": self.critical_path_kernels.to_dicts(),

@@ -44,7 +44,7 @@ from kineto_comm.timings import begin
 BUILTIN_PACKAGE = "kineto_comm_builtin_rules"
 ENTRY_POINT_GROUP = "kineto_comm.rules"
 CONFIG_FILE = "kineto-comm.toml"
-CONFIG_KEYS = ("select", "ignore", "rules", "options", "rule", "ranks_per_host")
+CONFIG_KEYS = ("select", "ignore", "rules", "options", "rule", "ranks_per_host", "hardware")
 
 
 class RuleError(UsageError):
@@ -284,6 +284,9 @@ class Config:
     sql_rules: list[dict[str, Any]] = field(default_factory=list)
     # Ranks r // N share a host and its clock (the CLI's --ranks-per-host wins over it).
     ranks_per_host: int | None = None
+    # The [hardware] section: overrides of the hardware table, `network`, `gpu_model`
+    # (kineto_comm.analysis.hardware, docs/hardware.md).
+    hardware: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 
     @property
@@ -340,8 +343,12 @@ def load_config(path: Path | None = None, search: bool = True) -> Config:
         isinstance(per_host, bool) or not isinstance(per_host, int) or per_host < 1
     ):
         raise RuleError(f"config file {path}: ranks_per_host must be a whole number >= 1")
+    hardware = section.get("hardware", {})
+    if not isinstance(hardware, dict):
+        raise RuleError(f"config file {path}: hardware must be a table [hardware]")
     return Config(
         ranks_per_host=per_host,
+        hardware=hardware,
         select=_strs(section.get("select", []), path, "select"),
         ignore=_strs(section.get("ignore", []), path, "ignore"),
         rules=_strs(section.get("rules", []), path, "rules"),

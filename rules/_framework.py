@@ -112,12 +112,25 @@ def p2p_together(tables: Tables, ranks: Sequence[int] | None = None) -> bool:
     return markers(tables, "p2p", ranks).height > 0
 
 
+_PASS = r"(?i)^## (forward|backward)( |:|##)"
+
+
+def _pass_word(name: str) -> str:
+    """ "forward" or "backward", the pass a `## forward ##`-style phase name marks."""
+    return "backward" if "backward" in name.lower() else "forward"
+
+
 def cpu_holders(
-    tables: Tables, ranks: Sequence[int], step_ns: float, min_share: float = 0.05
+    tables: Tables,
+    ranks: Sequence[int],
+    step_ns: float,
+    min_share: float = 0.05,
+    passes: bool = False,
 ) -> list[str]:
     """Sentences naming what holds the CPU of `ranks` in a step: the optimizer steps, the
-    copies that blocked the thread (with the phase around them), and the largest CPU phase
-    that is neither the forward nor the backward, each from `min_share` of the step
+    copies that blocked the thread (with the phase around them), the largest CPU phase
+    that is neither the forward nor the backward and, with `passes` (a launch-bound step),
+    the forward and backward phases themselves, each from `min_share` of the step
     (`step_ns`), largest first; the mean over the ranks that show it."""
     if step_ns <= 0:
         return []
@@ -157,7 +170,8 @@ def cpu_holders(
             )
         )
     phases = markers(tables, "phase", ranks).filter(
-        ~pl.col("name").str.contains(r"(?i)^## (forward|backward|optimizer)( |:|##)")
+        ~pl.col("name").str.contains(_PASS)
+        & ~pl.col("name").str.contains(r"(?i)^## optimizer( |:|##)")
         & ~pl.col("name").str.starts_with("Optimizer.")
     )
     # A phase that only wraps a blocking copy named above is that copy.
@@ -165,4 +179,30 @@ def cpu_holders(
     top = mean(phases.filter(~pl.col("name").is_in(named)), "name").head(1)
     for name, ns, _ in top.iter_rows():
         out.append((ns, f"`{name}` holds the CPU {ns / 1e6:.2f} ms per step ({ns / step_ns:.0%})"))
+    if passes:
+        # Where the forward and backward launch most of the step's kernels, they hold the CPU
+        # longest (hta nccl_parser_config: 103 ms each against the optimizer's 15 ms).
+        marked = markers(tables, "phase", ranks).filter(pl.col("name").str.contains(_PASS))
+        rows = mean(marked, "name").rows()
+        if rows:
+            each = [
+                f"the {_pass_word(name)} (`{name}`) {ns / 1e6:.2f} ms per step ({ns / step_ns:.0%})"
+                for name, ns, _ in rows
+            ]
+            out.append(
+                (
+                    rows[0][1],
+                    " and ".join(each)
+                    + (" hold" if len(rows) > 1 else " holds")
+                    + " the CPU launching kernels: fewer, fused kernels"
+                    + (
+                        ""
+                        if uses(tables, "in_use", "inductor", ranks)
+                        or uses(tables, "in_use", "torch_compile", ranks)
+                        else " (torch.compile)"
+                    )
+                    + " or one graph launch (below) shorten "
+                    + ("them" if len(rows) > 1 else "it"),
+                )
+            )
     return [text for _, text in sorted(out, key=lambda x: -x[0])]

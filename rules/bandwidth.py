@@ -49,16 +49,34 @@ def _link_advice(backend: str | None, nccl_tests: str) -> tuple[str, ...]:
     code="NET101",
     name="low-bus-bandwidth",
     summary="Large messages reach far less bus bandwidth than comparable groups or the link.",
-    tables=("collectives", "kernels", "steps", "collective_instances", "process_groups"),
+    tables=(
+        "collectives",
+        "kernels",
+        "steps",
+        "collective_instances",
+        "process_groups",
+        "expected_busbw",
+        "hardware",
+    ),
     options=(
         Option("min_bytes", 1 << 20, "Only messages of at least this many bytes count."),
         Option(
             "link_busbw_gbps",
             0.0,
-            "Bus bandwidth the links should give (GB/s); 0: "
-            "compare with the best group of the same role and collective.",
+            "Bus bandwidth the links should give (GB/s); 0: what the hardware table gives "
+            "the group's link, else the best group of the same role and collective.",
         ),
-        Option("min_ratio", 0.5, "Report a group below this fraction of the reference."),
+        Option("min_ratio", 0.5, "Report a group below this fraction of the best group."),
+        Option(
+            "hardware_min_bytes",
+            16 << 20,
+            "Against the hardware table, only messages of at least this many bytes count.",
+        ),
+        Option(
+            "min_speed_of_light",
+            0.4,
+            "Report a group below this fraction of what the hardware table gives its link.",
+        ),
         Option("warn_share", 0.03, "Warn when the slowness costs this share of step time."),
         Option("error_share", 0.10, "Error at this share of step time."),
         Option("info_share", 0.01, "Report as info from this share (below: no finding)."),
@@ -68,22 +86,29 @@ def low_bus_bandwidth(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
     Computes the bus bandwidth (nccl-tests definition, waits excluded) of every collective of
     at least `min_bytes`, takes each process group's median per collective, and compares it
-    with `link_busbw_gbps` or, when that is not given, the best median of the groups with the
-    same role and collective. A group below `min_ratio` of that reference is reported; the
+    with `link_busbw_gbps` or, when that is not given, with what the hardware table gives
+    the group's link (the `expected_busbw` table, docs/hardware.md: its GPU's NVLink/xGMI/
+    PCIe figure inside a host, the `--network` figure across hosts; its calls of at least
+    `hardware_min_bytes` only, reported below `min_speed_of_light` of it), else with the best
+    median of the groups with the same role and collective (reported below `min_ratio`).
+    The hardware's figures are nccl-tests' at 256 MB and more; at 16 MiB a healthy link
+    reaches about half of them, hence 0.4: below it more is wrong than the size. The
     impact is the replayed saving of its calls at the reference bandwidth: each call ends
     earlier by the time it saves, so its exposed tail shrinks by at most that, and the
     work after it starts earlier only as far as the CPU launched it (the CPU's launches
     stay where they are: a job whose device waits for its CPU once links are fast saves
-    less; rules_api.launch_floor). Against the
-    link, where the group's large calls come in sizes 1.5x apart or more, a line through
-    their times (latency + bytes / bandwidth) gives the latency that a call at link speed
-    still pays (evidence `latency_ns`, `fitted_busbw_gbps`); with one size the latency
-    counts as slowness (an overestimate by the latency's share of a call).
+    less; rules_api.launch_floor). Against the hardware, only the calls of at least
+    `hardware_min_bytes` are replayed. Against the link or the hardware, where the
+    group's large calls come in sizes 1.5x apart or more, a line through their times
+    (latency + bytes / bandwidth) gives the latency that a call at link speed still pays
+    (evidence `latency_ns`, `fitted_busbw_gbps`); with one size the latency counts as
+    slowness (an overestimate by the latency's share of a call).
 
     Why is this bad?
-    Large messages should run at link speed. A group far below its peers points at a slow or
-    degraded link (a NIC at lower speed, a missing NVLink, PCIe instead of NVLink, traffic
-    through the wrong NIC or GPU-direct RDMA disabled) and slows every collective on it.
+    Large messages should run at link speed. A group far below its peers or what its
+    hardware gives points at a slow or degraded link (a NIC at lower speed, a missing
+    NVLink, PCIe instead of NVLink, traffic through the wrong NIC or GPU-direct RDMA
+    disabled) and slows every collective on it.
     Ranks that share one GPU (CAPT101) move data at the capture's speed: the rule stands
     down there.
 
@@ -121,27 +146,58 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
         return with_roles(tables, big.with_columns(busbw=busbw))
 
     big = big_calls(tables)
-    # Medians hold every value: on a big job, of an evenly spread sample of the calls.
+    link = float(options["link_busbw_gbps"])
+    expected = _expected(tables) if link <= 0 else None
+    # Medians hold every value: on a big job, of an evenly spread sample of the calls. A
+    # group the hardware table has a figure for is measured on its calls of at least
+    # hardware_min_bytes (nccl-tests' figures are of large messages).
+    sampled = tables.sample(big).join(
+        expected.lazy() if expected is not None else _NO_EXPECTED.lazy(),
+        on=["process_group", "collective"],
+        how="left",
+    )
+    hw_big = pl.col("bytes") >= options["hardware_min_bytes"]
     groups = tables.collect(
-        tables.sample(big)
-        .group_by("process_group", "collective", "role")
-        .agg(median_busbw=pl.col("busbw").median(), calls=pl.len())
+        sampled.group_by("process_group", "collective", "role").agg(
+            median_busbw=pl.col("busbw").median(),
+            calls=pl.len(),
+            hw_busbw=pl.col("busbw").filter(hw_big).median(),
+            expected=pl.col("expected").first(),
+            gpu=pl.col("gpu").first(),
+            gpu_link=pl.col("gpu_link").first(),
+            scope=pl.col("scope").first(),
+        )
     )
     if groups.height == 0:
         return []
-    link = float(options["link_busbw_gbps"])
-    ref = pl.lit(link) if link > 0 else pl.col("median_busbw").max().over("role", "collective")
-    groups = groups.with_columns(reference=ref).with_columns(
-        ratio=pl.col("median_busbw") / pl.col("reference")
-    )
-    slow = groups.filter(pl.col("ratio") < options["min_ratio"])
+    against_hw = pl.col("expected").is_not_null() & pl.col("hw_busbw").is_not_null()
+    best = pl.col("median_busbw").max().over("role", "collective")
+    if link > 0:
+        ref, kind, limit = pl.lit(link), pl.lit("link_busbw_gbps"), pl.lit(options["min_ratio"])
+    else:
+        ref = pl.when(against_hw).then("expected").otherwise(best)
+        kind = pl.when(against_hw).then(pl.lit("hardware")).otherwise(pl.lit("best group"))
+        limit = (
+            pl.when(against_hw)
+            .then(pl.lit(float(options["min_speed_of_light"])))
+            .otherwise(pl.lit(float(options["min_ratio"])))
+        )
+    groups = groups.with_columns(
+        median_busbw=pl.when(kind == "hardware").then("hw_busbw").otherwise("median_busbw"),
+        reference=ref,
+        reference_kind=kind,
+        _limit=limit,
+    ).with_columns(ratio=pl.col("median_busbw") / pl.col("reference"))
+    slow = groups.filter(pl.col("ratio") < pl.col("_limit"))
     if slow.height == 0:
         return []
 
-    # Against the link, a call at link speed still pays its fixed latency: where a group's
-    # calls come in several sizes, a line through their transfer times (time = latency +
-    # bus bytes / bandwidth) gives both, and only the bandwidth's part is saved.
-    fits = _latency_fits(tables, big, slow) if link > 0 else {}
+    # Against the link or the hardware, a call at link speed still pays its fixed latency:
+    # where a group's calls come in several sizes, a line through their transfer times
+    # (time = latency + bus bytes / bandwidth) gives both, and only the bandwidth's part is
+    # saved.
+    fitted = slow.filter(pl.col("reference_kind") != "best group")
+    fits = _latency_fits(tables, big, fitted) if fitted.height else {}
     latency = pl.DataFrame(
         {
             "process_group": list(fits),
@@ -152,11 +208,16 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
 
     def slow_calls(view: Tables) -> pl.LazyFrame:
         rows = big_calls(view).join(
-            slow.lazy().select("process_group", "collective", "reference"),
+            slow.lazy().select("process_group", "collective", "reference", "reference_kind"),
             on=["process_group", "collective"],
             how="inner",
             build_side="force_right",
         )
+        # Against the hardware, only the calls it was measured on run at its figure.
+        rows = rows.filter(
+            (pl.col("reference_kind") != "hardware")
+            | (pl.col("bytes") >= options["hardware_min_bytes"])
+        ).drop("reference_kind")
         # A call run at the reference ends earlier by the time it saves; only its exposed
         # tail can shrink, by at most that.
         size = group_size()
@@ -171,11 +232,21 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
         )
 
     causes = impact_per_step(slow_calls, "lost", ["process_group"], tables=tables).join(
-        slow.group_by("process_group").agg(
-            pl.col("collective").sort(),  # in one order, whatever the grouping's
+        slow.sort("collective")
+        .group_by("process_group")
+        .agg(
+            pl.col("collective"),  # in one order, whatever the grouping's
             pl.col("median_busbw").min(),
             pl.col("reference").max(),
             pl.col("role").first(),
+            pl.col("reference_kind").first(),
+            # The collective of the lowest share: the one the message names.
+            pl.col("collective").sort_by("ratio").first().alias("worst"),
+            pl.col("median_busbw").sort_by("ratio").first().alias("worst_busbw"),
+            pl.col("reference").sort_by("ratio").first().alias("worst_reference"),
+            pl.col("gpu").first(),
+            pl.col("gpu_link").first(),
+            pl.col("scope").first(),
         ),
         on="process_group",
     )
@@ -241,6 +312,15 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
         sev = share_severity(share, options)
         if sev is None:
             continue
+        if c["reference_kind"] == "hardware":
+            speed = f"run at {_hardware_words(c)}"
+        else:
+            against = "the link" if c["reference_kind"] == "link_busbw_gbps" else "the best"
+            speed = (
+                f"run at a median {c['median_busbw']:.1f} GB/s bus bandwidth against "
+                f"{c['reference']:.1f} GB/s ({against}"
+                f"{' comparable group' if against == 'the best' else ''})"
+            )
         out.append(
             make_finding(
                 low_bus_bandwidth,
@@ -248,9 +328,7 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
                 f"Group {c['process_group']} reaches {c['median_busbw']:.1f} GB/s bus "
                 f"bandwidth of {c['reference']:.1f}",
                 f"Large {', '.join(c['collective'])} calls on group {c['process_group']} "
-                f"({c['role']}) run at a median {c['median_busbw']:.1f} GB/s bus bandwidth "
-                f"against {c['reference']:.1f} GB/s "
-                f"({'the link' if link > 0 else 'the best comparable group'}); the exposed "
+                f"({c['role']}) {speed}; the exposed "
                 f"part of the difference costs {c['impact_ns'] / 1e6:.2f} ms per step on the "
                 f"worst rank; at the reference the step would be {saving / 1e6:.2f} ms "
                 "shorter.",
@@ -263,18 +341,34 @@ def _collective_findings(tables: Tables, options: dict[str, Any]) -> list[Findin
                     "collectives": c["collective"],
                     "median_busbw_gbps": round(c["median_busbw"], 2),
                     "reference_busbw_gbps": round(c["reference"], 2),
-                    "reference": "link_busbw_gbps" if link > 0 else "best group",
+                    "reference": c["reference_kind"],
                     "exposed_lost_ns_per_step": int(c["impact_ns"]),
                     "latency_ns": None if fit is None else int(fit["latency_ns"]),
                     "fitted_busbw_gbps": None if fit is None else round(fit["busbw_gbps"], 2),
                     "step_ns": step_ns,
                     "saving_method": f"replay: {edit.name}",
+                    # Against the hardware table: its model, link and the share reached.
+                    **(
+                        {
+                            "gpu": c["gpu"],
+                            "link": c["gpu_link"],
+                            "speed_of_light": round(c["worst_busbw"] / c["worst_reference"], 4),
+                        }
+                        if c["reference_kind"] == "hardware"
+                        else {}
+                    ),
                 },
                 edit=edit,
                 advice=_link_advice(
                     job_platform(tables).backend,
                     "Run nccl-tests (all_reduce_perf -b 1M -e 1G) on exactly these ranks' "
-                    "hosts and compare with a healthy group.",
+                    + (
+                        f"hosts: at 256 MB and more this link should reach about "
+                        f"{c['worst_reference']:.0f} GB/s bus bandwidth for "
+                        f"{c['worst']} (docs/hardware.md)."
+                        if c["reference_kind"] == "hardware"
+                        else "hosts and compare with a healthy group."
+                    ),
                 ),
             )
         )
@@ -416,6 +510,54 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
 
 
 P2P = ("send", "recv", "send_recv")
+# No expectation (the `expected_busbw` table's columns NET101 joins, without rows).
+_NO_EXPECTED = pl.DataFrame(
+    schema={
+        "process_group": pl.String,
+        "collective": pl.String,
+        "expected": pl.Float64,
+        "gpu": pl.String,
+        "gpu_link": pl.String,
+        "scope": pl.String,
+    }
+)
+
+
+def _expected(tables: Tables) -> pl.DataFrame:
+    """Per (process_group, collective): what the hardware table gives the group's link
+    (the `expected_busbw` table, analysis/hardware.py), with the GPU model's name; none
+    where ranks share a GPU (CAPT101 then stands the rule down) or the link is unknown."""
+    if not tables.has("expected_busbw", "expected_busbw_gbps"):
+        return _NO_EXPECTED
+    exp = tables["expected_busbw"]
+    labels = pl.DataFrame(schema={"gpu": pl.String, "label": pl.String})
+    if tables.has("hardware", "gpu", "gpu_label"):
+        labels = tables["hardware"].select("gpu", label="gpu_label").drop_nulls().unique("gpu")
+    return (
+        exp.join(labels, on="gpu", how="left")
+        .select(
+            pl.col("process_group").cast(pl.String),
+            pl.col("collective").cast(pl.String),
+            expected=pl.col("expected_busbw_gbps"),
+            gpu=pl.coalesce("label", "gpu"),
+            gpu_link=pl.col("link"),
+            scope=pl.col("scope"),
+        )
+        .cast(_NO_EXPECTED.schema)
+    )
+
+
+def _hardware_words(c: dict[str, Any]) -> str:
+    """'X GB/s of the Y GB/s an H100 SXM NVLink4/NVSwitch all_reduce reaches (nccl-tests),
+    Z%': the group's collective furthest below its figure."""
+    share = c["worst_busbw"] / c["worst_reference"] if c["worst_reference"] else 0.0
+    link = _link_name(c)
+    return (
+        f"{c['worst_busbw']:.1f} GB/s of the {c['worst_reference']:.1f} GB/s {link} "
+        f"{c['worst']} reaches (nccl-tests), {100 * share:.0f}%"
+    )
+
+
 # A latency fit needs message sizes this far apart (largest / smallest bus bytes).
 FIT_MIN_SPREAD = 1.5
 
@@ -452,3 +594,85 @@ def _latency_fits(tables: Tables, big: pl.LazyFrame, slow: pl.DataFrame) -> dict
             continue
         out[str(group)] = {"latency_ns": latency, "busbw_gbps": 1.0 / slope}
     return out
+
+
+def replay_at_hardware(
+    tables: Tables, groups: list[str], collective: str, min_bytes: int = 16 << 20
+) -> tuple[float, float, str] | None:
+    """What running `collective` on `groups` at the bus bandwidth the hardware table gives
+    their link would save: (replayed saving ns per step, expected GB/s, the link in words),
+    or None where the table gives none. Its calls of at least `min_bytes` end earlier by
+    transfer - bus bytes / expected (a fixed latency counted as slowness), their exposed
+    tails shrink by at most that, the CPU's launches unchanged (as NET101's replay)."""
+    expected = _expected(tables).filter(
+        pl.col("process_group").is_in(groups) & (pl.col("collective") == collective)
+    )
+    if expected.height == 0 or collective in P2P:
+        return None
+    calls = tables.collect(
+        collective_exposure_lazy(tables, transfer_only=True)
+        .filter(
+            pl.col("process_group").is_in(groups)
+            & (pl.col("collective") == collective)
+            & (pl.col("bytes") >= min_bytes)
+            & (pl.col("transfer_ns") > 0)
+        )
+        .join(expected.lazy().select("process_group", "expected"), on="process_group")
+        .with_columns(
+            saved=(
+                pl.col("transfer_ns")
+                - pl.col("bytes")
+                * busbw_factor(pl.col("collective"), group_size())
+                / pl.col("expected")
+            ).clip(lower_bound=0.0)
+        )
+        .select(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("step").cast(pl.Int64),
+            "end_ns",
+            "exposed_ns",
+            lost=pl.min_horizontal(pl.col("exposed_ns").cast(pl.Float64), pl.col("saved")),
+        )
+    )
+    worst = expected.sort("expected").row(0, named=True)
+    words = f"{worst['expected']:.0f} GB/s, what {_link_name(worst)} {collective} reaches"
+    if calls.height == 0:
+        return 0.0, float(worst["expected"]), words
+    floor = launch_floor(
+        tables,
+        calls.filter(pl.col("lost") > 0).select("rank", "step", at_ns="end_ns", remove_ns="lost"),
+    )
+    fraction = (
+        calls.group_by("rank", "step")
+        .agg(_lost=pl.col("lost").sum(), _exposed=pl.col("exposed_ns").sum())
+        .join(floor.select("rank", "step", "share"), on=["rank", "step"], how="left")
+        .select(
+            "rank",
+            "step",
+            collective=pl.lit(collective),
+            fraction=pl.when(pl.col("_exposed") > 0)
+            .then(pl.col("_lost") / pl.col("_exposed"))
+            .otherwise(0.0)
+            * pl.col("share").fill_null(1.0),
+        )
+    )
+    edit = Edit(
+        f"run {collective} on groups {', '.join(groups)} at {worst['expected']:.1f} GB/s bus "
+        "bandwidth (the hardware table's; the CPU's launches unchanged)",
+        (pl.col("category") == "transfer")
+        & pl.col("process_group").is_in(groups)
+        & (pl.col("collective") == collective),
+        fraction,
+        shortens=True,
+    )
+    return float(replay_saving(tables, edit)), float(worst["expected"]), words
+
+
+def _link_name(row: dict[str, Any]) -> str:
+    """'an H100 SXM NVLink4/NVSwitch', 'a 400 Gb/s InfiniBand (NDR) ... across hosts': the
+    article as the name is read out (an H100, an MI300X, a V100, a B200)."""
+    if row["scope"] == "inter-node":
+        where = f"{row['gpu_link']} across hosts"
+    else:
+        where = f"{row['gpu']} {row['gpu_link']}"
+    return ("an " if where[:1].upper() in "AEFHILMNORSX" else "a ") + where

@@ -34,9 +34,14 @@ from ._common import (
     single_call_steps,
 )
 from ._framework import fit_advice
+from .bandwidth import replay_at_hardware
 from .capture import contention
 
 NVLINK_TP = "Keep tensor-parallel groups inside one NVLink domain (one host)."
+TP_OVERLAP = (
+    "Megatron-LM: --sequence-parallel and --tp-comm-overlap to overlap tensor-parallel "
+    "communication with the GEMMs."
+)
 ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
     ("data_parallel", "all_reduce"): (
         "DDP: make sure gradients are all-reduced during backward (no manual all-reduce after "
@@ -48,8 +53,7 @@ ADVICE: dict[tuple[str, str], tuple[str, ...]] = {
         "(DDP no_sync()).",
     ),
     ("tensor_parallel", "all_reduce"): (
-        "Megatron-LM: --sequence-parallel and --tp-comm-overlap to overlap tensor-parallel "
-        "communication with the GEMMs.",
+        TP_OVERLAP,
         NVLINK_TP,
     ),
     ("expert", "all_to_all"): (
@@ -124,6 +128,12 @@ GLOO_LINES = {
     GENERIC[1]: "If it cannot be hidden, make it cheaper: fewer, bigger messages; gloo moves "
     "data over TCP, so the fastest network interface (GLOO_SOCKET_IFNAME), or the NCCL "
     "backend on GPUs.",
+    # Megatron's --tp-comm-overlap (Transformer Engine's userbuffers) runs on NCCL and GPUs
+    # only: on gloo the overlap has to be issued by hand (expert review, gloo tp-dp-4).
+    TP_OVERLAP: "Overlap tensor-parallel communication with compute by hand: issue each "
+    "all-reduce with async_op=True and wait for it only where its result is needed, or split "
+    "the matmul into chunks whose all-reduces run while the next chunk computes (Megatron-LM's "
+    "--tp-comm-overlap needs GPUs and the NCCL backend).",
 }
 HOST_LINES = {
     GENERIC[0]: "Launch this communication earlier and asynchronously (async_op=True), "
@@ -390,8 +400,8 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                 detail += " Its calls are not latency-bound: fewer, bigger ones would not help."
             advice = (
                 *advice_for(platform, (GENERIC[1],)),
-                "Compare its bus bandwidth with the link's (NET101 with "
-                "link_busbw_gbps): a slow link or transport costs the time, not the order.",
+                "Compare its bus bandwidth with the link's (NET101, the collectives' "
+                "speed_of_light): a slow link or transport costs the time, not the order.",
             )
         else:
             title = f"Hide the exposed {what} behind compute: {share:.0%} of step time"
@@ -411,6 +421,17 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                 advice = tuple(a.replace(SMALLER_BUCKETS, BIGGER_BUCKETS) for a in advice)
             # Only what fits the framework the trace shows (rules/_framework.py).
             advice = fit_advice(tables, c["ranks"], c["role"], c["collective"], advice)
+        # Cheaper, in numbers: the step with its calls at what the hardware table gives
+        # their link (a replay, as NET101's), where the table knows the link.
+        fast = None if shared_device else replay_at_hardware(tables, groups, c["collective"])
+        if fast is not None:
+            advice = (
+                *advice,
+                f"At {fast[2]} (nccl-tests; docs/hardware.md), its calls of 16 MiB and more "
+                f"would make the step {fast[0] / 1e6:.2f} ms shorter "
+                f"({fast[0] / step_ns if step_ns else 0.0:.1%}): a faster link buys at most "
+                "that.",
+            )
         out.append(
             make_finding(
                 rule_,
@@ -436,6 +457,12 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                     "merge": facts,
                     "single_call_steps": lone,
                     "saving_method": f"replay: {edit.name}",
+                    # Where the hardware table knows the link (none: left out, not null).
+                    **(
+                        {}
+                        if fast is None
+                        else {"at_hardware_saving_ns": int(fast[0]), "expected_busbw_gbps": fast[1]}
+                    ),
                 },
                 advice=advice,
                 edit=edit,
@@ -448,7 +475,16 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     code="COMM101",
     name="exposed-communication",
     summary="Communication that no compute hides, by collective and process-group role.",
-    tables=("collectives", "kernels", "steps", "process_groups", "storms", "framework"),
+    tables=(
+        "collectives",
+        "kernels",
+        "steps",
+        "process_groups",
+        "storms",
+        "framework",
+        "expected_busbw",
+        "hardware",
+    ),
     options=SHARE_OPTIONS,
 )
 def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -477,7 +513,10 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     not where the ranks time-slice one GPU (CAPT101), whose turns the fit would read as latency.
     When the compute bound cuts the hiding to under half of hiding it all and nothing
     merges, the finding says so (`compute_bound_saving`) and advises making it cheaper; it
-    is info at least while the cause's exposed share is above `info_share`. The
+    is info at least while the cause's exposed share is above `info_share`. Where the
+    hardware table gives the group's link a figure (docs/hardware.md), one more line of
+    advice states the replayed saving of its calls of 16 MiB and more at that bus bandwidth
+    (`at_hardware_saving_ns`, `expected_busbw_gbps`): what a faster link can buy. The
     severity is what the fix saves; the cause's share of the step on the critical ranks
     (the step-time table's transfer rows) is in the message (`exposed_share`).
 
@@ -499,7 +538,16 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     code="COMM102",
     name="sharded-collective-exposed",
     summary="FSDP/ZeRO all-gathers or reduce-scatters that no compute hides.",
-    tables=("collectives", "kernels", "steps", "process_groups", "storms", "framework"),
+    tables=(
+        "collectives",
+        "kernels",
+        "steps",
+        "process_groups",
+        "storms",
+        "framework",
+        "expected_busbw",
+        "hardware",
+    ),
     options=SHARE_OPTIONS,
 )
 def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[Finding]:

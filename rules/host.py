@@ -604,10 +604,13 @@ def launch_bound(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     ]
 
 
-def _cpu_line(tables: Tables, ranks: list[int], step_ns: int) -> tuple[str, ...]:
+def _cpu_line(
+    tables: Tables, ranks: list[int], step_ns: int, passes: bool = False
+) -> tuple[str, ...]:
     """One line naming what holds the CPU of `ranks` in a step (the framework table's
-    optimizer steps, blocking copies, phases: rules/_framework.py), none if nothing does."""
-    held = cpu_holders(tables, ranks, step_ns)
+    optimizer steps, blocking copies, phases and, with `passes`, the forward and backward:
+    rules/_framework.py), none if nothing does."""
+    held = cpu_holders(tables, ranks, step_ns, passes=passes)
     return ("What holds the CPU in the step: " + "; ".join(held) + ".",) if held else ()
 
 
@@ -616,7 +619,7 @@ def _launch_advice(tables: Tables, ranks: list[int], step_ns: int) -> tuple[str,
     CPU first (the optimizer step, a blocking copy, the largest other phase); no CUDA graph
     for TorchRec, whose sparse all-to-alls move data-dependent sizes; no fused optimizer
     where the one in use is fused already."""
-    advice = list(_cpu_line(tables, ranks, step_ns))
+    advice = list(_cpu_line(tables, ranks, step_ns, passes=True))
     compiled = uses(tables, "in_use", "inductor", ranks)
     if uses(tables, "framework", "torchrec", ranks) or uses(
         tables, "framework", "torchrec_pipeline", ranks
@@ -625,6 +628,13 @@ def _launch_advice(tables: Tables, ranks: list[int], step_ns: int) -> tuple[str,
             "TorchRec (in the trace): no CUDA graph, its sparse all-to-alls move sizes that "
             "depend on each batch (the KJT splits), which a graph cannot capture; shorten "
             "the CPU phases named above instead."
+        )
+    elif uses(tables, "in_use", "torch_compile", ranks) and not compiled:
+        advice.append(
+            "torch.compile is in use (CompiledFunction ops in the trace) but none of its "
+            "kernels are Inductor's (no Triton kernels): its backend does not fuse or graph "
+            'them; backend="inductor" with mode="reduce-overhead" fuses the kernels and '
+            "launches the step as a CUDA graph."
         )
     elif compiled:
         advice.append(

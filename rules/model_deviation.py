@@ -30,12 +30,15 @@ from kineto_comm.rules_api import (
 )
 def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     """What it does:
-    Reads the expected-vs-measured table that `report --model CONFIG` adds (analytical
-    formulas per group role: data, tensor, pipeline, expert parallel, FSDP/ZeRO) and reports
+    Reads the expected-vs-measured table (analytical formulas per group role: data, tensor,
+    pipeline, expert parallel, FSDP/ZeRO) of the configuration `report --model CONFIG` states,
+    else of the one inferred from the trace (its `inferred_config` table), and reports
     each role and collective whose bytes or calls per step differ from the configuration by
     more than `threshold_pct`, with the likely causes. The impact is the replayed saving of
     that collective's transfers shortened by the share of its volume the model does not
-    account for (none when the trace moves less than expected).
+    account for (none when the trace moves less than expected). On an inferred configuration
+    every finding is info and only volume beyond the model is reported: what was inferred
+    agrees by construction, what the trace moves less of is what the inference cannot see.
 
     Why is this bad?
     Volume the configuration does not call for is pure overhead: fp32 gradients where bf16
@@ -60,6 +63,15 @@ def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         | pl.col("measured_bytes_per_step").fill_null(0).eq(0)
         | pl.col("expected_bytes_per_step").fill_null(0).eq(0)
     )
+    inferred = "model_source" in table.columns and (table["model_source"] == "inferred").any()
+    if inferred:
+        # A configuration read back from this trace: what the trace moves beyond it (duplicate
+        # gathers, extra calls, a role it has no place for), never what it moves less of
+        # (what the inference cannot see, such as a unit kept gathered after forward).
+        flagged = flagged.filter(
+            pl.col("measured_bytes_per_step").fill_null(0)
+            > pl.col("expected_bytes_per_step").fill_null(0) * (1 + limit / 100)
+        )
     if flagged.height == 0:
         return []
     step_ns = mean_step_ns(tables)
@@ -97,10 +109,11 @@ def model_deviation(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         findings.append(
             make_finding(
                 model_deviation,
-                Severity.warning if abs(dev or 100.0) > 2 * limit else Severity.info,
+                Severity.info if inferred or abs(dev or 100.0) <= 2 * limit else Severity.warning,
                 f"{row['role']} {row['collective']} differs from the model: {what}",
-                (
-                    f"The configuration implies {expected / 1e6:,.1f} MB in "
+                ("The configuration inferred from this trace" if inferred else "The configuration")
+                + (
+                    f" implies {expected / 1e6:,.1f} MB in "
                     f"{row['expected_calls_per_step'] or 0:.0f} calls per step; the trace moves "
                     f"{measured / 1e6:,.1f} MB in {row['measured_calls_per_step'] or 0:.0f}."
                     + (f" Likely: {'; '.join(causes)}." if causes else "")

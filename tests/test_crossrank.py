@@ -195,7 +195,9 @@ def test_slow_link_group_has_low_bus_bandwidth(jobs):
         .group_by("process_group")
         .agg(pl.col("busbw_gbps").median())
     )
-    slow_groups = {g["pg_name"] for g in truth["process_groups"] if g["busbw_gbps"] < 50}
+    # The slowed group's link runs at a fraction of the healthy ones' (the table's figure).
+    healthy = max(g["busbw_gbps"] for g in truth["process_groups"])
+    slow_groups = {g["pg_name"] for g in truth["process_groups"] if g["busbw_gbps"] < healthy / 2}
     assert slow_groups, slow
     worst = per_group.sort("busbw_gbps")["process_group"][0]
     assert worst in slow_groups

@@ -177,9 +177,10 @@ def test_tensor_parallel_groups_are_not_told_to_pack_sequences(job: str) -> None
     for f in imbalance:
         assert not any(re.search(r"(?i)pack(ing)? sequences|packing per rank", x) for x in f.advice)
         assert any("tensor-parallel" in line for line in f.advice)
-    # The tensor-parallel overlap advice stays.
+    # The tensor-parallel overlap advice stays (by hand on gloo, Megatron-LM's on NCCL).
     tp = finding(r, "COMM101", "tensor-parallel")
-    assert any("--sequence-parallel" in line for line in tp.advice) or "too little" in tp.title
+    overlap = ("--sequence-parallel", "async_op=True")
+    assert any(w in line for line in tp.advice for w in overlap) or "too little" in tp.title
 
 
 def test_data_parallel_imbalance_still_advises_packing() -> None:
@@ -234,3 +235,49 @@ def test_foreach_in_use_is_not_advised_again(path: Path) -> None:
     eager = report(H100 / "launch-eager")
     assert used(eager, "in_use").height == 0
     assert any("foreach=True" in a for f in eager.findings if f.code == "SYNC106" for a in f.advice)
+
+
+def test_tensor_parallel_advice_fits_the_backend() -> None:
+    """Megatron-LM's --tp-comm-overlap needs NCCL and GPUs: on the gloo tp-dp-4 capture the
+    tensor-parallel finding recommends the overlap by hand instead (expert review), while
+    an NCCL job's keeps the Megatron-LM line."""
+    tp = finding(report(GLOO / "tp-dp-4"), "COMM101", "tensor-parallel")
+    assert not any(line.startswith("Megatron-LM") for line in tp.advice), tp.advice
+    assert any("async_op=True" in line for line in tp.advice), tp.advice
+    from kineto_comm_builtin_rules.exposed_comm import ADVICE, advice_for
+
+    from kineto_comm.rules_api import Platform
+
+    lines = ADVICE[("tensor_parallel", "all_reduce")]
+    assert advice_for(Platform("nccl", False), lines)[0].startswith("Megatron-LM")
+    assert not advice_for(Platform("gloo", False), lines)[0].startswith("Megatron-LM")
+
+
+def test_launch_bound_advice_names_the_largest_cpu_phase_first() -> None:
+    """hta nccl_parser_config: the forward and backward hold the CPU ~103 ms a step each, the
+    optimizer 15 ms; SYNC106's first line names the passes before the optimizer (expert
+    review: it named only the optimizer's 7%)."""
+    r = report(shared("hta/nccl_parser_config"))
+    phases = used(r, "phase")
+    passes = phases.filter(pl.col("name").str.contains("## (forward|backward) ##"))
+    optimizer = used(r, "optimizer")["ns_per_step"].max()
+    assert passes["ns_per_step"].min() > optimizer  # the trace's own ordering
+    line = finding(r, "SYNC106").advice[0]
+    assert line.index("## backward ##") < line.index("optimizer step"), line
+    assert line.index("## forward ##") < line.index("optimizer step"), line
+
+
+def test_torch_compile_seen_from_its_cpu_ops() -> None:
+    """hta df_index_resolver runs a torch.compile'd graph (CompiledFunction and
+    CompiledFunctionBackward CPU ops) whose kernels are not Triton's: the framework table
+    shows torch_compile in use from the ops, and SYNC106 no longer advises
+    torch.compile(mode="reduce-overhead") as if it were not there (expert review)."""
+    r = report(shared("hta/df_index_resolver"))
+    assert "torch_compile" in used(r, "in_use")["name"].to_list()
+    assert "inductor" not in used(r, "in_use")["name"].to_list()
+    advice = " ".join(finding(r, "SYNC106").advice)
+    assert "torch.compile is in use" in advice
+    assert 'torch.compile(mode="reduce-overhead")' not in advice
+    # A trace without a compiled graph shows none.
+    plain = report(shared("hta/nccl_parser_config"))
+    assert "torch_compile" not in used(plain, "in_use")["name"].to_list()

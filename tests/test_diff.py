@@ -13,16 +13,19 @@ import kineto_comm
 from kineto_comm.diff import diff, parse_percent, render_diff_json, render_diff_text
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.json_doc import document, render_json
-from kineto_comm.synth import generate
+from kineto_comm.synth import Hardware, generate
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """baseline twice and exposed-allreduce, same layout, ranks and seed; and a saved JSON."""
+    """baseline twice and exposed-allreduce, same layout, ranks and seed; and a saved JSON.
+    Links at 100 GB/s: the exposed all-reduce costs over 10% of the step (at the hardware
+    table's H100 figures, about 5%)."""
     root = tmp_path_factory.mktemp("runs")
     out = {}
+    links = Hardware(busbw_gbps=100.0)
     for name, scenario in (("a", "baseline"), ("b", "baseline"), ("x", "exposed-allreduce")):
-        generate(scenario, root / name, ranks=4, layout="dp", steps=2, seed=0)
+        generate(scenario, root / name, ranks=4, layout="dp", steps=2, seed=0, hardware=links)
         out[name] = root / name
     saved = root / "a.json"
     saved.write_text(render_json(kineto_comm.analyze(out["a"], jobs=1)))

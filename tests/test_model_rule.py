@@ -79,10 +79,15 @@ def test_fp32_gradient_config_is_flagged_with_its_cause(job):
     assert found[0]["advice"]  # the likely causes
 
 
-def test_no_model_no_comparison(job):
-    folder, _ = job
+def test_no_model_file_the_inferred_configuration(job):
+    """Without --model the comparison is of the configuration inferred from the trace, and
+    agrees with it (a plain data-parallel job: no MODEL101 finding)."""
+    folder, truth = job
     _, doc = _report(folder / "traces")
-    assert doc["model_comparison"] == []
+    assert doc["model_comparison"]
+    assert {r["model_source"] for r in doc["model_comparison"]} == {"inferred"}
+    assert doc["summary"]["configuration"]["dp"] == truth["parallelism"]["dp"]
+    assert not [f for f in doc["findings"] if f["code"] == "MODEL101"]
 
 
 def test_model_command_and_bad_config(job, tmp_path):

@@ -75,6 +75,7 @@ def test_every_format_shows_the_sections_json_has(with_model: Report) -> None:
             for key in (
                 "collective_totals",
                 "skew",
+                "inferred_config",
                 "process_groups",
                 "pipeline",
                 "message_size_summary",

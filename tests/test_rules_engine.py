@@ -31,7 +31,9 @@ BUILTIN = {
     "CAPT101",
     "COMM101",
     "COMM102",
+    "COMM103",
     "COMM201",
+    "COMM301",
     "NET101",
     "NET102",
     "MODEL101",
@@ -110,7 +112,7 @@ def test_selection_by_code_prefix_and_name() -> None:
     sync = {c for c in BUILTIN if c.startswith("SYNC")}
     assert len(sync) == 6
     assert {r.code for r in reg.select(["SYNC"])} == sync
-    assert {r.code for r in reg.select(["COMM1"])} == {"COMM101", "COMM102"}
+    assert {r.code for r in reg.select(["COMM1"])} == {"COMM101", "COMM102", "COMM103"}
     assert [r.code for r in reg.select(["straggler"])] == ["SYNC101"]
     assert {
         r.code for r in reg.select([], ["CAPT", "COMM", "NET", "PIPE", "MODEL", "HANG"])

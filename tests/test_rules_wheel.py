@@ -70,6 +70,8 @@ def test_installed_wheel_lists_and_explains_builtin_rules(tmp_path: Path) -> Non
     assert any(
         n.startswith("kineto_comm/load/_scan.") and n.endswith((".so", ".pyd")) for n in names
     )
+    # the hardware table is package data (pyproject's package-data)
+    assert "kineto_comm/data/hardware.toml" in names
     # the explicit package list in pyproject.toml misses no subpackage of kineto_comm
     for init in (REPO / "kineto_comm").rglob("__init__.py"):
         rel = init.relative_to(REPO).as_posix()
@@ -89,6 +91,8 @@ def test_installed_wheel_lists_and_explains_builtin_rules(tmp_path: Path) -> Non
             str(py),
             "-c",
             "import kineto_comm, kineto_comm_builtin_rules as b; "
+            "from kineto_comm.analysis.hardware import load_table; "
+            "assert load_table()['gpu']['h100-sxm']['busbw_gbps']['all_reduce'] > 0; "
             "print(kineto_comm.__file__); print(b.__file__)",
         ],
         tmp_path,

@@ -25,7 +25,7 @@ NCCL_DATA = REAL_TRACES / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
 
 # GPU-bound yet tiny: 4 blocks of h=512, 2x512 tokens, 2 MB DDP buckets, a slow 10 TFLOP/s GPU.
 TINY = ModelConfig(layers=4, hidden=512, seq=512, micro_batch=2, vocab=2048, bucket_mb=2.0)
-HW = Hardware(tflops=10.0)
+HW = Hardware(tflops=10.0, busbw_gbps=100.0)  # links as the tests were calibrated on
 B = TINY.dtype_bytes
 PSI = 12 * TINY.layers * TINY.hidden**2 + TINY.vocab * TINY.hidden
 
@@ -107,6 +107,7 @@ KIND = {
     "small-messages": "small_messages",
     "slow-link": "slow_link",
     "clock-skew": "clock_skew",
+    "interference": "interference",
 }
 
 

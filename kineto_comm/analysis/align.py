@@ -2,18 +2,20 @@
 
 Ranks on one host read one clock; ranks on different hosts read different ones. So the
 ranks are first grouped into hosts (`hosts`: from --ranks-per-host, the trace's host names,
-device ids, a shared device, else a clock per rank; `host_source` says which), and an offset
-is fitted per host, never inside one: on the real one-host NCCL captures
-(tests/data/h100-nccl), a fit per rank found offsets of up to 11 ms and moved skews, waits
-and the straggler with them.
+Kineto's default file names, device ids, a shared device, else a clock per rank), and an
+offset is fitted per host, never inside one: on the real one-host NCCL captures
+(tests/data/h100-nccl), a fit per rank found offsets of up to 11 ms. Where the traces do not
+say (a shared device, or nothing), the calls are asked (`fit_offsets`): no rank ends a
+collective before every rank has started it, so a reading of the clocks that breaks that in
+many calls is wrong; one clock broken and a clock per rank not is another clock per rank
+(`measured`). `host_source` says what decided, `host_evidence` what the calls said.
 
 A collective completes at nearly the same instant on every rank of its group, so matched
 calls' ends differ across hosts mostly by the offsets. Per pair of hosts the median of their
 end differences is a link; the tightest links that join all hosts carry the offsets out from
 rank 0's host, and only significant ones are applied. Host-timeline (gloo), point-to-point
-and rooted calls are not used: one side may finish without waiting for the other. How hosts
-are grouped, the fit, what is applied and the calls left out, in full: the comment below the
-imports.
+and rooted calls are not used: one side may finish without waiting for the other. In full:
+the comment below the imports.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import polars as pl
 
 from kineto_comm.analysis.graph import walk
 from kineto_comm.lazy import collect, sample
+from kineto_comm.load.discover import HOST_IN_NAME, RANK_IN_NAME
 from kineto_comm.model.names import POINT_TO_POINT
 
 # In full (the module docstring says what and why):
@@ -31,19 +34,36 @@ from kineto_comm.model.names import POINT_TO_POINT
 # Clock alignment: one offset per host, estimated from matched collectives.
 #
 # Ranks on one host read one clock; ranks on different hosts read different ones. So the
-# ranks are first grouped into hosts (`hosts`), and an offset is fitted per host, never
-# inside one: on the real one-host NCCL captures (tests/data/h100-nccl), a fit per rank
-# found offsets of up to 11 ms (time-sliced ranks whose collective ends differ by a steady
-# 2.24 ms) and moved skews, waits and the straggler with them.
+# ranks are first grouped into hosts (`hosts`, `fit_offsets`), and an offset is fitted per
+# host, never inside one: on the real one-host NCCL captures (tests/data/h100-nccl), a fit
+# per rank found offsets of up to 11 ms (time-sliced ranks whose collective ends differ by
+# a steady 2.24 ms) and moved skews, waits and the straggler with them.
 #
 # Which ranks share a host, in this order (the `host_source` column says which):
 # `ranks_per_host` (the user's word: ranks r // n together; 1 keeps a clock per rank, for
 # ranks of one host that cannot share a clock), `host_name` (the trace header's, when every
-# rank has one), `device_ids` (every rank on one device id, and ids that follow
-# local rank = rank mod k: hosts of k consecutive ranks), `shared_device` (every rank on
-# the same one device id: they share a GPU, hence a host; a job of one GPU per host says
-# so with ranks_per_host 1), else `unknown` (a clock per rank, as CPU-only traces without a
-# host name).
+# rank has one), `file_name` (Kineto's default file name, {hostname}_{pid}.{timestamp}
+# .pt.trace.json[.gz], when every rank's has that shape and reads one way:
+# load/discover.py HOST_IN_NAME), `device_ids` (every rank on one device id, and ids that
+# follow local rank = rank mod k: hosts of k consecutive ranks), `shared_device` (every
+# rank on the same one device id: they share a GPU, hence a host), else `unknown` (a clock
+# per rank, as CPU-only traces without a host name).
+#
+# Hosts measured (`fit_offsets`). The last two are guesses: a job of single-GPU hosts also
+# has every rank on device 0 and, without host names, would get no alignment at all. So for
+# them a clock per rank is fitted anyway, and both readings are tested against causality:
+# no rank ends a collective before every rank of it has started it (each needs the others'
+# data), on one clock to within CAUSALITY_SLACK_NS. End differences alone cannot tell: the
+# real tp-2 capture's two ranks, time-slicing one GPU, end every call a steady 2.24 ms apart
+# (spread 3.5 us over 24 calls), as two hosts 2.24 ms apart would; but shifted by that gap,
+# rank 1 would end 7 of the 24 calls before rank 0 started them, while on one clock none
+# is. On a generated job of single-GPU hosts 0.5-1.5 ms apart, one clock breaks 21 of 21
+# calls and the fitted clocks none. The decision: `measured` (a host per rank, the per-rank
+# fit) when one clock breaks at least MIN_CONTRADICTIONS calls, the per-rank clocks fewer
+# than 1 / SIGNIFICANCE as many, and every applied offset is at least SIGNIFICANCE times
+# its residual (consistent over the calls); `measured_one_clock` (one host) for `unknown`
+# the other way round; else the traces' reading stands (`shared_device` one clock, whose
+# turns CAPT101 reads; `unknown` a clock per rank). `host_evidence` holds the counts.
 #
 # A collective completes at nearly the same instant on every rank of its group (nobody
 # leaves before the last byte arrives), so each matched call's end times differ across
@@ -85,6 +105,7 @@ OFFSET_COLUMNS = (
     "rank",
     "host",
     "host_source",
+    "host_evidence",
     "offset_ns",
     "estimate_ns",
     "residual_ns",
@@ -98,6 +119,13 @@ SIGNIFICANCE = 3.0
 MIN_OFFSET_NS = 1_000
 # Calls whose ends need not meet (module doc): never used for offsets.
 ONE_SIDED = (*POINT_TO_POINT, "broadcast", "reduce", "gather", "scatter")
+# Where the traces do not say which ranks share a host, the calls are asked (`fit_offsets`).
+MEASURED_FROM = ("shared_device", "unknown")
+# No rank ends a call before every rank of it has started it (each waits for the others'
+# data): on one clock, to within this (CUPTI's conversion of GPU to CPU times).
+CAUSALITY_SLACK_NS = 10_000
+# Calls that must contradict a reading of the clocks before it is dropped for another.
+MIN_CONTRADICTIONS = 3
 
 
 def hosts(
@@ -106,10 +134,11 @@ def hosts(
     """rank, host, host_source: which ranks share a host (hence a clock), and how that was
     inferred (module doc). `ranks`: rank, host_name (null where the header has none);
     `devices`: rank, device (the device ids of the rank's collectives, -1 for host spans)."""
-    out = ranks.select(pl.col("rank").cast(pl.Int64), "host_name").sort("rank")
+    file = pl.col("file") if "file" in ranks.columns else pl.lit(None, dtype=pl.String)
+    out = ranks.select(pl.col("rank").cast(pl.Int64), "host_name", file=file).sort("rank")
     rank = pl.col("rank")
 
-    def named(host: pl.Expr, source: str) -> pl.DataFrame:
+    def named(host: pl.Expr | pl.Series, source: str) -> pl.DataFrame:
         return out.select("rank", host=host.cast(pl.String), host_source=pl.lit(source))
 
     if ranks_per_host is not None:
@@ -118,6 +147,9 @@ def hosts(
         return named(pl.format("host {}", rank // ranks_per_host), "ranks_per_host")
     if out.height and out["host_name"].null_count() == 0:
         return named(pl.col("host_name"), "host_name")
+    in_names = _hosts_in_file_names(out)
+    if in_names is not None:
+        return named(in_names, "file_name")
     ids = (
         devices.filter(pl.col("device") >= 0)
         .group_by("rank")
@@ -134,6 +166,128 @@ def hosts(
     return named(pl.format("rank {}", rank), "unknown")
 
 
+def _hosts_in_file_names(ranks: pl.DataFrame) -> pl.Series | None:
+    """Each rank's host from its file name (Kineto's default, HOST_IN_NAME), or None unless
+    every rank's name has that shape and reads one way: a host part that names a rank
+    (`rank3_...`) is a worker name, two ranks with one host and pid would be one process,
+    and pids equal to the ranks number workers, not processes."""
+    if ranks.height == 0:
+        return None
+    parts = ranks.select("rank", name=pl.col("file").str.extract_groups(HOST_IN_NAME)).unnest(
+        "name"
+    )
+    if parts["host"].null_count():
+        return None
+    pid = parts["pid"].cast(pl.Int64)
+    if bool(parts["host"].str.contains(RANK_IN_NAME).any()):
+        return None
+    if parts.select(pl.struct("host", "pid").n_unique()).item() < parts.height:
+        return None
+    if parts.height > 1 and bool((pid == parts["rank"]).all()):
+        return None
+    return parts["host"]
+
+
+def fit_offsets(
+    keyed: pl.DataFrame | RankStore, ranks: list[int], grouping: pl.DataFrame
+) -> pl.DataFrame:
+    """The offsets table: `estimate_offsets` over the hosts of `grouping` (`hosts`) where the
+    traces say which ranks share one; where they do not (MEASURED_FROM), over the hosts the
+    calls show, with the evidence that decided in `host_evidence` (module doc).
+
+    A clock per rank is fitted anyway and both readings are put to the one test every call
+    must pass: no rank ends it before every rank has started it. Another clock is measured
+    (`measured`, a host per rank) when one clock fails it in at least MIN_CONTRADICTIONS
+    calls, the per-rank clocks in fewer than 1 / SIGNIFICANCE as many, and every applied
+    offset is at least SIGNIFICANCE times its residual (or the residual within the calls'
+    noise, CAUSALITY_SLACK_NS / SIGNIFICANCE). One clock is measured
+    (`measured_one_clock`, for `unknown`) the other way round. Else the traces' own
+    reading stands (`shared_device`: one clock; `unknown`: a clock per rank)."""
+    from kineto_comm.rank_store import as_store
+
+    keyed = as_store(keyed)
+    sources = set(grouping["host_source"].to_list())
+    if len(ranks) < 2 or not sources or not sources <= set(MEASURED_FROM):
+        return estimate_offsets(keyed, ranks, grouping)
+    own = estimate_offsets(keyed, ranks)  # a clock per rank
+    calls, one_fails, own_fails = _contradictions(keyed, own)
+    applied = own.filter(pl.col("method") == "collective-end")
+    # Consistent: each applied offset at least SIGNIFICANCE times its residual (a residual
+    # within CAUSALITY_SLACK_NS / SIGNIFICANCE is the calls' own noise, whatever the offset).
+    room = applied["offset_ns"].abs().clip(lower_bound=CAUSALITY_SLACK_NS)
+    misfit = applied["residual_ns"].fill_null(0) * SIGNIFICANCE - room
+    consistent = applied.height > 0 and bool((misfit <= 0).all())
+    tally = (
+        f"of {calls} collectives, {one_fails} end on a rank before another starts them on one"
+        f" clock, {own_fails} on a clock per rank"
+    )
+    if not calls:
+        tally = "no collective whose ends meet on every rank to measure by"
+    other = one_fails >= MIN_CONTRADICTIONS and own_fails * SIGNIFICANCE < one_fails
+    one = own_fails >= MIN_CONTRADICTIONS and one_fails * SIGNIFICANCE < own_fails
+    if other and consistent:
+        worst = int(applied["residual_ns"].fill_null(0).max())  # type: ignore[arg-type]
+        return own.with_columns(
+            host=pl.format("host {}", "rank"),
+            host_source=pl.lit("measured"),
+            host_evidence=pl.lit(f"other clocks: {tally}; residuals up to {worst} ns"),
+        )
+    if other:
+        verdict = "kept, the per-rank offsets fit badly (residuals over a third of them)"
+    elif one:
+        verdict = "one clock"
+    elif max(one_fails, own_fails) < MIN_CONTRADICTIONS:
+        verdict = "kept, nothing contradicts it"
+    else:
+        verdict = "kept, the calls favour neither reading"
+    evidence = pl.lit(f"{verdict}: {tally}")
+    if one and "unknown" in sources:
+        grouping = grouping.with_columns(
+            host=pl.lit("host 0"), host_source=pl.lit("measured_one_clock")
+        )
+    elif "unknown" in sources:
+        return own.with_columns(host_evidence=evidence)
+    return estimate_offsets(keyed, ranks, grouping.with_columns(host_evidence=evidence))
+
+
+def _usable(keyed: RankStore, columns: list[str]) -> pl.LazyFrame:
+    """instance, rank and `columns` of the matched device collectives whose ends meet on
+    every rank (module doc), an evenly spread sample of them above SAMPLE_ROWS rows."""
+    # Only device kernels (NCCL/RCCL) complete together on all ranks. Host-side gloo spans
+    # do not: a send ends when the data is handed off, a ring all-reduce ends on each rank
+    # at its own last hop (tens of us apart, consistently), which would pass for an offset.
+    usable = pl.col("instance").is_not_null() & (pl.col("device") != -1)
+    read = ["instance", "rank", "device", *columns]
+    if "collective" in keyed.columns:
+        usable = usable & ~pl.col("collective").is_in(ONE_SIDED)
+        read.append("collective")
+    calls = keyed.lazy(read).filter(usable)
+    # Above SAMPLE_ROWS rows, every k-th call: an evenly spread sample whose medians hold
+    # the same offsets, in bounded memory (docs/scale.md).
+    return sample(calls, keyed.height, "instance").select("instance", "rank", *columns)
+
+
+def _contradictions(keyed: RankStore, own: pl.DataFrame) -> tuple[int, int, int]:
+    """How many usable calls (`_usable`) two or more ranks made, and in how many some rank
+    ends before another rank starts (by more than CAUSALITY_SLACK_NS): on one clock, and
+    with `own`'s offset_ns applied."""
+    shift = own.lazy().select("rank", off=pl.col("offset_ns"))
+    calls = _usable(keyed, ["start_ns", "end_ns"]).join(shift, on="rank")
+    start, end, off = pl.col("start_ns"), pl.col("end_ns"), pl.col("off")
+    per_call = (
+        calls.group_by("instance")
+        .agg(
+            n=pl.col("rank").n_unique(),
+            one=start.max() - end.min(),
+            own=(start - off).max() - (end - off).min(),
+        )
+        .filter(pl.col("n") > 1)
+    )
+    late = [(pl.col(c) > CAUSALITY_SLACK_NS).sum().cast(pl.Int64) for c in ("one", "own")]
+    row = collect(per_call.select(pl.len().cast(pl.Int64), *late), keyed.height).row(0)
+    return int(row[0]), int(row[1]), int(row[2])
+
+
 def estimate_offsets(
     keyed: pl.DataFrame | RankStore, ranks: list[int], grouping: pl.DataFrame | None = None
 ) -> pl.DataFrame:
@@ -144,18 +298,7 @@ def estimate_offsets(
 
     keyed = as_store(keyed)
     grouping = _grouping(ranks, grouping)
-    # Only device kernels (NCCL/RCCL) complete together on all ranks. Host-side gloo spans
-    # do not: a send ends when the data is handed off, a ring all-reduce ends on each rank
-    # at its own last hop (tens of us apart, consistently), which would pass for an offset.
-    usable = pl.col("instance").is_not_null() & (pl.col("device") != -1)
-    read = ["instance", "rank", "device", "end_ns"]
-    if "collective" in keyed.columns:
-        usable = usable & ~pl.col("collective").is_in(ONE_SIDED)
-        read.append("collective")
-    calls = keyed.lazy(read).filter(usable)
-    # Above SAMPLE_ROWS rows, every k-th call: an evenly spread sample whose medians hold
-    # the same offsets, in bounded memory (docs/scale.md).
-    calls = sample(calls, keyed.height, "instance").select("instance", "rank", "end_ns")
+    calls = _usable(keyed, ["end_ns"])
     if not one_row_per_call(keyed):  # a rank's call seen twice: its latest end
         calls = calls.group_by("instance", "rank").agg(pl.col("end_ns").max())
     # Each rank's host, named by its lowest rank (`root`); a call counts when two hosts see it.
@@ -183,6 +326,7 @@ def estimate_offsets(
             "rank",
             "host",
             "host_source",
+            "host_evidence",
             offset_ns=pl.col("offset").round().cast(pl.Int64).fill_null(0),
             estimate_ns=rounded,
             residual_ns=pl.col("residual_ns").round().cast(pl.Int64),
@@ -210,13 +354,16 @@ def _method(of_host: pl.Expr) -> pl.Expr:
 
 
 def _grouping(ranks: list[int], grouping: pl.DataFrame | None) -> pl.DataFrame:
-    """rank, host, host_source, root (the host's lowest rank) for every rank of `ranks`."""
+    """rank, host, host_source, host_evidence (null unless given), root (the host's lowest
+    rank) for every rank of `ranks`."""
     base = pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int64})
     if grouping is None:
         grouping = base.select(
             "rank", host=pl.format("rank {}", "rank"), host_source=pl.lit("unknown")
         )
-    found = base.join(grouping.select(HOST_COLUMNS), on="rank", how="left")
+    if "host_evidence" not in grouping.columns:
+        grouping = grouping.with_columns(host_evidence=pl.lit(None, dtype=pl.String))
+    found = base.join(grouping.select(*HOST_COLUMNS, "host_evidence"), on="rank", how="left")
     return found.with_columns(
         host=pl.col("host").fill_null(pl.format("rank {}", "rank")),
         host_source=pl.col("host_source").fill_null(pl.lit("unknown")),

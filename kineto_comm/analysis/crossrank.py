@@ -2,8 +2,8 @@
 
 match calls across ranks -> estimate clock offsets -> put every table on rank 0's clock ->
 per-call instances and waits -> stragglers, message sizes, group roles, pipeline bubbles,
-small-message storms. Returns the tables to place on the Report, keyed by their names in
-docs/tables.md.
+small-message storms, all-to-all pairs and loads, overlap's interference. Returns the tables
+to place on the Report, keyed by their names in docs/tables.md.
 """
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from kineto_comm.analysis.align import estimate_offsets, hosts, no_offsets
+import polars as pl
+
+from kineto_comm.analysis.align import fit_offsets, hosts, no_offsets
+from kineto_comm.analysis.alltoall import COLUMNS as ALL_TO_ALL_COLUMNS
+from kineto_comm.analysis.alltoall import all_to_all_loads, all_to_all_pairs
+from kineto_comm.analysis.interference import job_interference
 from kineto_comm.analysis.match import instances, keyed_calls, waits
 from kineto_comm.analysis.pipeline import pipeline
 from kineto_comm.analysis.roles import process_groups
@@ -60,7 +65,7 @@ def cross_rank(
         keyed = keyed_calls(calls, folder, ungrouped)
         devices = collect(keyed.lazy(["rank", "device"]).unique(), keyed.height)
         grouping = hosts(tables["ranks"], devices, ranks_per_host)
-        offsets = estimate_offsets(keyed, ranks, grouping) if align else no_offsets(ranks, grouping)
+        offsets = fit_offsets(keyed, ranks, grouping) if align else no_offsets(ranks, grouping)
         out: dict[str, Any] = {"totals": shift(tables["totals"], offsets, TIME_COLUMNS)}
         out["steps"] = tables["steps"].with_offsets(offsets)
         out["kernels"] = tables["kernels"].with_offsets(offsets)
@@ -77,7 +82,19 @@ def cross_rank(
             message_sizes=message_sizes(collectives),
             message_size_summary=message_size_summary(collectives),
             storms=storms(collectives),
+            interference=job_interference(out["kernels"], collectives),
         )
+        # Who sent whom how much in each all-to-all, and each receiver's load: the all-to-all
+        # calls only, read once (no times: shifted or not, the same).
+        if collectives.height and set(ALL_TO_ALL_COLUMNS) <= set(collectives.columns):
+            a2a = collect(
+                collectives.lazy(
+                    list(ALL_TO_ALL_COLUMNS), where=pl.col("collective") == "all_to_all"
+                ),
+                collectives.height,
+            )
+            out["all_to_all_pairs"] = all_to_all_pairs(a2a)
+            out["all_to_all_loads"] = all_to_all_loads(a2a)
         out["pipeline"] = pipeline_of() if stages is None else stages.result()
         out["process_groups"] = roles_of() if roles is None else roles.result()
     return out

@@ -52,7 +52,8 @@ from kineto_comm.lazy import collect
 #            together as separate calls: batch_isend_irecv, isend/irecv), schedule (name:
 #            gpipe, 1f1b, interleaved; on every rank of the pipeline), in_use (name: foreach,
 #            multi_tensor_apply kernels of torch.optim's foreach/fused paths; inductor,
-#            torch.compile's Triton kernels; count: its kernels).
+#            torch.compile's Triton kernels; torch_compile, a compiled graph's CPU ops,
+#            CompiledFunction, whatever the backend; count: its kernels or ops).
 # count      how many times it occurs in the rank's trace.
 # ns_per_step  CPU time inside the rank's steps per step (phases, optimizer steps, blocking
 #            copies); null where time means nothing (framework, p2p, schedule).
@@ -82,6 +83,9 @@ P2P_COLUMNS = ("rank", "step", "collective", "peer", "start_ns", "end_ns")
 # launch multi_tensor_apply kernels; torch.compile's Inductor launches Triton kernels named
 # triton_*.
 IN_USE = (("foreach", r"multi_tensor_apply_kernel"), ("inductor", r"^triton_"))
+# CPU ops that show torch.compile in use whatever its backend (in_use torch_compile): the
+# autograd functions of a compiled graph, and newer PyTorch's region annotation.
+COMPILED = r"^CompiledFunction|^Torch-Compiled Region"
 # A copy that held its launching thread this long was waited for (a synchronous copy).
 BLOCKING_NS = 1_000_000
 
@@ -172,7 +176,19 @@ def _annotation_markers(
         .agg(pl.col("count").sum(), pl.col("ns_per_step").sum())
     )
     copies = _blocking_copies(phases, kernels, marks, steps)
-    return [*frameworks, phase_rows, optimizer_rows, copies]
+    compiled = (
+        ops.lazy()
+        .filter(pl.col("name").str.contains(COMPILED))
+        .group_by("rank")
+        .agg(count=pl.len())
+        .with_columns(
+            kind=pl.lit("in_use"),
+            name=pl.lit("torch_compile"),
+            within=pl.lit(None, pl.String),
+            ns_per_step=pl.lit(None, pl.Int64),
+        )
+    )
+    return [*frameworks, phase_rows, optimizer_rows, copies, compiled]
 
 
 def _in_steps(spans: pl.LazyFrame, marks: pl.DataFrame) -> pl.LazyFrame:

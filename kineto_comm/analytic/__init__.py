@@ -9,7 +9,8 @@
     render_comparison(table) -> str            the comparison as plain text
     what_if(config, vary, values, hardware=None) -> pl.DataFrame  communication share sweep
     render_model(config, hardware=None) -> str plain-text tables for `kineto-comm model`
-    with_model(report, config, hardware=None) -> Report   report + its model_comparison table
+    with_model(report, config, hardware=None, source="file") -> Report   + model_comparison
+    config_from_inferred(table) -> (ModelConfig | None, why)   the model a trace tells
     load_model(path) -> (ModelConfig, HardwareModel)  both from one TOML file
 Formulas and citations: docs/analytic-model.md.
 """
@@ -20,9 +21,12 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import polars as pl
+
 from .compare import compare, comparison_findings, measured
 from .config import HardwareModel, ModelConfig, load_config, load_hardware
 from .expected import bubble_fraction, expected
+from .from_trace import config_from_inferred
 from .render import render_comparison, render_model
 from .whatif import what_if
 
@@ -31,11 +35,17 @@ if TYPE_CHECKING:
 
 
 def with_model(
-    report: Report, config: ModelConfig, hardware: HardwareModel | None = None
+    report: Report,
+    config: ModelConfig,
+    hardware: HardwareModel | None = None,
+    source: str = "file",
 ) -> Report:
-    """The report with `model_comparison` (expected vs measured per role) filled in."""
-    table = compare(expected(config), report)
-    options = {**report.options, "model": dataclasses.asdict(config)}
+    """The report with `model_comparison` (expected vs measured per role) filled in;
+    `source` ("file": `--model`, "inferred": config_from_inferred) in its `model_source`
+    column and the options, so MODEL101 can tell a stated configuration from one read back
+    from the same trace."""
+    table = compare(expected(config), report).with_columns(model_source=pl.lit(source))
+    options = {**report.options, "model": dataclasses.asdict(config), "model_source": source}
     return dataclasses.replace(report, model_comparison=table, options=options)
 
 
@@ -56,6 +66,7 @@ __all__ = [
     "bubble_fraction",
     "compare",
     "comparison_findings",
+    "config_from_inferred",
     "expected",
     "load_config",
     "load_hardware",

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 
 import polars as pl
 
+from kineto_comm.analysis.inferred_config import tag_roles
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.lazy import collect
 from kineto_comm.model.steps import steps_per_rank
@@ -118,12 +119,21 @@ def measured(report, roles: Mapping[str, str] | None = None) -> pl.DataFrame:
         steps = collect(coll.select(pl.col("rank").unique()), rows).with_columns(
             n_steps=pl.lit(1, pl.UInt32)
         )
-    role_of = _role_table(report, roles)
-    tagged = (
-        coll.with_columns(pl.col("process_group").cast(pl.String))
-        .join(role_of.lazy(), on="process_group", how="left", build_side="force_right")
-        .with_columns(pl.col("role").fill_null("unknown"))
-    )
+    pg = report.process_groups
+    if roles is None and pg.height and "pooled_collective" in pg.columns:
+        # The process_groups table's roles, a pooled group's calls ("?": gloo names no
+        # group per call) by their kind and size where roles.py split the pool.
+        tagged = tag_roles(coll, pg).with_columns(
+            pl.col("process_group").cast(pl.String),
+            pl.col("role").replace(ROLE_ALIASES).replace({"fsdp": "data_parallel"}),
+        )
+    else:
+        role_of = _role_table(report, roles)
+        tagged = (
+            coll.with_columns(pl.col("process_group").cast(pl.String))
+            .join(role_of.lazy(), on="process_group", how="left", build_side="force_right")
+            .with_columns(pl.col("role").fill_null("unknown"))
+        )
     # One small table per (rank, role, collective, process group, dtype): the rest from it.
     counts = collect(
         tagged.group_by("rank", "role", "collective", "process_group", "dtype").agg(

@@ -85,10 +85,11 @@ class ModelConfig:
     top_k: int = 2
     moe_every: int = 1
     capacity_factor: float = 1.0
+    activation_bytes: int | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        for key in ("params", "layers", "hidden", "vocab"):
+        for key in ("params", "layers", "hidden", "vocab", "activation_bytes"):
             v = getattr(self, key)
             if v is not None:
                 set_(self, key, _int(key, v, 1))
@@ -135,9 +136,9 @@ class ModelConfig:
                 "(Psi = 12*L*h^2 + V*h)"
             )
         shaped = self.tp > 1 or self.pp > 1 or self.sequence_parallel or self.ep > 1
-        if shaped and self.hidden is None:
+        if shaped and self.hidden is None and self.activation_bytes is None:
             raise ValueError("model.hidden is required for tensor, pipeline or expert parallelism")
-        if self.pp > 1 and self.layers is None:
+        if self.pp > 1 and self.layers is None and self.activation_bytes is None:
             raise ValueError("model.layers is required for pipeline parallelism (pp > 1)")
         if self.tp > 1 and self.layers is None:
             raise ValueError("model.layers is required for tensor parallelism (tp > 1)")
@@ -186,6 +187,15 @@ class ModelConfig:
     def world_size(self) -> int:
         """GPUs: d * t * p (expert parallelism is carved out of the data-parallel ranks)."""
         return self.dp * self.tp * self.pp
+
+    @property
+    def act_bytes(self) -> int:
+        """One micro-batch's activations per replica, b*s*h*B (``activation_bytes`` when
+        given: the size a trace measures, e.g. a tensor-parallel all-reduce's message)."""
+        if self.activation_bytes is not None:
+            return self.activation_bytes
+        assert self.hidden is not None
+        return self.tokens * self.hidden * self.dtype_bytes
 
     @property
     def tokens(self) -> int:

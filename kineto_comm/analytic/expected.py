@@ -216,8 +216,7 @@ def _rows(cfg: ModelConfig) -> list[_Row]:
     full = cfg.recompute == "full"
     per_layer = 4 + (2 if full else 0)
     if t > 1:
-        assert cfg.hidden is not None
-        act = cfg.tokens * cfg.hidden * B
+        act = cfg.act_bytes
         calls = per_layer * layers_rank * m
         extra = " (+2 full recompute)" if full else ""
         if cfg.sequence_parallel:
@@ -246,8 +245,7 @@ def _rows(cfg: ModelConfig) -> list[_Row]:
                 )
             )
     if p > 1:
-        assert cfg.hidden is not None
-        act = cfg.tokens * cfg.hidden * B
+        act = cfg.act_bytes
         split = t > 1 and (cfg.pp_scatter_gather or cfg.sequence_parallel)
         msg = act // t if split else act
         v = cfg.virtual_stages

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
@@ -21,6 +22,7 @@ from kineto_comm.load.events import (
     OPS_SCHEMA,
     RUNTIME_SCHEMA,
     WAITS_SCHEMA,
+    DeviceProps,
     RawTrace,
     Top,
 )
@@ -163,12 +165,34 @@ def _raw(about: _About, tables: dict[str, pl.DataFrame]) -> RawTrace:
         backend=None if info is None else info.backend,
         process_groups=groups,
         device_names=[d.name or "?" for d in devices],
+        devices=[_device(d) for d in devices],
         base_time_ns=_base_ns(tops),
         host_name=next((t.host_name for t in tops if t.host_name), None),
         nbytes=about.nbytes,
         warnings=about.warnings,
         host_skipped=about.host_skipped,
     )
+
+
+def _device(d: DeviceProps) -> dict[str, Any]:
+    """A deviceProperties entry as the hardware analysis reads it (analysis/hardware.py)."""
+    major, minor = _whole(d.computeMajor), _whole(d.computeMinor)
+    return {
+        "id": _whole(d.id),
+        "name": d.name,
+        "sms": _whole(d.numSms),
+        "memory_bytes": _whole(d.totalGlobalMem),
+        "compute_capability": None if major is None else f"{major}.{minor or 0}",
+    }
+
+
+def _whole(value: Any) -> int | None:
+    """A header's whole number (int, or its digits as text), else None; int64's range."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2**63:
+        return None
+    return value
 
 
 def _join_launches(gpu: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:

@@ -43,6 +43,7 @@ from kineto_comm.load.events import (
     _SIZED_NAMES,
     _SIZED_OP,
     _STR,
+    ALL_TO_ALL_OP,
     HOST_SCHEMA,
     HOST_SPANS,
     HOST_WAIT_CALLS,
@@ -290,12 +291,16 @@ class _Annotations:
     spare: int = 0
 
 
-def _wants_shapes(host: bool, annotated: int, described: int, spare: int) -> tuple[bool, int]:
+def _wants_shapes(
+    host: bool, annotated: int, described: int, spare: int, splits: bool = False
+) -> tuple[bool, int]:
     """Whether a piece's ops gain from annotation sizes, from its counts of host-backend
     spans, NCCL annotations and record_param_comms with collective args (`spare`: those of
     the previous piece beyond its annotations); and the spare this piece leaves. Host-backend
-    spans always do; NCCL annotations only when fewer record_param_comms carry args."""
-    if host:
+    spans always do, and so does a piece with an all-to-all op (`splits`: its split sizes
+    are in its Concrete Inputs); NCCL annotations only when fewer record_param_comms carry
+    args."""
+    if host or splits:
         return True, spare
     available = described + spare
     return annotated > available, min(described, max(0, available - annotated))
@@ -319,14 +324,15 @@ def _needs_shapes(cpu: pl.DataFrame, notes: list[_Annotations]) -> list[int]:
         pl.any_horizontal(name.str.starts_with(p) for p in HOST_SPANS).any().alias("host"),
         pl.any_horizontal(name.str.starts_with(p) for p in _NCCL_SPANS).sum().alias("annotated"),
         described.alias("described"),
+        (name == ALL_TO_ALL_OP).any().alias("splits"),
     ]
     if len(notes) > 1:
         rows = collect(cpu.lazy().group_by("_file").agg(counts).sort("_file")).rows()
     else:
         rows = [(0, *collect(cpu.lazy().select(counts)).row(0))]
     need = []
-    for f, host, annotated, described_ in rows:
-        want, notes[f].spare = _wants_shapes(host, annotated, described_, notes[f].spare)
+    for f, host, annotated, described_, splits in rows:
+        want, notes[f].spare = _wants_shapes(host, annotated, described_, notes[f].spare, splits)
         if want:
             need.append(f)
     return need

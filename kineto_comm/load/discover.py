@@ -5,6 +5,8 @@ which covers `*.pt.trace.json[.gz]`). A rank comes from the trace's
 `distributedInfo.rank`, else from a rank number in the file name (`rank-3`, `rank_3`,
 `rank3`), else from the file's position among the files that have neither. Two files
 claiming one rank, and files from jobs of different sizes, are reported, not guessed at.
+Kineto's default file names also name the host (`HOST_IN_NAME`, read by
+kineto_comm.analysis.align.hosts).
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from kineto_comm.errors import TraceError
 
 # Files that sit beside traces but are not traces (the generator's ground truth).
 NOT_TRACES = frozenset({"truth.json"})
-_RANK_IN_NAME = re.compile(r"(?i)(?:^|[^a-z])rank[-_.]?(\d+)")
+RANK_IN_NAME = r"(?i)(?:^|[^a-z])rank[-_.]?(\d+)"
+_RANK_IN_NAME = re.compile(RANK_IN_NAME)
+# Kineto's default trace file name, which torch's tensorboard_trace_handler also writes with
+# its default worker name: {hostname}_{pid}.{timestamp}.pt.trace.json[.gz]. A pid has at most
+# 7 digits (pid_max is at most 2^22), a timestamp (s, ms or ns since the epoch) 10 to 19.
+# A pattern for Polars (kineto_comm.analysis.align reads the ranks' host names from it).
+HOST_IN_NAME = (
+    r"(?:^|[/\\])(?P<host>[^/\\]+)_(?P<pid>\d{1,7})\.\d{10,19}\.pt\.trace\.json(?:\.gz)?$"
+)
 # Ranks and world sizes at or above this are damage, not a job (no job has 2^31 ranks).
 MAX_RANKS = 2**31
 

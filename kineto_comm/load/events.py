@@ -168,6 +168,11 @@ class DistInfo(msgspec.Struct, gc=False):
 class DeviceProps(msgspec.Struct, gc=False):
     id: int | str | None = None
     name: str | None = None
+    # Any: a damaged value is dropped (assemble._device), never a failed header.
+    numSms: Any = None  # noqa: N815 - JSON keys
+    totalGlobalMem: Any = None  # noqa: N815
+    computeMajor: Any = None  # noqa: N815
+    computeMinor: Any = None  # noqa: N815
 
 
 class Top(msgspec.Struct, gc=False):
@@ -222,6 +227,10 @@ SIZED_C10D = (
     "c10d::send",
     "c10d::recv_",
 )
+# The all-to-all op whose Concrete Inputs hold the call's split sizes ([output, input,
+# group, output_split_sizes, input_split_sizes, ...]): a piece that holds one reads its
+# annotations' shapes whatever its record_param_comms say (columns._wants_shapes).
+ALL_TO_ALL_OP = "c10d::alltoall_base_"
 _ANNOTATION_PREFIXES = tuple(b'"' + p.encode() for p in (*_NCCL_SPANS, *HOST_SPANS, "c10d::"))
 # Of the c10d ops, only the sized ones (one pass over the bytes for all of them).
 _SIZED_NAMES = tuple(b'"' + p.encode() + b'"' for p in SIZED_C10D)
@@ -335,6 +344,8 @@ class RawTrace:
     backend: str | None = None
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     device_names: list[str] = field(default_factory=list)
+    # The header's deviceProperties: id, name, sms, memory_bytes, compute_capability.
+    devices: list[dict[str, Any]] = field(default_factory=list)
     base_time_ns: int = 0
     host_name: str | None = None
     nbytes: int = 0
@@ -377,9 +388,17 @@ _CAT_OF = pl.Series(
 _HOST_WAIT_NAMES = tuple(n.encode() for n in HOST_WAIT_CALLS)
 
 
-# CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges) and communication ops.
+# CPU events kept in `ops`: annotations (ProfilerStep#N, user ranges), communication ops and
+# the ops of a torch.compile'd graph (CompiledFunction, CompiledFunctionBackward: how the
+# framework table sees torch.compile where its kernels are not Triton's).
 _SIZED_OP = pl.col("name").is_in(SIZED_C10D).fill_null(False)
-_OP_NAME = _COMM_OP | pl.col("name").str.starts_with(_STEP_MARK).fill_null(False) | _SIZED_OP
+_COMPILED = "CompiledFunction"
+_OP_NAME = (
+    _COMM_OP
+    | pl.col("name").str.starts_with(_STEP_MARK).fill_null(False)
+    | _SIZED_OP
+    | pl.col("name").str.starts_with(_COMPILED).fill_null(False)
+)
 _IS_OP = (pl.col("cat") == "user_annotation") | _OP_NAME
 # Tests of an event's name alone, evaluated per distinct name of a scanned piece (Scanned).
 _NAME_TESTS = {"_device_detail": _DEVICE_DETAIL, "_op_name": _OP_NAME, "_comm_op": _COMM_OP}
@@ -396,6 +415,7 @@ _DEVICE_ROLES = (
 # _OP_NAME as name prefixes, for the scanner: it lets go of the other CPU ops of a file
 # that keeps no host table (most of a GPU trace's rows) before they become rows at all.
 _OP_PREFIXES = tuple(
-    p.encode() for p in (_PARAM_COMMS, *_NCCL_SPANS, *HOST_SPANS, _STEP_MARK, *SIZED_C10D)
+    p.encode()
+    for p in (_PARAM_COMMS, *_NCCL_SPANS, *HOST_SPANS, _STEP_MARK, *SIZED_C10D, _COMPILED)
 )
 _ANNOTATION = _CODE["user_annotation"]  # kept whatever its name (_IS_OP)

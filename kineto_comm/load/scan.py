@@ -36,6 +36,7 @@ from kineto_comm.load.events import (
     _CODE,
     _COMM_KERNEL_NAME,
     _COMM_OP,
+    _COMPILED,
     _DETAIL_FIELDS,
     _DETAIL_TEXT,
     _DEVICE_ROLES,
@@ -54,6 +55,7 @@ from kineto_comm.load.events import (
     _SIZED_OP,
     _STEP_MARK,
     _STR,
+    ALL_TO_ALL_OP,
     COLLECTIVE_SPAN,
     HOST_SCHEMA,
     HOST_SPANS,
@@ -168,10 +170,12 @@ def _names(names: list[str]) -> pl.DataFrame:
         n.startswith(_PARAM_COMMS) or _COLLECTIVE_SPAN_RE.match(n) is not None for n in names
     ]
     op_name = [
-        c or n.startswith(_STEP_MARK) or n in SIZED_C10D
+        c or n.startswith((_STEP_MARK, _COMPILED)) or n in SIZED_C10D
         for n, c in zip(names, comm_op, strict=True)
     ]
-    span = [_span_kind(n) if c else 0 for n, c in zip(names, comm_op, strict=True)]
+    span = [
+        _span_kind(n) if c or n == ALL_TO_ALL_OP else 0 for n, c in zip(names, comm_op, strict=True)
+    ]
     return pl.DataFrame(
         {
             "name": names,
@@ -192,7 +196,10 @@ def _names(names: list[str]) -> pl.DataFrame:
 
 def _span_kind(name: str) -> int:
     """What _settle counts of a communication op of this name: 1 a host-backend span, 2 an
-    NCCL annotation, 3 a record_param_comms, 0 none of them."""
+    NCCL annotation, 3 a record_param_comms, 4 the all-to-all op (its split sizes), 0 none
+    of them."""
+    if name == ALL_TO_ALL_OP:
+        return 4
     if name.startswith(HOST_SPANS):
         return 1
     if name.startswith(_NCCL_SPANS):
@@ -215,18 +222,19 @@ def _settle(piece_: Scanned, notes: _Annotations) -> Scanned:
         named = pl.lit(piece_.details.select(_SIZED).to_series()).gather(pl.col("_detail"))
     else:
         named = pl.lit(False)
-    host, annotated, described = (
+    host, annotated, described, splits = (
         table.lazy()
         .filter(pl.col("role") == 2)
         .select(
             (kind == 1).sum().alias("host"),
             (kind == 2).sum().alias("annotated"),
             ((kind == 3) & named).sum().alias("described"),
+            (kind == 4).any().alias("splits"),
         )
         .pipe(collect)
         .row(0)
     )
-    wanted, _ = _wants_shapes(host > 0, annotated, described, notes.spare)
+    wanted, _ = _wants_shapes(host > 0, annotated, described, notes.spare, bool(splits))
     shapes = notes.find() if wanted else None
 
     def find() -> pl.DataFrame:

@@ -53,6 +53,10 @@ from kineto_comm.model.names import (
 #     seq             sequence number in the group where the trace records it
 #     call_index      0-based order of this call among the rank's calls of the same
 #                     (process_group, collective): the fallback key for cross-rank matching
+#     in_splits, out_splits   an all-to-all's split sizes as the trace writes them
+#                     ("[8, 16, 8, 16]": rows along the first dimension sent to, and received
+#                     from, each rank of the group in group order; "[]": an even split),
+#                     from its c10d::alltoall_base_ op's Concrete Inputs (null elsewhere)
 #     source          where the metadata came from (above)
 #     annotation      the innermost user annotation (record_function) around the call's launch,
 #                     other than the step and collective spans ("## all2all_data:kjt values
@@ -90,6 +94,8 @@ COLLECTIVE_COLUMNS = (
     "seq",
     "peer",
     "call_index",
+    "in_splits",
+    "out_splits",
     "source",
     "annotation",
     "compute_before",
@@ -377,6 +383,22 @@ _C10D_COLLECTIVE = {
     "c10d::send": "send",
     "c10d::recv_": "recv",
 }
+
+
+# An all-to-all op's Concrete Inputs (output, input, group, output_split_sizes,
+# input_split_sizes, ...): its split sizes, as written ("[8, 16]", "[]": even).
+def _nth_concrete(n: int) -> pl.Expr:
+    """The n-th of an op's Concrete Inputs when it is a list of integers, else null."""
+    value = (
+        pl.col("concrete_inputs")
+        .str.extract_all(r'"[^"]*"')
+        .list.get(n, null_on_oob=True)
+        .str.strip_chars('"')
+    )
+    return pl.when(value.str.contains(r"^\[[\d,\s]*\]$")).then(value)
+
+
+_ALL_TO_ALL = pl.col("name") == "c10d::alltoall_base_"
 # The third of a point-to-point op's Concrete Inputs (tensors, group, peer, tag): the peer's
 # rank in the call's group.
 _GROUP_PEER = (
@@ -394,7 +416,8 @@ def _with_c10d_sizes(calls: pl.LazyFrame, c10d: pl.LazyFrame) -> pl.LazyFrame:
     returned, in the order the ops were issued, so there the k-th call of a collective on a
     rank is its k-th op of that collective. An op of another collective gives nothing.
     A point-to-point op gives no size (its annotation has it) but the peer's group rank
-    (`_group_peer`, its Concrete Inputs: gloo traces record the peer nowhere else)."""
+    (`_group_peer`, its Concrete Inputs: gloo traces record the peer nowhere else); an
+    all-to-all op its split sizes (`in_splits`, `out_splits`, its Concrete Inputs)."""
     p2p = pl.col("name").is_in(["c10d::send", "c10d::recv_"])
     ops = c10d.select(
         "rank",
@@ -405,6 +428,8 @@ def _with_c10d_sizes(calls: pl.LazyFrame, c10d: pl.LazyFrame) -> pl.LazyFrame:
         pl.when(~p2p).then(nth_tensor_numel(pl.col("input_dims"), 0)).alias("_out"),
         pl.when(~p2p).then(nth_tensor_numel(pl.col("input_dims"), 1)).alias("_in"),
         pl.when(p2p).then(_GROUP_PEER).alias("_peer"),
+        pl.when(_ALL_TO_ALL).then(_nth_concrete(4)).alias("_isplit"),
+        pl.when(_ALL_TO_ALL).then(_nth_concrete(3)).alias("_osplit"),
     )
     nth = pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "_coll", order_by="start_ns")
     key = ["rank", "start_ns", "end_ns", "launch_tid", "_coll"]
@@ -413,12 +438,14 @@ def _with_c10d_sizes(calls: pl.LazyFrame, c10d: pl.LazyFrame) -> pl.LazyFrame:
         .select("rank", "start_ns", "end_ns", "launch_tid", _coll="collective")
         .with_columns(_nth=nth)
         .join(ops.with_columns(_nth=nth), on=["rank", "_coll", "_nth"], how="inner")
-        .select(*key, h_out="_out", h_in="_in", h_peer="_peer")
+        .select(
+            *key, h_out="_out", h_in="_in", h_peer="_peer", h_isplit="_isplit", h_osplit="_osplit"
+        )
         .unique(key, keep="first")
     )
     same = pl.col("c10d_coll") == pl.col("collective")
     return (
-        _enclosing(calls, ops, ["_coll", "_out", "_in", "_peer"], "c10d")
+        _enclosing(calls, ops, ["_coll", "_out", "_in", "_peer", "_isplit", "_osplit"], "c10d")
         .with_columns(_coll="collective")
         .join(host, on=key, how="left")
         .with_columns(
@@ -430,8 +457,13 @@ def _with_c10d_sizes(calls: pl.LazyFrame, c10d: pl.LazyFrame) -> pl.LazyFrame:
             ),
             out_nelems=pl.coalesce("out_nelems", pl.when(same).then("c10d_out").otherwise("h_out")),
             _group_peer=pl.when(same).then("c10d_peer").otherwise("h_peer"),
+            in_splits=pl.when(same).then("c10d_isplit").otherwise("h_isplit"),
+            out_splits=pl.when(same).then("c10d_osplit").otherwise("h_osplit"),
         )
-        .drop("c10d_coll", "c10d_out", "c10d_in", "c10d_peer", "_coll", "h_out", "h_in", "h_peer")
+        .drop(
+            *("c10d_coll", "c10d_out", "c10d_in", "c10d_peer", "c10d_isplit", "c10d_osplit"),
+            *("_coll", "h_out", "h_in", "h_peer", "h_isplit", "h_osplit"),
+        )
     )
 
 
@@ -538,6 +570,8 @@ def _empty_schema() -> dict[str, pl.DataType]:
         "process_group",
         "pg_desc",
         "pg_ranks",
+        "in_splits",
+        "out_splits",
         "source",
         "annotation",
     ):

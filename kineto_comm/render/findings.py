@@ -64,8 +64,9 @@ def claim_note(f: Any) -> str:
 
 def all_fixes_line(report: Any) -> str | None:
     """The joint replay of every finding's fix against the step (`report.savings`), saying
-    when the findings' savings overlap and which savings are their rules' claims (left out
-    of it): one sentence, as text, Markdown and HTML print it."""
+    when the findings' savings overlap, when together they buy more than their sum, and
+    which savings are their rules' claims (left out of it): one sentence, as text, Markdown
+    and HTML print it."""
     saved = getattr(report, "savings", None) or {}
     claimed = int(saved.get("claimed") or 0)
     if not (saved.get("step_ns") and (saved.get("replayed") or claimed)):
@@ -85,6 +86,14 @@ def all_fixes_line(report: Any) -> str | None:
         line += (
             f"; the findings' savings overlap (they claim some of the same time) and add "
             f"up to {_ms(total)}: do not add them"
+        )
+    elif joint > total:
+        # A max-plus replay: where two causes each hold up the step on their own (two late
+        # ranks, a rank late at one call and another's transfer), removing one leaves the
+        # other on the critical path; together they buy more than apart (h200 pp-dp-8).
+        line += (
+            f"; more than the findings' {_ms(total)} added up: each fix alone leaves another "
+            "cause on the critical path that the others remove"
         )
     if claimed:
         line += f"; not in it: {claims}"

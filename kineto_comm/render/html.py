@@ -33,7 +33,7 @@ from kineto_comm.render.fmt import fmt_bytes, fmt_ns
 from kineto_comm.render.html_timeline import timelines_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview, rank_means
 from kineto_comm.render.palette import COLORS, KIND
-from kineto_comm.render.sections import UNKNOWN_GROUP, Section, sections
+from kineto_comm.render.sections import UNKNOWN_GROUP, Section, pair_matrices, sections
 from kineto_comm.render.svg import esc, legend_html, tick_label, ticks
 from kineto_comm.render.text import clock_sets_line, hosts_line
 from kineto_comm.report import Report
@@ -391,6 +391,78 @@ def svg_skew_heatmap(report: Report) -> str:
     return "".join(parts)
 
 
+# ------------------------------------------------------------------ all-to-all pairs
+
+# The largest group whose pair matrix the page draws (cells of at least 6 px).
+MAX_PAIR_RANKS = 64
+
+
+def _volume_color(x: float) -> str:
+    """White -> the palette's communication orange for x in [0, 1]: bytes moved."""
+    x = min(max(x, 0.0), 1.0)
+    end = tuple(int(COLORS["communication"][i : i + 2], 16) for i in (1, 3, 5))
+    r, g, b = (round(255 + (z - 255) * x) for z in end)
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def svg_all_to_all(report: Report) -> str:
+    """Each all-to-all exchange of a group (sections.pair_matrices) as a heat map: sender
+    (rows) x receiver (columns), colour = bytes per step, each column's total under it;
+    empty where the job has no all-to-all with split sizes."""
+    matrices, note = pair_matrices(report, MAX_PAIR_RANKS)
+    charts = []
+    for m in matrices:
+        n = len(m.ranks)
+        cell = max(6, min(28, 448 // n))
+        left, top = 56, 34
+        width, height = max(left + n * cell + 12, 320), top + n * cell + 40
+        vmax = max((b for row in m.cells for b in row), default=0.0) or 1.0
+        imbalance = "" if m.imbalance is None else f" · imbalance {m.imbalance:.2f}x"
+        parts = [
+            f'<svg class="plot a2a" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+            f'height="{height}" role="img" aria-label="All-to-all pair matrix, group '
+            f'{esc(m.group)}, exchange {m.call}">'
+            f'<text x="0" y="12" {FONT} font-weight="bold">group {esc(m.group)} · exchange '
+            f"{m.call}{esc(imbalance)}</text>"
+            f'<text x="{left}" y="{top - 8}" {FONT} fill="#666">to rank →</text>'
+        ]
+        labels = n <= 32
+        for i, (src, row) in enumerate(zip(m.ranks, m.cells, strict=True)):
+            y = top + i * cell
+            if labels:
+                parts.append(
+                    f'<text x="{left - 4}" y="{y + cell / 2 + 4:.1f}" text-anchor="end" '
+                    f"{FONT}>{esc(src)}</text>"
+                )
+            for j, b in enumerate(row):
+                tip = f"rank {src} → rank {m.ranks[j]}: {fmt_bytes(b)} per step"
+                parts.append(
+                    f'<rect class="pair" x="{left + j * cell}" y="{y}" width="{cell}" '
+                    f'height="{cell}" fill="{_volume_color(b / vmax)}" stroke="#fff">'
+                    f"<title>{esc(tip)}</title></rect>"
+                )
+        y0 = top + n * cell
+        if labels:
+            for j, dst in enumerate(m.ranks):
+                parts.append(
+                    f'<text x="{left + j * cell + cell / 2:.1f}" y="{y0 + 12}" '
+                    f'text-anchor="middle" {FONT}>{esc(dst)}</text>'
+                )
+        busiest = max(m.received, default=0.0)
+        parts.append(
+            f'<text x="0" y="{y0 + 30}" {FONT} fill="#666">from rank ↓ · most received '
+            f"{esc(fmt_bytes(busiest))}/step · max {esc(fmt_bytes(vmax))}</text></svg>"
+        )
+        charts.append("".join(parts))
+    if not charts:
+        return f'<p class="muted">{esc(note)}</p>' if note else ""
+    tail = f'<p class="muted">{esc(note)}</p>' if note else ""
+    return (
+        "<h2>All-to-all: bytes per step from each rank to each rank</h2>"
+        f'<div id="plot-a2a" class="hists">{"".join(charts)}</div>{tail}'
+    )
+
+
 # ------------------------------------------------------------------ pipeline timeline
 
 
@@ -658,6 +730,7 @@ def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
         svg_histograms(report),
         "<h2>Arrival skew: time each rank waited in each collective</h2>",
         svg_skew_heatmap(report),
+        svg_all_to_all(report),
         "<h2>Pipeline timeline</h2>",
         svg_pipeline(report),
         f"<h2>Findings ({len(findings)})</h2>",

@@ -39,7 +39,11 @@ OPTIONAL_TABLES = (
     "process_groups",
     "pipeline",
     "storms",
+    "all_to_all_pairs",
+    "all_to_all_loads",
     "framework",
+    "hardware",
+    "expected_busbw",
 )
 
 
@@ -243,6 +247,22 @@ def summary(report: Report, findings: list[Finding], fail_on: Severity) -> dict[
         "failed": bool(failing),
         "failing_findings": len(failing),
         **_savings(report, findings),
+        "configuration": _configuration(report),
+    }
+
+
+def _configuration(report: Report) -> dict[str, Any] | None:
+    """The inferred configuration's values (its evidence is in the `inferred_config` table)
+    and where the analytical model's configuration came from: `model_source` "file"
+    (--model), "inferred", or null with `model_note` saying why the model did not run."""
+    table = getattr(report, "inferred_config", None)
+    if not isinstance(table, pl.DataFrame) or table.height == 0:
+        return None
+    values = {k: v for k, v in table.row(0, named=True).items() if k != "evidence"}
+    return {
+        **values,
+        "model_source": report.options.get("model_source"),
+        "model_note": report.options.get("model_note"),
     }
 
 

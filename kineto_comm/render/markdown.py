@@ -14,9 +14,9 @@ from typing import Any
 
 from kineto_comm.findings import Finding, Severity
 from kineto_comm.render.findings import all_fixes_line, claim_note
-from kineto_comm.render.fmt import fmt_ns
+from kineto_comm.render.fmt import fmt_bytes, fmt_ns
 from kineto_comm.render.json_doc import at_or_above, findings_of, overview
-from kineto_comm.render.sections import sections
+from kineto_comm.render.sections import pair_matrices, sections
 from kineto_comm.render.text import clock_sets_line, hosts_line
 from kineto_comm.report import Report
 
@@ -62,6 +62,30 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return lines
+
+
+def _pair_matrices(report: Report) -> list[str]:
+    """Each all-to-all exchange of a group as a small matrix: bytes per step from each rank
+    (rows) to each rank (columns), what each receives under them."""
+    matrices, note = pair_matrices(report)
+    out: list[str] = []
+    for m in matrices:
+        imbalance = "" if m.imbalance is None else f"; imbalance {m.imbalance:.2f}x"
+        out += [
+            f"### All-to-all pairs: group {md_escape(m.group)}, exchange {m.call} of each step",
+            "",
+        ]
+        header = ["from / to", *[f"rank {r}" for r in m.ranks]]
+        rows = [
+            [f"rank {r}", *[fmt_bytes(b) for b in row]]
+            for r, row in zip(m.ranks, m.cells, strict=True)
+        ]
+        rows.append(["received", *[fmt_bytes(b) for b in m.received]])
+        out += _table(header, rows, set(range(1, len(header))))
+        out += ["", f"_Bytes per step (the mean over the steps){md_escape(imbalance)}._", ""]
+    if note:
+        out += [f"_{md_escape(note)}_", ""]
+    return out
 
 
 def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
@@ -147,6 +171,7 @@ def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
             out.append(f"\n_{md_escape(section.note)}_")
         out.append("")
 
+    out += _pair_matrices(report)
     if findings:
         out += ["### Findings", ""]
         for f in findings[:MAX_FINDINGS]:

@@ -109,10 +109,17 @@ def _cut(rows: list[tuple[str, ...]], what: str = "row(s)") -> tuple[list[tuple[
 def collectives(report: Report) -> Section | None:
     """Every collective over all ranks (json `collective_totals`): time is the kernel time
     (waiting included); algbw and busbw the medians over the calls' transfers
-    (Report.collective_totals)."""
+    (Report.collective_totals); `of link`, where the hardware table knows a group's link,
+    the median speed_of_light (busbw / what the link should give: docs/hardware.md)."""
     totals = collective_totals(report)
     if not totals:
         return None
+    known = any(c.get("speed_of_light") is not None for c in totals)
+    sol = (
+        (lambda c: "-" if c.get("speed_of_light") is None else f"{c['speed_of_light']:.0%}")
+        if known
+        else None
+    )
     rows = [
         (
             c["collective"],
@@ -125,6 +132,7 @@ def collectives(report: Report) -> Section | None:
             fmt_ns(c["time_ns"]),
             fmt_bw(c["algbw_gbps"]),
             fmt_bw(c.get("busbw_gbps")),
+            *([] if sol is None else [sol(c)]),
         )
         for c in totals
     ]
@@ -133,9 +141,9 @@ def collectives(report: Report) -> Section | None:
     return Section(
         "collective_totals",
         "Collectives (all ranks)",
-        (*header, "algbw", "busbw"),
+        (*header, "algbw", "busbw", *([] if sol is None else ["of link"])),
         rows,
-        frozenset(range(3, 10)),
+        frozenset(range(3, 10 if sol is None else 11)),
         note,
     )
 
@@ -450,6 +458,80 @@ def stragglers(report: Report, brief: bool = False) -> Section | None:
     )
 
 
+# The inferred configuration's values as shown, in order (label, column).
+_CONFIG_ROWS = (
+    ("parallel sizes", None),
+    ("framework", "framework"),
+    ("sharding", "sharding"),
+    ("micro-batches", "micro_batches"),
+    ("schedule", "schedule"),
+    ("DDP buckets per step", "ddp_buckets"),
+    ("DDP bucket (cap at most)", "ddp_bucket_bytes"),
+    ("gradients", "grad_collective"),
+    ("parameters", "params"),
+    ("activations", "activation_bytes"),
+)
+
+
+def configuration(report: Report, brief: bool = False) -> Section | None:
+    """The configuration the trace tells (json `inferred_config`), each value with its
+    evidence (`brief`, the terminal's: values only), and whether the analytical model ran on
+    it (the note)."""
+    table = getattr(report, "inferred_config", None)
+    if not isinstance(table, pl.DataFrame) or table.height == 0:
+        return None
+    r = table.row(0, named=True)
+    ev = r.get("evidence") or {}
+    rows = []
+    for label, col in _CONFIG_ROWS:
+        if col is None:
+            sizes = "  ".join(
+                f"{k}={'?' if r[k] is None else r[k]}" for k in ("dp", "tp", "pp", "ep", "cp")
+            )
+            why = "; ".join(f"{k}: {ev[k]}" for k in ("dp", "tp", "pp") if ev.get(k))
+            rows.append((label, sizes, why))
+            continue
+        value = r.get(col)
+        if value is None:
+            continue
+        if col in ("ddp_bucket_bytes", "activation_bytes"):
+            text = fmt_bytes(value)
+            if col == "activation_bytes" and r.get("activation_dtype"):
+                text += f" {r['activation_dtype']}"
+        elif col == "grad_collective":
+            text = (
+                f"{value} {r.get('grad_dtype') or '?'}, "
+                f"{fmt_bytes(r.get('grad_bytes_per_step'))}/step in "
+                f"{_num(r.get('grad_calls_per_step'), 'g')} call(s)"
+            )
+        elif col == "params":
+            text = f"{value:,}"
+        elif col == "sharding":
+            text = f"{value} (stage {r.get('shard_stage')})"
+        else:
+            text = str(value)
+        rows.append((label, text, ev.get(col) or ""))
+    source = report.options.get("model_source")
+    note = (
+        "Analytical model: from --model (it replaces the inferred configuration)."
+        if source == "file"
+        else "Analytical model: run on this configuration (MODEL101; info findings only)."
+        if source == "inferred"
+        else f"Analytical model: not run: {report.options.get('model_note') or 'no configuration'}."
+    )
+    header = ("setting", "value", "evidence")
+    if brief:
+        header, rows = header[:2], [row[:2] for row in rows]
+    return Section(
+        "inferred_config",
+        "Configuration (inferred from the trace)",
+        header,
+        rows,
+        frozenset(),
+        note,
+    )
+
+
 def model_comparison(report: Report) -> Section | None:
     """Expected (the analytical model, `--model`) vs measured communication per role and
     collective (json `model_comparison`)."""
@@ -586,14 +668,166 @@ def step_blame(report: Report) -> Section | None:
     )
 
 
+def all_to_all(report: Report) -> Section | None:
+    """Per group with all-to-alls, its receivers' loads and imbalance, a line per group
+    (json `all_to_all_loads`, kineto_comm.analysis.alltoall)."""
+    loads = report.all_to_all_loads
+    if loads.height == 0 or "imbalance" not in loads.columns:
+        return None
+    steps = loads.group_by("process_group").agg(_steps=pl.col("step").n_unique())
+    per_rank = (
+        loads.group_by("process_group", "rank")
+        .agg(_got=pl.col("received_bytes").sum())
+        .join(steps, on="process_group")
+        .with_columns(_got=pl.col("_got") / pl.col("_steps"))
+        .sort("_got", "rank", descending=[True, False])
+        .group_by("process_group", maintain_order=True)
+        .agg(
+            ranks=pl.len(),
+            low=pl.col("_got").min(),
+            high=pl.col("_got").first(),
+            mean=pl.col("_got").mean(),
+            busiest=pl.col("rank").first(),
+        )
+    )
+    calls = (
+        loads.group_by("process_group", "call_index")
+        .agg(pl.col("imbalance").first(), pl.col("call").first())
+        .group_by("process_group")
+        .agg(
+            imbalance=pl.col("imbalance").mean(),
+            per_step=pl.col("call").n_unique(),
+            worst=pl.col("call")
+            .sort_by(["imbalance", "call"], descending=[True, False], nulls_last=True)
+            .first(),
+            worst_x=pl.col("imbalance").max(),
+        )
+    )
+    table = per_rank.join(calls, on="process_group").sort("process_group")
+    rows = [
+        (
+            group(r["process_group"]),
+            str(r["ranks"]),
+            str(r["per_step"]),
+            f"{fmt_bytes(r['low'])} - {fmt_bytes(r['high'])}",
+            str(r["busiest"]),
+            f"{r['high'] / r['mean']:.2f}x" if r["mean"] else "-",
+            "-" if r["imbalance"] is None else f"{r['imbalance']:.2f}x",
+            "-" if r["worst_x"] is None else f"{r['worst']} ({r['worst_x']:.2f}x)",
+        )
+        for r in table.iter_rows(named=True)
+    ]
+    rows, note = _cut(rows)
+    legend = (
+        "received/step: the least and the most a rank receives per step; load max/mean: the "
+        "busiest rank's over the mean rank's; imbalance: the mean exchange's busiest receiver "
+        "over its mean receiver (an exchange ends when its busiest receiver is done); worst "
+        "exchange: its order in the step (0 first)."
+    )
+    return Section(
+        "all_to_all_loads",
+        "All-to-all: what each rank receives, per group",
+        (
+            "group",
+            "ranks",
+            "exchanges/step",
+            "received/step",
+            "busiest rank",
+            "load max/mean",
+            "imbalance",
+            "worst exchange",
+        ),
+        rows,
+        frozenset(range(1, 8)),
+        (note + " " + legend).strip(),
+    )
+
+
+# The pair matrices the Markdown and HTML reports draw: groups of at most this many ranks,
+# at most this many exchanges of a step per group and matrices in all.
+MATRIX_RANKS = 16
+MATRIX_CALLS = 4
+MATRICES = 8
+
+
+@dataclass(frozen=True)
+class PairMatrix:
+    """One exchange of a group's steps (`call`) as a matrix: `cells[i][j]` the bytes rank
+    `ranks[i]` sends rank `ranks[j]` per step (the mean over the steps), `received` each
+    rank's column sum, `imbalance` the exchange's busiest receiver over its mean."""
+
+    group: str
+    call: int
+    ranks: list[int]
+    cells: list[list[float]]
+    received: list[float]
+    imbalance: float | None
+
+
+def pair_matrices(report: Report, max_ranks: int = MATRIX_RANKS) -> tuple[list[PairMatrix], str]:
+    """The all-to-all pair matrices (json `all_to_all_pairs`) to draw, and a note naming
+    what was left out (groups above `max_ranks` ranks, exchanges, matrices beyond the caps)."""
+    pairs = report.all_to_all_pairs
+    if pairs.height == 0 or "bytes" not in pairs.columns:
+        return [], ""
+    steps = pairs.group_by("process_group", "call").agg(_steps=pl.col("step").n_unique())
+    cells = (
+        pairs.group_by("process_group", "call", "src_rank", "dst_rank")
+        .agg(pl.col("bytes").sum())
+        .join(steps, on=["process_group", "call"])
+        .with_columns(per_step=pl.col("bytes") / pl.col("_steps"))
+    )
+    loads = report.all_to_all_loads
+    imbalance = (
+        loads.group_by("process_group", "call").agg(pl.col("imbalance").mean())
+        if loads.height and "imbalance" in loads.columns
+        else pl.DataFrame(
+            schema={"process_group": pl.String, "call": pl.Int64, "imbalance": pl.Float64}
+        )
+    )
+    out: list[PairMatrix] = []
+    left: list[str] = []
+    keys = cells.select("process_group", "call").unique().sort("process_group", "call")
+    for pg, call in keys.iter_rows():
+        mine = cells.filter((pl.col("process_group") == pg) & (pl.col("call") == call))
+        ranks = sorted(set(mine["src_rank"].to_list()) | set(mine["dst_rank"].to_list()))
+        if len(ranks) > max_ranks:
+            left.append(f"group {group(pg)} ({len(ranks)} ranks)")
+            continue
+        if call >= MATRIX_CALLS or len(out) >= MATRICES:
+            left.append(f"group {group(pg)} exchange {call}")
+            continue
+        at = {r: i for i, r in enumerate(ranks)}
+        grid = [[0.0] * len(ranks) for _ in ranks]
+        for src, dst, b in mine.select("src_rank", "dst_rank", "per_step").iter_rows():
+            grid[at[src]][at[dst]] = float(b)
+        x = imbalance.filter((pl.col("process_group") == pg) & (pl.col("call") == call))
+        out.append(
+            PairMatrix(
+                group(pg),
+                int(call),
+                ranks,
+                grid,
+                [sum(row[j] for row in grid) for j in range(len(ranks))],
+                x["imbalance"][0] if x.height else None,
+            )
+        )
+    note = (
+        f"Not drawn (the JSON report has them): {', '.join(dict.fromkeys(left))}." if left else ""
+    )
+    return out, note
+
+
 BUILDERS = (
     collectives,
     skew,
     step_blame,
+    configuration,
     process_groups,
     pipeline,
     message_sizes,
     storms,
+    all_to_all,
     offsets,
     stragglers,
     model_comparison,
@@ -601,7 +835,7 @@ BUILDERS = (
 
 
 # The sections that take `brief` (the terminal's shorter form).
-BRIEF = (process_groups, offsets, stragglers)
+BRIEF = (configuration, process_groups, offsets, stragglers)
 
 
 def sections(report: Report, brief: bool = False) -> list[Section]:

@@ -183,15 +183,26 @@ def render_text(
 # in a header leaves its last copy first. Tables not named here drop from the right.
 DROP_FIRST: dict[str, tuple[str, ...]] = {
     "ranks": ("device", "steps", "wall", "compute", "comm", "idle", "overlap"),
-    "collective_totals": ("algbw", "dtype", "volume", "mean size", "calls", "ranks", "group"),
+    "collective_totals": (
+        "of link",
+        "algbw",
+        "dtype",
+        "volume",
+        "mean size",
+        "calls",
+        "ranks",
+        "group",
+    ),
     "skew": ("p95 skew", "calls", "ranks", "last rank"),
     "step_blame": ("share", "share", "category"),
     "process_groups": ("size", "calls/step", "bytes/step", "ranks", "evidence"),
     "pipeline": ("m", "p", "theory"),
     "message_size_summary": ("volume", "calls < 1 MB", "calls < 64 KB", "calls", "time"),
     "storms": ("large-message busbw", "runs", "calls"),
+    "all_to_all_loads": ("worst exchange", "load max/mean", "exchanges/step", "ranks"),
     "offsets": ("method", "residual", "matched calls"),
     "stragglers": ("confidence", "others' wait/step", "last in"),
+    "inferred_config": ("evidence",),
     "model_comparison": (
         "calls expected",
         "calls measured",
@@ -296,20 +307,27 @@ def print_table(
 _HOSTS_FROM = {
     "ranks_per_host": "--ranks-per-host",
     "host_name": "the traces' host names",
+    "file_name": "the trace file names ({hostname}_{pid}.{timestamp}.pt.trace.json)",
     "device_ids": "the device ids (local rank = device id)",
     "shared_device": "one device id on every rank (a shared GPU; --ranks-per-host 1 if not)",
+    "measured": "the collectives' times: a clock per rank measured",
+    "measured_one_clock": "the collectives' times: one clock measured",
     "unknown": "nothing in the traces: a clock per rank",
 }
 
 
 def hosts_line(report: Report) -> str | None:
-    """How many hosts (one clock each) and how that was inferred; None for one rank."""
+    """How many hosts (one clock each), how that was inferred and, where the calls were asked
+    (offsets.host_evidence), what they said; None for one rank."""
     offsets = report.offsets
     if offsets.height < 2 or "host_source" not in offsets.columns:
         return None
     sources = offsets["host_source"].unique().to_list()
     how = "; ".join(_HOSTS_FROM.get(s, s) for s in sorted(sources))
-    return f"Clocks: {offsets['host'].n_unique()} host(s), one clock each, from {how}."
+    said = ""
+    if "host_evidence" in offsets.columns:
+        said = "".join(f" Evidence: {e}." for e in offsets["host_evidence"].drop_nulls().unique())
+    return f"Clocks: {offsets['host'].n_unique()} host(s), one clock each, from {how}.{said}"
 
 
 def _render_hosts(report: Report, console: Console) -> None:

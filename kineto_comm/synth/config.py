@@ -91,12 +91,18 @@ class Hardware:
     Compute kernels take ``flops / tflops``; memory-bound kernels ``bytes / hbm`` plus a floor.
     A collective of ``nbytes`` on a group of n ranks takes
     ``latency + busbw_factor(op, n) * nbytes / busbw`` (nccl-tests convention:
-    all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, send/recv 1).
+    all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, send/recv 1). The healthy
+    ``busbw`` is the hardware table's (kineto_comm/data/hardware.toml) for the traces' device,
+    an H100 SXM, per collective: its NVLink figure inside a host, ``network``'s across hosts
+    (analysis.hardware.link_figures); ``busbw_gbps`` set: that one figure for every link,
+    and the traces name a device the table does not know (kineto.CUSTOM_GPU): nothing is
+    expected of its links.
     """
 
     tflops: float = 300.0
     hbm_gbps: float = 2000.0
-    busbw_gbps: float = 100.0
+    busbw_gbps: float | None = None
+    network: str = "400G-IB"
     latency_us: float = 12.0
     launch_us: float = 6.0
     cpu_op_us: float = 18.0
@@ -123,6 +129,33 @@ def busbw_factor(coll: str, n: int) -> float:
     if coll not in _CANONICAL:
         raise ValueError(f"no bus bandwidth factor for {coll!r}")
     return _busbw_factor(_CANONICAL[coll], n)
+
+
+# The device the traces' headers name (kineto.H100): its key in the hardware table.
+GPU = "h100-sxm"
+
+
+def link_busbw(hw: Hardware, ranks: list[int], per_host: int) -> dict[str, float]:
+    """Per canonical collective, the healthy bus bandwidth of a group of `ranks` with hosts of
+    `per_host` consecutive ranks: the hardware table's (Hardware's docstring)."""
+    from kineto_comm.analysis.hardware import link_figures, load_table
+
+    if hw.busbw_gbps is not None:
+        return dict.fromkeys(
+            ("all_reduce", "all_gather", "reduce_scatter", "send_recv"), hw.busbw_gbps
+        )
+    table = load_table()
+    on_host: dict[int, int] = {}
+    for r in ranks:
+        on_host[r // per_host] = on_host.get(r // per_host, 0) + 1
+    net = table["network"][hw.network] if len(on_host) > 1 else None
+    return link_figures(table["gpu"][GPU], net, min(on_host.values()))
+
+
+def table_collective(coll: str) -> str:
+    """The hardware table's name of a record_param_comms collective (send, recv: send_recv)."""
+    canonical = _CANONICAL[coll]
+    return "send_recv" if canonical in ("send", "recv") else canonical
 
 
 def comm_ns(hw: Hardware, coll: str, nbytes: int, n: int, busbw_gbps: float) -> int:
@@ -157,6 +190,8 @@ __all__ = [
     "comm_ns",
     "gemm_ns",
     "grad_tensor_elems",
+    "link_busbw",
+    "table_collective",
     "mem_ns",
     "pipeline_bubble",
 ]

@@ -23,6 +23,7 @@ SCENARIOS = (
     "small-messages",
     "slow-link",
     "clock-skew",
+    "interference",
 )
 LAYOUTS = ("dp", "fsdp", "tp-dp", "pp-dp")
 
@@ -30,6 +31,8 @@ TP_DEGREE = 2
 STRAGGLER_DELAY_NS = 2_000_000
 SLOW_LINK_FACTOR = 5.0
 SMALL_BUCKET_BYTES = 48 * 1024
+# The interference scenario: compute kernels beside communication run 40% slower.
+INTERFERENCE_SLOWDOWN = 0.4
 BUBBLE_MICRO_BATCHES = 2
 BASE_TIME_NS = 1_720_000_000_000_000_000
 START_NS = 3_000_000_000
@@ -70,13 +73,16 @@ def _model_for(layout: str, pp: int, model: ModelConfig | None) -> ModelConfig:
     return m
 
 
-def _offsets(world: int, per_host: int, rng: random.Random, skew: bool) -> dict[int, int]:
-    """Per-rank clock offset (ns): one offset per host, host 0 (rank 0) keeps the true clock."""
+def _offsets(
+    world: int, per_host: int, rng: random.Random, skew: bool, spread: tuple[int, int]
+) -> dict[int, int]:
+    """Per-rank clock offset (ns): one offset per host, host 0 (rank 0) keeps the true clock;
+    the others, with `skew`, a random sign times a size drawn from `spread`."""
     hosts = ceil_div(world, per_host)
     host_off = [0] * hosts
     if skew:
         for h in range(1, hosts):
-            host_off[h] = rng.choice((-1, 1)) * rng.randint(20_000, 400_000)
+            host_off[h] = rng.choice((-1, 1)) * rng.randint(*spread)
     return {r: host_off[r // per_host] for r in range(world)}
 
 
@@ -105,6 +111,7 @@ class _Job:
                     offset=offsets[r],
                     rng=random.Random(seed * 1_000_003 + r),
                     cpu=START_NS,
+                    interference=plan.interference,
                 )
             )
         self.pipe_marks: list[list[int]] = [[] for _ in range(plan.world)]
@@ -320,6 +327,7 @@ def generate(
     model: ModelConfig | None = None,
     hardware: Hardware | None = None,
     host_ops: int = 0,
+    single_gpu_hosts: bool = False,
 ) -> dict:
     """Write one trace per rank (rank-{r}.pt.trace.json[.gz]) plus truth.json into out_dir.
 
@@ -328,7 +336,10 @@ def generate(
     ``hardware`` override the defaults (tests use a tiny model). ``host_ops`` CPU ops that
     launch nothing (with record_shapes arguments) are written inside every compute kernel's
     launching op, as real traces have them (kineto.host_ops); they change no ground truth,
-    only how many events and bytes there are per kernel. Returns the truth dict.
+    only how many events and bytes there are per kernel. ``single_gpu_hosts``: one GPU per
+    host, so every rank is on device 0 and no header names a host (what the traces of such a
+    job look like); with clock-skew, the hosts' clocks are 0.5-1.5 ms apart. Returns the
+    truth dict.
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
@@ -350,13 +361,14 @@ def generate(
     hw = hardware or Hardware()
     base_model = _model_for(layout, p, model)
     rng = random.Random(f"kineto-comm-synth/{seed}")
-    per_host = hw.gpus_per_host
+    per_host = 1 if single_gpu_hosts else hw.gpus_per_host
     if scenario == "clock-skew" and world <= per_host:
         per_host = max(1, world // 2)  # a skew needs at least two hosts
-    offsets = _offsets(world, per_host, rng, scenario == "clock-skew")
+    spread = (500_000, 1_500_000) if single_gpu_hosts else (20_000, 400_000)
+    offsets = _offsets(world, per_host, rng, scenario == "clock-skew", spread)
 
     def plan_for(problem: bool) -> Plan:
-        groups = make_groups(layout, world, t, p, hw)
+        groups = make_groups(layout, world, t, p, hw, per_host)
         kw: dict[str, Any] = {}
         m = base_model
         if problem:
@@ -368,10 +380,12 @@ def generate(
             elif scenario == "small-messages":
                 kw["bucket_bytes"] = SMALL_BUCKET_BYTES
                 kw["split_buckets"] = True
+            elif scenario == "interference":
+                kw["interference"] = INTERFERENCE_SLOWDOWN
             elif scenario == "slow-link":
                 for g in groups:
                     if g.name == slow_pg:
-                        g.busbw_gbps = hw.busbw_gbps / SLOW_LINK_FACTOR
+                        g.busbw = {c: v / SLOW_LINK_FACTOR for c, v in g.busbw.items()}
             elif scenario == "bubble":
                 nmb = min(BUBBLE_MICRO_BATCHES, m.micro_batches)
                 tokens = m.micro_batch * m.micro_batches
@@ -385,7 +399,7 @@ def generate(
     # a stage that finishes early hides in its cool-down: pick where the problem shows.
     straggler = rng.randrange(d if layout == "pp-dp" else world) if scenario == "straggler" else -1
     slow_role = "pp" if layout == "pp-dp" else "dp"
-    cands = [g.name for g in make_groups(layout, world, t, p, hw) if g.role == slow_role]
+    cands = [g.name for g in make_groups(layout, world, t, p, hw, per_host) if g.role == slow_role]
     slow_pg = rng.choice(cands) if scenario == "slow-link" else ""
 
     plan = plan_for(True)
@@ -405,7 +419,9 @@ def generate(
                 "pg_config": [g.pg_config() for g in plan.groups_of(r)],
                 "nccl_version": NCCL_VERSION,
             }
-            f.write(K.header(dist, per_host).encode())
+            # Links at the caller's figure: a device the hardware table does not know.
+            name = None if hw.busbw_gbps is None else K.CUSTOM_GPU
+            f.write(K.header(dist, per_host, name).encode())
         written = [0] * world
         k = 0
         total = steps
@@ -572,6 +588,19 @@ def _truth(
                 "slowdown": SLOW_LINK_FACTOR,
             }
         )
+    elif scenario == "interference":
+        # What the slowed kernels added per step on each rank (all profiled steps).
+        extra = {st.rank: sum(st.injected) // max(1, len(st.injected)) for st in job.states}
+        problems.append(
+            {
+                "kind": "interference",
+                "ranks": [r for r, v in extra.items() if v > 0],
+                "steps": step_ids,
+                "impact_ns_per_step": impact,
+                "slowdown": plan.interference,
+                "extra_ns_per_step": {str(r): v for r, v in extra.items()},
+            }
+        )
     elif scenario == "clock-skew":
         problems.append(
             {
@@ -598,7 +627,13 @@ def _truth(
         "model": plan.model.to_dict(),
         "hardware": plan.hw.to_dict(),
         "process_groups": [
-            {**g.pg_config(), "role": g.role, "stream": g.stream, "busbw_gbps": g.busbw_gbps}
+            {
+                **g.pg_config(),
+                "role": g.role,
+                "stream": g.stream,
+                "busbw_gbps": g.busbw_gbps,
+                "busbw_by_collective": dict(g.busbw),
+            }
             for g in plan.groups
         ],
         "compute_stream": COMPUTE_STREAM,

@@ -204,9 +204,15 @@ H100 = {
 }
 
 
-def header(dist_info: dict[str, object], n_devices: int) -> str:
-    """Everything before the first event: schema, devices, distributedInfo, "traceEvents": [."""
-    g = H100
+# The device name of a job whose links run at a figure of the caller's (Hardware.busbw_gbps)
+# rather than the hardware table's: no entry matches it, so nothing is expected of its links.
+CUSTOM_GPU = "kineto-comm synthetic GPU"
+
+
+def header(dist_info: dict[str, object], n_devices: int, name: str | None = None) -> str:
+    """Everything before the first event: schema, devices (an H100's properties, named
+    `name` when given), distributedInfo, "traceEvents": [."""
+    g = H100 if name is None else {**H100, "name": name}
     devs = []
     for i in range(n_devices):
         devs.append(

@@ -29,7 +29,9 @@ from .config import (
     comm_ns,
     gemm_ns,
     grad_tensor_elems,
+    link_busbw,
     mem_ns,
+    table_collective,
 )
 from .sim import (
     AUTOGRAD,
@@ -111,7 +113,15 @@ class Group:
     ranks: list[int]
     role: str
     stream: int
-    busbw_gbps: float
+    # Healthy (or, slow-link, slowed) bus bandwidth per canonical collective, GB/s.
+    busbw: dict[str, float]
+    # The collective most of its traffic is (truth.json's `busbw_gbps` is its figure).
+    main: str = "all_reduce"
+
+    @property
+    def busbw_gbps(self) -> float:
+        """The bus bandwidth of the group's main collective."""
+        return self.busbw[self.main]
 
     def pg_config(self) -> dict[str, object]:
         """The distributedInfo.pg_config entry."""
@@ -141,6 +151,8 @@ class Plan:
     exposed: bool = False
     straggler: int = -1
     delay_ns: int = 0
+    # Compute kernels that run beside a collective of their rank run this much slower.
+    interference: float = 0.0
     member: dict[int, dict[str, Group]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -259,9 +271,9 @@ class Builder:
             "Global rank stride": stride,
         }
         if p2p:
-            dur = comm_ns(self.hw, coll, nin * self.B, 2, group.busbw_gbps)
+            dur = comm_ns(self.hw, coll, nin * self.B, 2, group.busbw[table_collective(coll)])
         else:
-            dur = comm_ns(self.hw, coll, big, n, group.busbw_gbps)
+            dur = comm_ns(self.hw, coll, big, n, group.busbw[table_collective(coll)])
         return CollSpec(
             c10d_name=c10d,
             ann_name=ann,
@@ -534,12 +546,17 @@ def stage_params(m: ModelConfig, p: int, stage: int) -> int:
 BUILDERS = {"dp": build_dp_like, "tp-dp": build_dp_like, "fsdp": build_fsdp, "pp-dp": build_pp}
 
 
-def make_groups(layout: str, world: int, tp: int, pp: int, hw: Hardware) -> list[Group]:
+def make_groups(
+    layout: str, world: int, tp: int, pp: int, hw: Hardware, per_host: int | None = None
+) -> list[Group]:
     """Process groups in torch creation order: default pg "0", then new_group() calls.
 
     torch names groups from a global counter incremented on every rank for every new_group call,
-    so rank r's TP group is "1 + r//t" even though it only belongs to one of them.
+    so rank r's TP group is "1 + r//t" even though it only belongs to one of them. Each
+    group's healthy bus bandwidth is its link's (config.link_busbw; hosts of `per_host`
+    ranks, default hw.gpus_per_host).
     """
+    per_host = per_host or hw.gpus_per_host
     groups = [
         Group(
             "0",
@@ -547,7 +564,8 @@ def make_groups(layout: str, world: int, tp: int, pp: int, hw: Hardware) -> list
             list(range(world)),
             "dp" if layout in ("dp", "fsdp") else "world",
             20,
-            hw.busbw_gbps,
+            link_busbw(hw, list(range(world)), per_host),
+            "all_gather" if layout == "fsdp" else "all_reduce",
         )
     ]
     stream = 24
@@ -555,7 +573,9 @@ def make_groups(layout: str, world: int, tp: int, pp: int, hw: Hardware) -> list
     def add(desc: str, members: list[list[int]], role: str, on_stream: int) -> None:
         """One group per member list, named "1", "2", ... after those already made."""
         for ranks in members:
-            groups.append(Group(str(len(groups)), desc, ranks, role, on_stream, hw.busbw_gbps))
+            busbw = link_busbw(hw, ranks, per_host)
+            main = "send_recv" if role == "pp" else "all_reduce"
+            groups.append(Group(str(len(groups)), desc, ranks, role, on_stream, busbw, main))
 
     if layout == "tp-dp":
         d = world // tp

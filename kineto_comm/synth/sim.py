@@ -99,6 +99,12 @@ class RankState:
     dev_lo: int = -1
     pipe: list[tuple[int, int]] = field(default_factory=list)
     streams: set[int] = field(default_factory=set)
+    # The interference scenario: a compute kernel that runs while one of the rank's
+    # collectives does is this much slower (0.4: 40%); the ns it added, per step.
+    interference: float = 0.0
+    injected: list[int] = field(default_factory=list)
+    # A compute op's CPU jitter, drawn before the rank paused at it (the same draws after).
+    held: tuple[int, int] | None = None
 
 
 def _j(st: RankState, ns: int) -> int:
@@ -108,6 +114,20 @@ def _j(st: RankState, ns: int) -> int:
 
 def _ts(ns: int) -> tuple[int, int]:
     return divmod(ns, 1000)
+
+
+def _beside_comm(st: RankState, k0: int, k1: int) -> bool | None:
+    """Whether a collective of the rank's step runs during [k0, k1) on its device; None
+    when that turns on a collective whose end is not known yet (the rank pauses)."""
+    unknown = False
+    for _spec, ready, inst, *_ in st.deferred:
+        if ready >= k1:
+            continue
+        end = inst.end if inst.end >= 0 else max(inst.ready) + inst.dur  # at least this
+        if end > k0:
+            return True
+        unknown |= inst.end < 0
+    return None if unknown else False
 
 
 def run_rank(
@@ -129,16 +149,26 @@ def run_rank(
             ks = kspecs[kidx]
             tid = st.tids[thread]
             c0 = st.cpu
-            cdur = _j(st, 18_000)
+            if st.held is None:
+                st.held = (_j(st, 18_000), _j(st, 6_000))
+            cdur, ldur = st.held
             l0 = c0 + cdur // 3
-            ldur = _j(st, 6_000)
+            tail = tails.get(COMPUTE_STREAM, 0)
+            k0 = max(l0 + 4_000, tail)  # type: ignore[call-overload]
+            if st.interference:
+                beside = _beside_comm(st, k0, k0 + gpu_ns)
+                if beside is None:
+                    return moved
+                if beside:
+                    extra = int(gpu_ns * st.interference)
+                    gpu_ns += extra
+                    st.injected[-1] += extra
+            st.held = None
             ext, rf, ev, corr = st.ext, st.rf, st.ev, st.corr
             st.ext += 1
             st.rf += 1
             st.ev += 1
             st.corr += 1
-            tail = tails.get(COMPUTE_STREAM, 0)
-            k0 = max(l0 + 4_000, tail)  # type: ignore[call-overload]
             k1 = k0 + gpu_ns
             tails[COMPUTE_STREAM] = k1
             if st.dev_lo < 0 or k0 < st.dev_lo:
@@ -315,6 +345,7 @@ def run_rank(
             st.cpu = t0 + dur + _j(st, 2_000)
         elif code == OP_STEP_BEGIN:
             st.step_begin = st.cpu
+            st.injected.append(0)
             st.step_ids = (st.ext, st.rf, st.ev)
             st.dev_lo = -1
             st.ext += 1
