@@ -36,6 +36,7 @@ from kineto_comm.model.steps import one_step_warning
 from kineto_comm.per_rank import SPILLED, TABLES, RankTables, spill, tabulate
 from kineto_comm.rank_store import Part, RankStore, SpillFolder
 from kineto_comm.render.json_doc import document, render_json
+from kineto_comm.timings import begin, stage
 from kineto_comm.workers import (
     DIED,
     Outcome,
@@ -240,13 +241,15 @@ def analyze(
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    checks, cfg = _rule_set(select, ignore, rules, rule_options, config)
+    with stage("rules setup"):
+        checks, cfg = _rule_set(select, ignore, rules, rule_options, config)
     ranks_per_host = ranks_per_host if ranks_per_host is not None else cfg.ranks_per_host
     hw_table, network, gpu_model = _hardware(cfg.hardware, network, cfg.path)
     model_config = _model(model)
     patterns = tuple(comm_patterns)
     check_comm_patterns(patterns)
     dask_scheduler = dask_scheduler or os.environ.get("KINETO_COMM_DASK_SCHEDULER") or None
+    finding = begin("discover")
     files, missing = discover(list(paths))
     errors: list[tuple[str, str]] = [(e.file, e.problem) for e in missing]
     if jobs is not None and jobs < 1:
@@ -258,6 +261,7 @@ def analyze(
         raise UsageError(f"memory limit must be more than 0 bytes (got {stated!r})")
     budgeted = budget.plan(files, budget.default_limit() if limit is None else limit, workers)
     workers = budgeted.jobs
+    finding()
     cache_arg = None if cache_dir is None else str(cache_dir)
     notes = list(budgeted.warnings)
     if cache_dir is not None and (why := cache.unwritable(Path(cache_dir))):
@@ -267,9 +271,10 @@ def analyze(
     settings = Settings(
         patterns, cache_arg, budgeted.piece_bytes, None if folder is None else str(folder.path)
     )
-    results = _tables_or_errors(
-        files, _run(files, budgeted, settings, dask_scheduler, progress), errors
-    )
+    with stage("per-rank"):
+        outcome = _run(files, budgeted, settings, dask_scheduler, progress)
+    merging = begin("merge")
+    results = _tables_or_errors(files, outcome, errors)
     assignment = assign_ranks([RankClaim(r.file, r.rank, r.world_size) for r in results])
     errors.extend((e.file, e.problem) for e in assignment.rejected)
     kept = [r.with_rank(assignment.ranks[r.file]) for r in results if r.file in assignment.ranks]
@@ -334,6 +339,8 @@ def analyze(
     groups = conflicting_groups({r.rank: r.meta.get("groups") or {} for r in kept})
     warnings += missing_ranks(ranks) + groups + one_step_warning(merged["steps"])
     several = ranks_in_several_groups(ranks)
+    merging()
+    crossing = begin("cross-rank")
     merged.update(
         cross_rank(
             merged,
@@ -344,6 +351,7 @@ def analyze(
         )
     )
     warnings += ungrouped_warning(merged["collective_instances"])
+    crossing()
     merged["rank_kernels"] = merged.pop("kernels")
     merged["rank_collectives"] = merged.pop("collectives")
     merged["rank_steps"] = merged.pop("steps")
@@ -385,16 +393,21 @@ def analyze(
     from kineto_comm.rules_engine import step_model
     from kineto_comm.tables import Tables
 
+    framing = begin("framework")
     calls = report.rank_collectives
     p2p = calls.lazy(list(P2P_COLUMNS)) if calls.height and calls.columns else None
     used = framework_table(meta, p2p, report.pipeline)
     report = replace(report, framework=used)
+    framing()
     report = _with_model(report, model_config)
 
     # One Tables for the rules and the model of time: the blame is built once.
-    tables = Tables(report)
-    findings = checks.run(tables)
-    return replace(report, findings=findings, **step_model(tables, findings, checks.codes))
+    with stage("rules"):
+        tables = Tables(report)
+        findings = checks.run(tables)
+    with stage("model of time"):
+        model_tables = step_model(tables, findings, checks.codes)
+    return replace(report, findings=findings, **model_tables)
 
 
 def _one_job(
@@ -405,7 +418,7 @@ def _one_job(
     analysed, so `kineto-comm report --strict` fails on it as on an unreadable file."""
     rows = []
     for r in kept:
-        span = r.totals.select("start_ns", "end_ns") if r.totals.height else None
+        span = r.totals if r.totals.height else None  # its columns read as they are: no query
         device = (r.meta.get("devices") or [None])[0]
         rows.append(
             {

@@ -4,6 +4,9 @@ Exit codes: 0 report produced, nothing at or above `--fail-on`; 1 findings at or
 a gate exceeded); 2 nothing could be analysed (with `report --strict`: a file was left out),
 or bad arguments. Problems are printed as one line `error: <file>:
 <problem>`; never a Python traceback.
+
+Heavy modules (Polars, numpy, the analysis) are imported inside the commands that need them:
+`--help`, `--version` and every command's `--help` load none (tests/test_startup.py).
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from kineto_comm import __version__
+from kineto_comm import timings
 from kineto_comm.errors import TraceError, UsageError, one_line
 from kineto_comm.findings import Severity
+from kineto_comm.timings import stage
+from kineto_comm.version import __version__
 
 # What an option's value is, in its help: words, not Python's type tags (<list[Path]>).
 VALUE_NAMES = {"int": "N", "float": "NUMBER", "Path": "PATH"}
@@ -294,19 +298,22 @@ def report(
     rule_option: RuleOptionOption = None,
 ) -> None:
     """Analyse traces: where each rank's time went, what communication costs, what to change."""
-    from kineto_comm.hang import has_dumps
+    timings.since_start("command line")
+    from kineto_comm.load.discover import find_dumps
 
-    if has_dumps(paths):  # Flight Recorder dumps: the hang report (kineto-comm hang)
+    if find_dumps(list(paths)):  # Flight Recorder dumps: the hang report (kineto-comm hang)
         _hang_report(paths, format, output, fail_on, exit_zero, select, ignore, rule_option)
-    from kineto_comm.analyze import analyze
-    from kineto_comm.render.formats import (
-        EXPORTS,
-        FORMATS,
-        exit_code,
-        parse_also,
-        parse_fail_on,
-        write,
-    )
+    with stage("imports"):
+        from kineto_comm.analyze import analyze
+        from kineto_comm.render.formats import (
+            EXPORTS,
+            FORMATS,
+            exit_code,
+            parse_also,
+            parse_fail_on,
+            write,
+        )
+        from kineto_comm.render.perfetto import parse_numbers
 
     try:
         # never: no finding fails the run (as --exit-zero); the formats still mark errors.
@@ -315,8 +322,6 @@ def report(
         exit_zero = exit_zero or fails_at is None
         extra = [parse_also(item) for item in also or ()]
         format = _choice(format, (*FORMATS, *EXPORTS), "--format")
-        from kineto_comm.render.perfetto import parse_numbers
-
         shown_ranks = parse_numbers(timeline_ranks)
         shown_steps = parse_numbers(timeline_steps)
         exported = format in EXPORTS or any(fmt in EXPORTS for fmt, _ in extra)
@@ -341,7 +346,10 @@ def report(
         network=network,
         **_rule_args(select, ignore, rules, config, rule_option),
     )
-    from kineto_comm.render.text import problem_lines, render_text
+    with stage("imports"):
+        from kineto_comm.render.perfetto import select as choose
+        from kineto_comm.render.perfetto import write_timeline
+        from kineto_comm.report import problem_lines
 
     # Warnings and unusable files on stderr, once, whatever the format: stdout holds only
     # the report (the text report printed here leaves them out; a file keeps them).
@@ -352,9 +360,6 @@ def report(
             print("error: no trace files found", file=sys.stderr)
         raise typer.Exit(2)
 
-    from kineto_comm.render.perfetto import select as choose
-    from kineto_comm.render.perfetto import write_timeline
-
     try:  # before anything is written: ranks or steps the job lacks are a usage error
         shown = choose(result, shown_ranks, shown_steps) if exported else None
     except ValueError as exc:
@@ -364,17 +369,20 @@ def report(
         """The perfetto timeline of the ranks and steps asked for (render.perfetto)."""
         write_timeline(result, out, shown)
 
-    for fmt, path in extra:
-        if fmt in EXPORTS:
-            export(path)
+    with stage("render"):
+        for fmt, path in extra:
+            if fmt in EXPORTS:
+                export(path)
+            else:
+                write(result, fmt, path, fail_on=severity)
+        if format in EXPORTS:
+            export(output or sys.stdout)
+        elif format == "text" and output is None:
+            from kineto_comm.render.text import render_text
+
+            render_text(result, out=sys.stdout, problems=False)
         else:
-            write(result, fmt, path, fail_on=severity)
-    if format in EXPORTS:
-        export(output or sys.stdout)
-    elif format == "text" and output is None:
-        render_text(result, out=sys.stdout, problems=False)
-    else:
-        write(result, format, output or sys.stdout, fail_on=severity)
+            write(result, format, output or sys.stdout, fail_on=severity)
     if strict and result.errors:  # a file left out is an input error under --strict
         raise typer.Exit(2)
     raise typer.Exit(exit_code(result, severity, exit_zero))
@@ -485,6 +493,7 @@ def model(
 
 def _progress_bar() -> Any:
     """A callback drawing a progress bar on stderr while rank files are analysed."""
+    from rich.console import Console
     from rich.progress import Progress
 
     bar = Progress(transient=True, console=Console(stderr=True))

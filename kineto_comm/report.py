@@ -361,3 +361,14 @@ def _rank_steps(store: RankStore, rank: int, columns: list[str]) -> pl.DataFrame
 def _gather(frame: pl.DataFrame, rows: pl.Series) -> pl.DataFrame:
     """The rows of `frame` at positions `rows`, in that order."""
     return frame.select(pl.all().gather(rows))
+
+
+def problem_lines(report: Report) -> list[str]:
+    """The report's warnings, then one line per unusable file: `warning: ...`, `error:
+    <file>: <problem>`. The end of a text file; on a terminal the CLI prints them to stderr
+    instead, once."""
+    # Here, not in render.text: the CLI prints them whatever the format, without loading
+    # the text renderer (rich) for a JSON report.
+    return [f"warning: {w}" for w in report.warnings] + [
+        f"error: {file}: {message}" for file, message in report.errors
+    ]

@@ -39,6 +39,7 @@ from kineto_comm.rules_api import (
     replay_saving,
     saving_severity,
 )
+from kineto_comm.timings import begin
 
 BUILTIN_PACKAGE = "kineto_comm_builtin_rules"
 ENTRY_POINT_GROUP = "kineto_comm.rules"
@@ -495,6 +496,7 @@ class RuleSet:
         findings: list[Finding] = []
         step_ns: int | None = None
         for r in self.rules:
+            done = begin(f"rules/{r.code}")  # the rule and its findings' replays
             try:
                 result = r.check(tables, self.options[r.code])
                 result = list(result or [])
@@ -513,6 +515,7 @@ class RuleSet:
                 f if f.rule and f.code == r.code else replace(f, code=r.code, rule=r.name)
                 for f in settled
             )
+            done()
         return rank_findings(findings)
 
 

@@ -32,6 +32,7 @@ from kineto_comm import cache
 from kineto_comm.errors import TraceError, one_line
 from kineto_comm.load.decode import RawTrace, decode_files
 from kineto_comm.per_rank import RankTables, from_wire, process_file, spill, tabulate, to_wire
+from kineto_comm.timings import stage
 
 Outcome = tuple[str, Any]  # ('ok', RankTables) or ('error', message)
 DIED = "the worker process analysing this file stopped unexpectedly (out of memory?)"
@@ -73,7 +74,8 @@ def work(paths: list[str], settings: Settings) -> list[Outcome]:
             todo.append(i)
         except Exception as exc:
             outcomes[i] = _failed(exc)
-    got = decode_files([paths[i] for i in todo], settings.piece_bytes)
+    with stage("per-rank/decode"):
+        got = decode_files([paths[i] for i in todo], settings.piece_bytes)
     for i, raw in zip(todo, got, strict=True):
         if isinstance(raw, Exception):
             outcomes[i] = _failed(raw)
@@ -81,7 +83,8 @@ def work(paths: list[str], settings: Settings) -> list[Outcome]:
             decoded[i] = raw
     del got
     parsed = set(decoded)
-    found.update(_modelled(decoded, paths, settings, outcomes))
+    with stage("per-rank/model"):
+        found.update(_modelled(decoded, paths, settings, outcomes))
     for i, tables in found.items():
         try:
             if settings.cache_dir is not None and i in parsed:

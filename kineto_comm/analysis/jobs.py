@@ -25,6 +25,8 @@ import polars as pl
 MAX_OFFSET_NS = 1_000_000_000
 
 # What tells jobs apart, as the warning names it.
+# The columns that tell jobs apart before time ranges do.
+_SIGNED = ("backend", "world_size")
 _TRAITS = {"backend": "backend", "device": "device", "world_size": "world size"}
 
 
@@ -35,12 +37,10 @@ def split_jobs(files: pl.DataFrame) -> pl.DataFrame:
     (a missing one is the most common value's), then time ranges that do not overlap."""
     if files.height == 0:
         return files.with_columns(job=pl.lit(0, dtype=pl.Int64))
-    said = {
-        name: files.get_column(name).drop_nulls().mode().sort().first() if name in files else None
-        for name in ("backend", "world_size")
-    }
-    sign = [pl.col(n).fill_null(pl.lit(v)).alias(f"_{n}") for n, v in said.items()]
-    signed = files.with_row_index("_row").with_columns(sign)
+    # One plan (issue 81): a missing backend or world size is the most common value's.
+    said = (pl.col(n).drop_nulls().mode().sort().first() for n in _SIGNED)
+    sign = [pl.col(n).fill_null(v).alias(f"_{n}") for n, v in zip(_SIGNED, said, strict=True)]
+    signed = files.lazy().with_row_index("_row").with_columns(sign)
     keys = ["_backend", "_world_size"]
     # Within a signature, files in start order: a new job where one starts after every
     # earlier one has ended (plus the largest clock offset). Files without times join the
@@ -60,6 +60,7 @@ def split_jobs(files: pl.DataFrame) -> pl.DataFrame:
         runs.join(jobs, on=[*keys, "_run"], how="left")
         .sort("_row")
         .drop("_row", "_run", "_size", "_low", *keys)
+        .collect()
     )
 
 

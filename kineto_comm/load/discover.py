@@ -144,3 +144,49 @@ def assign_ranks(claims: list[RankClaim]) -> Assignment:
         )
         warnings.append(f"files come from jobs of different sizes (world_size {detail})")
     return Assignment(ranks=ranks, sources=sources, rejected=rejected, warnings=warnings)
+
+
+# --- Flight Recorder dumps (kineto_comm.load.flight reads them) ---
+# Found here, by their first bytes, so that `report` can tell a folder of dumps before it
+# loads anything heavy (the hang report's modules, Polars).
+
+# Pickle protocol 2+ starts with this opcode (PROTO); FR dumps use the default protocol.
+PICKLE_MAGIC = b"\x80"
+# Bytes read to tell an FR JSON dump from a Kineto trace.
+PEEK_BYTES = 65536
+
+
+def looks_like_dump(path: Path) -> bool:
+    """Whether a file is an FR dump by its first bytes: a pickle, or JSON naming the FR
+    tables (pg_config / pg_status) and not Kineto's traceEvents."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(PEEK_BYTES)
+    except OSError:
+        return False
+    if head[:1] == PICKLE_MAGIC:
+        return True
+    stripped = head.lstrip()
+    if not stripped.startswith(b"{") or b'"traceEvents"' in head:
+        return False
+    return b'"pg_config"' in head or b'"pg_status"' in head or b'"entries"' in head
+
+
+def find_dumps(paths: list[str | Path]) -> list[Path]:
+    """The FR dump files under the given files and folders (by content), in a stable order."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file():
+            if looks_like_dump(path):
+                found.append(path)
+            continue
+        if not path.is_dir():
+            continue
+        for root, dirs, files in os.walk(path, followlinks=True):
+            dirs.sort()
+            for name in sorted(files):
+                p = Path(root) / name
+                if not name.endswith(".gz") and p.is_file() and looks_like_dump(p):
+                    found.append(p)
+    return list(dict.fromkeys(found))

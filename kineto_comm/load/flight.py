@@ -38,6 +38,7 @@ import numpy as np
 import polars as pl
 
 from kineto_comm.errors import TraceError
+from kineto_comm.load.discover import PICKLE_MAGIC, find_dumps
 
 try:  # the compiled reader (_frscan.c): pickle dumps straight into columns; optional.
     from kineto_comm.load import _frscan
@@ -46,16 +47,12 @@ except ImportError:  # pragma: no cover - not built on this machine
 if os.environ.get("KINETO_COMM_PURE_DECODER"):  # only the Python readers (to compare)
     _frscan = None  # type: ignore[assignment]
 
-# Pickle protocol 2+ starts with this opcode (PROTO); FR dumps use the default protocol.
-PICKLE_MAGIC = b"\x80"
 # Oldest and newest format versions read (the issue's 2.2 .. 2.10); others load with a note.
 VERSIONS = ((2, 2), (2, 10))
 # A rank in a file name: `rank3`, `rank_3`, `rank-3`, `_dump_3`; else the trailing number.
 _RANK_WORD = re.compile(r"(?i)(?:^|[^a-z])rank[-_.]?(\d+)(?!.*rank[-_.]?\d)")
 _DUMP = re.compile(r"(?i)dump[-_.]?(\d+)")
 _TRAILING = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle|bin))?$")
-# Bytes read to tell an FR JSON dump from a Kineto trace.
-PEEK_BYTES = 65536
 MAX_RANK = 2**31
 # Dumps of more bytes than this are decoded by several processes (decode_dumps): starting a
 # worker costs about a second, which about 40 MB of dumps take to decode on one core in
@@ -252,42 +249,6 @@ def _no_entries() -> pl.DataFrame:
 
 def _malformed(exc: Exception) -> str:
     return f"malformed entry ({type(exc).__name__}: {exc})"
-
-
-def looks_like_dump(path: Path) -> bool:
-    """Whether a file is an FR dump by its first bytes: a pickle, or JSON naming the FR
-    tables (pg_config / pg_status) and not Kineto's traceEvents."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(PEEK_BYTES)
-    except OSError:
-        return False
-    if head[:1] == PICKLE_MAGIC:
-        return True
-    stripped = head.lstrip()
-    if not stripped.startswith(b"{") or b'"traceEvents"' in head:
-        return False
-    return b'"pg_config"' in head or b'"pg_status"' in head or b'"entries"' in head
-
-
-def find_dumps(paths: list[str | Path]) -> list[Path]:
-    """The FR dump files under the given files and folders (by content), in a stable order."""
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_file():
-            if looks_like_dump(path):
-                found.append(path)
-            continue
-        if not path.is_dir():
-            continue
-        for root, dirs, files in os.walk(path, followlinks=True):
-            dirs.sort()
-            for name in sorted(files):
-                p = Path(root) / name
-                if not name.endswith(".gz") and p.is_file() and looks_like_dump(p):
-                    found.append(p)
-    return list(dict.fromkeys(found))
 
 
 Decoded = FlightDump | Scanned | tuple[str, str]

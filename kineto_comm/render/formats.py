@@ -15,13 +15,8 @@ from pathlib import Path
 from typing import TextIO
 
 from kineto_comm.findings import Severity, parse_severity
-from kineto_comm.render.github import render_github
-from kineto_comm.render.html import render_html
 from kineto_comm.render.json_doc import at_or_above, findings_of, json_pieces, render_json
-from kineto_comm.render.junit import render_junit
-from kineto_comm.render.markdown import render_markdown
 from kineto_comm.render.output import open_output
-from kineto_comm.render.sarif import render_sarif
 from kineto_comm.report import Report
 
 Renderer = Callable[[Report, Severity], str]
@@ -35,6 +30,45 @@ def render_text_str(report: Report, fail_on: Severity = Severity.error) -> str:
     buf = io.StringIO()
     render_text(report, out=buf)
     return buf.getvalue()
+
+
+# Each renderer's module is imported when its format is asked for, not with this one: a JSON
+# or text report then loads no HTML, XML or SARIF code (~0.08 s of CPU, issue 81).
+
+
+def render_markdown(report: Report, fail_on: Severity = Severity.error) -> str:
+    """render.markdown's page."""
+    from kineto_comm.render.markdown import render_markdown as markdown
+
+    return markdown(report, fail_on)
+
+
+def render_sarif(report: Report, fail_on: Severity = Severity.error) -> str:
+    """render.sarif's log."""
+    from kineto_comm.render.sarif import render_sarif as sarif
+
+    return sarif(report, fail_on)
+
+
+def render_junit(report: Report, fail_on: Severity = Severity.error) -> str:
+    """render.junit's document."""
+    from kineto_comm.render.junit import render_junit as junit
+
+    return junit(report, fail_on)
+
+
+def render_github(report: Report, fail_on: Severity = Severity.error) -> str:
+    """render.github's annotations."""
+    from kineto_comm.render.github import render_github as github
+
+    return github(report, fail_on)
+
+
+def render_html(report: Report, fail_on: Severity = Severity.error) -> str:
+    """render.html's page."""
+    from kineto_comm.render.html import render_html as html
+
+    return html(report, fail_on)
 
 
 FORMATS: dict[str, Renderer] = {

@@ -33,7 +33,7 @@ from kineto_comm.render.fmt import (
 )
 from kineto_comm.render.json_doc import rank_means
 from kineto_comm.render.sections import sections
-from kineto_comm.report import Report
+from kineto_comm.report import Report, problem_lines
 
 # Control characters (C0, DEL, C1) and the bidirectional overrides: none of them belongs in
 # a report, and in a terminal they recolour, retitle or reorder it.
@@ -91,15 +91,6 @@ def _extremes(ranks: pl.DataFrame) -> pl.DataFrame:
     top, bottom = ordered.head(EXTREME_RANKS), ordered.tail(EXTREME_RANKS)
     parts = [f.drop("_share").with_columns(pl.col("rank").cast(pl.String)) for f in (top, bottom)]
     return pl.concat([parts[0], median.select(parts[0].columns), parts[1]], how="vertical_relaxed")
-
-
-def problem_lines(report: Report) -> list[str]:
-    """The report's warnings, then one line per unusable file: `warning: ...`, `error:
-    <file>: <problem>`. The end of a text file; on a terminal the CLI prints them to stderr
-    instead, once."""
-    return [f"warning: {w}" for w in report.warnings] + [
-        f"error: {file}: {message}" for file, message in report.errors
-    ]
 
 
 def render_text(
