@@ -1,0 +1,389 @@
+"""Where in the code each communication call comes from: its phase of the step and its module.
+
+A finding that says "exposed all_reduce on the data-parallel group" leaves the user to find
+which part of the model and which phase issued it. Per call (`call_places`, per rank, from
+the CPU events the loader keeps: load/events.py ANCESTRY_PREFIXES) the phase is forward,
+backward, optimizer or other, by a cascade whose step is kept in `phase_source`; the
+module is the FSDP annotation's module, else the `nn.Module` path, else the innermost
+record_function, else `hook` (issued by a backward hook whose module the trace does not
+show), else `unknown` (`module_source`). A call is placed where it was issued: the CPU
+thread and time of its kernel's launch, or, for a host backend such as gloo (whose spans
+run on the backend's own thread), of the c10d op that issued it (the k-th call of a rank
+is its k-th issuing c10d op). `attribution_table` sums the model of time's exposure, waits
+and pipeline bubbles of the calls (analysis/steptime.py; never recomputed here) per phase x
+module x role x collective. docs/tables.md `attribution` states both in full.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+PHASES = ("forward", "backward", "optimizer", "other")
+# The columns call_places adds to the collectives table.
+PLACE_COLUMNS: dict[str, pl.DataType] = {
+    "phase": pl.String(),
+    "phase_source": pl.String(),
+    "module": pl.String(),
+    "module_source": pl.String(),
+}
+UNKNOWN = "unknown"
+HOOK = "hook"
+ROOT = "(root)"
+_STEP = "ProfilerStep#"
+_AUTOGRAD = "autograd::engine::evaluate_function"
+_MODULE = "nn.Module: "
+# A user annotation naming a phase, first match wins (FSDP's `FSDP::pre_backward (x)` is
+# backward, `Optimizer.zero_grad#` optimizer, DDP's `DistributedDataParallel.forward`
+# forward, HTA's `## forward ##`).
+_PHASE_WORDS = (
+    (r"(?i)^Optimizer\.|optimizer|zero_grad", "optimizer"),
+    (r"(?i)backward", "backward"),
+    (r"(?i)forward", "forward"),
+)
+# FSDP2 annotations name their module: `FSDP::all_gather (blocks.1)`, `FSDP::backward_prefetch
+# for blocks.0`; without one (`FSDP::post_backward_reduce`, `... ()`) they are the root's.
+_FSDP = r"^FSDP::"
+_FSDP_FQN = r"^FSDP::\S+(?: \(([^)]*)\)| for (\S+))?$"
+# Wrappers dropped from a module path: they hold the model, they are not a part of it.
+_WRAPPERS = r"^(DistributedDataParallel|FullyShardedDataParallel|FSDP\w*)_\d+$"
+# The c10d ops that issue a host backend's calls (outermost c10d op on its thread).
+_C10D = "c10d::"
+_COLLECTIVE_SPAN = r"^(nccl|xccl|gloo|ucc|mpi):"
+_EMPTY_PLACES = {"_row": pl.UInt32(), **PLACE_COLUMNS}
+
+
+def _levels(spans: pl.LazyFrame) -> pl.LazyFrame:
+    """`spans` (rank, tid, start_ns, end_ns, ...) with _sid (a row id) and depth: how many
+    other spans of its thread hold its start (0: outermost). One sweep over the starts and
+    ends in time order (of two starting together, the longer opens first)."""
+    keys = ["rank", "tid"]
+    s = spans.with_row_index("_sid")
+    stream = pl.concat(
+        [
+            s.select(*keys, "_sid", t="start_ns", _o=pl.lit(1, pl.Int8), _e=-pl.col("end_ns")),
+            s.select(
+                *keys,
+                pl.lit(None, pl.UInt32).alias("_sid"),
+                t="end_ns",
+                _o=pl.lit(0, pl.Int8),
+                _e=pl.lit(0, pl.Int64),
+            ),
+        ]
+    )
+    depth = (
+        stream.sort(*keys, "t", "_o", "_e")
+        .with_columns(
+            depth=pl.when(pl.col("_o") == 1)
+            .then(1)
+            .otherwise(-1)
+            .cast(pl.Int64)
+            .cum_sum()
+            .over(keys)
+            - 1
+        )
+        .filter(pl.col("_sid").is_not_null())
+        .select("_sid", "depth")
+    )
+    return s.join(depth, on="_sid")
+
+
+def _innermost(points: pl.LazyFrame, spans: pl.LazyFrame, value: str = "value") -> pl.LazyFrame:
+    """_row and `value` of the innermost span (on the point's rank and thread) around each
+    point (rank, tid, _row, at); spans: rank, tid, start_ns, end_ns, value, properly nested
+    per thread as a thread's ranges are. No pairs: at a point the open spans are the starts
+    before it less the ends before it; the innermost is the latest-starting span one level
+    below that count, found by an as-of join per (rank, tid, depth)."""
+    keys = ["rank", "tid"]
+    s = _levels(spans.select(*keys, "start_ns", "end_ns", "value"))
+    stream = pl.concat(
+        [
+            s.select(*keys, t="start_ns", _o=pl.lit(0, pl.Int8), _d=pl.lit(1, pl.Int64)),
+            points.select(*keys, t="at", _o=pl.lit(1, pl.Int8), _d=pl.lit(0, pl.Int64)),
+            s.select(*keys, t="end_ns", _o=pl.lit(2, pl.Int8), _d=pl.lit(-1, pl.Int64)),
+        ]
+    )
+    at = (
+        stream.sort(*keys, "t", "_o")
+        .with_columns(depth=pl.col("_d").cum_sum().over(keys) - 1)
+        .filter(pl.col("_o") == 1)
+        .select(*keys, "t", "depth")
+        .unique()
+        .filter(pl.col("depth") >= 0)
+        .sort("t")
+    )
+    found = at.join_asof(
+        s.select(*keys, "depth", "start_ns", "end_ns", "value").sort("start_ns"),
+        left_on="t",
+        right_on="start_ns",
+        by=[*keys, "depth"],
+        strategy="backward",
+        check_sortedness=False,
+    ).filter(pl.col("end_ns") >= pl.col("t"))
+    return points.join(
+        found.select(*keys, at="t", **{value: "value"}), on=[*keys, "at"], how="inner"
+    ).select("_row", value)
+
+
+def _module_paths(modules: pl.LazyFrame) -> pl.LazyFrame:
+    """Each `nn.Module: X` span (rank, tid, start_ns, end_ns, name) with `value`, its path of
+    module names from the outermost (`TinyTransformer_0.Block_1.Attention_1`), wrappers
+    (DDP, FSDP) left out."""
+    keys = ["rank", "tid"]
+    name = pl.col("name").str.strip_prefix(_MODULE)
+    tree = _levels(
+        modules.select(
+            *keys,
+            "start_ns",
+            "end_ns",
+            _name=pl.when(name.str.contains(_WRAPPERS)).then(None).otherwise(name),
+        )
+    ).collect()
+    # Each span's parent: the latest-starting span one level up at its start.
+    parents = (
+        tree.lazy()
+        .with_columns(_up=pl.col("depth") - 1)
+        .sort("start_ns")
+        .join_asof(
+            tree.lazy().select(*keys, _up="depth", _ps="start_ns", _parent="_sid").sort("_ps"),
+            left_on="start_ns",
+            right_on="_ps",
+            by=[*keys, "_up"],
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .select("_sid", "_parent")
+        .collect()
+    )
+    paths = tree.select("_sid", path="_name")
+    up = parents.select("_sid", _at="_parent")
+    own = tree.select(_at="_sid", _n="_name")
+    links = parents.select(_at="_sid", _next="_parent")
+    # Walk up: each pass prepends one more ancestor's name (a model is a few levels deep).
+    for _ in range(int(tree.get_column("depth").max() or 0)):
+        step = up.join(own, on="_at", how="left").join(links, on="_at", how="left")
+        paths = (
+            paths.join(step.select("_sid", "_n"), on="_sid", how="left")
+            .with_columns(path=pl.concat_str(["_n", "path"], separator=".", ignore_nulls=True))
+            .drop("_n")
+        )
+        up = step.select("_sid", _at="_next")
+    return tree.lazy().join(
+        paths.lazy().select("_sid", value=pl.col("path").replace("", None)), on="_sid"
+    )
+
+
+def call_places(calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Per row of `calls` (communication kernels or host spans: rank, start_ns, launch_ns,
+    launch_tid), in its order: phase, phase_source, module, module_source (PLACE_COLUMNS).
+    `ops`: the ranks' CPU ops (RawTrace.ops: rank, tid, cat, name, start_ns, end_ns)."""
+    n = calls.height
+    if n == 0:
+        return pl.DataFrame(schema=PLACE_COLUMNS)
+    o = ops.lazy().select(
+        pl.col("rank").cast(pl.Int64),
+        pl.col("tid").cast(pl.String),
+        "cat",
+        "name",
+        "start_ns",
+        "end_ns",
+    )
+    c = (
+        calls.lazy()
+        .select(
+            pl.col("rank").cast(pl.Int64),
+            "start_ns",
+            "launch_ns",
+            pl.col("launch_tid").cast(pl.String),
+        )
+        .with_row_index("_row")
+    )
+    points = _issue_points(c, o).collect().lazy()
+    annotation = (
+        (pl.col("cat") == "user_annotation")
+        & ~pl.col("name").str.contains(_COLLECTIVE_SPAN)
+        & ~pl.col("name").str.starts_with(_STEP)
+    )
+    phase_word = pl.lit(None, dtype=pl.String)
+    for pattern, phase in reversed(_PHASE_WORDS):
+        phase_word = (
+            pl.when(pl.col("name").str.contains(pattern)).then(pl.lit(phase)).otherwise(phase_word)
+        )
+    named = o.with_columns(_phase=phase_word)
+    ann_phase = named.filter(
+        (annotation | pl.col("name").str.starts_with("Optimizer.")) & pl.col("_phase").is_not_null()
+    ).select("rank", "tid", "start_ns", "end_ns", value="_phase")
+    autograd = o.filter(pl.col("name").str.starts_with(_AUTOGRAD))
+    modules = o.filter(
+        (pl.col("cat") == "python_function") & pl.col("name").str.starts_with(_MODULE)
+    )
+    fsdp = (
+        o.filter(annotation & pl.col("name").str.contains(_FSDP))
+        .with_columns(_m=pl.col("name").str.extract_groups(_FSDP_FQN))
+        .select(
+            "rank",
+            "tid",
+            "start_ns",
+            "end_ns",
+            value=pl.coalesce(
+                pl.col("_m").struct.field("1").replace("", None),
+                pl.col("_m").struct.field("2"),
+                pl.lit(ROOT),
+            ),
+        )
+    )
+    notes = named.filter(
+        annotation & pl.col("_phase").is_null() & ~pl.col("name").str.contains(_FSDP)
+    ).select("rank", "tid", "start_ns", "end_ns", value="name")
+    found = [
+        _innermost(points, ann_phase, "_p_annotation"),
+        _innermost(
+            points,
+            autograd.select("rank", "tid", "start_ns", "end_ns", value=pl.lit("backward")),
+            "_p_autograd",
+        ),
+        _innermost(points, fsdp, "_m_fsdp"),
+        _innermost(points, _module_paths(modules), "_m_module"),
+        _innermost(points, notes, "_m_note"),
+    ]
+    out = c.select("_row", "rank", "start_ns").join(
+        points.select("_row", "tid", "at"), on="_row", how="left"
+    )
+    for f in found:
+        out = out.join(f, on="_row", how="left")
+    # Ranks with Python module events (with_stack / with_modules) or FSDP's annotations: a
+    # backward call no module encloses comes from a hook there; elsewhere no guess.
+    stacked = pl.concat([modules.select("rank"), fsdp.select("rank")]).unique()
+    threads = _backward_threads(o)
+    out = (
+        out.join(stacked.with_columns(_stacked=pl.lit(True)), on="rank", how="left")
+        .join(threads.with_columns(_bthread=pl.lit(True)), on=["rank", "tid"], how="left")
+        .join(_step_order(out, o, autograd), on="_row", how="left")
+    )
+    phase_rows = [
+        ("_p_annotation", "annotation"),
+        ("_p_autograd", "autograd"),
+        ("_m_module", "python_stack"),
+    ]
+    phase = pl.lit("other")
+    source = pl.lit("none")
+    order = pl.col("_p_order")
+    phase = pl.when(order.is_not_null()).then(order).otherwise(phase)
+    source = pl.when(order.is_not_null()).then(pl.lit("step_order")).otherwise(source)
+    bthread = pl.col("_bthread").fill_null(False)
+    phase = pl.when(bthread).then(pl.lit("backward")).otherwise(phase)
+    source = pl.when(bthread).then(pl.lit("backward_thread")).otherwise(source)
+    for column, name in reversed(phase_rows):
+        value = pl.lit("forward") if column == "_m_module" else pl.col(column)
+        phase = pl.when(pl.col(column).is_not_null()).then(value).otherwise(phase)
+        source = pl.when(pl.col(column).is_not_null()).then(pl.lit(name)).otherwise(source)
+    out = out.with_columns(phase=phase, phase_source=source)
+    hook = (pl.col("phase") == "backward") & pl.col("_stacked").fill_null(False)
+    module = pl.coalesce(
+        "_m_fsdp", "_m_module", "_m_note", pl.when(hook).then(pl.lit(HOOK)), pl.lit(UNKNOWN)
+    )
+    msource = (
+        pl.when(pl.col("_m_fsdp").is_not_null())
+        .then(pl.lit("fsdp_annotation"))
+        .when(pl.col("_m_module").is_not_null())
+        .then(pl.lit("nn_module"))
+        .when(pl.col("_m_note").is_not_null())
+        .then(pl.lit("record_function"))
+        .when(hook)
+        .then(pl.lit(HOOK))
+        .otherwise(pl.lit(UNKNOWN))
+    )
+    placed = out.with_columns(module=module, module_source=msource).select(*_EMPTY_PLACES)
+    return placed.collect().sort("_row").drop("_row")
+
+
+def _issue_points(calls: pl.LazyFrame, ops: pl.LazyFrame) -> pl.LazyFrame:
+    """_row, rank, tid, at: where each call was issued. A kernel: its launch. A host span
+    (no launch): the rank's k-th outermost c10d op for its k-th call (the backend runs them
+    in order on its own thread)."""
+    launched = calls.filter(pl.col("launch_ns").is_not_null()).select(
+        "_row", "rank", tid="launch_tid", at="launch_ns"
+    )
+    spans = (
+        calls.filter(pl.col("launch_ns").is_null())
+        .sort("rank", "start_ns", "_row")
+        .with_columns(_k=pl.int_range(pl.len()).over("rank"))
+    )
+    c10d = ops.filter(pl.col("name").str.starts_with(_C10D))
+    # The issuing op is the outermost c10d op (one may call another).
+    issuing = (
+        _levels(c10d)
+        .filter(pl.col("depth") == 0)
+        .sort("rank", "start_ns")
+        .with_columns(_k=pl.int_range(pl.len()).over("rank"))
+        .select("rank", "_k", "tid", at="start_ns")
+    )
+    hosted = spans.join(issuing, on=["rank", "_k"], how="inner").select("_row", "rank", "tid", "at")
+    return pl.concat([launched, hosted])
+
+
+def _backward_threads(ops: pl.LazyFrame) -> pl.LazyFrame:
+    """rank, tid of the autograd engine's own threads: backward nodes run there and no step
+    marker does (a GPU job's backward runs on a device thread of the engine)."""
+    per = ops.group_by("rank", "tid").agg(
+        _b=pl.col("name").str.starts_with(_AUTOGRAD).any(),
+        _s=pl.col("name").str.starts_with(_STEP).any(),
+    )
+    return per.filter(pl.col("_b") & ~pl.col("_s")).select("rank", "tid")
+
+
+def _step_order(out: pl.LazyFrame, ops: pl.LazyFrame, autograd: pl.LazyFrame) -> pl.LazyFrame:
+    """_row, _p_order: a call placed by where it was issued in its step (a ProfilerStep
+    range of its rank) against the step's backward (its first to last autograd node on any
+    thread): before it forward, inside it backward; after it, or in a step without one,
+    other."""
+    steps = ops.filter(pl.col("name").str.starts_with(_STEP)).select(
+        "rank", _s0="start_ns", _s1="end_ns"
+    )
+    inside = (
+        out.select("_row", "rank", "at")
+        .join(steps, on="rank")
+        .filter((pl.col("at") >= pl.col("_s0")) & (pl.col("at") <= pl.col("_s1")))
+    )
+    back = (
+        inside.select("rank", "_s0", "_s1")
+        .unique()
+        .join(autograd.select("rank", "start_ns", "end_ns"), on="rank")
+        .filter((pl.col("start_ns") >= pl.col("_s0")) & (pl.col("start_ns") <= pl.col("_s1")))
+        .group_by("rank", "_s0")
+        .agg(_b0=pl.col("start_ns").min(), _b1=pl.col("end_ns").max())
+    )
+    at = pl.col("at")
+    return (
+        inside.join(back, on=["rank", "_s0"], how="left")
+        .with_columns(
+            _p_order=pl.when(pl.col("_b0").is_null())
+            .then(pl.lit("other"))
+            .when(at < pl.col("_b0"))
+            .then(pl.lit("forward"))
+            .when(at <= pl.col("_b1"))
+            .then(pl.lit("backward"))
+            .otherwise(pl.lit("other"))
+        )
+        .unique("_row", keep="first")
+        .select("_row", "_p_order")
+    )
+
+
+_CALL_KEYS = ("rank", "stream", "start_ns", "end_ns", "name")
+
+
+def with_places(
+    collectives: pl.DataFrame, kernels: pl.DataFrame, ops: pl.DataFrame
+) -> pl.DataFrame:
+    """The collectives table with PLACE_COLUMNS: each call's row of `kernels` (the
+    communication rows, with launch_ns and launch_tid) placed by call_places, joined back by
+    rank, stream, start and end (the collectives table keeps no launch thread)."""
+    if collectives.height == 0:
+        return collectives.with_columns(
+            pl.lit(None, dtype=t).alias(n) for n, t in PLACE_COLUMNS.items()
+        )
+    comm = kernels.filter(pl.col("kind") == "communication")
+    places = pl.concat([comm.select(_CALL_KEYS), call_places(comm, ops)], how="horizontal").unique(
+        list(_CALL_KEYS), keep="first", maintain_order=True
+    )
+    return collectives.join(places, on=list(_CALL_KEYS), how="left", maintain_order="left")
