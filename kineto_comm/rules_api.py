@@ -30,6 +30,7 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm.analysis import attribution as attribution_
 from kineto_comm.analysis import costfit, steptime
 from kineto_comm.analysis.bandwidth import busbw_factor, group_size
 from kineto_comm.analysis.match import last_arrivals, ranks_in_several_groups
@@ -51,6 +52,7 @@ __all__ = [
     "Severity",
     "Tables",
     "all_to_all_volume",
+    "attribution",
     "busbw_factor",
     "collective_exposure",
     "collective_exposure_lazy",
@@ -84,7 +86,7 @@ __all__ = [
 ]
 
 # The Report tables of the model of time (computed after the rules; read through it here).
-MODEL_TABLES = ("step_times", "step_blame")
+MODEL_TABLES = ("step_times", "step_blame", "attribution")
 CODE_RE = re.compile(r"^[A-Z]+[0-9]+$")
 NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 DOC_SECTIONS = ("What it does", "Why is this bad?", "How to fix")
@@ -237,7 +239,8 @@ class Tables(Mapping[str, pl.DataFrame]):
         if name in MODEL_TABLES and (not isinstance(value, pl.DataFrame) or value.height == 0):
             # The model of time is built after the rules run: a rule (a SQL rule too) asking
             # for it gets it from the same functions the report uses.
-            value = step_times(self) if name == "step_times" else _critical_blame(self)
+            model = {"step_times": step_times, "attribution": attribution}
+            value = model.get(name, _critical_blame)(self)
         return _normal(value)
 
     def once(self, key: Hashable, compute: Callable[[], pl.DataFrame]) -> pl.DataFrame:
@@ -1210,6 +1213,39 @@ def collective_exposure_lazy(tables: Tables, transfer_only: bool = True) -> pl.L
         )
         .drop("_window")
     )
+
+
+def attribution(tables: Tables) -> pl.DataFrame:
+    """The report's `attribution` table (docs/tables.md; analysis/attribution.py): the
+    model of time's exposure, waits and bubbles of the calls per phase x module x role x
+    collective, per step, over ranks and on the critical rank. Built once per rules run from
+    the per-call exposure the blame's pass charged (_call_exposure) and each call's role
+    (call_roles); empty where the calls have no phase (no collectives)."""
+
+    def compute() -> pl.DataFrame:
+        empty = pl.DataFrame(schema=attribution_.ATTRIBUTION_SCHEMA)
+        if not tables.has("collectives", "phase"):
+            return empty
+        cols = ["rank", *CALL_KEY, "phase", "module", "module_source"]
+        if tables.has("collectives", "bytes"):
+            cols.append("bytes")
+        calls = tables.lazy("collectives", cols).with_columns(
+            pl.col("rank").cast(pl.Int64),
+            pl.col("process_group").cast(pl.String),
+            pl.col("collective").cast(pl.String),
+            pl.col("call_index").cast(pl.Int64),
+        )
+        exposure = _call_exposure(tables).select(
+            "rank", *CALL_KEY, "exposed_ns", "exposed_all_ns", "step"
+        )
+        joined = call_roles(
+            tables,
+            calls.join(exposure, on=["rank", *CALL_KEY], how="inner", nulls_equal=True),
+        )
+        assert isinstance(joined, pl.LazyFrame)
+        return attribution_.attribution_table(joined, step_times(tables))
+
+    return tables.once(("rules_api", "attribution"), compute)
 
 
 ROLE_PATTERNS = (

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from kineto_comm.analysis.steptime import P2P
+
 PHASES = ("forward", "backward", "optimizer", "other")
 # The columns call_places adds to the collectives table.
 PLACE_COLUMNS: dict[str, pl.DataType] = {
@@ -387,3 +389,66 @@ def with_places(
         list(_CALL_KEYS), keep="first", maintain_order=True
     )
     return collectives.join(places, on=list(_CALL_KEYS), how="left", maintain_order="left")
+
+
+_KEYS = ("phase", "module", "role", "collective")
+_SUMS = ("exposed_ns", "wait_ns", "bubble_ns")
+ATTRIBUTION_SCHEMA: dict[str, pl.DataType] = {
+    **{k: pl.String() for k in _KEYS},
+    "module_source": pl.String(),
+    "calls": pl.Float64(),
+    **{c: pl.Int64() for c in _SUMS},
+    **{f"critical_{c}": pl.Int64() for c in _SUMS},
+}
+
+
+def attribution_table(calls: pl.LazyFrame, step_times: pl.DataFrame) -> pl.DataFrame:
+    """Per phase x module x role x collective, the model of time's cost of its calls per
+    step: `exposed_ns` (transfer no compute hid), `wait_ns` (exposed waiting for the group),
+    `bubble_ns` (a pipeline's point-to-point calls, all of it) summed over ranks, and the
+    same on each step's critical rank (`critical_*`); `calls` per step over ranks;
+    `module_source` how the module was found (the most frequent). Largest first.
+
+    calls: rank, step, phase, module, module_source, role, collective, exposed_ns (of the
+    transfer), exposed_all_ns (the wait's exposed time too), as steptime.rank_time charges
+    them (its pipeline_bubble rows: point-to-point calls of a pipeline group).
+    step_times: step, critical_rank, complete. Steps are the complete ones (all of them
+    where none is)."""
+    complete = (
+        step_times.filter(pl.col("complete")) if "complete" in step_times.columns else step_times
+    )
+    if complete.height == 0:
+        complete = step_times
+    n = max(complete.height, 1)
+    steps = complete.select(
+        pl.col("step").cast(pl.Int64), _critical=pl.col("critical_rank").cast(pl.Int64)
+    ).lazy()
+    bubble = pl.col("collective").is_in(P2P) & (pl.col("role") == "pipeline")
+    exposed = pl.col("exposed_ns").fill_null(0)
+    whole = pl.col("exposed_all_ns").fill_null(0)
+    rows = (
+        calls.with_columns(pl.col("step").cast(pl.Int64), pl.col("rank").cast(pl.Int64))
+        .join(steps, on="step", how="inner")
+        .with_columns(
+            pl.col(k).cast(pl.String).fill_null(UNKNOWN) for k in (*_KEYS, "module_source")
+        )
+        .with_columns(
+            exposed_ns=pl.when(bubble).then(0).otherwise(exposed),
+            wait_ns=pl.when(bubble).then(0).otherwise(whole - exposed),
+            bubble_ns=pl.when(bubble).then(whole).otherwise(0),
+            _on=pl.col("rank") == pl.col("_critical"),
+        )
+    )
+    out = (
+        rows.group_by(*_KEYS)
+        .agg(
+            module_source=pl.col("module_source").mode().sort().first(),
+            calls=pl.len() / n,
+            **{c: pl.col(c).sum() // n for c in _SUMS},
+            **{f"critical_{c}": pl.col(c).filter("_on").sum() // n for c in _SUMS},
+        )
+        .with_columns(_total=pl.sum_horizontal(*_SUMS))
+        .sort("_total", *_KEYS, descending=[True, False, False, False, False])
+        .select(*(pl.col(c).cast(t) for c, t in ATTRIBUTION_SCHEMA.items()))
+    )
+    return out.collect()
