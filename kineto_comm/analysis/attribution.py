@@ -407,7 +407,8 @@ def attribution_table(calls: pl.LazyFrame, step_times: pl.DataFrame) -> pl.DataF
     step: `exposed_ns` (transfer no compute hid), `wait_ns` (exposed waiting for the group),
     `bubble_ns` (a pipeline's point-to-point calls, all of it) summed over ranks, and the
     same on each step's critical rank (`critical_*`); `calls` per step over ranks;
-    `module_source` how the module was found (the most frequent). Largest first.
+    `module_source` how the module was found (the most frequent). Largest on the critical
+    rank first.
 
     calls: rank, step, phase, module, module_source, role, collective, exposed_ns (of the
     transfer), exposed_all_ns (the wait's exposed time too), as steptime.rank_time charges
@@ -447,8 +448,11 @@ def attribution_table(calls: pl.LazyFrame, step_times: pl.DataFrame) -> pl.DataF
             **{c: pl.col(c).sum() // n for c in _SUMS},
             **{f"critical_{c}": pl.col(c).filter("_on").sum() // n for c in _SUMS},
         )
-        .with_columns(_total=pl.sum_horizontal(*_SUMS))
-        .sort("_total", *_KEYS, descending=[True, False, False, False, False])
+        .with_columns(
+            _critical=pl.sum_horizontal(*(f"critical_{c}" for c in _SUMS)),
+            _total=pl.sum_horizontal(*_SUMS),
+        )
+        .sort("_critical", "_total", *_KEYS, descending=[True, True, False, False, False, False])
         .select(*(pl.col(c).cast(t) for c, t in ATTRIBUTION_SCHEMA.items()))
     )
     return out.collect()
