@@ -32,6 +32,7 @@ from ._common import (
     merge_fix,
     share_severity,
     single_call_steps,
+    where_from,
 )
 from ._framework import fit_advice
 from .capture import contention
@@ -411,6 +412,10 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                 advice = tuple(a.replace(SMALLER_BUCKETS, BIGGER_BUCKETS) for a in advice)
             # Only what fits the framework the trace shows (rules/_framework.py).
             advice = fit_advice(tables, c["ranks"], c["role"], c["collective"], advice)
+        # Where in the code it comes from (the attribution table).
+        where_text, places = where_from(tables, collective=c["collective"], role=c["role"])
+        if where_text:
+            detail += " " + where_text
         out.append(
             make_finding(
                 rule_,
@@ -436,6 +441,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                     "merge": facts,
                     "single_call_steps": lone,
                     "saving_method": f"replay: {edit.name}",
+                    "where": places,
                 },
                 advice=advice,
                 edit=edit,
