@@ -47,7 +47,7 @@ _PHASE_WORDS = (
 _FSDP = r"^FSDP::"
 _FSDP_FQN = r"^FSDP::\S+(?: \(([^)]*)\)| for (\S+))?$"
 # Wrappers dropped from a module path: they hold the model, they are not a part of it.
-_WRAPPERS = r"^(DistributedDataParallel|FullyShardedDataParallel|FSDP\w*)_\d+$"
+_WRAPPERS = r"^(DistributedDataParallel|FullyShardedDataParallel)_\d+$"
 # The c10d ops that issue a host backend's calls (outermost c10d op on its thread).
 _C10D = "c10d::"
 _COLLECTIVE_SPAN = r"^(nccl|xccl|gloo|ucc|mpi):"
@@ -196,6 +196,13 @@ def call_places(calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
             "start_ns",
             "launch_ns",
             pl.col("launch_tid").cast(pl.String),
+            # A receive feeds the work after it; any other call ships or reduces the work
+            # before it (_neighbour).
+            _recv=(
+                pl.col("name").str.contains("(?i)recv") & ~pl.col("name").str.contains("(?i)send")
+                if "name" in calls.columns
+                else pl.lit(False)
+            ),
         )
         .with_row_index("_row")
     )
@@ -240,14 +247,14 @@ def call_places(calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         _innermost(points, ann_phase, "_p_annotation"),
         _innermost(
             points,
-            autograd.select("rank", "tid", "start_ns", "end_ns", value=pl.lit("backward")),
+            autograd.select("rank", "tid", "start_ns", "end_ns", value="name"),
             "_p_autograd",
         ),
         _innermost(points, fsdp, "_m_fsdp"),
         _innermost(points, _module_paths(modules), "_m_module"),
         _innermost(points, notes, "_m_note"),
     ]
-    out = c.select("_row", "rank", "start_ns").join(
+    out = c.select("_row", "rank", "start_ns", "_recv").join(
         points.select("_row", "tid", "at"), on="_row", how="left"
     )
     for f in found:
@@ -260,6 +267,7 @@ def call_places(calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         out.join(stacked.with_columns(_stacked=pl.lit(True)), on="rank", how="left")
         .join(threads.with_columns(_bthread=pl.lit(True)), on=["rank", "tid"], how="left")
         .join(_step_order(out, o, autograd), on="_row", how="left")
+        .join(_neighbour(out, autograd, modules), on="_row", how="left")
     )
     phase_rows = [
         ("_p_annotation", "annotation"),
@@ -271,15 +279,24 @@ def call_places(calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     order = pl.col("_p_order")
     phase = pl.when(order.is_not_null()).then(order).otherwise(phase)
     source = pl.when(order.is_not_null()).then(pl.lit("step_order")).otherwise(source)
+    # With module calls in the trace, the nearest work a call ships or feeds is known.
+    near = pl.col("_p_near").is_not_null() & pl.col("_stacked").fill_null(False)
+    phase = pl.when(near).then(pl.col("_p_near")).otherwise(phase)
+    source = pl.when(near).then(pl.lit("neighbour")).otherwise(source)
     bthread = pl.col("_bthread").fill_null(False)
     phase = pl.when(bthread).then(pl.lit("backward")).otherwise(phase)
     source = pl.when(bthread).then(pl.lit("backward_thread")).otherwise(source)
     for column, name in reversed(phase_rows):
-        value = pl.lit("forward") if column == "_m_module" else pl.col(column)
+        value = {"_m_module": pl.lit("forward"), "_p_autograd": pl.lit("backward")}.get(
+            column, pl.col(column)
+        )
         phase = pl.when(pl.col(column).is_not_null()).then(value).otherwise(phase)
         source = pl.when(pl.col(column).is_not_null()).then(pl.lit(name)).otherwise(source)
     out = out.with_columns(phase=phase, phase_source=source)
-    hook = (pl.col("phase") == "backward") & pl.col("_stacked").fill_null(False)
+    # A gradient hook (DDP's bucket all-reduce) runs in a parameter's AccumulateGrad node.
+    hook = pl.col("_p_autograd").str.contains("AccumulateGrad").fill_null(False) & pl.col(
+        "_stacked"
+    ).fill_null(False)
     module = pl.coalesce(
         "_m_fsdp", "_m_module", "_m_note", pl.when(hook).then(pl.lit(HOOK)), pl.lit(UNKNOWN)
     )
@@ -456,3 +473,40 @@ def attribution_table(calls: pl.LazyFrame, step_times: pl.DataFrame) -> pl.DataF
         .select(*(pl.col(c).cast(t) for c, t in ATTRIBUTION_SCHEMA.items()))
     )
     return out.collect()
+
+
+def _neighbour(out: pl.LazyFrame, autograd: pl.LazyFrame, modules: pl.LazyFrame) -> pl.LazyFrame:
+    """_row, _p_near: for a call outside every phase range, the phase of the nearest work
+    of its rank it ships or feeds: backward nodes and module calls, the last one ended
+    before it (a send of the activations a forward made, of the gradients a backward
+    made), or for a receive the first one after it (the forward or backward it feeds)."""
+    work = pl.concat(
+        [
+            autograd.select("rank", "start_ns", "end_ns", _w=pl.lit("backward")),
+            modules.select("rank", "start_ns", "end_ns", _w=pl.lit("forward")),
+        ]
+    )
+    at = out.select("_row", "rank", "at", "_recv").filter(pl.col("at").is_not_null()).sort("at")
+    before = at.join_asof(
+        work.select("rank", "end_ns", _before="_w").sort("end_ns"),
+        left_on="at",
+        right_on="end_ns",
+        by="rank",
+        strategy="backward",
+        check_sortedness=False,
+    )
+    after = at.join_asof(
+        work.select("rank", "start_ns", _after="_w").sort("start_ns"),
+        left_on="at",
+        right_on="start_ns",
+        by="rank",
+        strategy="forward",
+        check_sortedness=False,
+    )
+    both = before.select("_row", "_recv", "_before").join(after.select("_row", "_after"), on="_row")
+    near = (
+        pl.when(pl.col("_recv"))
+        .then(pl.coalesce("_after", "_before"))
+        .otherwise(pl.coalesce("_before", "_after"))
+    )
+    return both.select("_row", _p_near=near)
