@@ -169,9 +169,10 @@ def _module_paths(modules: pl.LazyFrame) -> pl.LazyFrame:
             .drop("_n")
         )
         up = step.select("_sid", _at="_next")
-    return tree.lazy().join(
-        paths.lazy().select("_sid", value=pl.col("path").replace("", None)), on="_sid"
-    )
+    # Collected, with only its own columns: a lazy join here under _levels' row index gave
+    # no rows (polars 1.x, its projection pushed through the join).
+    found = tree.join(paths.select("_sid", value=pl.col("path").replace("", None)), on="_sid")
+    return found.select(*keys, "start_ns", "end_ns", "value").lazy()
 
 
 def call_places(calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
