@@ -19,6 +19,7 @@ from __future__ import annotations
 import polars as pl
 
 from kineto_comm.analysis.steptime import P2P
+from kineto_comm.lazy import collect_all
 
 PHASES = ("forward", "backward", "optimizer", "other")
 # The columns call_places adds to the collectives table.
@@ -244,32 +245,51 @@ def call_places(calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     notes = named.filter(
         annotation & pl.col("_phase").is_null() & ~pl.col("name").str.contains(_FSDP)
     ).select("rank", "tid", "start_ns", "end_ns", value="name")
-    found = [
-        _innermost(points, ann_phase, "_p_annotation"),
-        _innermost(
-            points,
+    # The span sets first (small): a lookup is planned only where its set has rows.
+    sets = collect_all(
+        [
+            ann_phase,
             autograd.select("rank", "tid", "start_ns", "end_ns", value="name"),
-            "_p_autograd",
-        ),
-        _innermost(points, fsdp, "_m_fsdp"),
-        _innermost(points, _module_paths(modules), "_m_module"),
-        _innermost(points, notes, "_m_note"),
-    ]
-    out = c.select("_row", "rank", "start_ns", "_recv").join(
-        points.select("_row", "tid", "at"), on="_row", how="left"
+            fsdp,
+            modules.select("rank", "tid", "start_ns", "end_ns", "name"),
+            notes,
+        ]
     )
-    for f in found:
+    names = ("_p_annotation", "_p_autograd", "_m_fsdp", "_m_module", "_m_note")
+    _, auto_set, fsdp_set, module_set, _ = sets
+    if module_set.height:
+        sets[3] = _module_paths(module_set.lazy()).collect()
+    base = (
+        c.select("_row", "rank", "start_ns", "_recv")
+        .join(points.select("_row", "tid", "at"), on="_row", how="left")
+        .collect()
+    )
+    queries = [
+        _innermost(points, spans.lazy(), name)
+        for name, spans in zip(names, sets, strict=True)
+        if spans.height
+    ]
+    lazy_base = base.lazy()
+    queries.append(_step_order(lazy_base, o, auto_set.lazy()))
+    if module_set.height:
+        queries.append(_neighbour(lazy_base, auto_set.lazy(), module_set.lazy()))
+    # Each lookup once, all in one go (a lazy frame used twice is computed twice).
+    out = base
+    for f in collect_all(queries):
         out = out.join(f, on="_row", how="left")
+    out = out.with_columns(
+        pl.lit(None, dtype=pl.String).alias(n) for n in (*names, "_p_near") if n not in out.columns
+    )
     # Ranks with Python module events (with_stack / with_modules) or FSDP's annotations: a
     # backward call no module encloses comes from a hook there; elsewhere no guess.
-    stacked = pl.concat([modules.select("rank"), fsdp.select("rank")]).unique()
-    threads = _backward_threads(o)
-    out = (
-        out.join(stacked.with_columns(_stacked=pl.lit(True)), on="rank", how="left")
-        .join(threads.with_columns(_bthread=pl.lit(True)), on=["rank", "tid"], how="left")
-        .join(_step_order(out, o, autograd), on="_row", how="left")
-        .join(_neighbour(out, autograd, modules), on="_row", how="left")
-    )
+    stacked = pl.concat([module_set.select("rank"), fsdp_set.select("rank")]).unique()
+    out = out.join(stacked.with_columns(_stacked=pl.lit(True)), on="rank", how="left")
+    if auto_set.height:
+        threads = _backward_threads(o).collect()
+        out = out.join(threads.with_columns(_bthread=pl.lit(True)), on=["rank", "tid"], how="left")
+    else:
+        out = out.with_columns(_bthread=pl.lit(None, dtype=pl.Boolean))
+    out = out.lazy()
     phase_rows = [
         ("_p_annotation", "annotation"),
         ("_p_autograd", "autograd"),
