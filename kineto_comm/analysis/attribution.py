@@ -5,8 +5,9 @@ which part of the model and which phase issued it. Per call (`call_places`, per 
 the CPU events the loader keeps: load/events.py ANCESTRY_PREFIXES) the phase is forward,
 backward, optimizer or other, by a cascade whose step is kept in `phase_source`; the
 module is the FSDP annotation's module, else the `nn.Module` path, else the innermost
-record_function, else `hook` (issued by a backward hook whose module the trace does not
-show), else `unknown` (`module_source`). A call is placed where it was issued: the CPU
+record_function, else `hook` (issued in a parameter's AccumulateGrad node: a gradient hook's
+bucket), else `unknown` (`module_source`). Ranges are read on the CPU, around the launch
+(record_function's GPU copies, `gpu_user_annotation`, are not loaded). A call is placed where it was issued: the CPU
 thread and time of its kernel's launch, or, for a host backend such as gloo (whose spans
 run on the backend's own thread), of the c10d op that issued it (the k-th call of a rank
 is its k-th issuing c10d op). `attribution_table` sums the model of time's exposure, waits
