@@ -75,6 +75,7 @@ def test_captured_layouts_put_exposed_time_in_the_right_phase_and_module(layout)
     communication time goes to the phase and 90% to the module the capture recorded (tp-dp:
     MODULE_FLOOR), and no call is given a module other than its own: where it is not the
     capture's, it is `unknown`."""
+    assert not _report(STACKS / layout).errors  # the truth files are not read as traces
     scored = _scored(STACKS / layout)
     assert scored["exposed_ns"].sum() > 0
     phase, module = _shares(scored)

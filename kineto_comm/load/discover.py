@@ -16,8 +16,10 @@ from pathlib import Path
 
 from kineto_comm.errors import TraceError
 
-# Files that sit beside traces but are not traces (the generator's ground truth).
+# Files that sit beside traces but are not traces (the generator's ground truth, and a
+# capture's record of each call's phase and module: kineto_comm.capture.truth).
 NOT_TRACES = frozenset({"truth.json"})
+_TRUTH = re.compile(r"^truth-rank-\d+\.json$")
 _RANK_IN_NAME = re.compile(r"(?i)(?:^|[^a-z])rank[-_.]?(\d+)")
 # Ranks and world sizes at or above this are damage, not a job (no job has 2^31 ranks).
 MAX_RANKS = 2**31
@@ -38,7 +40,12 @@ def _trace_files(folder: Path) -> list[Path]:
         dirs.sort()
         for name in files:
             path = Path(root) / name
-            if name not in NOT_TRACES and name.endswith((".json", ".json.gz")) and path.is_file():
+            if (
+                name not in NOT_TRACES
+                and not _TRUTH.match(name)
+                and name.endswith((".json", ".json.gz"))
+                and path.is_file()
+            ):
                 hits.append(path)
     return hits
 
