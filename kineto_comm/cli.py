@@ -598,7 +598,9 @@ def capture(
     with_stack: Annotated[
         bool,
         typer.Option(
-            "--with-stack", help="Record Python call stacks too (python_function events)."
+            "--with-stack",
+            help="Record Python call stacks and modules too (python_function events), and"
+            " beside each trace which phase and module issued each call (truth-rank-N.json).",
         ),
     ] = False,
 ) -> None:

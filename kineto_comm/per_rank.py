@@ -17,6 +17,7 @@ from typing import Any
 
 import polars as pl
 
+from kineto_comm.analysis.attribution import with_places
 from kineto_comm.analysis.framework import rank_markers
 from kineto_comm.analysis.overlap import COMPUTE_EDGES, breakdowns
 from kineto_comm.frames import read_frame, write_frame
@@ -205,7 +206,7 @@ def _model(raws: list[RawTrace], comm_patterns: tuple[str, ...]) -> list[RankTab
     kernels = rows.select(KERNEL_COLUMNS)
     # The framework's markers: from the CPU annotations, which are not kept after this.
     found = rank_markers(stacked.ops, kernels, marks, len(raws))
-    collectives = build_collectives(rows, stacked, groups)
+    collectives = with_places(build_collectives(rows, stacked, groups), rows, stacked.ops)
     del rows
     windows = device_windows(kernels, marks)
     # Per step and over all device activity (inside steps or not), in one sweep.

@@ -55,6 +55,7 @@ TABLE_NAMES = (
     "inferred_config",
     "hardware",
     "expected_busbw",
+    "attribution",
 )
 
 # The tables kept per rank (kineto_comm.rank_store), by name -> the Report's field for them.
@@ -121,6 +122,9 @@ class Report:
     # The median step's largest non-compute costs and the findings that take them out, or
     # why none does (kineto_comm.analysis.reconcile).
     blame_accounts: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # Where the calls' exposed time, waits and bubbles come from: phase x module x role x
+    # collective (kineto_comm.analysis.attribution).
+    attribution: pl.DataFrame = field(default_factory=pl.DataFrame)
     savings: dict[str, Any] = field(default_factory=dict)
     errors: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = ()
@@ -345,6 +349,7 @@ class Report:
             "critical_path_kernels": self.critical_path_kernels.to_dicts(),
             "step_blame": self.step_blame.to_dicts(),
             "blame_accounts": self.blame_accounts.to_dicts(),
+            "attribution": self.attribution.to_dicts(),
             "savings": dict(self.savings),
             "errors": [{"file": f, "message": m} for f, m in self.errors],
             "warnings": list(self.warnings),

@@ -59,6 +59,7 @@ __all__ = [
     "Severity",
     "Tables",
     "all_to_all_volume",
+    "attribution",
     "busbw_factor",
     "collective_exposure",
     "collective_exposure_lazy",
@@ -279,6 +280,12 @@ def cost_fit(tables: Tables) -> pl.DataFrame:
     (calls, sizes, median_bytes, median_ns, latency_ns, busbw_gbps, latency_share, method):
     derived table `cost_fit`."""
     return derived.read(tables, "cost_fit")
+
+
+def attribution(tables: Tables) -> pl.DataFrame:
+    """Per phase x module x role x collective: exposed, wait and bubble ns per step, over
+    the ranks and on the critical rank (docs/tables.md): derived table `attribution`."""
+    return derived.read(tables, "attribution")
 
 
 def all_to_all_volume(tables: Tables) -> pl.DataFrame:

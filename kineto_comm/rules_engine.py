@@ -633,8 +633,10 @@ def step_model(
     `sum_of_savings_ns` (the replayed findings' savings added up), `overlapping` (the sum is
     more than the joint saving: the fixes claim some of the same time), how many findings
     were `replayed` (carry an edit) and how many savings are `claimed` by their rules
-    (no edit: `settle_saving`), which the joint saving and the sum leave out."""
-    from kineto_comm.analysis import depgraph, model_of_time, reconcile, steptime
+    (no edit: `settle_saving`), which the joint saving and the sum leave out; and
+    `attribution`, where the calls' exposure, waits and bubbles come from
+    (kineto_comm.analysis.attribution)."""
+    from kineto_comm.analysis import depgraph, derived, model_of_time, reconcile, steptime
 
     tables = report if isinstance(report, Tables) else Tables(report)
     times = model_of_time.step_times(tables)
@@ -661,6 +663,7 @@ def step_model(
         "critical_path_kernels": kernels_path,
         "step_blame": critical,
         "blame_accounts": accounts,
+        "attribution": derived.read(tables, "attribution"),
         "savings": {
             "step_ns": step_ns,
             "joint_saving_ns": joint,

@@ -32,6 +32,7 @@ from ._common import (
     merge_fix,
     share_severity,
     single_call_steps,
+    where_from,
 )
 from ._framework import fit_advice
 from .bandwidth import replay_at_hardware
@@ -432,6 +433,10 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                 f"({fast[0] / step_ns if step_ns else 0.0:.1%}): a faster link buys at most "
                 "that.",
             )
+        # Where in the code it comes from (the attribution table).
+        where_text, places = where_from(tables, collective=c["collective"], role=c["role"])
+        if where_text:
+            detail += " " + where_text
         out.append(
             make_finding(
                 rule_,
@@ -463,6 +468,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
                         if fast is None
                         else {"at_hardware_saving_ns": int(fast[0]), "expected_busbw_gbps": fast[1]}
                     ),
+                    "where": places,
                 },
                 advice=advice,
                 edit=edit,

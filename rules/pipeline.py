@@ -23,7 +23,7 @@ from kineto_comm.rules_api import (
     step_times,
 )
 
-from ._common import free_compute
+from ._common import free_compute, where_from
 from ._framework import SCHEDULES, p2p_together, schedule
 
 BUBBLE = ("pipeline_bubble", "other_idle")
@@ -429,6 +429,8 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 )
             advice.insert(0 if saved_hide > saved_mb else len(advice), p2p)
         advice.append(_next_schedule(seen))
+        # Where in the code the bubble's calls are (the attribution table).
+        where_text, places = where_from(tables, role="pipeline", kind="bubble")
         out.append(
             make_finding(
                 pipeline_bubble,
@@ -445,7 +447,8 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 + f"; with {int(s['mt'])} micro-batches"
                 + (" and the transfers hidden," if hide else ",")
                 + f" about {impact / 1e6:.2f} ms per step "
-                f"({share:.0%} of {wall / 1e6:.2f} ms) would be regained.",
+                f"({share:.0%} of {wall / 1e6:.2f} ms) would be regained."
+                + (" " + where_text if where_text else ""),
                 impact_ns_per_step=impact,
                 step_ns=int(wall),
                 ranks=s["ranks"],
@@ -468,6 +471,7 @@ def pipeline_bubble(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                     "hidden_transfers_saving_ns": saved_hide,
                     "pipeline_groups": s["groups"],
                     "schedule": seen,
+                    "where": places,
                     "p2p_issued_together": together,
                     "saving_method": f"replay: {edit.name}",
                 },

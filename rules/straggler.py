@@ -32,6 +32,7 @@ from ._common import (
     STORM_MIN_CALLS,
     share_severity,
     storm_keys,
+    where_from,
 )
 from .capture import Contention, contention, queued_per_step
 
@@ -495,6 +496,8 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
         else f"no one rank is to blame (ranks {', '.join(map(str, tied))}, tied for the most "
         f"late, caused {top_share:.0%} of the lateness each)."
     )
+    # Where in the code the waits are (the attribution table).
+    where_text, places = where_from(tables, kind="wait")
     return [
         make_finding(
             arrival_imbalance,
@@ -513,7 +516,8 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "buys this time back."
                 if turns and capture is not None
                 else ""
-            ),
+            )
+            + (" " + where_text if where_text else ""),
             impact_ns_per_step=impact,
             step_ns=step_ns,
             ranks=lasts.sort("rank")["rank"].to_list(),
@@ -530,6 +534,7 @@ def arrival_imbalance(tables: Tables, options: dict[str, Any]) -> list[Finding]:
                 "uneven_all_to_all": _uneven_evidence(uneven),
                 "capture_contention": capture.kind if capture else None,
                 "saving_method": f"replay: {edit.name}",
+                "where": places,
             },
             edit=edit,
             advice=(

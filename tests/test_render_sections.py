@@ -84,6 +84,7 @@ def test_every_format_shows_the_sections_json_has(with_model: Report) -> None:
                 "stragglers",
                 "model_comparison",
                 "step_blame",
+                "attribution",
             )
             if _has_content(doc, key)
         }

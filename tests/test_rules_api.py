@@ -154,6 +154,7 @@ READERS = {
     "cost_fit": rules_api.cost_fit,
     "all_to_all_volume": rules_api.all_to_all_volume,
     "queue_shift": rules_api.queue_shift,
+    "attribution": rules_api.attribution,
 }
 
 

@@ -274,7 +274,7 @@ META = b'{"ph":"M","name":"thread_name","pid":1,"tid":2,"args":{"name":"main"}}'
             True,
         ),
         (b'[{"ph":"s","id":1,"pid":"x","ts":"odd","cat":"ac2g"},' + OP + b"]", True),
-        (b'[{"ph":"X","cat":"python_function","name":"f","pid":"Spans","tid":"t"}]', True),
+        (b'[{"ph":"X","cat":"Trace","name":"f","pid":"Spans","tid":"t"}]', True),
         (
             b'[{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":null}]',
             True,

@@ -17,7 +17,16 @@ from typing import Any
 
 import polars as pl
 
-from kineto_comm.analysis import alltoall, costfit, exposure, model_of_time, roles, steptime, waits
+from kineto_comm.analysis import (
+    alltoall,
+    attribution,
+    costfit,
+    exposure,
+    model_of_time,
+    roles,
+    steptime,
+    waits,
+)
 from kineto_comm.analysis.view import TableView
 
 
@@ -117,6 +126,13 @@ DERIVED: dict[str, Derived] = {
             model_of_time.queue_shift,
             "per window with queued time: what moving the device's other work off takes out",
             tuple(model_of_time.SHARE_SCHEMA),
+        ),
+        Derived(
+            "attribution",
+            (*_TIME, "ops"),
+            attribution.job_attribution,
+            "per phase x module x role x collective: exposed, wait and bubble ns per step",
+            tuple(attribution.ATTRIBUTION_SCHEMA),
         ),
         # Steps of the public tables.
         Derived(

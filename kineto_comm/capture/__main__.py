@@ -30,7 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument(
-        "--with-stack", action="store_true", help="record Python call stacks (python_function)"
+        "--with-stack",
+        action="store_true",
+        help="record Python call stacks and modules (python_function), and each call's phase"
+        " and module beside the traces (truth-rank-N.json)",
     )
     return p
 

@@ -120,8 +120,10 @@ def capture(
     gradients all-reduced after the flush),
     ``tp`` (Megatron column/row-parallel linears with ``all_reduce`` in forward and backward),
     ``tp-dp`` (tensor parallel in pairs, DDP across them) and ``ep`` (uneven all-to-all).
-    ``with_stack`` records Python call stacks too (torch.profiler's `with_stack`): the
-    trace then holds a `python_function` event per Python call, as many users' traces do.
+    ``with_stack`` records Python call stacks and modules too (torch.profiler's
+    `with_stack` and `with_modules`): the trace then holds a `python_function` event per
+    Python call, as many users' traces do, and each rank's `truth-rank-{r}.json` says which
+    phase and module issued each collective call (kineto_comm.capture.truth).
 
     If ``RANK`` and ``WORLD_SIZE`` are set (e.g. under ``torchrun``), this process acts as
     that one rank, ``ranks`` is taken from ``WORLD_SIZE``, and only its own trace path is
@@ -219,6 +221,7 @@ def run_worker(rank: int, cfg: CaptureConfig, *, init_method: str) -> Path:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, schedule
 
+    from kineto_comm.capture.truth import TRUTH, truth_path
     from kineto_comm.capture.workloads import build_workload
 
     # Several ranks share a couple of cores: one intra-op thread each avoids thrashing.
@@ -241,6 +244,8 @@ def run_worker(rank: int, cfg: CaptureConfig, *, init_method: str) -> Path:
     dist.init_process_group(**kwargs)
     rank = dist.get_rank()
     try:
+        if cfg.with_stack:  # the attribution captures: each call's phase and module too
+            TRUTH.install()
         step_fn: Callable[[], None] = build_workload(cfg, rank, device)
         activities = [ProfilerActivity.CPU]
         if device.type == "cuda":
@@ -265,14 +270,19 @@ def run_worker(rank: int, cfg: CaptureConfig, *, init_method: str) -> Path:
             schedule=schedule(wait=_WAIT, warmup=_WARMUP, active=cfg.steps, repeat=1),
             record_shapes=True,
             with_stack=cfg.with_stack,
+            with_modules=cfg.with_stack,
             on_trace_ready=on_trace_ready,
             experimental_config=experimental,
         ) as prof:
-            for _ in range(_WAIT + _WARMUP + cfg.steps):
+            for i in range(_WAIT + _WARMUP + cfg.steps):
+                TRUTH.active, TRUTH.step = i >= _WAIT + _WARMUP, i
                 step_fn()
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 prof.step()
+        TRUTH.active = False
+        if cfg.with_stack:
+            TRUTH.write(truth_path(cfg.out_dir, rank))
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kineto_comm.capture.config import CaptureConfig, CaptureError
+from kineto_comm.capture.truth import TRUTH
 
 VOCAB = 256
 HIDDEN = 64
@@ -220,6 +221,8 @@ def _ddp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
     model = _modules()["TinyTransformer"]().to(device)
     ids = [device.index] if device.type == "cuda" else None
     ddp = DDP(model, device_ids=ids, bucket_cap_mb=cfg.bucket_cap_mb)
+    if cfg.with_stack:  # the truth of which module each bucket's all-reduce carries
+        ddp.register_comm_hook(None, TRUTH.ddp_hook(ddp))
     return _simple_step(ddp, cfg, rank, device)
 
 
@@ -275,6 +278,8 @@ def _tp_dp(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
         process_group=across[rank % TP_PAIR],
         bucket_cap_mb=cfg.bucket_cap_mb,
     )
+    if cfg.with_stack:  # the truth of which module each bucket's all-reduce carries
+        ddp.register_comm_hook(across[rank % TP_PAIR], TRUTH.ddp_hook(ddp))
     return _simple_step(ddp, cfg, rank // TP_PAIR, device)  # one batch per pair
 
 
@@ -293,12 +298,14 @@ def _tp_model(cfg: CaptureConfig, tp_rank: int, tp_size: int, group: Any, device
     class _CopyToTP(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            ctx.module = TRUTH.here()  # its backward's all-reduce is this module's
             return x.view_as(x)
 
         @staticmethod
         def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
             grad = grad.contiguous()
-            dist.all_reduce(grad, group=group)
+            with TRUTH.module(ctx.module):
+                dist.all_reduce(grad, group=group)
             return grad
 
     class _ReduceFromTP(torch.autograd.Function):
@@ -442,30 +449,40 @@ def _pipeline(
 
     pending: list[Any] = []
 
-    def exchange(send: tuple[Any, int] | None, recv: tuple[Any, int] | None) -> None:
+    def exchange(
+        send: tuple[Any, int] | None,
+        recv: tuple[Any, int] | None,
+        phases: tuple[str, str] = ("forward", "forward"),
+    ) -> None:
         """Send a tensor to a peer and receive one from a peer: batched, one
         ``batch_isend_irecv`` waited on at once (Megatron-LM's batched p2p, one kernel for
-        both on NCCL); else an ``isend`` waited on at the step's end and a blocking ``recv``."""
+        both on NCCL); else an ``isend`` waited on at the step's end and a blocking ``recv``.
+        `phases`: the phase the send and the receive serve (the capture's truth)."""
         if batched:
             ops = []
             if send:
                 ops.append(dist.P2POp(dist.isend, send[0], send[1], pipe_group))
+                ops[-1].truth_phase = phases[0]
             if recv:
                 ops.append(dist.P2POp(dist.irecv, recv[0], recv[1], pipe_group))
+                ops[-1].truth_phase = phases[1]
             for work in dist.batch_isend_irecv(ops) if ops else []:
                 work.wait()
             return
         if send:
-            pending.append(dist.isend(send[0], dst=send[1], group=pipe_group))
+            with TRUTH.phase(phases[0]):
+                pending.append(dist.isend(send[0], dst=send[1], group=pipe_group))
         if recv:
-            dist.recv(recv[0], src=recv[1], group=pipe_group)
+            with TRUTH.phase(phases[1]):
+                dist.recv(recv[0], src=recv[1], group=pipe_group)
 
     def finish() -> None:
         for work in pending:
             work.wait()
         pending.clear()
         if dp_group is not None:
-            reduce_gradients()
+            with TRUTH.phase("backward"):  # the gradients' reduction, after the flush
+                reduce_gradients()
         opt.step()
 
     def step_1f1b() -> None:
@@ -486,6 +503,7 @@ def _pipeline(
             return None if first else (inputs[i].grad.contiguous(), prev_r)
 
         warmup = min(world - stage_i - 1, mb)
+        fwd, bwd = "forward", "backward"
         for i in range(warmup):
             exchange(None, None if first else (inputs[i], prev_r))
             exchange(forward(i), None)
@@ -493,13 +511,15 @@ def _pipeline(
             exchange(None, None if first else (inputs[warmup], prev_r))
         for j in range(mb - warmup):  # steady state: forward warmup + j, backward j
             sent = forward(warmup + j)
-            exchange(sent, None if last else (grads[j], next_r))
+            exchange(sent, None if last else (grads[j], next_r), (fwd, bwd))
             back = backward(j)
             more = warmup + j + 1 < mb
-            exchange(back, None if first or not more else (inputs[warmup + j + 1], prev_r))
+            exchange(
+                back, None if first or not more else (inputs[warmup + j + 1], prev_r), (bwd, fwd)
+            )
         for j in range(mb - warmup, mb):  # cool-down
-            exchange(None, None if last else (grads[j], next_r))
-            exchange(backward(j), None)
+            exchange(None, None if last else (grads[j], next_r), (bwd, bwd))
+            exchange(backward(j), None, (bwd, bwd))
         finish()
 
     def step() -> None:
@@ -517,12 +537,13 @@ def _pipeline(
                 None if last else (out.detach().contiguous(), next_r),
                 None if first or i + 1 == mb else (inputs[i + 1], prev_r),
             )
-        exchange(None, None if last else (grads[0], next_r))
+        exchange(None, None if last else (grads[0], next_r), ("backward", "backward"))
         for i in range(mb):  # backward of every micro-batch, same order
             outputs[i].backward(grads[i])
             exchange(
                 None if first else (inputs[i].grad.contiguous(), prev_r),
                 None if last or i + 1 == mb else (grads[i + 1], next_r),
+                ("backward", "backward"),
             )
         finish()
 
@@ -564,12 +585,13 @@ def _ep(cfg: CaptureConfig, rank: int, device: Any) -> Callable[[], None]:
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        x = embed(idx)
-        routed = torch.empty(sum(recv), HIDDEN, device=device)
-        routed = all_to_all_single(routed, x, recv, send)
-        y = expert(routed)
-        back = torch.empty(sum(send), HIDDEN, device=device)
-        back = all_to_all_single(back, y, send, recv)
+        with TRUTH.phase("forward"):  # the dispatch and combine of the forward
+            x = embed(idx)
+            routed = torch.empty(sum(recv), HIDDEN, device=device)
+            routed = all_to_all_single(routed, x, recv, send)
+            y = expert(routed)
+            back = torch.empty(sum(send), HIDDEN, device=device)
+            back = all_to_all_single(back, y, send, recv)
         (back - x).pow(2).mean().backward()
         opt.step()
 

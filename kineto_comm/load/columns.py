@@ -30,6 +30,7 @@ from kineto_comm.load.events import (
     _EMPTY_ARGS,
     _F64,
     _FILE,
+    _HOST_TOO,
     _HOST_WAIT,
     _I64,
     _INT_LIKE,
@@ -38,10 +39,10 @@ from kineto_comm.load.events import (
     _NCCL_SPANS,
     _PARAM_COMMS,
     _PARSED_INT,
+    _PYTHON_ROW,
     _SHAPE,
     _SIZED_LONGEST,
     _SIZED_NAMES,
-    _SIZED_OP,
     _STR,
     ALL_TO_ALL_OP,
     HOST_SCHEMA,
@@ -387,7 +388,7 @@ def _object_columns(
     out["ops"] = frame.filter(_IS_OP)
     # A file that keeps its host table keeps the sized c10d ops there too (the host
     # timeline reads them); one that keeps none has none.
-    kept = ~_IS_OP | (_SIZED_OP if host else pl.lit(False))
+    kept = ~_IS_OP & ~_PYTHON_ROW | (_HOST_TOO if host else pl.lit(False))
     out["host"] = frame.filter(kept).select(list(HOST_SCHEMA))
     out["threads"] = _threads(_take(events, (roles == 3).arg_true().to_list()))
     return out

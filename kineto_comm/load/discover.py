@@ -18,7 +18,8 @@ from pathlib import Path
 
 from kineto_comm.errors import TraceError
 
-# Files that sit beside traces but are not traces (the generator's ground truth).
+# Files that sit beside traces but are not traces (the generator's ground truth, and a
+# capture's record of each call's phase and module: kineto_comm.capture.truth).
 NOT_TRACES = frozenset({"truth.json"})
 RANK_IN_NAME = r"(?i)(?:^|[^a-z])rank[-_.]?(\d+)"
 _RANK_IN_NAME = re.compile(RANK_IN_NAME)
@@ -29,6 +30,7 @@ _RANK_IN_NAME = re.compile(RANK_IN_NAME)
 HOST_IN_NAME = (
     r"(?:^|[/\\])(?P<host>[^/\\]+)_(?P<pid>\d{1,7})\.\d{10,19}\.pt\.trace\.json(?:\.gz)?$"
 )
+_TRUTH = re.compile(r"^truth-rank-\d+\.json$")
 # Ranks and world sizes at or above this are damage, not a job (no job has 2^31 ranks).
 MAX_RANKS = 2**31
 
@@ -48,7 +50,12 @@ def _trace_files(folder: Path) -> list[Path]:
         dirs.sort()
         for name in files:
             path = Path(root) / name
-            if name not in NOT_TRACES and name.endswith((".json", ".json.gz")) and path.is_file():
+            if (
+                name not in NOT_TRACES
+                and not _TRUTH.match(name)
+                and name.endswith((".json", ".json.gz"))
+                and path.is_file()
+            ):
                 hits.append(path)
     return hits
 

@@ -41,7 +41,10 @@ HOST_WAIT_CALLS = (
     *(f"cu{w}Synchronize" for w in ("Stream", "Event", "Ctx")),
     *(f"{api}{w}Query" for api in ("cuda", "hip", "cu") for w in ("Stream", "Event")),
 )
-CPU_CATS = frozenset({"cpu_op", "Operator", "user_annotation"})
+# Python calls (torch.profiler's with_stack / with_modules): only the `nn.Module: X` ones are
+# kept (ANCESTRY), as ops, for the attribution of calls to modules; never host rows.
+PYTHON_CAT = "python_function"
+CPU_CATS = frozenset({"cpu_op", "Operator", "user_annotation", PYTHON_CAT})
 _KEEP_CATS = GPU_CATS | {SYNC_CAT} | RUNTIME_CATS | CPU_CATS
 _DURATION_PH = frozenset({"X", "B", "E"})
 
@@ -393,13 +396,24 @@ _HOST_WAIT_NAMES = tuple(n.encode() for n in HOST_WAIT_CALLS)
 # framework table sees torch.compile where its kernels are not Triton's).
 _SIZED_OP = pl.col("name").is_in(SIZED_C10D).fill_null(False)
 _COMPILED = "CompiledFunction"
+# The CPU events that say where a call was issued from (kineto_comm.analysis.attribution):
+# the backward engine's nodes, optimizer steps, modules (python_function `nn.Module: X`)
+# and the c10d ops that issue a host backend's calls. Kept in `ops` and, where a file keeps
+# its host table, there too (as the sized c10d ops), so the host timeline is unchanged.
+ANCESTRY_PREFIXES = ("autograd::engine::evaluate_function", "Optimizer.", "nn.Module:", "c10d::")
+_ANCESTRY = pl.any_horizontal(pl.col("name").str.starts_with(p) for p in ANCESTRY_PREFIXES)
 _OP_NAME = (
     _COMM_OP
     | pl.col("name").str.starts_with(_STEP_MARK).fill_null(False)
     | _SIZED_OP
     | pl.col("name").str.starts_with(_COMPILED).fill_null(False)
+    | _ANCESTRY.fill_null(False)
 )
 _IS_OP = (pl.col("cat") == "user_annotation") | _OP_NAME
+_PYTHON_ROW = (pl.col("cat") == PYTHON_CAT).fill_null(False)
+# Rows of a file that keeps its host table kept there as well as in `ops` (CPU ops only:
+# annotations and Python calls are `ops` rows alone, as before).
+_HOST_TOO = (_SIZED_OP | _ANCESTRY.fill_null(False)) & pl.col("cat").is_in(["cpu_op", "Operator"])
 # Tests of an event's name alone, evaluated per distinct name of a scanned piece (Scanned).
 _NAME_TESTS = {"_device_detail": _DEVICE_DETAIL, "_op_name": _OP_NAME, "_comm_op": _COMM_OP}
 
@@ -416,6 +430,7 @@ _DEVICE_ROLES = (
 # that keeps no host table (most of a GPU trace's rows) before they become rows at all.
 _OP_PREFIXES = tuple(
     p.encode()
-    for p in (_PARAM_COMMS, *_NCCL_SPANS, *HOST_SPANS, _STEP_MARK, *SIZED_C10D, _COMPILED)
+    for p in (_PARAM_COMMS, *_NCCL_SPANS, *HOST_SPANS, _STEP_MARK, *ANCESTRY_PREFIXES, _COMPILED)
 )
+assert all(any(n.startswith(p) for p in ANCESTRY_PREFIXES) for n in SIZED_C10D)
 _ANNOTATION = _CODE["user_annotation"]  # kept whatever its name (_IS_OP)

@@ -42,6 +42,7 @@ from kineto_comm.load.events import (
     _DEVICE_ROLES,
     _EVENTS,
     _FILE,
+    _HOST_TOO,
     _HOST_WAIT,
     _HOST_WAIT_NAMES,
     _IDS,
@@ -51,11 +52,12 @@ from kineto_comm.load.events import (
     _OP_PREFIXES,
     _OTHER_PHASES,
     _PARAM_COMMS,
+    _PYTHON_ROW,
     _RUNTIME_READS,
-    _SIZED_OP,
     _STEP_MARK,
     _STR,
     ALL_TO_ALL_OP,
+    ANCESTRY_PREFIXES,
     COLLECTIVE_SPAN,
     HOST_SCHEMA,
     HOST_SPANS,
@@ -170,7 +172,10 @@ def _names(names: list[str]) -> pl.DataFrame:
         n.startswith(_PARAM_COMMS) or _COLLECTIVE_SPAN_RE.match(n) is not None for n in names
     ]
     op_name = [
-        c or n.startswith((_STEP_MARK, _COMPILED)) or n in SIZED_C10D
+        c
+        or n.startswith((_STEP_MARK, _COMPILED))
+        or n in SIZED_C10D
+        or n.startswith(ANCESTRY_PREFIXES)
         for n, c in zip(names, comm_op, strict=True)
     ]
     span = [
@@ -340,7 +345,11 @@ def _scanned_columns(
     if cpu.height:
         frame = _scanned_frame(piece_, cpu, OPS_SCHEMA, _COMM_OP, notes)
     out["ops"] = frame if is_op is None else frame.filter(is_op)
-    out["host"] = frame.clear() if is_op is None else frame.filter(~is_op | (_SIZED_OP & keeps))
+    out["host"] = (
+        frame.clear()
+        if is_op is None
+        else frame.filter(~is_op & ~_PYTHON_ROW | (_HOST_TOO & keeps))
+    )
     out["host"] = out["host"].select(*HOST_SCHEMA, *_FILE.intersection(frame.columns))
     meta = by_role[3]
     out["threads"] = _threads(piece_.decode(meta)).with_columns(meta["_file"])

@@ -615,6 +615,14 @@ def _kernel_frames(
         )
     else:
         calls = pl.DataFrame()
+    places = [c for c in ("phase", "module") if c in report.rank_collectives.columns]
+    if calls.height and places:
+        # Where each call was issued (kineto_comm.analysis.attribution).
+        placed = report.rank_collectives.frame([rank], ["start_ns", "end_ns", *places])
+        placed = placed.select("start_ns", "end_ns", *places).unique(
+            ["start_ns", "end_ns"], keep="first", maintain_order=True
+        )
+        calls = calls.join(placed, on=["start_ns", "end_ns"], how="left", maintain_order="left")
     if calls.height:
         calls = calls.with_columns(
             cut_ns=pl.min_horizontal(
@@ -627,6 +635,7 @@ def _kernel_frames(
             _arg("process_group", pl.col("process_group"), text=True),
             _arg("bytes", pl.col("bytes")),
             _arg("last_rank", pl.col("last_rank")),
+            *[_arg(c, pl.col(c), text=True) for c in places],
         ]
         waited = calls.filter(
             (pl.col("wait_ns") > 0) & (pl.col("ranks_seen") > 1) & (pl.col("last_rank") != rank)

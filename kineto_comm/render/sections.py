@@ -743,6 +743,62 @@ def all_to_all(report: Report) -> Section | None:
     )
 
 
+# Rows of the attribution table the terminal shows (the other formats: MAX_ROWS).
+ATTRIBUTION_BRIEF_ROWS = 10
+
+
+def attribution(report: Report, brief: bool = False) -> Section | None:
+    """Where the exposed communication, waits and bubbles come from (json `attribution`):
+    per phase x module x role x collective, per step on the critical rank and over the
+    ranks, largest first; the terminal shows the top rows."""
+    table = getattr(report, "attribution", None)
+    if not isinstance(table, pl.DataFrame) or table.height == 0:
+        return None
+    rows = [
+        (
+            r["phase"],
+            r["module"],
+            r["role"],
+            r["collective"],
+            fmt_ns(r["critical_exposed_ns"]),
+            fmt_ns(r["critical_wait_ns"]),
+            fmt_ns(r["critical_bubble_ns"]),
+            fmt_ns(r["exposed_ns"] + r["wait_ns"] + r["bubble_ns"]),
+            r["module_source"],
+        )
+        for r in table.iter_rows(named=True)
+    ]
+    limit = ATTRIBUTION_BRIEF_ROWS if brief else MAX_ROWS
+    note = ""
+    if len(rows) > limit:
+        rows, note = rows[:limit], f"({len(rows) - limit} more row(s) in --format json)"
+    legend = (
+        "Per step: exposed transfer, exposed wait and pipeline bubble on each step's critical "
+        "rank, and all three summed over the ranks; phase and module say where the calls were "
+        "issued (module_source: how the module was found; hook: a backward hook whose "
+        "parameters span modules; unknown: the trace shows no module) (docs/tables.md "
+        "attribution)."
+    )
+    return Section(
+        "attribution",
+        "Where the exposed communication comes from: phase and module",
+        (
+            "phase",
+            "module",
+            "role",
+            "collective",
+            "exposed/step",
+            "wait/step",
+            "bubble/step",
+            "all ranks/step",
+            "module from",
+        ),
+        rows,
+        frozenset({4, 5, 6, 7}),
+        (note + " " + legend).strip(),
+    )
+
+
 # The pair matrices the Markdown and HTML reports draw: groups of at most this many ranks,
 # at most this many exchanges of a step per group and matrices in all.
 MATRIX_RANKS = 16
@@ -823,6 +879,7 @@ BUILDERS = (
     skew,
     step_blame,
     configuration,
+    attribution,
     process_groups,
     pipeline,
     message_sizes,
@@ -835,7 +892,7 @@ BUILDERS = (
 
 
 # The sections that take `brief` (the terminal's shorter form).
-BRIEF = (configuration, process_groups, offsets, stragglers)
+BRIEF = (configuration, process_groups, offsets, stragglers, attribution)
 
 
 def sections(report: Report, brief: bool = False) -> list[Section]:

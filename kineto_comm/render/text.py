@@ -195,6 +195,7 @@ DROP_FIRST: dict[str, tuple[str, ...]] = {
     ),
     "skew": ("p95 skew", "calls", "ranks", "last rank"),
     "step_blame": ("share", "share", "category"),
+    "attribution": ("module from", "all ranks/step", "bubble/step", "role"),
     "process_groups": ("size", "calls/step", "bytes/step", "ranks", "evidence"),
     "pipeline": ("m", "p", "theory"),
     "message_size_summary": ("volume", "calls < 1 MB", "calls < 64 KB", "calls", "time"),
