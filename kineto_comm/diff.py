@@ -4,25 +4,16 @@ Each side is a Report, a JSON document (`kineto_comm.render.json_doc.document`),
 written by `kineto-comm report --format json`, or trace files/directories to analyse. Both
 sides are reduced to that JSON document first, so a saved baseline compares like fresh traces.
 
-Compared:
-    step time: the model of time's (each step's longest rank window, averaged over the
-    complete steps: summary `step_ns`, the step every finding's share is of), or, where a
-    saved document predates it, the mean step over every rank's numbered steps;
-    per step and rank (means over every rank's windows of the complete steps, as the
-    report's per-rank table takes them): exposed communication, communication, idle;
-    bus bandwidth per (collective, process group) (median over matched calls, `skew`);
-    findings, matched by (code, process group, ranks): new and resolved.
-Gates (each optional) make `DiffResult.failed` true, which the CLI turns into exit 1. Every
-threshold is a percentage, with or without its sign: "5%", "5" and 5 all mean 5 % (0.5 is
-half a percent, never 50 %); one reading for every gate, here and on the command line:
-    max_regression          step time may grow by at most this percentage
-    max_exposed_regression  exposed communication per step may grow by at most this
-                            percentage of the baseline's step time (a share, so a tiny
-                            exposure doubling does not fail a job)
-    max_busbw_drop          busbw of any (collective, group) may fall by at most this percentage
-    fail_on_new             a new finding at or above this severity fails (never: no gate)
-Each gate given is also kept as a `Gate`: its threshold beside the value measured against it,
-whether it passed or not (the PASSED/FAILED line prints them).
+Compared: the model of time's step time (summary `step_ns`; the mean numbered step where a
+saved document predates it); per step and rank, exposed communication, communication and
+idle; bus bandwidth per (collective, process group); findings, matched by (code, process
+group, ranks): new and resolved.
+
+Gates (each optional: `max_regression`, `max_exposed_regression`, `max_busbw_drop`,
+`fail_on_new`) make `DiffResult.failed` true, which the CLI turns into exit 1. Every
+threshold is a percentage, with or without its sign ("5%", "5" and 5 all mean 5 %; 0.5 is
+half a percent). Each gate given is also kept as a `Gate`: its threshold beside the value
+measured against it. In full: docs/ci.md, "What `kineto-comm diff` compares".
 """
 
 from __future__ import annotations

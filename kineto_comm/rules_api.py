@@ -3,23 +3,16 @@
 A rule is a pure function from the analysis tables (docs/tables.md) to findings, plus the
 metadata users see in `kineto-comm rules` / `kineto-comm explain CODE`:
 
-    from kineto_comm.rules_api import Finding, Option, Severity, Tables, rule
-
-    @rule(
-        code="XMPL101",
-        name="too-many-all-reduces",
-        summary="More than `limit` all-reduces per step.",
-        tables=("collectives", "steps"),
-        options=(Option("limit", 100, "All-reduces per rank and step that are fine."),),
-    )
+    @rule(code="XMPL101", name="too-many-all-reduces", summary="...",
+          tables=("collectives", "steps"), options=(Option("limit", 100, "..."),))
     def too_many_all_reduces(tables: Tables, options: dict) -> list[Finding]:
         '''What it does: ...  Why is this bad? ...  How to fix: ...'''
-        ...
 
 Everything here is stable: built-in rules (top-level `rules/`) use nothing else from
 kineto_comm. This module computes no quantity: the derived tables (step times, blame, waits,
 exposure, roles, the cost fit, ...) live in analysis/ and are read by name (`tables[name]`,
 kineto_comm.analysis.derived) or through the readers below. Times are integer ns.
+In full: docs/rules.md, "Writing a rule".
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """All-to-all exchanges: who sends how much to whom, each receiver's load, the imbalance.
 
 An exchange is one all-to-all of a group as all its ranks made it: their calls with the same
-`call_index` (the k-th all-to-all of the group on every rank, as the matching's fallback
-key). `call` numbers the group's exchanges within their step from 0 (the dispatch and the
-return of a mixture-of-experts layer, forward and backward: 0, 1, 2, 3), so the same
-exchange of every step shares a `call`.
+`call_index`; `call` numbers the group's exchanges within their step from 0, so the same
+exchange of every step (a mixture-of-experts layer's dispatch, its return) shares a `call`.
 
-Pair bytes come from the sender's split sizes (`in_splits`: rows along the first dimension
-sent to each rank of the group, in group order; not elements): a row is in_nelems /
-sum(in_splits) elements, so rank src sends dst `rows` x in_bytes / sum(in_splits) bytes
-(in_bytes = in_nelems x the dtype's size). An even split ("[]") sends in_bytes / n to each
-rank (rows unknown). Without split sizes (no c10d op in the trace) there are no pairs; the
-loads still hold (each rank's own out_bytes).
+Pair bytes come from the sender's split sizes (`in_splits`, rows per destination rank): rank
+src sends dst `rows` x in_bytes / sum(in_splits) bytes; an even split ("[]") sends in_bytes
+/ n to each. Without split sizes there are no pairs; the loads still hold (out_bytes).
 
-A receiver's load in an exchange is what it received (out_bytes); the exchange's
-`imbalance` is its busiest receiver's load over the mean receiver's: the exchange ends when
-its busiest receiver is done, so balancing it saves each call's transfer time in that ratio
-(COMM103). Only groups whose every rank is in the traces (size known): their mean rank is
-known, and which calls are one exchange.
+A receiver's load is what it received; an exchange's `imbalance` is its busiest receiver's
+load over the mean receiver's: the exchange ends when the busiest receiver is done, so
+balancing it saves each call's transfer time in that ratio (COMM103). Only groups whose
+every rank is in the traces. In full: docs/analyses.md, "All-to-all exchanges".
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """Match each collective call across the ranks of its group, and measure what happened.
 
-A call is identified on every rank by a key that does not depend on clocks:
-- `seq`: the group's sequence number when the trace records it (record_param_comms `Seq`
-  or kernel args), plus the kernel's position among kernels with the same number;
-- `order`: otherwise its position among the rank's calls of the same (group, collective);
-- point-to-point transfers are keyed by direction (sender -> receiver, from `peer`) and
-  their position among the transfers in that direction, so a send meets its recv (gloo
-  traces record the peer only in the c10d op's Concrete Inputs, read by the collectives
-  model); a send_recv with a peer (a batched exchange with one stage, both ways) by the
-  pair, lower rank first, so it meets the peer's; without a peer a transfer cannot be
-  paired and stays alone (`unpaired`);
-- a call that names no group on a rank whose pg_config lists groups of different ranks
-  (gloo traces record no group per call; a tensor- and data-parallel job's rank is in two)
-  could be on any of them: matched by its order, it would meet the calls of other groups
-  (a tensor-parallel all-reduce of ranks 0-1 with that of ranks 2-3, waits three times
-  the real ones on a 4-rank gloo capture), so it stays alone too (`ungrouped`).
-Unequal call counts simply leave some instances seen by fewer ranks (`ranks_seen`), which
-is reported, never an error.
+A call is identified on every rank by a key that does not depend on clocks: its group's
+sequence number (`seq`) when the trace records it, else its position among the rank's calls
+of the same (group, collective) (`order`). Point-to-point transfers are keyed by direction
+and position (a send meets its recv; a send_recv by the pair); a transfer without a peer
+(`unpaired`), or a call naming no group on a rank in groups of different ranks
+(`ungrouped`), stays alone rather than meet another group's calls. Unequal call counts
+leave some instances seen by fewer ranks (`ranks_seen`), reported, never an error.
 
 With matches in hand, `instances` and `waits` compute (on aligned clocks) arrival skew, the
 wait of every rank, the transfer time (the shortest duration: the rank that did not wait) and
 algbw / busbw by the nccl-tests definitions (see bandwidth.py).
+In full: docs/analyses.md, "Matching calls across ranks".
 """
 
 from __future__ import annotations

@@ -1,23 +1,18 @@
 """Which rank makes the others wait, by how much, and how sure we are.
 
 For every matched collective call seen by two or more ranks, the last rank to arrive is
-charged with its own lateness (its arrival minus the second-latest arrival: what the group
-would have gained had it been on time, less how much longer than that rank it had been
-held up earlier in the step by its own calls, waiting or moving data with no compute
-running: a pipeline stage behind a late stage, or behind a slow link, arrives late
-without being late itself) and with the waits of all the others. Point-to-point calls
-name no one: which pipeline stage arrives last at a send/recv is the schedule's order.
-A rank that is late at the start of a step holds everyone at the first collective after
-it; later calls of that step then start together, so a rank's delay per step is the
-largest lateness it caused in that step, averaged over all steps (`delay_ns`: the step
-time its lateness costs).
+charged with its own lateness (its arrival minus the second-latest arrival, less the time
+its own earlier calls had held it up without compute) and with the waits of all the others;
+point-to-point calls name no one (their order is the pipeline schedule's). A rank's delay
+per step is the largest lateness it caused in that step, averaged over steps (`delay_ns`:
+the step time its lateness costs). `late_share` is its share of all lateness;
+`confidence` (share of steps it was the most late x `late_share`) is near 1 for a rank
+consistently late, near 0 when the last arrival moves around. Calls whose arrival skew is
+below `noise_ns` name no one.
 
-`late_share` is the rank's share of all lateness. `confidence` multiplies the share of
-steps in which the rank caused the most lateness by its share of all lateness: near 1 for
-a rank that is consistently the one late, near 0
-when the last arrival moves around (noise). Calls whose arrival skew is below `noise_ns`
-name no one. This table is the one home of the verdict: SYNC101 names the `is_straggler`
-ranks with their `delay_ns`, SYNC104 takes that delay off, the text report prints them.
+This table is the one home of the verdict: SYNC101 names the `is_straggler` ranks with their
+`delay_ns`, SYNC104 takes that delay off, the text report prints them.
+In full: docs/analyses.md, "Stragglers".
 """
 
 from __future__ import annotations

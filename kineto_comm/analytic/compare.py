@@ -1,25 +1,18 @@
 """Expected vs measured communication per group role, with likely causes of deviations.
 
-Contract of `compare(expected_table, report, roles=None)`:
+`compare(expected_table, report, roles=None)` sets `expected(config)` beside
+`measured(report, roles)`: the report's `collectives` inside profiler steps, each rank's
+calls and bytes (the full buffer, as record_param_comms reports it) per step, averaged over
+the analysed ranks, so both sides are per rank and step. A `send_recv` of known size counts
+as the send of its `in_bytes` and the recv of its `out_bytes`, as the model counts them.
+A group's role comes from ``roles``, else from ``report.process_groups``, else ``unknown``
+(``fsdp`` is compared as ``data_parallel``).
 
-* ``expected_table`` is `expected(config)` (or any frame with its columns ``role,
-  collective, calls_per_step, bytes_per_step``).
-* The measured side is `measured(report, roles)`: the report's ``collectives`` inside
-  profiler steps (``step >= 0``; the whole trace counts as one step when no step markers
-  exist), each rank's calls and bytes divided by that rank's number of steps, then averaged
-  over all analysed ranks (``report.ranks``), so it is per rank and step like the expected
-  side. Bytes are the ``bytes`` column: the full buffer, as record_param_comms reports it.
-  A ``send_recv`` call of known size (one kernel carrying a batch's send and receive, as
-  NCCL runs ``batch_isend_irecv``) counts as the send of what it sent (``in_bytes``) and the
-  recv of what it received (``out_bytes``), as the model counts them.
-* A process group's role comes from ``roles`` (process_group -> role; role names as in the
-  process_groups table: data_parallel, tensor_parallel, pipeline, expert, fsdp, unknown, or
-  the short forms dp, tp, pp, ep), else from ``report.process_groups`` (``process_group,
-  role``), else it is ``unknown``. ``fsdp`` groups are compared as ``data_parallel``.
-* Rows are matched on (role, collective); a row present on one side only is kept (the other
-  side null). Deviations are (measured - expected) / expected in percent; a row is flagged
-  when bytes, calls or message size deviate by more than ``threshold_pct`` (10) or when it
-  exists on one side only, and ``causes`` lists the likely reasons (rules in `_causes`).
+Rows are matched on (role, collective), a row of one side only kept. Deviations are
+(measured - expected) / expected in percent; a row is flagged when bytes, calls or message
+size deviate by more than ``threshold_pct`` (10) or it exists on one side only, and
+``causes`` lists the likely reasons (rules in `_causes`).
+In full: docs/analytic-model.md, "Expected vs measured".
 """
 
 from __future__ import annotations

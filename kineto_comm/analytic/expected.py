@@ -4,23 +4,18 @@
 step, averaged over all ranks of the job (pipeline stages differ: stage 0 holds the embedding,
 inner stages talk to two neighbours; the mean over ranks is what a whole-job trace measures):
 
-    role                 data_parallel | tensor_parallel | pipeline | expert (as in the
-                         process_groups table; FSDP/ZeRO shard groups are data_parallel)
-    group                dp | dp_expert | tp | pp | ep: which process group carries it
-    collective           all_reduce | all_gather | reduce_scatter | all_to_all | send | recv
-    group_size           ranks in that group
-    calls_per_step       calls per rank per step (mean over ranks, may be fractional)
-    message_bytes        mean message size: the full buffer as record_param_comms reports it
-                         (all_reduce and send/recv: nelems x B; all_gather: output;
-                         reduce_scatter: input), i.e. the `bytes` column of `collectives`
-    bytes_per_step       calls_per_step x message_bytes: logical volume per rank and step
-    wire_bytes_per_rank  bytes_per_step x the nccl-tests bus factor (all_reduce 2(n-1)/n;
-                         all_gather, reduce_scatter, all_to_all (n-1)/n; send/recv 1): bytes
-                         each rank actually sends
-    formula, reference   the closed form and where it comes from (docs/analytic-model.md)
+    role, group, collective    which role and process group (dp | dp_expert | tp | pp | ep)
+                               carries it, and the collective
+    group_size                 ranks in that group
+    calls_per_step             calls per rank per step (mean over ranks, may be fractional)
+    message_bytes              mean message: the full buffer, the `bytes` of `collectives`
+    bytes_per_step             calls_per_step x message_bytes: logical volume per rank, step
+    wire_bytes_per_rank        bytes_per_step x the nccl-tests bus factor: bytes each rank sends
+    formula, reference         the closed form and where it comes from
 
-Sizes are bytes (GB = 1e9 bytes in rendering). Psi is the parameter count, B the bytes per
-element, b*s*h one micro-batch's activations.
+Sizes are bytes. Psi is the parameter count, B the bytes per element, b*s*h one micro-batch's
+activations. In full (each column, each formula): docs/analytic-model.md, "Expected
+communication".
 """
 
 from __future__ import annotations

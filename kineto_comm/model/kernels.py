@@ -7,21 +7,16 @@ Columns (`KERNEL_SCHEMA`; times are integer nanoseconds):
     start_ns, end_ns           when it ran
     correlation, external_id   links to the launching runtime call and CPU op
     launch_ns, launch_tid      when and on which CPU thread it was launched (null if unknown)
-    launch_end_ns              when that launching runtime call returned (the CPU launches
-                               until then: a first launch may load its module for seconds)
-    waits_for                  the correlation of the kernel of another stream that a stream
-                               wait recorded in the trace makes it wait for; -1: a recorded
-                               wait whose event the trace does not resolve; null: none
-    waited_ns                  where on the device the CPU thread that launched it last
-                               waited for the device before the launch: the end of the
-                               device work a host wait outlasted (a synchronisation, a run
-                               of event or stream polls, a copy whose call returned only
-                               after it ended); null: it never did (or no launch is known)
+    launch_end_ns              when that launching runtime call returned
+    waits_for                  the kernel of another stream a recorded stream wait holds it
+                               behind (its correlation; -1: unresolved; null: none)
+    waited_ns                  where on the device its launching thread last waited for the
+                               device before the launch (null: it never did)
     step                       ProfilerStep number whose CPU window holds the launch (-1: none)
 
-CPU-only traces (gloo) have no device: their `gloo:*` spans become communication rows and
-the CPU ops of the other threads compute rows, on a host timeline, so the same overlap
-arithmetic applies.
+CPU-only traces (gloo) have no device: `gloo:*` spans become communication rows and the other
+threads' CPU ops compute rows, on a host timeline, so the same overlap arithmetic applies.
+In full: docs/tables.md, "kernels".
 """
 
 from __future__ import annotations
