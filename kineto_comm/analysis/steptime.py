@@ -108,15 +108,17 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
     order) cut to the rank's step windows, with `step`: the window holding a piece's start,
     and the one holding its end when that is another (windows tile the timeline; a piece
     over three windows loses its middle one to idle). The rows keep their order, the
-    second parts of pieces across a window's end last."""
+    second parts of pieces across a window's end last. One plan, collected once."""
     if pieces.height == 0:
         return pieces.with_columns(step=pl.lit(None, dtype=pl.Int64))
-    win = windows.select("rank", "step", _ws=pl.col("start_ns"), _we=pl.col("end_ns")).sort(
-        "rank", "_ws"
+    win = (
+        windows.lazy()
+        .select("rank", "step", _ws=pl.col("start_ns"), _we=pl.col("end_ns"))
+        .sort("rank", "_ws")
     )
-    base = pieces.with_columns(pl.col("rank").cast(pl.Int64))
+    base = pieces.lazy().with_columns(pl.col("rank").cast(pl.Int64))
 
-    def at(frame: pl.DataFrame, column: str) -> pl.DataFrame:
+    def at(frame: pl.LazyFrame, column: str) -> pl.LazyFrame:
         # An as-of join by rank needs each rank's rows in time order, not the whole frame's
         # (a global sort of every kernel was most of the blame's time).
         return (
@@ -139,10 +141,9 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
         .drop("step", "_ws", "_we")
         .sort("rank", "end_ns")
     )
-    parts = [first]
-    if crossing.height:
-        parts.append(at(crossing, "end_ns").filter(pl.col("_ws") > pl.col("start_ns")))
-    both = pl.concat(parts, how="vertical")
+    # (None crossing: their part adds no rows.)
+    second = at(crossing, "end_ns").filter(pl.col("_ws") > pl.col("start_ns"))
+    both = pl.concat([first, second], how="vertical")
     return (
         both.filter(pl.col("step").is_not_null())
         .with_columns(
@@ -151,6 +152,7 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
         )
         .filter(pl.col("end_ns") > pl.col("start_ns"))
         .drop("_ws", "_we")
+        .collect()
     )
 
 
@@ -1009,7 +1011,7 @@ def _removed(
             .with_columns(_untimed=pl.col("_untimed") + pl.col("_extra").fill_null(0))
             .drop("_extra")
         )
-    per = per.collect().sort("rank", "step")
+    per = per.sort("rank", "step").collect()
     flat = (pl.col("_fixed") + pl.col("_untimed") + pl.col("_timed")).cast(pl.Float64)
     if line is None or line.rows.height == 0:
         # No times: every row's share and the fixed time come out, no wait moves.
@@ -1026,9 +1028,14 @@ def _removed(
         .to_numpy()
         .copy()
     )
-    ends = line.windows.join(per, on=["rank", "step"], how="left")
-    r[ends["_first"].to_numpy()] = ends["_fixed"].fill_null(0).to_numpy()
-    r[ends["_last"].to_numpy()] = ends["_untimed"].fill_null(0).to_numpy()
+    ends = (
+        line.windows.lazy()
+        .join(per.lazy(), on=["rank", "step"], how="left")
+        .with_columns(pl.col("_fixed", "_untimed").fill_null(0))
+        .collect()
+    )
+    r[ends["_first"].to_numpy()] = ends["_fixed"].to_numpy()
+    r[ends["_last"].to_numpy()] = ends["_untimed"].to_numpy()
     sync = line.rows["sync"].to_numpy()
     ns = line.rows["ns"].to_numpy().astype(np.float64)
     # The rank's removals so far, its waits left out (the sweep re-times them).
@@ -1057,16 +1064,19 @@ def _removed(
         shift = so_far + np.where(valid, offset[np.maximum(last, 0)], 0.0)
     first, final = ends["_first"].to_numpy(), ends["_last"].to_numpy()
     # A window loses what its rank's shift grew by from its first row (the fixed time,
-    # counted) to its last.
-    gained = per.join(
-        ends.select("rank", "step", _e=pl.Series(shift[final] - (shift[first] - r[first]))),
-        on=["rank", "step"],
-        how="left",
-    ).select(
-        "rank",
-        "step",
-        "wall_ns",
-        _t=pl.col("_e").fill_null(flat).clip(0.0, pl.col("wall_ns")),
+    # counted) to its last. The rest is one plan, collected once (issue 81).
+    grew = pl.DataFrame(
+        [ends["rank"], ends["step"], pl.Series("_e", shift[final] - (shift[first] - r[first]))]
+    )
+    gained = (
+        per.lazy()
+        .join(grew.lazy(), on=["rank", "step"], how="left")
+        .select(
+            "rank",
+            "step",
+            "wall_ns",
+            _t=pl.col("_e").fill_null(flat).clip(0.0, pl.col("wall_ns")),
+        )
     )
     if line.chained.height:
         # The tail chain's waits, hidden parts included: the chain ends as much earlier as
@@ -1079,11 +1089,14 @@ def _removed(
         start = shift[first] - r[first]
         after = np.maximum(s_e, np.minimum(s_late, s_b + c["_chained"].to_numpy()))
         more = (
-            c.select("rank", "step", "late_rank", "_chained")
-            .with_columns(
-                _abs=pl.Series(after - start + (shift[c["_final"].to_numpy()] - s_e)),
-                _timed=pl.Series(late >= 0),
+            pl.DataFrame(
+                [
+                    *(c[n] for n in ("rank", "step", "late_rank", "_chained")),
+                    pl.Series("_abs", after - start + (shift[c["_final"].to_numpy()] - s_e)),
+                    pl.Series("_timed", late >= 0),
+                ]
             )
+            .lazy()
             # An awaited rank without times on the timeline: its window's gain.
             .join(
                 gained.select(late_rank="rank", step="step", _gain="_t"),
@@ -1105,7 +1118,9 @@ def _removed(
                 upper_bound=pl.col("wall_ns")
             )
         )
-    return gained.select("rank", "step", "wall_ns", removed_ns=pl.col("_t").round().cast(pl.Int64))
+    return gained.select(
+        "rank", "step", "wall_ns", removed_ns=pl.col("_t").round().cast(pl.Int64)
+    ).collect()
 
 
 def replay(
@@ -1122,9 +1137,16 @@ def replay(
     if use.height == 0:
         return 0
     line = chain if isinstance(chain, Timeline) or chain is None else timeline(chain)
-    rows = _removed(blame.lazy(), edits, line).join(use, on="step", how="semi")
-    new = rows.group_by("step").agg(new=(pl.col("wall_ns") - pl.col("removed_ns")).max())
-    return int(new["new"].sum() // use.height)
+    new = (
+        _removed(blame.lazy(), edits, line)
+        .lazy()
+        .join(use.lazy(), on="step", how="semi")
+        .group_by("step")
+        .agg(new=(pl.col("wall_ns") - pl.col("removed_ns")).max())
+        .select(pl.col("new").sum())
+        .collect()
+    )
+    return int(new.item() // use.height)
 
 
 def saving(
