@@ -591,10 +591,11 @@ def step_times(walls: pl.DataFrame) -> pl.DataFrame:
 
 def job_step_ns(times: pl.DataFrame) -> int:
     """The job's step time: mean `step_ns` over the complete steps (0 without steps)."""
-    use = times.filter(pl.col("complete"))
-    if use.height == 0:
+    complete = times["complete"]  # Series operations, no query
+    count = int(complete.sum())
+    if count == 0:
         return 0
-    return int(use["step_ns"].sum() // use.height)
+    return int(times["step_ns"].filter(complete).sum() // count)
 
 
 def median_and_worst(times: pl.DataFrame) -> list[dict]:
@@ -983,7 +984,7 @@ def _after_wait(line: Timeline, edits: Sequence[Edit], r: np.ndarray) -> np.ndar
 
 def _removed(
     blame: pl.LazyFrame, edits: Sequence[Edit], line: Timeline | None = None
-) -> pl.DataFrame:
+) -> pl.LazyFrame:
     """rank, step, wall_ns, removed_ns: per window, what the edits together take out of it
     (module doc, "Replay"): per row the largest share any edit removes, the largest fixed
     per-rank time at the window's start, what the shortening ones take out of the tail
@@ -1011,7 +1012,7 @@ def _removed(
             .with_columns(_untimed=pl.col("_untimed") + pl.col("_extra").fill_null(0))
             .drop("_extra")
         )
-    per = per.sort("rank", "step").collect()
+    per = per.sort("rank", "step")
     flat = (pl.col("_fixed") + pl.col("_untimed") + pl.col("_timed")).cast(pl.Float64)
     if line is None or line.rows.height == 0:
         # No times: every row's share and the fixed time come out, no wait moves.
@@ -1019,21 +1020,17 @@ def _removed(
             "rank", "step", "wall_ns", removed_ns=pl.min_horizontal(flat, pl.col("wall_ns"))
         )
     # Per row what it loses: its share; a window's first and last rows, its fixed time and
-    # its rows without times.
-    r = (
-        _shared(line.rows.lazy(), edits)
-        .select(pl.col("ns").cast(pl.Float64) * pl.col("_share"))
-        .collect()
-        .to_series()
-        .to_numpy()
-        .copy()
+    # its rows without times. The windows, the rows' shares and the windows' ends: one call.
+    shares = _shared(line.rows.lazy(), edits).select(
+        pl.col("ns").cast(pl.Float64) * pl.col("_share")
     )
     ends = (
         line.windows.lazy()
-        .join(per.lazy(), on=["rank", "step"], how="left")
+        .join(per, on=["rank", "step"], how="left")
         .with_columns(pl.col("_fixed", "_untimed").fill_null(0))
-        .collect()
     )
+    per, shares_frame, ends = pl.collect_all([per, shares, ends])
+    r = shares_frame.to_series().to_numpy().copy()
     r[ends["_first"].to_numpy()] = ends["_fixed"].to_numpy()
     r[ends["_last"].to_numpy()] = ends["_untimed"].to_numpy()
     sync = line.rows["sync"].to_numpy()
@@ -1118,9 +1115,7 @@ def _removed(
                 upper_bound=pl.col("wall_ns")
             )
         )
-    return gained.select(
-        "rank", "step", "wall_ns", removed_ns=pl.col("_t").round().cast(pl.Int64)
-    ).collect()
+    return gained.select("rank", "step", "wall_ns", removed_ns=pl.col("_t").round().cast(pl.Int64))
 
 
 def replay(
@@ -1133,20 +1128,20 @@ def replay(
     `times`: per step the longest rank's window less what the edits remove from it.
     `chain`: what the replay re-times (rank_time's third table, or its Timeline); without
     it, every row's share comes out and no wait moves."""
-    use = times.filter(pl.col("complete")).select("step")
-    if use.height == 0:
+    complete = int(times["complete"].sum())  # the steps counted: no query
+    if complete == 0:
         return 0
+    use = times.lazy().filter(pl.col("complete")).select("step")
     line = chain if isinstance(chain, Timeline) or chain is None else timeline(chain)
     new = (
         _removed(blame.lazy(), edits, line)
-        .lazy()
-        .join(use.lazy(), on="step", how="semi")
+        .join(use, on="step", how="semi")
         .group_by("step")
         .agg(new=(pl.col("wall_ns") - pl.col("removed_ns")).max())
         .select(pl.col("new").sum())
         .collect()
     )
-    return int(new.item() // use.height)
+    return int(new.item() // complete)
 
 
 def saving(

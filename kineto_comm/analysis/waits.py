@@ -74,7 +74,7 @@ def waits_for_group(alone: pl.Series) -> pl.Expr:
     """The calls that wait for their group: not point-to-point (their waits are the
     pipeline's), and not a call kept alone (`alone`: alone_ranks)."""
     unnamed = pl.col("process_group").fill_null(UNKNOWN_GROUP) == UNKNOWN_GROUP  # Tables: "?"
-    kept = unnamed & pl.col("rank").is_in(alone.implode())
+    kept = unnamed & pl.col("rank").is_in(pl.lit(alone).implode())  # no query, as an expression
     return ~pl.col("collective").is_in(P2P) & ~kept
 
 
