@@ -827,8 +827,9 @@ class Timeline:
 
 
 def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
-    """The Timeline of a replay_timeline frame (CHAIN_SCHEMA rows; missing columns null)."""
-    frame = _as(frame, CHAIN_SCHEMA)
+    """The Timeline of a replay_timeline frame (CHAIN_SCHEMA rows; missing columns null):
+    its tables planned lazily and collected together (issue 81: one call, not one each)."""
+    frame = _as(frame, CHAIN_SCHEMA).lazy()
     events = frame.filter(pl.col("part") == "event").with_columns(
         pl.col("sync").fill_null(False), _o=pl.lit(1, dtype=pl.Int8)
     )
@@ -864,13 +865,21 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
         .sort("rank", "step", "at_ns", "_o")
         .with_row_index("_row")
         .with_columns(_start=pl.col("_row").min().over("rank"))
+        .collect()  # numbered once: every table below reads these row numbers
+        .lazy()
     )
     windows = rows.group_by("rank", "step").agg(
         _first=pl.col("_row").min(), _last=pl.col("_row").max()
     )
     syncs = rows.filter("sync").select("_row", "end_ns", "late_rank")
     # Each row by its end, for the as-of joins that find a rank's last row ending by then.
-    ends = rows.select("rank", "_row", _at="end_ns", _event=pl.col("_o") == 1).sort("_at")
+    # (Sorted once: ties on the end keep one order for every join below.)
+    ends = (
+        rows.select("rank", "_row", _at="end_ns", _event=pl.col("_o") == 1)
+        .sort("_at")
+        .collect()
+        .lazy()
+    )
     theirs = (
         syncs.sort("end_ns")
         .join_asof(
@@ -885,9 +894,19 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
     )
     # The sweep keeps a state per rank: ranks numbered 0..n-1 in the order they appear (a
     # rank id is any integer a trace gives); an awaited rank without rows is -1 (no shift).
-    ids = rows["rank"].unique(maintain_order=True)
-    dense = dict(zip(ids.to_list(), range(ids.len()), strict=True))
+    ids = rows.select(pl.col("rank").unique(maintain_order=True))
     tail = frame.filter(pl.col("part") == "chain")
+    chained = _chained_rows(_chain_waits(tail), rows, ends, windows)
+    rows, windows, theirs, ids, tail, chained = pl.collect_all(
+        [rows, windows, theirs, ids, tail, chained]
+    )
+    ids = ids.to_series()
+    dense = dict(zip(ids.to_list(), range(ids.len()), strict=True))
+    theirs = theirs.select(
+        "_row",
+        pl.col("late_rank").replace_strict(dense, default=-1, return_dtype=pl.Int64).fill_null(-1),
+        pl.col("_their").fill_null(-1),
+    )
     return Timeline(
         rows=rows.drop("_row").with_columns(
             _rank=pl.col("rank").replace_strict(dense, return_dtype=pl.Int64)
@@ -895,21 +914,17 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
         windows=windows,
         start=rows["_start"].to_numpy().astype(np.int64),
         sync_at=theirs["_row"].to_numpy().astype(np.int64),
-        late=theirs["late_rank"]
-        .replace_strict(dense, default=-1, return_dtype=pl.Int64)
-        .fill_null(-1)
-        .to_numpy()
-        .astype(np.int64),
-        theirs_at=theirs["_their"].fill_null(-1).to_numpy().astype(np.int64),
+        late=theirs["late_rank"].to_numpy().astype(np.int64),
+        theirs_at=theirs["_their"].to_numpy().astype(np.int64),
         tail=tail,
-        chained=_chained_rows(_chain_waits(tail.lazy()).collect(), rows, ends, windows),
+        chained=chained,
         ranks=ids.len(),
     )
 
 
 def _chained_rows(
-    chained: pl.DataFrame, rows: pl.DataFrame, ends: pl.DataFrame, windows: pl.DataFrame
-) -> pl.DataFrame:
+    chained: pl.LazyFrame, rows: pl.LazyFrame, ends: pl.LazyFrame, windows: pl.LazyFrame
+) -> pl.LazyFrame:
     """`chained` (_chain_waits) with the rows the replay reads shifts at (`ends`: the
     timeline's rows sorted by their end, as `timeline` has them): `_b`, the rank's
     last row starting before the chain; `_c`, its last event ending by the chain's end;
@@ -921,35 +936,35 @@ def _chained_rows(
     timed = chained.filter(has_times)
     untimed = chained.filter(~has_times).join(windows, on=["rank", "step"], how="inner")
     parts = [untimed.with_columns(_b=pl.col("_first"), _c=pl.col("_first"), _l=pl.lit(-1))]
-    if timed.height:
-        starts = rows.select("rank", _at="at_ns", _b="_row").sort("_at")
-        asof = {"strategy": "backward", "check_sortedness": False}
-        parts.append(
-            timed.sort("_cs")
-            .join_asof(
-                starts, left_on="_cs", right_on="_at", by="rank", allow_exact_matches=False, **asof
-            )
-            .drop("_at")
-            .sort("_ce")
-            .join_asof(
-                ends.filter("_event").select("rank", "_at", _c="_row"),
-                left_on="_ce",
-                right_on="_at",
-                by="rank",
-                **asof,
-            )
-            .drop("_at")
-            .join_asof(
-                ends.select(late_rank="rank", _at="_at", _l="_row"),
-                left_on="_ce",
-                right_on="_at",
-                by="late_rank",
-                **asof,
-            )
-            .drop("_at")
-            .join(windows, on=["rank", "step"], how="inner")
+    # The timed ones (none: no rows, and the same columns after the casts below).
+    starts = rows.select("rank", _at="at_ns", _b="_row").sort("_at")
+    asof = {"strategy": "backward", "check_sortedness": False}
+    parts.append(
+        timed.sort("_cs")
+        .join_asof(
+            starts, left_on="_cs", right_on="_at", by="rank", allow_exact_matches=False, **asof
         )
-    cols = [*chained.columns, "_b", "_c", "_l", "_first", "_final"]
+        .drop("_at")
+        .sort("_ce")
+        .join_asof(
+            ends.filter("_event").select("rank", "_at", _c="_row"),
+            left_on="_ce",
+            right_on="_at",
+            by="rank",
+            **asof,
+        )
+        .drop("_at")
+        .join_asof(
+            ends.select(late_rank="rank", _at="_at", _l="_row"),
+            left_on="_ce",
+            right_on="_at",
+            by="late_rank",
+            **asof,
+        )
+        .drop("_at")
+        .join(windows, on=["rank", "step"], how="inner")
+    )
+    cols = [*chained.collect_schema().names(), "_b", "_c", "_l", "_first", "_final"]
     return pl.concat([p.select(cols) for p in parts], how="vertical_relaxed").with_columns(
         pl.col("_b").fill_null(pl.col("_first")).cast(pl.Int64),
         pl.col("_c").fill_null(pl.col("_first")).cast(pl.Int64),
