@@ -86,16 +86,17 @@ _KEYS = ["category", "collective", "process_group", "role", "late_rank", "last_c
 
 def _as(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """`frame`'s columns of `schema` in its order and types, those it lacks null."""
+    return _as_lazy(frame, schema).collect()
+
+
+def _as_lazy(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
+    """`_as`, as a query (a step of a bigger plan)."""
     have = frame.collect_schema().names()
-    return (
-        frame.lazy()
-        .select(
-            *[
-                pl.col(n).cast(t) if n in have else pl.lit(None, dtype=t).alias(n)
-                for n, t in schema.items()
-            ]
-        )
-        .collect()
+    return frame.lazy().select(
+        *[
+            pl.col(n).cast(t) if n in have else pl.lit(None, dtype=t).alias(n)
+            for n, t in schema.items()
+        ]
     )
 
 
@@ -384,56 +385,63 @@ def rank_time(
         ]
     ).sort("rank", "start_ns")
     gaps = _clip_to_windows(gaps, windows)
-    rows = []
+    # The blame rows and the calls' exposure: one plan, collected once (issue 81).
+    rows: list[pl.LazyFrame] = []
     # Compute made disjoint: its pieces' lengths sum to the union's.
     rows.append(
-        compute_in.group_by("rank", "step")
+        compute_in.lazy()
+        .group_by("rank", "step")
         .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
         .with_columns(category=pl.lit("compute"))
     )
     if memory_in.height:
         rows.append(
             memory_in.with_columns(ns=uncovered_ns(memory_in, compute))
+            .lazy()
             .group_by("rank", "step")
             .agg(pl.col("ns").sum(), calls=pl.len())
             .with_columns(category=pl.lit("memory"))
         )
-    exposure = pl.DataFrame(schema=CALL_EXPOSURE_SCHEMA)
+    exposure = pl.LazyFrame(schema=CALL_EXPOSURE_SCHEMA)
     chain = pl.DataFrame(schema=CHAIN_SCHEMA)
     if comm.height:
         comm = comm.with_columns(ns=uncovered_ns(comm, cover))
         rows.append(
-            comm.group_by("rank", "step", *_KEYS).agg(
-                pl.col("ns").sum(), calls=pl.col("_call").sum()
-            )
+            comm.lazy()
+            .group_by("rank", "step", *_KEYS)
+            .agg(pl.col("ns").sum(), calls=pl.col("_call").sum())
         )
         # A call's step is the window it ends in, and it is its step's last call as the
         # blame marks its piece there: the rules' per-step exposure and last calls are
         # the blame's and the replay's (a call launched in one step can run in the next
         # window where the device lags its CPU).
         ending = pl.col("end_ns").arg_max()
-        exposure = comm.group_by("_call_row").agg(
-            exposed_ns=pl.col("ns").filter(pl.col("_call") == 1).sum(),
-            exposed_all_ns=pl.col("ns").sum(),
-            step=pl.col("step").get(ending),
-            last_call=pl.col("last_call").get(ending),
+        exposure = (
+            comm.lazy()
+            .group_by("_call_row")
+            .agg(
+                exposed_ns=pl.col("ns").filter(pl.col("_call") == 1).sum(),
+                exposed_all_ns=pl.col("ns").sum(),
+                step=pl.col("step").get(ending),
+                last_call=pl.col("last_call").get(ending),
+            )
         )
         chain = _tail_chain(comm)
     chain = pl.concat([chain, _events(comm, gaps, windows)], how="vertical")
     if gaps.height:
         rows.append(
-            gaps.group_by(
-                "rank", "step", "collective", "process_group", "role", "step_start", "_cat"
-            )
+            gaps.lazy()
+            .group_by("rank", "step", "collective", "process_group", "role", "step_start", "_cat")
             .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
             .rename({"_cat": "category"})
         )
-    parts = [_as(r, BLAME_SCHEMA) for r in rows]
-    found = pl.concat(parts, how="vertical") if parts else _empty_blame()
+    parts = [_as_lazy(r, BLAME_SCHEMA) for r in rows]
+    found = pl.concat(parts, how="vertical") if parts else _empty_blame().lazy()
     found = found.filter(pl.col("ns") > 0)
     used = found.group_by("rank", "step").agg(_used=pl.col("ns").sum())
     idle = (
-        windows.join(used, on=["rank", "step"], how="left")
+        windows.lazy()
+        .join(used, on=["rank", "step"], how="left")
         .select(
             "rank",
             "step",
@@ -442,17 +450,16 @@ def rank_time(
                 pl.Int64
             ),
         )
-        .pipe(_as, BLAME_SCHEMA)
+        .pipe(_as_lazy, BLAME_SCHEMA)
         .with_columns(calls=pl.lit(0, dtype=pl.Int64))
     )
     blame = pl.concat([found, idle], how="vertical").sort(
         "rank", "step", "category", "process_group", "collective", "late_rank", nulls_last=True
     )
-    return (
-        blame,
-        exposure.select(*[pl.col(n).cast(t) for n, t in CALL_EXPOSURE_SCHEMA.items()]),
-        chain,
+    blame, exposure = pl.collect_all(
+        [blame, exposure.select(*[pl.col(n).cast(t) for n, t in CALL_EXPOSURE_SCHEMA.items()])]
     )
+    return blame, exposure, chain
 
 
 def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
@@ -460,9 +467,10 @@ def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
     pieces, cut to the windows, with their exposed `ns`): the calls of the group of the
     window's last call that ran back to back up to it, each starting at most CHAIN_GAP_NS
     after the one before it ended (queued behind it), grouped as the blame's rows, with
-    `span_ns` their whole time, hidden parts included."""
+    `span_ns` their whole time, hidden parts included. One plan, collected once."""
     calls = (
-        comm.group_by("rank", "step", "_call_row", "process_group")
+        comm.lazy()
+        .group_by("rank", "step", "_call_row", "process_group")
         .agg(_s=pl.col("start_ns").min(), _e=pl.col("end_ns").max())
         .sort("rank", "step", "process_group", "_e")
         .with_columns(
@@ -480,7 +488,8 @@ def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
         .select("_call_row", "step")
     )
     return _as(
-        comm.join(calls, on=["_call_row", "step"], how="semi")
+        comm.lazy()
+        .join(calls, on=["_call_row", "step"], how="semi")
         .group_by("rank", "step", *_KEYS)
         .agg(
             pl.col("ns").sum(),
@@ -499,7 +508,8 @@ def _events(comm: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl
     their exposed `ns`) and its launch and queued pieces, each at its time (`at_ns`,
     `end_ns`); `sync` marks the exposed part of a wait for another rank (a collective's
     wait, or a pipeline call that waited for its peer): where the rank stood still until
-    that rank arrived. And a "window" row per window, its span. What the replay re-times."""
+    that rank arrived. And a "window" row per window, its span. What the replay re-times.
+    One plan, collected once."""
     parts = [
         windows.select(
             "rank",
@@ -549,9 +559,10 @@ def _events(comm: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl
             )
         )
     return (
-        pl.concat([_as(r, CHAIN_SCHEMA) for r in parts])
+        pl.concat([_as_lazy(r, CHAIN_SCHEMA) for r in parts])
         .with_columns(part=pl.col("part").fill_null("event"), span_ns=pl.col("ns"))
         .filter((pl.col("ns") > 0) | (pl.col("part") == "window"))
+        .collect()
     )
 
 
@@ -688,6 +699,14 @@ def removed_ns(rows: pl.DataFrame | pl.LazyFrame, edits: Sequence[Edit]) -> int:
         return 0
     got = _shared(rows.lazy(), edits).select((pl.col("ns") * pl.col("_share")).sum()).collect()
     return int(round(got.item() or 0))
+
+
+def removed_ns_each(rows: pl.DataFrame | pl.LazyFrame, edits: Sequence[Edit]) -> list[int]:
+    """`removed_ns(rows, [edit])` of each edit, planned together (one call of the engine)."""
+    plans = [
+        _shared(rows.lazy(), [e]).select((pl.col("ns") * pl.col("_share")).sum()) for e in edits
+    ]
+    return [int(round(got.item() or 0)) for got in pl.collect_all(plans)] if plans else []
 
 
 def _chain_gain(chain: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
