@@ -247,6 +247,10 @@ class Tables(Mapping[str, pl.DataFrame]):
 def _normal(value: Any) -> pl.DataFrame:
     if not isinstance(value, pl.DataFrame):
         return pl.DataFrame()
-    if "process_group" in value.columns and value.schema["process_group"] == pl.String:
+    if (
+        "process_group" in value.columns
+        and value.schema["process_group"] == pl.String
+        and value["process_group"].null_count()  # a count Arrow keeps: no query
+    ):
         value = value.with_columns(pl.col("process_group").fill_null("?"))
     return value

@@ -160,8 +160,16 @@ def storm_keys(tables: Tables, max_bytes: int, min_calls: int) -> pl.DataFrame:
     """(process_group, collective) pairs that are message storms.
 
     From the storms table when the analysis produced it, else: median message <= max_bytes
-    and at least min_calls calls per rank and step.
+    and at least min_calls calls per rank and step. Once per rules run (four rules ask).
     """
+    return tables.once(
+        ("builtin", "storm_keys_all", max_bytes, min_calls),
+        lambda: _storm_keys(tables, max_bytes, min_calls),
+    )
+
+
+def _storm_keys(tables: Tables, max_bytes: int, min_calls: int) -> pl.DataFrame:
+    """`storm_keys`, computed."""
     storms = tables["storms"]
     if tables.has("storms", "process_group", "collective"):
         found = storms.select(pl.col("process_group").cast(pl.String), "collective").unique()

@@ -118,10 +118,15 @@ class _Rank:
         s = k["start_ns"].to_numpy().astype(np.int64, copy=False)
         e = k["end_ns"].to_numpy().astype(np.int64, copy=False)
         st = k["stream"].to_numpy().astype(np.int64, copy=False)
-        has_launch = k["launch_ns"].is_not_null().to_numpy()
-        launch = k["launch_ns"].fill_null(_FAR).to_numpy().astype(np.int64, copy=False)
-        self.comm = (k["kind"] == "communication").fill_null(False).to_numpy()
-        self.labels = k.select("stream", "kind", "name")
+        got = k.select(  # one query for the three
+            has=pl.col("launch_ns").is_not_null(),
+            launch=pl.col("launch_ns").fill_null(_FAR),
+            comm=(pl.col("kind") == "communication").fill_null(False),
+        )
+        has_launch = got["has"].to_numpy()
+        launch = got["launch"].to_numpy().astype(np.int64, copy=False)
+        self.comm = got["comm"].to_numpy()
+        self.labels = pl.DataFrame([k["stream"], k["kind"], k["name"]])
         self.start, self.end, self.stream, self.launch = s, e, st, launch
         idx = np.arange(n, dtype=np.int64)
         none = np.full(n, -1, dtype=np.int64)

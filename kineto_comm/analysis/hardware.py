@@ -87,10 +87,22 @@ def load_table(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
                 raise ValueError(f"hardware.{kind}.{key} must be a table")
             entry = table[kind].setdefault(key, {})
             _merge(entry, copy.deepcopy(dict(values)))
+    regex = not _patterns_compile(table)
     for kind, entries in table.items():
         for key, entry in entries.items():
-            _check(f"hardware.{kind}.{key}", entry, kind == "gpu")
+            _check(f"hardware.{kind}.{key}", entry, kind == "gpu", regex)
     return table
+
+
+def _patterns_compile(table: Mapping[str, Any]) -> bool:
+    """True when every `match` pattern of the table compiles, tried in one query (one per
+    pattern is a query per model); False sends `_check` to try each, to name the bad one."""
+    try:
+        patterns = [p for es in table.values() for e in es.values() for p in e.get("match", [])]
+        pl.select(pl.lit("").str.contains(f"(?i){p}").alias(str(i)) for i, p in enumerate(patterns))
+    except Exception:  # noqa: BLE001 (whatever it is, `_check` says it for the entry)
+        return False
+    return True
 
 
 def _merge(into: dict[str, Any], values: Mapping[str, Any]) -> None:
@@ -101,11 +113,11 @@ def _merge(into: dict[str, Any], values: Mapping[str, Any]) -> None:
             into[k] = v
 
 
-def _check(where: str, entry: Mapping[str, Any], gpu: bool) -> None:
-    """ValueError for what the analysis cannot use."""
+def _check(where: str, entry: Mapping[str, Any], gpu: bool, regex: bool = True) -> None:
+    """ValueError for what the analysis cannot use (`regex`: each pattern tried too)."""
     if gpu and not (isinstance(entry.get("match"), list) and entry["match"]):
         raise ValueError(f"{where}.match must be a list of patterns")
-    for pattern in entry.get("match", []):
+    for pattern in entry.get("match", []) if regex else []:
         try:  # Polars' (Rust) regex syntax: the one the names are matched with
             pl.select(pl.lit("").str.contains(f"(?i){pattern}"))
         except (pl.exceptions.PolarsError, TypeError) as exc:

@@ -93,10 +93,16 @@ def disjoint_pieces(pieces: pl.DataFrame, ordered: bool = False) -> pl.DataFrame
         # Ties broken by every column: the same pieces give the same result in any input
         # order (a big job's ranks are built in batches of other sizes).
         rest = sorted(c for c in pieces.columns if c not in ("rank", "start_ns", "end_ns"))
-        pieces = pieces.sort(["rank", "start_ns", "end_ns", *rest], nulls_last=True)
-    return pieces.with_columns(
-        start_ns=pl.max_horizontal("start_ns", reach.fill_null(pl.col("start_ns")))
-    ).filter(pl.col("end_ns") > pl.col("start_ns"))
+        query = pieces.lazy().sort(["rank", "start_ns", "end_ns", *rest], nulls_last=True)
+    else:
+        query = pieces.lazy()
+    return (
+        query.with_columns(
+            start_ns=pl.max_horizontal("start_ns", reach.fill_null(pl.col("start_ns")))
+        )
+        .filter(pl.col("end_ns") > pl.col("start_ns"))
+        .collect()
+    )
 
 
 def uncovered_ns(pieces: pl.DataFrame, cover: pl.DataFrame) -> pl.Series:
@@ -107,7 +113,8 @@ def uncovered_ns(pieces: pl.DataFrame, cover: pl.DataFrame) -> pl.Series:
     if cover.height == 0 or pieces.height == 0:
         return length
     union = (
-        cover.select("rank", "start_ns", "end_ns")
+        cover.lazy()
+        .select("rank", "start_ns", "end_ns")
         .with_columns(_len=pl.col("end_ns") - pl.col("start_ns"))
         .with_columns(_acc=pl.col("_len").cum_sum().over("rank") - pl.col("_len"))
         .select("rank", _us="start_ns", _ue="end_ns", _acc="_acc")
@@ -115,7 +122,8 @@ def uncovered_ns(pieces: pl.DataFrame, cover: pl.DataFrame) -> pl.Series:
 
     def before(column: str) -> pl.Series:
         hit = (
-            pieces.select("rank", _t=pl.col(column))
+            pieces.lazy()
+            .select("rank", _t=pl.col(column))
             .with_row_index("_row")
             .sort("_t")
             .join_asof(
@@ -129,7 +137,7 @@ def uncovered_ns(pieces: pl.DataFrame, cover: pl.DataFrame) -> pl.Series:
             .sort("_row")
         )
         inside = (pl.min_horizontal("_t", "_ue") - pl.col("_us")).clip(lower_bound=0)
-        return hit.select((pl.col("_acc") + inside).fill_null(0)).to_series()
+        return hit.select((pl.col("_acc") + inside).fill_null(0)).collect().to_series()
 
     return (length - (before("end_ns") - before("start_ns"))).clip(lower_bound=0)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from kineto_comm.analysis.view import TableView
+from kineto_comm.analysis.view import TableView, memo
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,13 @@ class Platform:
 
 
 def job_platform(tables: TableView) -> Platform:
-    """The job's `Platform`, from the `ranks` table (its `backend` and `timeline` columns)."""
+    """The job's `Platform`, from the `ranks` table (its `backend` and `timeline` columns):
+    read once per rules run (most rules ask)."""
+    return memo(tables, "platform", lambda: _job_platform(tables))
+
+
+def _job_platform(tables: TableView) -> Platform:
+    """`job_platform`, computed."""
     if not tables.has("ranks", "backend", "timeline"):
         return Platform(None, False)
     ranks = tables["ranks"]

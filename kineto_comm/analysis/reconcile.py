@@ -150,8 +150,8 @@ def blame_accounts(
         mine = rows.filter(pl.col("category") == category).lazy()
         removed: dict[str, int] = {}
         takers = []
-        for f in edited:
-            n = steptime.removed_ns(mine, [f.edit])
+        each = steptime.removed_ns_each(mine, [f.edit for f in edited])
+        for f, n in zip(edited, each, strict=True):
             if n > 0:
                 takers.append(f)
                 removed[f.code] = max(removed.get(f.code, 0), n)

@@ -707,51 +707,64 @@ def call_roles(
     splits by kind of call (no group named per call: roles.py), its kind's role (an
     all_to_all's, an all_reduce's of its size), so a dense gradient all-reduce pooled with
     embedding all-to-alls is not 'embedding'. Null where the group is unknown."""
-    roles = group_roles(tables).select(pl.col("process_group").alias("_pg"), "role")
+    roles = group_roles(tables).lazy().select(pl.col("process_group").alias("_pg"), "role")
     lazy = isinstance(frame, pl.LazyFrame)
     pg = pl.col("process_group").cast(pl.String).fill_null(UNKNOWN_GROUP)
-    out = frame.lazy().with_columns(_pg=pg).join(roles.lazy(), on="_pg", how="left")
-    pgs = tables["process_groups"]
+    out = frame.lazy().with_columns(_pg=pg).join(roles, on="_pg", how="left")
     columns = frame.collect_schema().names() if lazy else frame.columns
-    if "pooled_collective" in pgs.columns and "collective" in columns:
-        pooled = pgs.filter(pl.col("pooled_collective").is_not_null()).select(
-            _pg="process_group", _pc="pooled_collective", _pb="pooled_bytes", _pr="role"
+    pools = memo(tables, "role_pools", lambda: _role_pools(tables))
+    if pools is not None and "collective" in columns:
+        kinds, sized, rest, split = pools
+        out = out.join(
+            kinds.lazy(), left_on=["_pg", "collective"], right_on=["_pg", "_pc"], how="left"
         )
-        if pooled.height:
-            kinds = pooled.filter(pl.col("_pb").is_null()).select("_pg", "_pc", _kr="_pr")
+        if "bytes" in columns and sized.height:
             out = out.join(
-                kinds.lazy(), left_on=["_pg", "collective"], right_on=["_pg", "_pc"], how="left"
+                sized.lazy(),
+                left_on=["_pg", "collective", pl.col("bytes").cast(pl.Int64)],
+                right_on=["_pg", "_pc", "_pb"],
+                how="left",
             )
-            sized = pooled.filter(pl.col("_pb").is_not_null())
-            if "bytes" in columns and sized.height:
-                out = out.join(
-                    sized.select("_pg", "_pc", "_pb", _sr="_pr").lazy(),
-                    left_on=["_pg", "collective", pl.col("bytes").cast(pl.Int64)],
-                    right_on=["_pg", "_pc", "_pb"],
-                    how="left",
+        else:
+            out = out.with_columns(_sr=pl.lit(None, dtype=pl.String))
+        out = (
+            out.join(rest.lazy(), on="_pg", how="left")
+            .with_columns(
+                role=pl.coalesce(
+                    "_sr",
+                    "_kr",
+                    pl.when(~pl.col("collective").is_in(split)).then(pl.col("_rr")),
+                    "role",
                 )
-            else:
-                out = out.with_columns(_sr=pl.lit(None, dtype=pl.String))
-            # The rest of the pool: calls of a kind the split has no row for.
-            rest = pgs.filter(
-                pl.col("pooled_collective").is_null()
-                & pl.col("process_group").is_in(pooled["_pg"].unique().implode())
-            ).select(_pg="process_group", _rr="role")
-            split = pooled["_pc"].unique().to_list()
-            out = (
-                out.join(rest.lazy(), on="_pg", how="left")
-                .with_columns(
-                    role=pl.coalesce(
-                        "_sr",
-                        "_kr",
-                        pl.when(~pl.col("collective").is_in(split)).then(pl.col("_rr")),
-                        "role",
-                    )
-                )
-                .drop("_kr", "_sr", "_rr")
             )
+            .drop("_kr", "_sr", "_rr")
+        )
     out = out.drop("_pg")
     return out if lazy else out.collect()
+
+
+def _role_pools(
+    tables: TableView,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, list[str]] | None:
+    """What `call_roles` joins for the pooled groups (None when the process_groups table
+    splits none): each kind's role (`_kr`), each sized kind's (`_sr`), the rest of the
+    pool's (`_rr`) and the kinds split; read once per rules run."""
+    pgs = tables["process_groups"]
+    if "pooled_collective" not in pgs.columns:
+        return None
+    pooled = pgs.filter(pl.col("pooled_collective").is_not_null()).select(
+        _pg="process_group", _pc="pooled_collective", _pb="pooled_bytes", _pr="role"
+    )
+    if not pooled.height:
+        return None
+    kinds = pooled.filter(pl.col("_pb").is_null()).select("_pg", "_pc", _kr="_pr")
+    sized = pooled.filter(pl.col("_pb").is_not_null()).select("_pg", "_pc", "_pb", _sr="_pr")
+    # The rest of the pool: calls of a kind the split has no row for.
+    rest = pgs.filter(
+        pl.col("pooled_collective").is_null()
+        & pl.col("process_group").is_in(pooled["_pg"].unique().implode())
+    ).select(_pg="process_group", _rr="role")
+    return kinds, sized, rest, pooled["_pc"].unique().to_list()
 
 
 def desc_role(desc: pl.Expr) -> pl.Expr:

@@ -86,16 +86,17 @@ _KEYS = ["category", "collective", "process_group", "role", "late_rank", "last_c
 
 def _as(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """`frame`'s columns of `schema` in its order and types, those it lacks null."""
+    return _as_lazy(frame, schema).collect()
+
+
+def _as_lazy(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
+    """`_as`, as a query (a step of a bigger plan)."""
     have = frame.collect_schema().names()
-    return (
-        frame.lazy()
-        .select(
-            *[
-                pl.col(n).cast(t) if n in have else pl.lit(None, dtype=t).alias(n)
-                for n, t in schema.items()
-            ]
-        )
-        .collect()
+    return frame.lazy().select(
+        *[
+            pl.col(n).cast(t) if n in have else pl.lit(None, dtype=t).alias(n)
+            for n, t in schema.items()
+        ]
     )
 
 
@@ -108,15 +109,17 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
     order) cut to the rank's step windows, with `step`: the window holding a piece's start,
     and the one holding its end when that is another (windows tile the timeline; a piece
     over three windows loses its middle one to idle). The rows keep their order, the
-    second parts of pieces across a window's end last."""
+    second parts of pieces across a window's end last. One plan, collected once."""
     if pieces.height == 0:
         return pieces.with_columns(step=pl.lit(None, dtype=pl.Int64))
-    win = windows.select("rank", "step", _ws=pl.col("start_ns"), _we=pl.col("end_ns")).sort(
-        "rank", "_ws"
+    win = (
+        windows.lazy()
+        .select("rank", "step", _ws=pl.col("start_ns"), _we=pl.col("end_ns"))
+        .sort("rank", "_ws")
     )
-    base = pieces.with_columns(pl.col("rank").cast(pl.Int64))
+    base = pieces.lazy().with_columns(pl.col("rank").cast(pl.Int64))
 
-    def at(frame: pl.DataFrame, column: str) -> pl.DataFrame:
+    def at(frame: pl.LazyFrame, column: str) -> pl.LazyFrame:
         # An as-of join by rank needs each rank's rows in time order, not the whole frame's
         # (a global sort of every kernel was most of the blame's time).
         return (
@@ -139,10 +142,9 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
         .drop("step", "_ws", "_we")
         .sort("rank", "end_ns")
     )
-    parts = [first]
-    if crossing.height:
-        parts.append(at(crossing, "end_ns").filter(pl.col("_ws") > pl.col("start_ns")))
-    both = pl.concat(parts, how="vertical")
+    # (None crossing: their part adds no rows.)
+    second = at(crossing, "end_ns").filter(pl.col("_ws") > pl.col("start_ns"))
+    both = pl.concat([first, second], how="vertical")
     return (
         both.filter(pl.col("step").is_not_null())
         .with_columns(
@@ -151,6 +153,7 @@ def _clip_to_windows(pieces: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFram
         )
         .filter(pl.col("end_ns") > pl.col("start_ns"))
         .drop("_ws", "_we")
+        .collect()
     )
 
 
@@ -382,56 +385,63 @@ def rank_time(
         ]
     ).sort("rank", "start_ns")
     gaps = _clip_to_windows(gaps, windows)
-    rows = []
+    # The blame rows and the calls' exposure: one plan, collected once (issue 81).
+    rows: list[pl.LazyFrame] = []
     # Compute made disjoint: its pieces' lengths sum to the union's.
     rows.append(
-        compute_in.group_by("rank", "step")
+        compute_in.lazy()
+        .group_by("rank", "step")
         .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
         .with_columns(category=pl.lit("compute"))
     )
     if memory_in.height:
         rows.append(
             memory_in.with_columns(ns=uncovered_ns(memory_in, compute))
+            .lazy()
             .group_by("rank", "step")
             .agg(pl.col("ns").sum(), calls=pl.len())
             .with_columns(category=pl.lit("memory"))
         )
-    exposure = pl.DataFrame(schema=CALL_EXPOSURE_SCHEMA)
+    exposure = pl.LazyFrame(schema=CALL_EXPOSURE_SCHEMA)
     chain = pl.DataFrame(schema=CHAIN_SCHEMA)
     if comm.height:
         comm = comm.with_columns(ns=uncovered_ns(comm, cover))
         rows.append(
-            comm.group_by("rank", "step", *_KEYS).agg(
-                pl.col("ns").sum(), calls=pl.col("_call").sum()
-            )
+            comm.lazy()
+            .group_by("rank", "step", *_KEYS)
+            .agg(pl.col("ns").sum(), calls=pl.col("_call").sum())
         )
         # A call's step is the window it ends in, and it is its step's last call as the
         # blame marks its piece there: the rules' per-step exposure and last calls are
         # the blame's and the replay's (a call launched in one step can run in the next
         # window where the device lags its CPU).
         ending = pl.col("end_ns").arg_max()
-        exposure = comm.group_by("_call_row").agg(
-            exposed_ns=pl.col("ns").filter(pl.col("_call") == 1).sum(),
-            exposed_all_ns=pl.col("ns").sum(),
-            step=pl.col("step").get(ending),
-            last_call=pl.col("last_call").get(ending),
+        exposure = (
+            comm.lazy()
+            .group_by("_call_row")
+            .agg(
+                exposed_ns=pl.col("ns").filter(pl.col("_call") == 1).sum(),
+                exposed_all_ns=pl.col("ns").sum(),
+                step=pl.col("step").get(ending),
+                last_call=pl.col("last_call").get(ending),
+            )
         )
         chain = _tail_chain(comm)
     chain = pl.concat([chain, _events(comm, gaps, windows)], how="vertical")
     if gaps.height:
         rows.append(
-            gaps.group_by(
-                "rank", "step", "collective", "process_group", "role", "step_start", "_cat"
-            )
+            gaps.lazy()
+            .group_by("rank", "step", "collective", "process_group", "role", "step_start", "_cat")
             .agg(ns=(pl.col("end_ns") - pl.col("start_ns")).sum(), calls=pl.len())
             .rename({"_cat": "category"})
         )
-    parts = [_as(r, BLAME_SCHEMA) for r in rows]
-    found = pl.concat(parts, how="vertical") if parts else _empty_blame()
+    parts = [_as_lazy(r, BLAME_SCHEMA) for r in rows]
+    found = pl.concat(parts, how="vertical") if parts else _empty_blame().lazy()
     found = found.filter(pl.col("ns") > 0)
     used = found.group_by("rank", "step").agg(_used=pl.col("ns").sum())
     idle = (
-        windows.join(used, on=["rank", "step"], how="left")
+        windows.lazy()
+        .join(used, on=["rank", "step"], how="left")
         .select(
             "rank",
             "step",
@@ -440,17 +450,16 @@ def rank_time(
                 pl.Int64
             ),
         )
-        .pipe(_as, BLAME_SCHEMA)
+        .pipe(_as_lazy, BLAME_SCHEMA)
         .with_columns(calls=pl.lit(0, dtype=pl.Int64))
     )
     blame = pl.concat([found, idle], how="vertical").sort(
         "rank", "step", "category", "process_group", "collective", "late_rank", nulls_last=True
     )
-    return (
-        blame,
-        exposure.select(*[pl.col(n).cast(t) for n, t in CALL_EXPOSURE_SCHEMA.items()]),
-        chain,
+    blame, exposure = pl.collect_all(
+        [blame, exposure.select(*[pl.col(n).cast(t) for n, t in CALL_EXPOSURE_SCHEMA.items()])]
     )
+    return blame, exposure, chain
 
 
 def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
@@ -458,9 +467,10 @@ def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
     pieces, cut to the windows, with their exposed `ns`): the calls of the group of the
     window's last call that ran back to back up to it, each starting at most CHAIN_GAP_NS
     after the one before it ended (queued behind it), grouped as the blame's rows, with
-    `span_ns` their whole time, hidden parts included."""
+    `span_ns` their whole time, hidden parts included. One plan, collected once."""
     calls = (
-        comm.group_by("rank", "step", "_call_row", "process_group")
+        comm.lazy()
+        .group_by("rank", "step", "_call_row", "process_group")
         .agg(_s=pl.col("start_ns").min(), _e=pl.col("end_ns").max())
         .sort("rank", "step", "process_group", "_e")
         .with_columns(
@@ -478,7 +488,8 @@ def _tail_chain(comm: pl.DataFrame) -> pl.DataFrame:
         .select("_call_row", "step")
     )
     return _as(
-        comm.join(calls, on=["_call_row", "step"], how="semi")
+        comm.lazy()
+        .join(calls, on=["_call_row", "step"], how="semi")
         .group_by("rank", "step", *_KEYS)
         .agg(
             pl.col("ns").sum(),
@@ -497,7 +508,8 @@ def _events(comm: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl
     their exposed `ns`) and its launch and queued pieces, each at its time (`at_ns`,
     `end_ns`); `sync` marks the exposed part of a wait for another rank (a collective's
     wait, or a pipeline call that waited for its peer): where the rank stood still until
-    that rank arrived. And a "window" row per window, its span. What the replay re-times."""
+    that rank arrived. And a "window" row per window, its span. What the replay re-times.
+    One plan, collected once."""
     parts = [
         windows.select(
             "rank",
@@ -547,9 +559,10 @@ def _events(comm: pl.DataFrame, gaps: pl.DataFrame, windows: pl.DataFrame) -> pl
             )
         )
     return (
-        pl.concat([_as(r, CHAIN_SCHEMA) for r in parts])
+        pl.concat([_as_lazy(r, CHAIN_SCHEMA) for r in parts])
         .with_columns(part=pl.col("part").fill_null("event"), span_ns=pl.col("ns"))
         .filter((pl.col("ns") > 0) | (pl.col("part") == "window"))
+        .collect()
     )
 
 
@@ -589,10 +602,11 @@ def step_times(walls: pl.DataFrame) -> pl.DataFrame:
 
 def job_step_ns(times: pl.DataFrame) -> int:
     """The job's step time: mean `step_ns` over the complete steps (0 without steps)."""
-    use = times.filter(pl.col("complete"))
-    if use.height == 0:
+    complete = times["complete"]  # Series operations, no query
+    count = int(complete.sum())
+    if count == 0:
         return 0
-    return int(use["step_ns"].sum() // use.height)
+    return int(times["step_ns"].filter(complete).sum() // count)
 
 
 def median_and_worst(times: pl.DataFrame) -> list[dict]:
@@ -685,6 +699,14 @@ def removed_ns(rows: pl.DataFrame | pl.LazyFrame, edits: Sequence[Edit]) -> int:
         return 0
     got = _shared(rows.lazy(), edits).select((pl.col("ns") * pl.col("_share")).sum()).collect()
     return int(round(got.item() or 0))
+
+
+def removed_ns_each(rows: pl.DataFrame | pl.LazyFrame, edits: Sequence[Edit]) -> list[int]:
+    """`removed_ns(rows, [edit])` of each edit, planned together (one call of the engine)."""
+    plans = [
+        _shared(rows.lazy(), [e]).select((pl.col("ns") * pl.col("_share")).sum()) for e in edits
+    ]
+    return [int(round(got.item() or 0)) for got in pl.collect_all(plans)] if plans else []
 
 
 def _chain_gain(chain: pl.LazyFrame, edits: Sequence[Edit]) -> pl.LazyFrame:
@@ -824,8 +846,9 @@ class Timeline:
 
 
 def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
-    """The Timeline of a replay_timeline frame (CHAIN_SCHEMA rows; missing columns null)."""
-    frame = _as(frame, CHAIN_SCHEMA)
+    """The Timeline of a replay_timeline frame (CHAIN_SCHEMA rows; missing columns null):
+    its tables planned lazily and collected together (issue 81: one call, not one each)."""
+    frame = _as(frame, CHAIN_SCHEMA).lazy()
     events = frame.filter(pl.col("part") == "event").with_columns(
         pl.col("sync").fill_null(False), _o=pl.lit(1, dtype=pl.Int8)
     )
@@ -861,13 +884,21 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
         .sort("rank", "step", "at_ns", "_o")
         .with_row_index("_row")
         .with_columns(_start=pl.col("_row").min().over("rank"))
+        .collect()  # numbered once: every table below reads these row numbers
+        .lazy()
     )
     windows = rows.group_by("rank", "step").agg(
         _first=pl.col("_row").min(), _last=pl.col("_row").max()
     )
     syncs = rows.filter("sync").select("_row", "end_ns", "late_rank")
     # Each row by its end, for the as-of joins that find a rank's last row ending by then.
-    ends = rows.select("rank", "_row", _at="end_ns", _event=pl.col("_o") == 1).sort("_at")
+    # (Sorted once: ties on the end keep one order for every join below.)
+    ends = (
+        rows.select("rank", "_row", _at="end_ns", _event=pl.col("_o") == 1)
+        .sort("_at")
+        .collect()
+        .lazy()
+    )
     theirs = (
         syncs.sort("end_ns")
         .join_asof(
@@ -882,9 +913,19 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
     )
     # The sweep keeps a state per rank: ranks numbered 0..n-1 in the order they appear (a
     # rank id is any integer a trace gives); an awaited rank without rows is -1 (no shift).
-    ids = rows["rank"].unique(maintain_order=True)
-    dense = dict(zip(ids.to_list(), range(ids.len()), strict=True))
+    ids = rows.select(pl.col("rank").unique(maintain_order=True))
     tail = frame.filter(pl.col("part") == "chain")
+    chained = _chained_rows(_chain_waits(tail), rows, ends, windows)
+    rows, windows, theirs, ids, tail, chained = pl.collect_all(
+        [rows, windows, theirs, ids, tail, chained]
+    )
+    ids = ids.to_series()
+    dense = dict(zip(ids.to_list(), range(ids.len()), strict=True))
+    theirs = theirs.select(
+        "_row",
+        pl.col("late_rank").replace_strict(dense, default=-1, return_dtype=pl.Int64).fill_null(-1),
+        pl.col("_their").fill_null(-1),
+    )
     return Timeline(
         rows=rows.drop("_row").with_columns(
             _rank=pl.col("rank").replace_strict(dense, return_dtype=pl.Int64)
@@ -892,21 +933,17 @@ def timeline(frame: pl.DataFrame | pl.LazyFrame) -> Timeline:
         windows=windows,
         start=rows["_start"].to_numpy().astype(np.int64),
         sync_at=theirs["_row"].to_numpy().astype(np.int64),
-        late=theirs["late_rank"]
-        .replace_strict(dense, default=-1, return_dtype=pl.Int64)
-        .fill_null(-1)
-        .to_numpy()
-        .astype(np.int64),
-        theirs_at=theirs["_their"].fill_null(-1).to_numpy().astype(np.int64),
+        late=theirs["late_rank"].to_numpy().astype(np.int64),
+        theirs_at=theirs["_their"].to_numpy().astype(np.int64),
         tail=tail,
-        chained=_chained_rows(_chain_waits(tail.lazy()).collect(), rows, ends, windows),
+        chained=chained,
         ranks=ids.len(),
     )
 
 
 def _chained_rows(
-    chained: pl.DataFrame, rows: pl.DataFrame, ends: pl.DataFrame, windows: pl.DataFrame
-) -> pl.DataFrame:
+    chained: pl.LazyFrame, rows: pl.LazyFrame, ends: pl.LazyFrame, windows: pl.LazyFrame
+) -> pl.LazyFrame:
     """`chained` (_chain_waits) with the rows the replay reads shifts at (`ends`: the
     timeline's rows sorted by their end, as `timeline` has them): `_b`, the rank's
     last row starting before the chain; `_c`, its last event ending by the chain's end;
@@ -918,35 +955,35 @@ def _chained_rows(
     timed = chained.filter(has_times)
     untimed = chained.filter(~has_times).join(windows, on=["rank", "step"], how="inner")
     parts = [untimed.with_columns(_b=pl.col("_first"), _c=pl.col("_first"), _l=pl.lit(-1))]
-    if timed.height:
-        starts = rows.select("rank", _at="at_ns", _b="_row").sort("_at")
-        asof = {"strategy": "backward", "check_sortedness": False}
-        parts.append(
-            timed.sort("_cs")
-            .join_asof(
-                starts, left_on="_cs", right_on="_at", by="rank", allow_exact_matches=False, **asof
-            )
-            .drop("_at")
-            .sort("_ce")
-            .join_asof(
-                ends.filter("_event").select("rank", "_at", _c="_row"),
-                left_on="_ce",
-                right_on="_at",
-                by="rank",
-                **asof,
-            )
-            .drop("_at")
-            .join_asof(
-                ends.select(late_rank="rank", _at="_at", _l="_row"),
-                left_on="_ce",
-                right_on="_at",
-                by="late_rank",
-                **asof,
-            )
-            .drop("_at")
-            .join(windows, on=["rank", "step"], how="inner")
+    # The timed ones (none: no rows, and the same columns after the casts below).
+    starts = rows.select("rank", _at="at_ns", _b="_row").sort("_at")
+    asof = {"strategy": "backward", "check_sortedness": False}
+    parts.append(
+        timed.sort("_cs")
+        .join_asof(
+            starts, left_on="_cs", right_on="_at", by="rank", allow_exact_matches=False, **asof
         )
-    cols = [*chained.columns, "_b", "_c", "_l", "_first", "_final"]
+        .drop("_at")
+        .sort("_ce")
+        .join_asof(
+            ends.filter("_event").select("rank", "_at", _c="_row"),
+            left_on="_ce",
+            right_on="_at",
+            by="rank",
+            **asof,
+        )
+        .drop("_at")
+        .join_asof(
+            ends.select(late_rank="rank", _at="_at", _l="_row"),
+            left_on="_ce",
+            right_on="_at",
+            by="late_rank",
+            **asof,
+        )
+        .drop("_at")
+        .join(windows, on=["rank", "step"], how="inner")
+    )
+    cols = [*chained.collect_schema().names(), "_b", "_c", "_l", "_first", "_final"]
     return pl.concat([p.select(cols) for p in parts], how="vertical_relaxed").with_columns(
         pl.col("_b").fill_null(pl.col("_first")).cast(pl.Int64),
         pl.col("_c").fill_null(pl.col("_first")).cast(pl.Int64),
@@ -981,7 +1018,7 @@ def _after_wait(line: Timeline, edits: Sequence[Edit], r: np.ndarray) -> np.ndar
 
 def _removed(
     blame: pl.LazyFrame, edits: Sequence[Edit], line: Timeline | None = None
-) -> pl.DataFrame:
+) -> pl.LazyFrame:
     """rank, step, wall_ns, removed_ns: per window, what the edits together take out of it
     (module doc, "Replay"): per row the largest share any edit removes, the largest fixed
     per-rank time at the window's start, what the shortening ones take out of the tail
@@ -1009,7 +1046,7 @@ def _removed(
             .with_columns(_untimed=pl.col("_untimed") + pl.col("_extra").fill_null(0))
             .drop("_extra")
         )
-    per = per.collect().sort("rank", "step")
+    per = per.sort("rank", "step")
     flat = (pl.col("_fixed") + pl.col("_untimed") + pl.col("_timed")).cast(pl.Float64)
     if line is None or line.rows.height == 0:
         # No times: every row's share and the fixed time come out, no wait moves.
@@ -1017,18 +1054,19 @@ def _removed(
             "rank", "step", "wall_ns", removed_ns=pl.min_horizontal(flat, pl.col("wall_ns"))
         )
     # Per row what it loses: its share; a window's first and last rows, its fixed time and
-    # its rows without times.
-    r = (
-        _shared(line.rows.lazy(), edits)
-        .select(pl.col("ns").cast(pl.Float64) * pl.col("_share"))
-        .collect()
-        .to_series()
-        .to_numpy()
-        .copy()
+    # its rows without times. The windows, the rows' shares and the windows' ends: one call.
+    shares = _shared(line.rows.lazy(), edits).select(
+        pl.col("ns").cast(pl.Float64) * pl.col("_share")
     )
-    ends = line.windows.join(per, on=["rank", "step"], how="left")
-    r[ends["_first"].to_numpy()] = ends["_fixed"].fill_null(0).to_numpy()
-    r[ends["_last"].to_numpy()] = ends["_untimed"].fill_null(0).to_numpy()
+    ends = (
+        line.windows.lazy()
+        .join(per, on=["rank", "step"], how="left")
+        .with_columns(pl.col("_fixed", "_untimed").fill_null(0))
+    )
+    per, shares_frame, ends = pl.collect_all([per, shares, ends])
+    r = shares_frame.to_series().to_numpy().copy()
+    r[ends["_first"].to_numpy()] = ends["_fixed"].to_numpy()
+    r[ends["_last"].to_numpy()] = ends["_untimed"].to_numpy()
     sync = line.rows["sync"].to_numpy()
     ns = line.rows["ns"].to_numpy().astype(np.float64)
     # The rank's removals so far, its waits left out (the sweep re-times them).
@@ -1057,16 +1095,19 @@ def _removed(
         shift = so_far + np.where(valid, offset[np.maximum(last, 0)], 0.0)
     first, final = ends["_first"].to_numpy(), ends["_last"].to_numpy()
     # A window loses what its rank's shift grew by from its first row (the fixed time,
-    # counted) to its last.
-    gained = per.join(
-        ends.select("rank", "step", _e=pl.Series(shift[final] - (shift[first] - r[first]))),
-        on=["rank", "step"],
-        how="left",
-    ).select(
-        "rank",
-        "step",
-        "wall_ns",
-        _t=pl.col("_e").fill_null(flat).clip(0.0, pl.col("wall_ns")),
+    # counted) to its last. The rest is one plan, collected once (issue 81).
+    grew = pl.DataFrame(
+        [ends["rank"], ends["step"], pl.Series("_e", shift[final] - (shift[first] - r[first]))]
+    )
+    gained = (
+        per.lazy()
+        .join(grew.lazy(), on=["rank", "step"], how="left")
+        .select(
+            "rank",
+            "step",
+            "wall_ns",
+            _t=pl.col("_e").fill_null(flat).clip(0.0, pl.col("wall_ns")),
+        )
     )
     if line.chained.height:
         # The tail chain's waits, hidden parts included: the chain ends as much earlier as
@@ -1079,11 +1120,14 @@ def _removed(
         start = shift[first] - r[first]
         after = np.maximum(s_e, np.minimum(s_late, s_b + c["_chained"].to_numpy()))
         more = (
-            c.select("rank", "step", "late_rank", "_chained")
-            .with_columns(
-                _abs=pl.Series(after - start + (shift[c["_final"].to_numpy()] - s_e)),
-                _timed=pl.Series(late >= 0),
+            pl.DataFrame(
+                [
+                    *(c[n] for n in ("rank", "step", "late_rank", "_chained")),
+                    pl.Series("_abs", after - start + (shift[c["_final"].to_numpy()] - s_e)),
+                    pl.Series("_timed", late >= 0),
+                ]
             )
+            .lazy()
             # An awaited rank without times on the timeline: its window's gain.
             .join(
                 gained.select(late_rank="rank", step="step", _gain="_t"),
@@ -1118,13 +1162,20 @@ def replay(
     `times`: per step the longest rank's window less what the edits remove from it.
     `chain`: what the replay re-times (rank_time's third table, or its Timeline); without
     it, every row's share comes out and no wait moves."""
-    use = times.filter(pl.col("complete")).select("step")
-    if use.height == 0:
+    complete = int(times["complete"].sum())  # the steps counted: no query
+    if complete == 0:
         return 0
+    use = times.lazy().filter(pl.col("complete")).select("step")
     line = chain if isinstance(chain, Timeline) or chain is None else timeline(chain)
-    rows = _removed(blame.lazy(), edits, line).join(use, on="step", how="semi")
-    new = rows.group_by("step").agg(new=(pl.col("wall_ns") - pl.col("removed_ns")).max())
-    return int(new["new"].sum() // use.height)
+    new = (
+        _removed(blame.lazy(), edits, line)
+        .join(use, on="step", how="semi")
+        .group_by("step")
+        .agg(new=(pl.col("wall_ns") - pl.col("removed_ns")).max())
+        .select(pl.col("new").sum())
+        .collect()
+    )
+    return int(new.item() // complete)
 
 
 def saving(

@@ -61,15 +61,20 @@ def collective_waits_lazy(tables: TableView) -> pl.LazyFrame:
 def alone_ranks(tables: TableView) -> pl.Series:
     """The ranks whose calls without a group are matched with no other rank's (in groups
     of different ranks: analysis.match.ranks_in_several_groups)."""
-    found = ranks_in_several_groups(tables["ranks"]) if tables.has("ranks", "rank") else []
-    return pl.Series(found, dtype=pl.Int64)
+
+    def compute() -> pl.Series:
+        ranks = tables["ranks"]
+        found = ranks_in_several_groups(ranks) if tables.has("ranks", "rank") else []
+        return pl.Series(found, dtype=pl.Int64)
+
+    return memo(tables, "alone_ranks", compute)
 
 
 def waits_for_group(alone: pl.Series) -> pl.Expr:
     """The calls that wait for their group: not point-to-point (their waits are the
     pipeline's), and not a call kept alone (`alone`: alone_ranks)."""
     unnamed = pl.col("process_group").fill_null(UNKNOWN_GROUP) == UNKNOWN_GROUP  # Tables: "?"
-    kept = unnamed & pl.col("rank").is_in(alone.implode())
+    kept = unnamed & pl.col("rank").is_in(pl.lit(alone).implode())  # no query, as an expression
     return ~pl.col("collective").is_in(P2P) & ~kept
 
 
