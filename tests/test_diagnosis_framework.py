@@ -244,9 +244,8 @@ def test_tensor_parallel_advice_fits_the_backend() -> None:
     tp = finding(report(GLOO / "tp-dp-4"), "COMM101", "tensor-parallel")
     assert not any(line.startswith("Megatron-LM") for line in tp.advice), tp.advice
     assert any("async_op=True" in line for line in tp.advice), tp.advice
-    from kineto_comm_builtin_rules.exposed_comm import ADVICE, advice_for
-
     from kineto_comm.rules_api import Platform
+    from kineto_comm_builtin_rules.exposed_comm import ADVICE, advice_for
 
     lines = ADVICE[("tensor_parallel", "all_reduce")]
     assert advice_for(Platform("nccl", False), lines)[0].startswith("Megatron-LM")

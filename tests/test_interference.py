@@ -192,9 +192,8 @@ def test_comm301_stands_down_where_the_ranks_share_one_gpu(
     """Ranks taking turns on one GPU slow each other's kernels too: CAPT101's verdict, not
     interference. The same job read as such a capture gets no COMM301."""
     import kineto_comm_builtin_rules.interference as rule_module
-    from kineto_comm_builtin_rules.capture import Contention
-
     from kineto_comm.rules_engine import run_rules
+    from kineto_comm_builtin_rules.capture import Contention
 
     report, _ = _job(tmp_path, "interference", "dp")
     assert [f.code for f in run_rules(report, select=["COMM301"])] == ["COMM301"]
