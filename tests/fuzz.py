@@ -481,7 +481,9 @@ def make_case(family: str, seed: int) -> Case:
 # ---------------------------------------------------------------------------- checking
 
 
-_SIGNED = re.compile(r"(start|end|offset|estimate|residual|^step$|^steps$|^ts)", re.I)
+# Deviations from the analytical model (model_comparison: bytes_dev_pct, calls_dev_pct) are
+# signed: the trace moves less than the model or more.
+_SIGNED = re.compile(r"(start|end|offset|estimate|residual|_dev_pct|^step$|^steps$|^ts)", re.I)
 _UNSIGNED = re.compile(r"(_ns|bytes|count|calls|size|_gbps|_share|_fraction|instances|^rank)", re.I)
 
 
