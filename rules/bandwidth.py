@@ -23,7 +23,7 @@ from kineto_comm.rules_api import (
     rule,
 )
 
-from ._common import share_severity, with_roles
+from ._common import P2P, share_severity, with_roles
 from .capture import contention
 
 
@@ -509,7 +509,6 @@ def _p2p_findings(tables: Tables, options: dict[str, Any]) -> list[Finding]:
     return out
 
 
-P2P = ("send", "recv", "send_recv")
 # No expectation (the `expected_busbw` table's columns NET101 joins, without rows).
 _NO_EXPECTED = pl.DataFrame(
     schema={

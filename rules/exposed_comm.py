@@ -143,6 +143,19 @@ HOST_LINES = {
 }
 
 
+# The tables COMM101 and COMM102 read (one function, _findings, serves both).
+TABLES = (
+    "collectives",
+    "kernels",
+    "steps",
+    "process_groups",
+    "storms",
+    "framework",
+    "expected_busbw",
+    "hardware",
+)
+
+
 def advice_for(platform: Platform, lines: tuple[str, ...]) -> tuple[str, ...]:
     """`lines` of advice for the job's platform: NCCL's tuning knobs only where the job runs
     NCCL, streams and NVLink only where it runs on GPUs."""
@@ -481,16 +494,7 @@ def _findings(rule_: Any, tables: Tables, options: dict[str, Any], sharded: bool
     code="COMM101",
     name="exposed-communication",
     summary="Communication that no compute hides, by collective and process-group role.",
-    tables=(
-        "collectives",
-        "kernels",
-        "steps",
-        "process_groups",
-        "storms",
-        "framework",
-        "expected_busbw",
-        "hardware",
-    ),
+    tables=TABLES,
     options=SHARE_OPTIONS,
 )
 def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Finding]:
@@ -544,16 +548,7 @@ def exposed_communication(tables: Tables, options: dict[str, Any]) -> list[Findi
     code="COMM102",
     name="sharded-collective-exposed",
     summary="FSDP/ZeRO all-gathers or reduce-scatters that no compute hides.",
-    tables=(
-        "collectives",
-        "kernels",
-        "steps",
-        "process_groups",
-        "storms",
-        "framework",
-        "expected_busbw",
-        "hardware",
-    ),
+    tables=TABLES,
     options=SHARE_OPTIONS,
 )
 def sharded_collective_exposed(tables: Tables, options: dict[str, Any]) -> list[Finding]:

@@ -23,9 +23,10 @@ import polars as pl
 from kineto_comm.analysis.bandwidth import algbw_gbps, busbw_gbps, group_size
 from kineto_comm.keys import pair_key
 from kineto_comm.lazy import collect, in_rank_order
+from kineto_comm.model.names import POINT_TO_POINT
 from kineto_comm.rank_store import RankStore, SpillFolder, as_store, keep
 
-P2P = ("send", "recv", "send_recv")
+P2P = POINT_TO_POINT  # send, recv, send_recv: calls with one peer
 MATCH_COLUMNS = (
     "rank",
     "device",

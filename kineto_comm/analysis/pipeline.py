@@ -21,11 +21,12 @@ from kineto_comm.analysis.graph import walk
 from kineto_comm.analysis.overlap import breakdown
 from kineto_comm.lazy import collect, collect_all
 from kineto_comm.model.collectives import parse_ranks
+from kineto_comm.model.names import POINT_TO_POINT
 from kineto_comm.rank_store import RankStore, as_store
 
 # In full: docs/analyses.md, "Pipeline bubbles".
 
-P2P = ("send", "recv", "send_recv")
+P2P = POINT_TO_POINT  # send, recv, send_recv: calls with one peer
 SENDS = ("send", "send_recv")
 RECVS = ("recv", "send_recv")
 PIPELINE_SCHEMA: dict[str, pl.DataType] = {

@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from kineto_comm.analysis.overlap import disjoint_pieces, uncovered_ns
+from kineto_comm.model.names import POINT_TO_POINT
 
 try:  # the sweep over the waits, compiled (_sweep.c); optional: the Python loop is the same.
     from kineto_comm.analysis import _sweep as _compiled
@@ -64,7 +65,7 @@ STEP_TIMES_SCHEMA: dict[str, pl.DataType] = {
     "ranks": pl.Int64(),
     "complete": pl.Boolean(),
 }
-P2P = ("send", "recv", "send_recv")
+P2P = POINT_TO_POINT  # send, recv, send_recv: calls with one peer
 # How long after its launch call returns (kernels.launch_end_ns; its start where the trace
 # has no end) a kernel may start on an idle device and still be delayed by its launch: 1-8
 # us on every real single-process trace here (A100, V100, H100, MI250: median 1-7 us, the

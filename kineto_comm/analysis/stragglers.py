@@ -21,9 +21,10 @@ import polars as pl
 
 from kineto_comm.analysis.overlap import disjoint_pieces, uncovered_ns
 from kineto_comm.lazy import collect
+from kineto_comm.model.names import POINT_TO_POINT
 from kineto_comm.rank_store import RankStore, SpillFolder, as_store, keep
 
-P2P = ("send", "recv", "send_recv")
+P2P = POINT_TO_POINT  # send, recv, send_recv: calls with one peer
 # Calls whose arrival skew is below this name no one last (the report's "most often last"
 # counts the same calls).
 NOISE_NS = 5_000

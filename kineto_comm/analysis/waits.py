@@ -17,8 +17,9 @@ import polars as pl
 from kineto_comm.analysis.match import last_arrivals, ranks_in_several_groups
 from kineto_comm.analysis.sizes import UNKNOWN_GROUP
 from kineto_comm.analysis.view import TableView, memo
+from kineto_comm.model.names import POINT_TO_POINT
 
-P2P = ("send", "recv", "send_recv")
+P2P = POINT_TO_POINT  # send, recv, send_recv: calls with one peer
 CALL_KEY = ["process_group", "collective", "call_index"]
 
 
